@@ -1,0 +1,149 @@
+import { randomUUID } from 'node:crypto';
+import type { Kysely, Selectable, Transaction } from 'kysely';
+import type { AuditEventTable, DB } from '../db/schema.js';
+import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
+import { chainHash, GENESIS_HASH } from './audit-hash.js';
+
+export interface TimedAuditEvent {
+  event: AuditEventInput;
+  occurredAt: Date;
+}
+
+/**
+ * Appends events to the chain inside the caller's transaction. Locks the chain head, so it
+ * takes a `Transaction`: the events become durable exactly when the caller's change does.
+ */
+export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditEvent[]): Promise<AuditRecord[]> {
+  if (events.length === 0) return [];
+  const head = await trx
+    .selectFrom('audit_chain_head')
+    .select(['seq', 'hash'])
+    .where('id', '=', 1)
+    .forUpdate()
+    .executeTakeFirstOrThrow();
+  let seq = Number(head.seq);
+  let prevHash = head.hash;
+  const records: AuditRecord[] = [];
+  for (const { event, occurredAt } of events) {
+    seq += 1;
+    const unhashed: Omit<AuditRecord, 'hash'> = {
+      seq,
+      event_id: randomUUID(),
+      occurred_at: occurredAt.toISOString(),
+      actor: event.actor,
+      event_type: event.event_type,
+      ...optionalFields(event),
+      details: event.details ?? {},
+      prev_hash: prevHash,
+    };
+    const record: AuditRecord = { ...unhashed, hash: chainHash(unhashed) };
+    records.push(record);
+    prevHash = record.hash;
+  }
+  // Large batches are split to stay under PostgreSQL's bind-parameter limit.
+  for (let start = 0; start < records.length; start += 1000) {
+    await trx
+      .insertInto('audit_events')
+      .values(
+        records.slice(start, start + 1000).map((r) => ({
+          ...r,
+          occurred_at: new Date(r.occurred_at),
+          details: JSON.stringify(r.details),
+        })),
+      )
+      .execute();
+  }
+  await trx.updateTable('audit_chain_head').set({ seq, hash: prevHash }).where('id', '=', 1).execute();
+  return records;
+}
+
+function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {
+  const out = {} as Record<string, unknown>;
+  for (const field of OPTIONAL_FIELDS) out[field] = event[field] ?? null;
+  return out as Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]>;
+}
+
+export interface AuditQuery {
+  tenantId?: string | undefined;
+  runId?: string | undefined;
+  toolId?: string | undefined;
+  agentId?: string | undefined;
+  eventType?: string | undefined;
+  since?: Date | undefined;
+  until?: Date | undefined;
+  /** Only events older than this seq (the cursor of the previous page). */
+  beforeSeq?: number | undefined;
+  limit: number;
+}
+
+/** Newest first, one page; `nextBeforeSeq` continues the listing when more remain. */
+export async function listAuditEvents(
+  db: Kysely<DB>,
+  query: AuditQuery,
+): Promise<{ items: AuditRecord[]; nextBeforeSeq: number | null }> {
+  let q = db.selectFrom('audit_events').selectAll();
+  if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
+  if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
+  if (query.toolId !== undefined) q = q.where('tool_id', '=', query.toolId);
+  if (query.agentId !== undefined) q = q.where('agent_id', '=', query.agentId);
+  if (query.eventType !== undefined) q = q.where('event_type', '=', query.eventType);
+  if (query.since !== undefined) q = q.where('occurred_at', '>=', query.since);
+  if (query.until !== undefined) q = q.where('occurred_at', '<', query.until);
+  if (query.beforeSeq !== undefined) q = q.where('seq', '<', query.beforeSeq);
+  const rows = await q.orderBy('seq', 'desc').limit(query.limit + 1).execute();
+  const items = rows.slice(0, query.limit).map(toRecord);
+  const last = items[items.length - 1];
+  return { items, nextBeforeSeq: rows.length > query.limit && last ? last.seq : null };
+}
+
+export interface ChainVerification {
+  ok: boolean;
+  checked: number;
+  first_bad_seq: number | null;
+}
+
+/**
+ * Walks the whole chain in order and recomputes every hash. Reports the first row that was
+ * edited, the row after an insertion or deletion, or the seq after the tail if rows were cut off.
+ */
+export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise<ChainVerification> {
+  let expectedSeq = 1;
+  let prevHash = GENESIS_HASH;
+  let checked = 0;
+  for (;;) {
+    const rows = await db
+      .selectFrom('audit_events')
+      .selectAll()
+      .where('seq', '>=', expectedSeq)
+      .orderBy('seq', 'asc')
+      .limit(pageSize)
+      .execute();
+    for (const row of rows) {
+      const record = toRecord(row);
+      const { hash, ...unhashed } = record;
+      if (record.seq !== expectedSeq || record.prev_hash !== prevHash || chainHash(unhashed) !== hash) {
+        return { ok: false, checked, first_bad_seq: Math.min(record.seq, expectedSeq) };
+      }
+      checked += 1;
+      expectedSeq += 1;
+      prevHash = hash;
+    }
+    if (rows.length < pageSize) break;
+  }
+  const head = await db.selectFrom('audit_chain_head').select(['seq', 'hash']).where('id', '=', 1).executeTakeFirstOrThrow();
+  if (Number(head.seq) !== expectedSeq - 1 || head.hash !== prevHash) {
+    return { ok: false, checked, first_bad_seq: expectedSeq };
+  }
+  return { ok: true, checked, first_bad_seq: null };
+}
+
+function toRecord(row: Selectable<AuditEventTable>): AuditRecord {
+  return {
+    ...row,
+    seq: Number(row.seq),
+    occurred_at: new Date(row.occurred_at).toISOString(),
+    duration_ms: row.duration_ms === null ? null : Number(row.duration_ms),
+    cost_units: row.cost_units === null ? null : Number(row.cost_units),
+    details: typeof row.details === 'string' ? (JSON.parse(row.details) as Record<string, unknown>) : row.details,
+  };
+}

@@ -1,0 +1,56 @@
+import { z } from 'zod';
+
+export const OPERATOR_ROLES = ['platform-operator', 'tenant-operator'] as const;
+export type OperatorRole = (typeof OPERATOR_ROLES)[number];
+
+/** Who is calling, as proven by a verified token. The tenant comes from here and nowhere else. */
+export type Principal =
+  | {
+      kind: 'agent';
+      id: string;
+      tenantId: string;
+      family: string | undefined;
+      scopes: ReadonlySet<string>;
+    }
+  | {
+      kind: 'operator';
+      id: string;
+      tenantId: string;
+      role: OperatorRole;
+      scopes: ReadonlySet<string>;
+    };
+
+const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/);
+
+const claimsSchema = z.object({
+  sub: identifier,
+  tenant_id: identifier,
+  kind: z.enum(['agent', 'operator']),
+  roles: z.array(z.string()).optional(),
+  family: identifier.optional(),
+  scope: z.string().max(4096).optional(),
+  exp: z.number(),
+});
+
+/** Maps verified claims to a principal, or explains why the token cannot be one. */
+export function principalFromClaims(claims: unknown): { ok: true; principal: Principal } | { ok: false; reason: string } {
+  const parsed = claimsSchema.safeParse(claims);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    return { ok: false, reason: `claim ${issue?.path.join('.') ?? '?'}: ${issue?.message ?? 'invalid'}` };
+  }
+  const c = parsed.data;
+  const scopes = new Set((c.scope ?? '').split(' ').filter((s) => s.length > 0));
+  if (c.kind === 'agent') {
+    return { ok: true, principal: { kind: 'agent', id: c.sub, tenantId: c.tenant_id, family: c.family, scopes } };
+  }
+  // The strongest role wins when a token carries both.
+  const role = OPERATOR_ROLES.find((r) => c.roles?.includes(r));
+  if (!role) return { ok: false, reason: 'operator token carries no known role' };
+  return { ok: true, principal: { kind: 'operator', id: c.sub, tenantId: c.tenant_id, role, scopes } };
+}
+
+/** The audit `actor` of a principal: `agent:<id>` or `operator:<id>`. */
+export function actorOf(principal: Principal): string {
+  return `${principal.kind}:${principal.id}`;
+}

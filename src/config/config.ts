@@ -1,0 +1,133 @@
+import { z } from 'zod';
+
+/** Everything toolgate reads from its environment, parsed once at start-up. */
+export interface Config {
+  port: number;
+  host: string;
+  databaseUrl: string | undefined;
+  dataDir: string;
+  production: boolean;
+  jwt: {
+    secret: string | undefined;
+    publicKey: string | undefined;
+    jwksFile: string | undefined;
+    issuer: string | undefined;
+    audience: string | undefined;
+  };
+  egressAllowCidrs: string[];
+  logLevel: string;
+  bodyLimitBytes: number;
+  maxPlanSteps: number;
+  databasePoolSize: number;
+  shutdownTimeoutMs: number;
+}
+
+const emptyAsUndefined = (value: unknown) => (value === '' ? undefined : value);
+const optionalString = z.preprocess(emptyAsUndefined, z.string().optional());
+const intInRange = (min: number, max: number, fallback: number) =>
+  z.preprocess(emptyAsUndefined, z.coerce.number().int().min(min).max(max).default(fallback));
+
+const environmentSchema = z
+  .object({
+    PORT: intInRange(0, 65535, 8080),
+    HOST: z.preprocess(emptyAsUndefined, z.string().min(1).default('127.0.0.1')),
+    DATABASE_URL: z.preprocess(
+      emptyAsUndefined,
+      z
+        .string()
+        .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+        .optional(),
+    ),
+    TOOLGATE_DATA_DIR: z.preprocess(emptyAsUndefined, z.string().min(1).default('./data')),
+    NODE_ENV: optionalString,
+    TOOLGATE_JWT_SECRET: z.preprocess(
+      emptyAsUndefined,
+      z.string().min(32, 'must be at least 32 characters').optional(),
+    ),
+    TOOLGATE_JWT_PUBLIC_KEY: z.preprocess(
+      emptyAsUndefined,
+      z.string().includes('-----BEGIN', { message: 'must be a PEM public key' }).optional(),
+    ),
+    TOOLGATE_JWT_JWKS_FILE: optionalString,
+    TOOLGATE_JWT_ISSUER: optionalString,
+    TOOLGATE_JWT_AUDIENCE: optionalString,
+    TOOLGATE_EGRESS_ALLOW_CIDRS: z.preprocess(
+      emptyAsUndefined,
+      z
+        .string()
+        .default('')
+        .transform((value) =>
+          value
+            .split(',')
+            .map((cidr) => cidr.trim())
+            .filter((cidr) => cidr.length > 0),
+        )
+        .refine((cidrs) => cidrs.every((cidr) => /^[0-9a-fA-F:.]+\/\d{1,3}$/.test(cidr)), {
+          message: 'must be a comma-separated list of CIDRs such as 10.1.0.0/16',
+        }),
+    ),
+    LOG_LEVEL: z.preprocess(
+      emptyAsUndefined,
+      z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    ),
+    TOOLGATE_BODY_LIMIT_BYTES: intInRange(1024, 64 * 1024 * 1024, 1024 * 1024),
+    MAX_PLAN_STEPS: intInRange(1, 1000, 32),
+    TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
+    TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
+  })
+  .superRefine((env, ctx) => {
+    const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
+    if (keys.filter((key) => key !== undefined).length > 1) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['TOOLGATE_JWT_SECRET'],
+        message:
+          'set only one of TOOLGATE_JWT_SECRET, TOOLGATE_JWT_PUBLIC_KEY and TOOLGATE_JWT_JWKS_FILE',
+      });
+    }
+    if (env.NODE_ENV === 'production' && keys.every((key) => key === undefined)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['TOOLGATE_JWT_PUBLIC_KEY'],
+        message:
+          'production needs TOOLGATE_JWT_PUBLIC_KEY, TOOLGATE_JWT_JWKS_FILE or TOOLGATE_JWT_SECRET',
+      });
+    }
+  });
+
+/** Thrown when the environment is invalid; its message names every offending variable. */
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Parses the environment once. Nothing else in toolgate reads `process.env`. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = environmentSchema.safeParse(env);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map(
+      (issue) => `  ${issue.path.join('.') || '(environment)'}: ${issue.message}`,
+    );
+    throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  const e = parsed.data;
+  return {
+    port: e.PORT,
+    host: e.HOST,
+    databaseUrl: e.DATABASE_URL,
+    dataDir: e.TOOLGATE_DATA_DIR,
+    production: e.NODE_ENV === 'production',
+    jwt: {
+      secret: e.TOOLGATE_JWT_SECRET,
+      publicKey: e.TOOLGATE_JWT_PUBLIC_KEY,
+      jwksFile: e.TOOLGATE_JWT_JWKS_FILE,
+      issuer: e.TOOLGATE_JWT_ISSUER,
+      audience: e.TOOLGATE_JWT_AUDIENCE,
+    },
+    egressAllowCidrs: e.TOOLGATE_EGRESS_ALLOW_CIDRS,
+    logLevel: e.LOG_LEVEL,
+    bodyLimitBytes: e.TOOLGATE_BODY_LIMIT_BYTES,
+    maxPlanSteps: e.MAX_PLAN_STEPS,
+    databasePoolSize: e.TOOLGATE_DB_POOL_SIZE,
+    shutdownTimeoutMs: e.TOOLGATE_SHUTDOWN_TIMEOUT_MS,
+  };
+}

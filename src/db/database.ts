@@ -1,0 +1,214 @@
+import { mkdir } from 'node:fs/promises';
+import { EventEmitter } from 'node:events';
+import { Kysely, PostgresDialect, sql } from 'kysely';
+import pg from 'pg';
+import type { Logger } from 'pino';
+import { PGlitePool } from './pglite-pool.js';
+import type { DB } from './schema.js';
+
+export type NotificationHandler = (payload: string) => void;
+
+/**
+ * Delivers PostgreSQL NOTIFY messages. Emits `connected` each time it (re)establishes its
+ * subscription, since notifications sent while it was away are lost: subscribers reload then.
+ * Emits `disconnected` when the subscription drops.
+ */
+export interface NotificationListener extends EventEmitter {
+  readonly connected: boolean;
+  subscribe(channel: string, handler: NotificationHandler): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** The database handle every room receives from the composition root. */
+export interface Database {
+  readonly kind: 'postgres' | 'pglite';
+  readonly db: Kysely<DB>;
+  readonly listener: NotificationListener;
+  ping(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface DatabaseOptions {
+  databaseUrl: string | undefined;
+  dataDir: string;
+  poolSize: number;
+  logger: Logger;
+}
+
+// int8 and numeric arrive as strings from pg; toolgate's int8 columns fit in a double.
+pg.types.setTypeParser(pg.types.builtins.INT8, (value) => Number(value));
+
+export async function openDatabase(options: DatabaseOptions): Promise<Database> {
+  if (options.databaseUrl) return openPostgres(options.databaseUrl, options.poolSize, options.logger);
+  return openPGlite(options.dataDir);
+}
+
+function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
+  const pool = new pg.Pool({
+    connectionString,
+    max: poolSize,
+    connectionTimeoutMillis: 3_000,
+    idleTimeoutMillis: 30_000,
+    application_name: 'toolgate',
+  });
+  // An idle client losing its server must not crash the process; the next query reports it.
+  pool.on('error', (error) => logger.warn({ err: error }, 'idle database connection failed'));
+  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+  const listener = new PgNotificationListener(connectionString, logger);
+  return {
+    kind: 'postgres',
+    db,
+    listener,
+    ping: async () => {
+      await sql`select 1`.execute(db);
+    },
+    close: async () => {
+      await listener.close();
+      await db.destroy();
+    },
+  };
+}
+
+async function openPGlite(dataDir: string): Promise<Database> {
+  const { PGlite } = await import('@electric-sql/pglite');
+  await mkdir(dataDir, { recursive: true });
+  const pglite = await PGlite.create(dataDir);
+  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: new PGlitePool(pglite) }) });
+  const listener = new PGliteNotificationListener(pglite);
+  return {
+    kind: 'pglite',
+    db,
+    listener,
+    ping: async () => {
+      await sql`select 1`.execute(db);
+    },
+    close: async () => {
+      await listener.close();
+      await db.destroy();
+    },
+  };
+}
+
+/** A dedicated pg connection for LISTEN that reconnects by itself with backoff. */
+class PgNotificationListener extends EventEmitter implements NotificationListener {
+  private client: pg.Client | undefined;
+  private readonly handlers = new Map<string, NotificationHandler[]>();
+  private closed = false;
+  private connecting: Promise<void> | undefined;
+  private retryDelayMs = 100;
+  private retryTimer: NodeJS.Timeout | undefined;
+  connected = false;
+
+  constructor(
+    private readonly connectionString: string,
+    private readonly logger: Logger,
+  ) {
+    super();
+  }
+
+  async subscribe(channel: string, handler: NotificationHandler): Promise<void> {
+    const list = this.handlers.get(channel);
+    if (list) {
+      list.push(handler);
+      return;
+    }
+    this.handlers.set(channel, [handler]);
+    if (this.connected && this.client) {
+      await this.client.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+    } else {
+      await this.connect();
+    }
+  }
+
+  private connect(): Promise<void> {
+    if (this.closed) return Promise.resolve();
+    this.connecting ??= this.establish().finally(() => {
+      this.connecting = undefined;
+    });
+    return this.connecting;
+  }
+
+  private async establish(): Promise<void> {
+    const client = new pg.Client({
+      connectionString: this.connectionString,
+      connectionTimeoutMillis: 3_000,
+      keepAlive: true,
+      application_name: 'toolgate-listener',
+    });
+    client.on('notification', (message) => {
+      for (const handler of this.handlers.get(message.channel) ?? []) handler(message.payload ?? '');
+    });
+    client.on('error', (error) => this.dropped(client, error));
+    client.on('end', () => this.dropped(client, undefined));
+    try {
+      await client.connect();
+      for (const channel of this.handlers.keys()) {
+        await client.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+      }
+    } catch (error) {
+      this.dropped(client, error as Error);
+      return;
+    }
+    if (this.closed) {
+      await client.end().catch(() => undefined);
+      return;
+    }
+    this.client = client;
+    this.connected = true;
+    this.retryDelayMs = 100;
+    this.emit('connected');
+  }
+
+  private dropped(client: pg.Client, error: Error | undefined): void {
+    if (this.client !== undefined && this.client !== client) return;
+    client.removeAllListeners('end');
+    client.on('error', () => undefined);
+    client.end().catch(() => undefined);
+    this.client = undefined;
+    if (this.connected) {
+      this.connected = false;
+      this.logger.warn({ err: error }, 'notification listener disconnected');
+      this.emit('disconnected');
+    }
+    if (this.closed || this.retryTimer) return;
+    const delay = this.retryDelayMs;
+    this.retryDelayMs = Math.min(this.retryDelayMs * 2, 2_000);
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      void this.connect();
+    }, delay);
+    this.retryTimer.unref();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    await this.connecting;
+    const client = this.client;
+    this.client = undefined;
+    this.connected = false;
+    if (client) {
+      client.removeAllListeners('end');
+      await client.end().catch(() => undefined);
+    }
+  }
+}
+
+/** The embedded database notifies in-process; it is always connected while open. */
+class PGliteNotificationListener extends EventEmitter implements NotificationListener {
+  private readonly unsubscribers: Array<() => Promise<void>> = [];
+  connected = true;
+
+  constructor(private readonly pglite: import('@electric-sql/pglite').PGlite) {
+    super();
+  }
+
+  async subscribe(channel: string, handler: NotificationHandler): Promise<void> {
+    this.unsubscribers.push(await this.pglite.listen(channel, handler));
+  }
+
+  async close(): Promise<void> {
+    this.connected = false;
+    for (const unsubscribe of this.unsubscribers.splice(0)) await unsubscribe().catch(() => undefined);
+  }
+}

@@ -1,0 +1,47 @@
+import type { ColumnType, Generated } from 'kysely';
+
+/** Row shapes of toolgate's tables, as kysely sees them. Domain types are mapped in each room. */
+export interface AuditEventTable {
+  seq: ColumnType<string | number | bigint, number, never>;
+  event_id: string;
+  occurred_at: ColumnType<Date, Date, never>;
+  tenant_id: string | null;
+  actor: string;
+  agent_id: string | null;
+  event_type: string;
+  run_id: string | null;
+  tool_call_id: string | null;
+  tool_id: string | null;
+  tool_version: string | null;
+  tool_category: string | null;
+  risk_level: string | null;
+  trace_id: string | null;
+  organization_id: string | null;
+  assessment_id: string | null;
+  status: string | null;
+  reason_code: string | null;
+  input_sha256: string | null;
+  output_sha256: string | null;
+  duration_ms: number | null;
+  cost_units: number | null;
+  details: ColumnType<Record<string, unknown>, string, never>;
+  prev_hash: string;
+  hash: string;
+}
+
+export interface AuditChainHeadTable {
+  id: number;
+  seq: string | number | bigint;
+  hash: string;
+}
+
+export interface SchemaMigrationTable {
+  version: string;
+  applied_at: Generated<Date>;
+}
+
+export interface DB {
+  audit_events: AuditEventTable;
+  audit_chain_head: AuditChainHeadTable;
+  schema_migrations: SchemaMigrationTable;
+}

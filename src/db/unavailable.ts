@@ -1,0 +1,17 @@
+/**
+ * True when an error means the database could not be reached or dropped the connection,
+ * as opposed to a query that the database refused. Such faults fail closed as
+ * `503 gateway_unavailable`.
+ */
+export function isDatabaseUnavailable(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const code = (error as { code?: unknown }).code;
+  if (typeof code === 'string') {
+    // Node socket errors and PostgreSQL classes 08 (connection), 57P (operator intervention), 53 (resources).
+    if (['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN'].includes(code)) return true;
+    if (/^(08|57P|53)/.test(code)) return true;
+  }
+  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Connection ended unexpectedly|PGlite is closed/i.test(
+    error.message,
+  );
+}

@@ -1,0 +1,127 @@
+import fastifyJwt from '@fastify/jwt';
+import fp from 'fastify-plugin';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { AuditLog } from '../audit/audit-log.js';
+import type { VerificationKeys } from '../auth/jwt-keys.js';
+import { actorOf, principalFromClaims, type OperatorRole, type Principal } from '../auth/principal.js';
+import { ApiError } from './errors.js';
+
+/**
+ * Who may call a route. Routes are `operator` unless they say otherwise (deny by default):
+ * - `public`: no token (health, readiness, metrics, docs);
+ * - `any`: any authenticated principal;
+ * - `agent`: agents only;
+ * - `operator`: tenant- or platform-operators;
+ * - `platform-operator`: platform-operators only.
+ */
+export type Access = 'public' | 'any' | 'agent' | 'operator' | 'platform-operator';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    access?: Access;
+  }
+  interface FastifyRequest {
+    principal: Principal | undefined;
+  }
+}
+
+export interface AuthOptions {
+  keys: VerificationKeys;
+  issuer: string | undefined;
+  audience: string | undefined;
+  audit: AuditLog;
+}
+
+/** Verifies bearer tokens and enforces each route's `config.access` before its handler runs. */
+export const authPlugin = fp<AuthOptions>(
+  async (app: FastifyInstance, options: AuthOptions) => {
+    const { keys } = options;
+    const verify = {
+      algorithms: keys.kind === 'secret' ? ['HS256'] : keys.algorithms,
+      requiredClaims: ['exp'],
+      ...(options.issuer ? { allowedIss: options.issuer } : {}),
+      ...(options.audience ? { allowedAud: options.audience } : {}),
+    };
+    if (keys.kind === 'secret') {
+      await app.register(fastifyJwt, { secret: keys.secret, verify } as never);
+    } else {
+      await app.register(fastifyJwt, {
+        decode: { complete: true },
+        secret: {
+          public: async (_request: FastifyRequest, token: { header?: { kid?: unknown } }) => {
+            const kid = typeof token.header?.kid === 'string' ? token.header.kid : undefined;
+            const key = keys.keys.get(kid);
+            if (!key) throw new Error('unknown signing key');
+            return key;
+          },
+        },
+        verify,
+      } as never);
+    }
+
+    app.decorateRequest('principal', undefined);
+
+    app.addHook('onRequest', async (request) => {
+      const access = request.routeOptions.config?.access ?? (request.routeOptions.url ? 'operator' : 'public');
+      if (access === 'public') return;
+      request.principal = await authenticate(request);
+      await authorize(request, request.principal, access, options.audit);
+    });
+  },
+  { name: 'toolgate-auth' },
+);
+
+async function authenticate(request: FastifyRequest): Promise<Principal> {
+  const header = request.headers.authorization;
+  if (typeof header !== 'string' || !/^Bearer [A-Za-z0-9._~+/=-]+$/.test(header)) {
+    throw new ApiError('unauthenticated', 'a bearer token is required');
+  }
+  let claims: unknown;
+  try {
+    claims = await request.jwtVerify();
+  } catch {
+    // The reason (expired, bad signature, wrong audience…) stays in our logs, not the response.
+    throw new ApiError('unauthenticated', 'the bearer token is not valid');
+  }
+  const payload = (claims as { payload?: unknown }).payload ?? claims;
+  const result = principalFromClaims(payload);
+  if (!result.ok) throw new ApiError('unauthenticated', `the bearer token is not valid: ${result.reason}`);
+  return result.principal;
+}
+
+async function authorize(request: FastifyRequest, principal: Principal, access: Access, audit: AuditLog): Promise<void> {
+  if (access === 'any') return;
+  if (access === 'agent') {
+    if (principal.kind !== 'agent') throw new ApiError('forbidden', 'this route is for agents');
+    return;
+  }
+  if (principal.kind === 'agent') {
+    await audit.append({
+      event_type: 'security.escalation_attempt',
+      actor: actorOf(principal),
+      tenant_id: principal.tenantId,
+      agent_id: principal.id,
+      trace_id: request.traceId,
+      status: 'denied',
+      reason_code: 'agent_forbidden',
+      details: { method: request.method, route: request.routeOptions.url ?? request.url, required: access },
+    });
+    throw new ApiError('agent_forbidden', 'agents may not use operator routes');
+  }
+  if (access === 'platform-operator' && principal.role !== 'platform-operator') {
+    throw new ApiError('forbidden', 'this route needs the platform-operator role');
+  }
+}
+
+/** The authenticated principal of a route that is not public. */
+export function principalOf(request: FastifyRequest): Principal {
+  if (!request.principal) throw new Error('principalOf called on a public route');
+  return request.principal;
+}
+
+/** Operators only: narrows the principal's type for handlers of operator routes. */
+export function operatorOf(request: FastifyRequest): Extract<Principal, { kind: 'operator' }> & { role: OperatorRole } {
+  const principal = principalOf(request);
+  if (principal.kind !== 'operator') throw new Error('operatorOf called on a route open to agents');
+  return principal;
+}

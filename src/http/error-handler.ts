@@ -1,0 +1,38 @@
+import type { FastifyError, FastifyInstance } from 'fastify';
+import { isDatabaseUnavailable } from '../db/unavailable.js';
+import { ApiError, errorBody, statusForCode } from './errors.js';
+
+/**
+ * The one place errors become responses. Client errors carry their code; anything
+ * unexpected is a `500 internal` whose details stay in the log, keyed by request id.
+ */
+export function installErrorHandlers(app: FastifyInstance): void {
+  app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
+    if (error instanceof ApiError) {
+      if (error.statusCode >= 500) request.log.warn({ code: error.code, details: error.details }, error.message);
+      return reply.code(error.statusCode).headers(error.headers).send(errorBody(error.code, error.message, error.details));
+    }
+    if (isDatabaseUnavailable(error)) {
+      request.log.warn({ err: error }, 'database unavailable');
+      return reply
+        .code(statusForCode('gateway_unavailable'))
+        .send(errorBody('gateway_unavailable', 'the gateway cannot reach its database; nothing was done'));
+    }
+    const status = typeof error.statusCode === 'number' ? error.statusCode : 500;
+    if (status === 413) {
+      return reply.code(413).send(errorBody('payload_too_large', 'the request body is larger than the gateway accepts'));
+    }
+    if (status >= 400 && status < 500) {
+      // Fastify's own refusals: malformed JSON, wrong content type, empty body…
+      return reply.code(400).send(errorBody('invalid_request', error.message, { reason: error.code ?? 'bad_request' }));
+    }
+    request.log.error({ err: error }, 'unexpected error');
+    return reply
+      .code(500)
+      .send(errorBody('internal', `an unexpected error occurred; quote request id ${request.id}`, { request_id: request.id }));
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    reply.code(404).send(errorBody('not_found', `no route ${request.method} ${request.url.split('?')[0]}`));
+  });
+}

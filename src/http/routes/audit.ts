@@ -1,0 +1,67 @@
+import type { FastifyInstance } from 'fastify';
+import type { Kysely } from 'kysely';
+import { z } from 'zod';
+import type { AuditLog } from '../../audit/audit-log.js';
+import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.js';
+import { actorOf } from '../../auth/principal.js';
+import type { DB } from '../../db/schema.js';
+import { operatorOf } from '../auth.js';
+import { decodeCursor, encodeCursor } from '../cursor.js';
+import { ApiError } from '../errors.js';
+import { parseInput } from '../validation.js';
+
+export interface AuditRouteDeps {
+  db: Kysely<DB>;
+  audit: AuditLog;
+}
+
+const listQuery = z.strictObject({
+  tenant_id: z.string().min(1).optional(),
+  run_id: z.string().min(1).optional(),
+  tool_id: z.string().min(1).optional(),
+  agent_id: z.string().min(1).optional(),
+  event_type: z.string().min(1).optional(),
+  since: z.iso.datetime({ offset: true }).optional(),
+  until: z.iso.datetime({ offset: true }).optional(),
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().optional(),
+});
+
+/** `GET /audit` and `GET /audit/verify`. Tenant-operators see only their own tenant. */
+export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): Promise<void> {
+  app.get('/audit', { config: { access: 'operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const query = parseInput(listQuery, request.query, 'query');
+    let tenantId = query.tenant_id;
+    if (operator.role === 'tenant-operator') {
+      if (tenantId !== undefined && tenantId !== operator.tenantId) {
+        await deps.audit.append({
+          event_type: 'security.cross_tenant_attempt',
+          actor: actorOf(operator),
+          tenant_id: operator.tenantId,
+          trace_id: request.traceId,
+          status: 'denied',
+          reason_code: 'not_found',
+          details: { route: 'GET /audit', requested_tenant_id: tenantId },
+        });
+        throw new ApiError('not_found', `tenant ${tenantId} not found`);
+      }
+      tenantId = operator.tenantId;
+    }
+    const page = await listAuditEvents(deps.db, {
+      tenantId,
+      runId: query.run_id,
+      toolId: query.tool_id,
+      agentId: query.agent_id,
+      eventType: query.event_type,
+      since: query.since ? new Date(query.since) : undefined,
+      until: query.until ? new Date(query.until) : undefined,
+      beforeSeq: query.cursor === undefined ? undefined : decodeCursor(query.cursor, z.number().int().positive()),
+      limit: query.limit,
+    });
+    return { items: page.items, next_cursor: page.nextBeforeSeq === null ? null : encodeCursor(page.nextBeforeSeq) };
+  });
+
+  // The chain spans every tenant, so only a platform-operator verifies it.
+  app.get('/audit/verify', { config: { access: 'platform-operator' } }, async () => verifyAuditChain(deps.db));
+}

@@ -1,0 +1,25 @@
+import { readFile } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+import fastifySwagger from '@fastify/swagger';
+import fastifySwaggerUi from '@fastify/swagger-ui';
+import type { FastifyInstance } from 'fastify';
+import { parse } from 'yaml';
+
+export const openapiPath = fileURLToPath(new URL('../../../openapi.yaml', import.meta.url));
+
+/** Loads `openapi.yaml`, the contract every response is tested against. */
+export async function loadOpenApiDocument(): Promise<Record<string, unknown>> {
+  return parse(await readFile(openapiPath, 'utf8')) as Record<string, unknown>;
+}
+
+/** Serves `openapi.yaml` as `/openapi.json` and interactive docs at `/docs`. */
+export async function docsRoutes(app: FastifyInstance): Promise<void> {
+  const document = await loadOpenApiDocument();
+  // Docs are public: every route registered in this context is marked so.
+  app.addHook('onRoute', (route) => {
+    route.config = { ...route.config, access: 'public' };
+  });
+  await app.register(fastifySwagger, { mode: 'static', specification: { document: document as never } });
+  await app.register(fastifySwaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list', deepLinking: true } });
+  app.get('/openapi.json', async () => document);
+}

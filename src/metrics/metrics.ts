@@ -1,0 +1,35 @@
+import { Counter, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+/** The Prometheus metrics of one gateway instance, on a registry of its own. */
+export interface Metrics {
+  registry: Registry;
+  httpDuration: Histogram<'method' | 'route' | 'status_code'>;
+  auditEventsCommitted: Counter;
+  auditCommitBatchSize: Histogram;
+}
+
+export function createMetrics(): Metrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  return {
+    registry,
+    httpDuration: new Histogram({
+      name: 'toolgate_http_request_duration_seconds',
+      help: 'HTTP request duration by route and status',
+      labelNames: ['method', 'route', 'status_code'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: [registry],
+    }),
+    auditEventsCommitted: new Counter({
+      name: 'toolgate_audit_events_committed_total',
+      help: 'Audit events committed to the hash chain',
+      registers: [registry],
+    }),
+    auditCommitBatchSize: new Histogram({
+      name: 'toolgate_audit_commit_batch_size',
+      help: 'Events per audit group commit',
+      buckets: [1, 2, 5, 10, 25, 50, 100, 250, 500],
+      registers: [registry],
+    }),
+  };
+}

@@ -1,0 +1,65 @@
+import closeWithGrace from 'close-with-grace';
+import { buildApp } from './app.js';
+import { developmentToken } from './auth/dev-token.js';
+import { loadVerificationKeys } from './auth/jwt-keys.js';
+import { ConfigError, loadConfig } from './config/config.js';
+import { openDatabase } from './db/database.js';
+import { migrate } from './db/migrate.js';
+import { createLogger } from './logger.js';
+
+/** The process: configuration, database, migrations, the app, signals. */
+async function main(): Promise<void> {
+  let config;
+  try {
+    config = loadConfig();
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      process.stderr.write(`toolgate: ${error.message}\n`);
+      process.exit(2);
+    }
+    throw error;
+  }
+  const logger = createLogger(config.logLevel);
+  const database = await openDatabase({
+    databaseUrl: config.databaseUrl,
+    dataDir: config.dataDir,
+    poolSize: config.databasePoolSize,
+    logger,
+  });
+  const { applied } = await migrate(database.db);
+  logger.info({ applied, database: database.kind }, 'migrations applied');
+  const keys = await loadVerificationKeys(config);
+  const app = await buildApp({ config, database, keys, logger });
+
+  closeWithGrace({ delay: config.shutdownTimeoutMs, logger }, async ({ signal, err }) => {
+    if (err) logger.error({ err }, 'shutting down after an error');
+    else logger.info({ signal }, 'shutting down');
+    await app.close();
+    await database.close();
+  });
+
+  await app.listen({ port: config.port, host: config.host });
+  if (keys.kind === 'secret' && keys.development) {
+    // Printed to the terminal, never logged: logs must not carry tokens.
+    const token = developmentToken(keys.secret, config);
+    const address = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${config.port}`;
+    process.stderr.write(
+      [
+        '',
+        'toolgate is running in development mode (no TOOLGATE_JWT_* key configured).',
+        `Development platform-operator token (valid 12 h, tenant "dev"):`,
+        '',
+        `  export TOOLGATE_TOKEN=${token}`,
+        `  curl -s -H "authorization: Bearer $TOOLGATE_TOKEN" ${address}/whoami`,
+        '',
+        'Mint more with: npm run token -- --kind agent --sub my.agent --tenant dev',
+        '',
+      ].join('\n'),
+    );
+  }
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`toolgate: failed to start: ${error instanceof Error ? error.message : String(error)}\n`);
+  process.exit(1);
+});
