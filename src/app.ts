@@ -33,6 +33,8 @@ export interface Services {
 declare module 'fastify' {
   interface FastifyInstance {
     services: Services;
+    /** Every route registered, as `METHOD /path`: the contract test compares it with openapi.yaml. */
+    registeredRoutes: string[];
   }
 }
 
@@ -62,6 +64,10 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     return503OnClosing: true,
   });
   app.decorate('services', services);
+  app.decorate('registeredRoutes', [] as string[]);
+  app.addHook('onRoute', (route) => {
+    for (const method of [route.method].flat()) app.registeredRoutes.push(`${method} ${route.url}`);
+  });
   app.decorateRequest('traceId', '');
 
   installErrorHandlers(app);

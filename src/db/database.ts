@@ -71,7 +71,8 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
 
 async function openPGlite(dataDir: string): Promise<Database> {
   const { PGlite } = await import('@electric-sql/pglite');
-  await mkdir(dataDir, { recursive: true });
+  // `memory://` keeps the database in memory (tests); anything else is a folder.
+  if (!dataDir.startsWith('memory://')) await mkdir(dataDir, { recursive: true });
   const pglite = await PGlite.create(dataDir);
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: new PGlitePool(pglite) }) });
   const listener = new PGliteNotificationListener(pglite);

@@ -38,7 +38,8 @@ export const authPlugin = fp<AuthOptions>(
     const { keys } = options;
     const verify = {
       algorithms: keys.kind === 'secret' ? ['HS256'] : keys.algorithms,
-      requiredClaims: ['exp'],
+      // fast-jwt checks iss/aud only when present: when configured, they are required too.
+      requiredClaims: ['exp', ...(options.issuer ? ['iss'] : []), ...(options.audience ? ['aud'] : [])],
       ...(options.issuer ? { allowedIss: options.issuer } : {}),
       ...(options.audience ? { allowedAud: options.audience } : {}),
     };

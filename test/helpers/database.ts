@@ -1,0 +1,67 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { pino } from 'pino';
+import { inject } from 'vitest';
+import { openDatabase, type Database } from '../../src/db/database.js';
+import { migrate } from '../../src/db/migrate.js';
+
+/** True when tests run against a real PostgreSQL server (several connections, LISTEN/NOTIFY across processes). */
+export const hasPostgresServer = inject('testDatabaseUrl') !== '';
+
+export interface TestDatabase {
+  /** The connection string of this test's own database; undefined on embedded PGlite. */
+  url: string | undefined;
+  database: Database;
+  drop(): Promise<void>;
+}
+
+/** Creates a fresh, migrated database for one test file, so that runs never collide. */
+export async function createTestDatabase(): Promise<TestDatabase> {
+  const logger = pino({ level: 'silent' });
+  const serverUrl = inject('testDatabaseUrl');
+  if (!serverUrl) {
+    const database = await openDatabase({ databaseUrl: undefined, dataDir: 'memory://', poolSize: 1, logger });
+    await migrate(database.db);
+    return { url: undefined, database, drop: () => database.close() };
+  }
+  const name = `toolgate_test_${randomBytes(6).toString('hex')}`;
+  await withAdmin(serverUrl, (client) => client.query(`CREATE DATABASE ${name}`));
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  const database = await openDatabase({ databaseUrl: url.toString(), dataDir: '', poolSize: 10, logger });
+  await migrate(database.db);
+  let dropped = false;
+  return {
+    url: url.toString(),
+    database,
+    drop: async () => {
+      if (dropped) return;
+      dropped = true;
+      await database.close();
+      await withAdmin(serverUrl, (client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
+    },
+  };
+}
+
+/** A new, empty, unmigrated database on the test server (for migration tests). */
+export async function createEmptyDatabaseUrl(): Promise<{ url: string; drop(): Promise<void> }> {
+  const serverUrl = inject('testDatabaseUrl');
+  const name = `toolgate_test_${randomBytes(6).toString('hex')}`;
+  await withAdmin(serverUrl, (client) => client.query(`CREATE DATABASE ${name}`));
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    drop: () => withAdmin(serverUrl, (client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).then(() => undefined),
+  };
+}
+
+async function withAdmin<T>(serverUrl: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: serverUrl });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}

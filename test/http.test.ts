@@ -1,0 +1,94 @@
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase } from '../src/db/database.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+
+let h: Harness;
+beforeAll(async () => {
+  h = await startHarness({ TOOLGATE_BODY_LIMIT_BYTES: '2048' });
+});
+afterAll(() => h.close());
+
+describe('HTTP conventions', () => {
+  it('answers an unknown route with 404 not_found in the error envelope', async () => {
+    const res = await h.client.app.inject({ method: 'GET', url: '/nope' });
+    expect(res.statusCode).toBe(404);
+    expect(res.json()).toEqual({ error: { code: 'not_found', message: 'no route GET /nope', details: {} } });
+  });
+
+  it('answers malformed JSON with 400 invalid_request, never 500', async () => {
+    const res = await h.client.app.inject({
+      method: 'POST',
+      url: '/whoami',
+      headers: { authorization: `Bearer ${tokens.platform()}`, 'content-type': 'application/json' },
+      payload: '{"broken": ',
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().error.code).toBe('invalid_request');
+  });
+
+  it('answers an oversized body with 413 payload_too_large', async () => {
+    const res = await h.client.app.inject({
+      method: 'POST',
+      url: '/whoami',
+      headers: { 'content-type': 'application/json' },
+      payload: JSON.stringify({ blob: 'x'.repeat(4096) }),
+    });
+    expect(res.statusCode).toBe(413);
+    expect(res.json().error.code).toBe('payload_too_large');
+  });
+
+  it('echoes a sane x-request-id and mints one otherwise', async () => {
+    const given = await h.client.get('/health', { headers: { 'x-request-id': 'req-123' } });
+    expect(given.headers['x-request-id']).toBe('req-123');
+    const minted = await h.client.get('/health', { headers: { 'x-request-id': 'bad id with spaces' } });
+    expect(minted.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
+  it('records the W3C trace id of a traceparent header on audit events', async () => {
+    const traceId = '4bf92f3577b34da6a3ce929d0e0e4736';
+    await h.client.get('/audit', {
+      token: tokens.agent('tracer.agent', { tenant: 't-trace' }),
+      headers: { traceparent: `00-${traceId}-00f067aa0ba902b7-01` },
+    });
+    const events = await h.client.get('/audit', { token: tokens.platform(), query: { agent_id: 'tracer.agent' } });
+    expect(events.body.items[0].trace_id).toBe(traceId);
+  });
+
+  it('exposes Prometheus metrics, including request durations', async () => {
+    await h.client.get('/health');
+    const res = await h.client.get('/metrics');
+    expect(res.status).toBe(200);
+    expect(res.text).toContain('toolgate_http_request_duration_seconds_bucket');
+    expect(res.text).toContain('route="/health"');
+    expect(res.text).toContain('toolgate_audit_events_committed_total');
+  });
+});
+
+describe('when the database is unreachable', () => {
+  it('fails closed: /ready and audited routes answer 503 gateway_unavailable', async () => {
+    const database = await openDatabase({
+      databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere',
+      dataDir: '',
+      poolSize: 1,
+      logger: pino({ level: 'silent' }),
+    });
+    const client = await AppClient.start(database);
+    try {
+      const ready = await client.get('/ready');
+      expect(ready.status).toBe(503);
+      expect(ready.body.error.code).toBe('gateway_unavailable');
+      const audit = await client.get('/audit', { token: tokens.platform() });
+      expect(audit.status).toBe(503);
+      expect(audit.body.error.code).toBe('gateway_unavailable');
+      // An agent's escalation attempt cannot be recorded, so it is refused as unavailable, not let through.
+      const escalation = await client.get('/audit', { token: tokens.agent('a.one', { tenant: 't1' }) });
+      expect(escalation.status).toBe(503);
+      expect((await client.get('/health')).status).toBe(200);
+    } finally {
+      await client.close();
+      await database.close();
+    }
+  });
+});

@@ -1,0 +1,50 @@
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { AuditLog } from '../src/audit/audit-log.js';
+import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { openDatabase } from '../src/db/database.js';
+import { migrate } from '../src/db/migrate.js';
+import { AppClient } from './helpers/harness.js';
+import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+
+const logger = pino({ level: 'silent' });
+
+describe.skipIf(!hasPostgresServer)('migrations (needs a PostgreSQL server for several connections)', () => {
+  it('lets several instances start at once against one fresh database: each file applied once', async () => {
+    const empty = await createEmptyDatabaseUrl();
+    const instances = await Promise.all(
+      [0, 1, 2].map(() => openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 3, logger })),
+    );
+    try {
+      const results = await Promise.all(instances.map((instance) => migrate(instance.db)));
+      const appliedCounts = results.map((r) => r.applied.length).sort();
+      expect(appliedCounts.filter((n) => n > 0)).toHaveLength(1);
+      const clients = await Promise.all(instances.map((instance) => AppClient.start(instance)));
+      for (const client of clients) expect((await client.get('/ready')).status).toBe(200);
+      await Promise.all(clients.map((client) => client.close()));
+      const rows = await sql<{ n: number }>`select count(*)::int as n from schema_migrations`.execute(instances[0]!.db);
+      expect(rows.rows[0]!.n).toBe(Math.max(...appliedCounts));
+      expect((await migrate(instances[0]!.db)).applied).toEqual([]);
+    } finally {
+      await Promise.all(instances.map((instance) => instance.close()));
+      await empty.drop();
+    }
+  });
+});
+
+describe('migrations on the embedded database', () => {
+  it('apply the same files to PGlite, idempotently', async () => {
+    const database = await openDatabase({ databaseUrl: undefined, dataDir: 'memory://', poolSize: 1, logger });
+    try {
+      const first = await migrate(database.db);
+      expect(first.applied.length).toBeGreaterThan(0);
+      expect((await migrate(database.db)).applied).toEqual([]);
+      await new AuditLog(database.db).append({ event_type: 'test.event', actor: 'system.test' });
+      await expect(sql`delete from audit_events`.execute(database.db)).rejects.toThrow(/append-only/);
+      expect((await verifyAuditChain(database.db)).ok).toBe(true);
+    } finally {
+      await database.close();
+    }
+  });
+});

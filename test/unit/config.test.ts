@@ -1,0 +1,37 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../../src/config/config.js';
+
+describe('configuration', () => {
+  it('defaults to loopback:8080 on the embedded database', () => {
+    const config = loadConfig({});
+    expect(config).toMatchObject({ port: 8080, host: '127.0.0.1', databaseUrl: undefined, dataDir: './data', maxPlanSteps: 32 });
+  });
+
+  it.each([
+    ['PORT', 'eighty'],
+    ['PORT', '70000'],
+    ['DATABASE_URL', 'mysql://localhost/x'],
+    ['LOG_LEVEL', 'chatty'],
+    ['TOOLGATE_JWT_SECRET', 'short'],
+    ['TOOLGATE_JWT_PUBLIC_KEY', 'not a pem'],
+    ['TOOLGATE_EGRESS_ALLOW_CIDRS', '10.0.0.0/8,nonsense'],
+    ['MAX_PLAN_STEPS', '0'],
+  ])('refuses %s=%s, naming the variable', (name, value) => {
+    expect(() => loadConfig({ [name]: value })).toThrowError(ConfigError);
+    expect(() => loadConfig({ [name]: value })).toThrowError(new RegExp(name));
+  });
+
+  it('refuses two kinds of JWT key at once', () => {
+    expect(() =>
+      loadConfig({ TOOLGATE_JWT_SECRET: 'x'.repeat(40), TOOLGATE_JWT_JWKS_FILE: '/tmp/jwks.json' }),
+    ).toThrowError(/only one of/);
+  });
+
+  it('refuses to run in production without a verification key', () => {
+    expect(() => loadConfig({ NODE_ENV: 'production' })).toThrowError(/TOOLGATE_JWT_PUBLIC_KEY/);
+  });
+
+  it('parses exception CIDRs as a list', () => {
+    expect(loadConfig({ TOOLGATE_EGRESS_ALLOW_CIDRS: ' 10.1.0.0/16, fd00::/8 ' }).egressAllowCidrs).toEqual(['10.1.0.0/16', 'fd00::/8']);
+  });
+});
