@@ -44,4 +44,22 @@ export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
   schema_migrations: SchemaMigrationTable;
+  runs: RunTable;
+}
+
+export interface RunTable {
+  tenant_id: string;
+  run_id: string;
+  owner_agent_id: string;
+  parent_run_id: string | null;
+  pipeline_instance_id: string | null;
+  session_id: string | null;
+  user_id: string | null;
+  status: string;
+  request_sha256: string;
+  trace_id: string | null;
+  http_status: number | null;
+  envelope: ColumnType<unknown, string | null, string | null>;
+  created_at: ColumnType<Date, Date | undefined, never>;
+  updated_at: ColumnType<Date, Date | undefined, Date>;
 }
