@@ -10,6 +10,7 @@ import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { docsRoutes } from './http/routes/docs.js';
 import { operationsRoutes } from './http/routes/operations.js';
+import { tenantRoutes } from './http/routes/tenants.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 
@@ -100,5 +101,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
+  await app.register(tenantRoutes, { db: database.db, audit, now });
   return app;
 }

@@ -45,6 +45,7 @@ export interface DB {
   audit_chain_head: AuditChainHeadTable;
   schema_migrations: SchemaMigrationTable;
   runs: RunTable;
+  tenant_policies: TenantPolicyTable;
 }
 
 export interface RunTable {
@@ -62,4 +63,11 @@ export interface RunTable {
   envelope: ColumnType<unknown, string | null, string | null>;
   created_at: ColumnType<Date, Date | undefined, never>;
   updated_at: ColumnType<Date, Date | undefined, Date>;
+}
+
+export interface TenantPolicyTable {
+  tenant_id: string;
+  external_call_enabled: boolean;
+  updated_at: Date;
+  updated_by: string;
 }
