@@ -62,6 +62,10 @@ function tableResolver(table: Record<string, string | string[]>) {
   return { resolver, asked };
 }
 
+/** An executor for which api.example.test is the (stand-in) internet. */
+const apiExecutor = () =>
+  createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+
 const policy = (overrides: Partial<EgressPolicy> = {}): EgressPolicy => ({
   allowed_hosts: ['*.example.test'],
   schemes: ['http'],
@@ -74,22 +78,26 @@ describe('egress executor: allowed calls', () => {
       res.writeHead(200, { 'content-type': 'application/json', 'x-api': 'v1' });
       res.end(JSON.stringify({ answer: 42 }));
     });
-    const { resolver } = tableResolver({ 'api.example.test': PUBLIC });
-    const executor = createEgressExecutor({ allowCidrs, resolver });
-
-    const result = await executor.execute(
+    const result = await apiExecutor().execute(
       { url: `http://api.example.test:${api.port}/v1/things?q=1`, headers: { Accept: 'application/json' } },
       policy(),
     );
 
     expect(result).toMatchObject({
       ok: true,
-      output: { status: 200, headers: { 'content-type': 'application/json', 'x-api': 'v1' }, body: { answer: 42 } },
+      output: {
+        status: 200,
+        headers: { 'content-type': 'application/json', 'x-api': 'v1' },
+        body: { answer: 42 },
+      },
     });
     expect(api.hits).toHaveLength(1);
     expect(api.hits[0]).toMatchObject({ method: 'GET', url: '/v1/things?q=1' });
     // The host the guard checked is the host the request names: pinning changes the address only.
-    expect(api.hits[0]!.headers).toMatchObject({ host: `api.example.test:${api.port}`, accept: 'application/json' });
+    expect(api.hits[0]!.headers).toMatchObject({
+      host: `api.example.test:${api.port}`,
+      accept: 'application/json',
+    });
   });
 
   it('returns non-JSON bodies as text, and non-2xx statuses as ordinary output', async () => {
@@ -97,7 +105,7 @@ describe('egress executor: allowed calls', () => {
       res.writeHead(404, { 'content-type': 'text/plain' });
       res.end('no such thing');
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     expect(await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy())).toMatchObject({
       ok: true,
       output: { status: 404, body: 'no such thing' },
@@ -106,13 +114,17 @@ describe('egress executor: allowed calls', () => {
 
   it('sends a JSON body with an allowed method', async () => {
     const api = await listen(PUBLIC, (_req, res) => res.end());
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     const result = await executor.execute(
       { url: `http://api.example.test:${api.port}/items`, method: 'post', body: { name: 'x' } },
       policy({ methods: ['POST'] }),
     );
     expect(result.ok).toBe(true);
-    expect(api.hits[0]).toMatchObject({ method: 'POST', body: '{"name":"x"}', headers: { 'content-type': 'application/json' } });
+    expect(api.hits[0]).toMatchObject({
+      method: 'POST',
+      body: '{"name":"x"}',
+      headers: { 'content-type': 'application/json' },
+    });
   });
 
   it('strips set-cookie and hop-by-hop headers from the response and decodes gzip', async () => {
@@ -126,7 +138,7 @@ describe('egress executor: allowed calls', () => {
       res.setHeader('content-encoding', 'gzip');
       res.end(zlib.gzipSync('compressed text'));
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     const result = await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy());
 
     expect(result).toMatchObject({ ok: true, output: { body: 'compressed text', headers: { 'x-kept': 'yes' } } });
@@ -162,7 +174,7 @@ describe('egress executor: refusals never reach the inside', () => {
       res.writeHead(302, { location: `http://${PRIVATE}:${inside.port}/admin` });
       res.end();
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
 
     const result = await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ allowed_hosts: ['*'] }));
 
@@ -176,9 +188,8 @@ describe('egress executor: refusals never reach the inside', () => {
   it('re-checks a followed redirect, so one to a private address never reaches the private listener', async () => {
     const inside = await listen(PRIVATE);
     const api = await listen(PUBLIC, (req, res) => {
-      const target =
-        req.url === '/by-ip' ? `http://${PRIVATE}:${inside.port}/admin` : `http://internal.example.test:${inside.port}/admin`;
-      res.writeHead(307, { location: target });
+      const host = req.url === '/by-ip' ? PRIVATE : 'internal.example.test';
+      res.writeHead(307, { location: `http://${host}:${inside.port}/admin` });
       res.end();
     });
     const { resolver } = tableResolver({ 'api.example.test': PUBLIC, 'internal.example.test': PRIVATE });
@@ -220,7 +231,7 @@ describe('egress executor: refusals never reach the inside', () => {
         res.end(`arrived at ${n}`);
       }
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     const url = `http://api.example.test:${api.port}/0`;
 
     expect(await executor.execute({ url }, policy({ follow_redirects: true, max_redirects: 5 }))).toMatchObject({
@@ -242,7 +253,7 @@ describe('egress executor: refusals never reach the inside', () => {
       }
       res.end();
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     const following = policy({ follow_redirects: true, methods: ['GET', 'POST'] });
 
     await executor.execute({ url: `http://api.example.test:${api.port}/see-other`, method: 'POST', body: 'x' }, following);
@@ -313,7 +324,7 @@ describe('egress executor: refusals never reach the inside', () => {
 
   it('refuses a host override and undeclared credentials before sending anything', async () => {
     const api = await listen(PUBLIC);
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     const url = `http://api.example.test:${api.port}/`;
     expect(await executor.execute({ url, headers: { Host: 'admin.internal' } }, policy())).toMatchObject({
       reason: 'header_not_allowed',
@@ -328,7 +339,7 @@ describe('egress executor: refusals never reach the inside', () => {
 describe('egress executor: caps and faults are values', () => {
   it('fails a response larger than max_response_bytes', async () => {
     const api = await listen(PUBLIC, (_req, res) => res.end('x'.repeat(5000)));
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     expect(
       await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ max_response_bytes: 1000 })),
     ).toMatchObject({ ok: false, code: 'tool_backend_failed', reason: 'response_too_large' });
@@ -340,7 +351,7 @@ describe('egress executor: caps and faults are values', () => {
       res.writeHead(200, { 'content-encoding': 'gzip', 'content-type': 'text/plain' });
       res.end(bomb);
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     expect(
       await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ max_response_bytes: 64 * 1024 })),
     ).toMatchObject({ code: 'tool_backend_failed', reason: 'response_too_large' });
@@ -350,7 +361,7 @@ describe('egress executor: caps and faults are values', () => {
     const api = await listen(PUBLIC, () => {
       /* never responds */
     });
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     expect(await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ timeout_ms: 200 }))).toEqual({
       ok: false,
       code: 'tool_backend_timeout',
@@ -371,7 +382,7 @@ describe('egress executor: caps and faults are values', () => {
     const api = await listen(PUBLIC);
     const { port } = api;
     for (const server of servers.splice(0)) await new Promise((resolve) => server.close(resolve));
-    const executor = createEgressExecutor({ allowCidrs, resolver: tableResolver({ 'api.example.test': PUBLIC }).resolver });
+    const executor = apiExecutor();
     expect(await executor.execute({ url: `http://api.example.test:${port}/` }, policy())).toMatchObject({
       ok: false,
       code: 'tool_backend_failed',

@@ -108,7 +108,12 @@ const ipv4 = (high: number, low: number) =>
  * NAT64 of a public host (what DNS64 networks hand out) passes and NAT64 of 127.0.0.1 does not.
  * Checked before the table because 2001::/32 (Teredo) sits inside 2001::/23.
  */
-const EMBEDDINGS: ReadonlyArray<{ via: AddressEmbedding; range: Cidr; carried: (p: number[]) => ipaddr.IPv4[] }> = [
+interface Embedding {
+  via: AddressEmbedding;
+  range: Cidr;
+  carried: (parts: number[]) => ipaddr.IPv4[];
+}
+const EMBEDDINGS: readonly Embedding[] = [
   { via: 'nat64', range: cidr('64:ff9b::/96'), carried: (p) => [ipv4(p[6]!, p[7]!)] },
   { via: '6to4', range: cidr('2002::/16'), carried: (p) => [ipv4(p[1]!, p[2]!)] },
   // Teredo: the server address as is, the client address bit-inverted (RFC 4380 §4).
@@ -133,7 +138,7 @@ function isMetadata(address: Address): boolean {
  * Why an address is not public, or `undefined` if it is. Operator exceptions play no part here.
  * IPv4-mapped addresses must be unmapped by the caller (`ipaddr.process` semantics).
  */
-export function classifyAddress(address: Address): AddressClassification | undefined {
+function classifyAddress(address: Address): AddressClassification | undefined {
   if (isMetadata(address)) return { classification: 'cloud_metadata' };
   if (address.kind() === 'ipv6') {
     const parts = (address as ipaddr.IPv6).parts;
@@ -180,8 +185,9 @@ export function createAddressPolicy(allowCidrs: readonly string[]): AddressPolic
     const embedding = mapped ? { via: 'ipv4_mapped' as const, embedded: address.toString() } : {};
 
     const refusal = classifyAddress(address);
-    if (refusal?.classification === 'cloud_metadata') return { ok: false, address: text, ...embedding, ...refusal };
-    const excepted = exceptions.some((range) => within(address, range));
+    // No exception CIDR, however wide, opens a metadata address.
+    const exceptable = refusal?.classification !== 'cloud_metadata';
+    const excepted = exceptable && exceptions.some((range) => within(address, range));
     if (refusal && !excepted) return { ok: false, address: text, ...embedding, ...refusal };
     return { ok: true, address: address.toString(), family: address.kind() === 'ipv4' ? 4 : 6, excepted };
   };

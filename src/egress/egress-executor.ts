@@ -2,7 +2,13 @@ import type { LookupFunction } from 'node:net';
 import { Agent, request, type Dispatcher } from 'undici';
 import { createAddressPolicy } from './address-policy.js';
 import { CREDENTIAL_HEADERS, filterResponseHeaders } from './egress-headers.js';
-import { guardHop, prepareRequest, type GuardContext, type GuardedHop, type OutgoingRequest } from './egress-guard.js';
+import {
+  guardHop,
+  prepareRequest,
+  type GuardContext,
+  type GuardedHop,
+  type OutgoingRequest,
+} from './egress-guard.js';
 import {
   DEFAULT_MAX_REDIRECTS,
   DEFAULT_MAX_RESPONSE_BYTES,
@@ -19,7 +25,10 @@ import { systemResolver, type ResolvedAddress } from './resolver.js';
 /** The guard's verdict without sending anything: host and the addresses that passed. */
 export type EgressCheck = { ok: true; host: string; addresses: string[] } | EgressDenied | EgressFailed;
 
-/** The built-in backend of `external_call` tools (SPEC §9). */
+/**
+ * The built-in backend of `external_call` tools (SPEC §9). `input` is the tool input as the agent
+ * sent it, expected to be an `EgressInput`; anything else is refused as `input_invalid`.
+ */
 export interface EgressExecutor {
   /**
    * Runs the guard on the first hop only and sends nothing: for admission step 7 and dry runs.
@@ -61,7 +70,12 @@ function pinnedLookup(host: string, addresses: readonly ResolvedAddress[]): Look
 }
 
 /** Sends one hop through a dispatcher of its own, pinned to the hop's checked addresses. */
-async function send(hop: GuardedHop, outgoing: OutgoingRequest, signal: AbortSignal, maxBytes: number): Promise<Received> {
+async function send(
+  hop: GuardedHop,
+  outgoing: OutgoingRequest,
+  signal: AbortSignal,
+  maxBytes: number,
+): Promise<Received> {
   const dispatcher = new Agent({ connect: { lookup: pinnedLookup(hop.target.host, hop.addresses) } });
   try {
     const response = await request(hop.target.url, {
@@ -71,7 +85,8 @@ async function send(hop: GuardedHop, outgoing: OutgoingRequest, signal: AbortSig
       body: outgoing.body,
       signal,
     });
-    const { bytes, decoded } = await readBody(response.body, first(response.headers['content-encoding']), maxBytes);
+    const encoding = first(response.headers['content-encoding']);
+    const { bytes, decoded } = await readBody(response.body, encoding, maxBytes);
     return { status: response.statusCode, headers: response.headers, bytes, decoded };
   } finally {
     await dispatcher.destroy();

@@ -40,8 +40,12 @@ export function prepareRequest(
   policy: EgressPolicy,
 ): { ok: true; request: OutgoingRequest } | EgressDenied {
   if (!isRecord(input) || typeof input.url !== 'string') return denied('input_invalid', { field: 'url' });
-  if (input.method !== undefined && typeof input.method !== 'string') return denied('input_invalid', { field: 'method' });
-  if (input.headers !== undefined && !isRecord(input.headers)) return denied('input_invalid', { field: 'headers' });
+  if (!(input.method === undefined || typeof input.method === 'string')) {
+    return denied('input_invalid', { field: 'method' });
+  }
+  if (!(input.headers === undefined || isRecord(input.headers))) {
+    return denied('input_invalid', { field: 'headers' });
+  }
   const method = (input.method ?? 'GET').toUpperCase();
 
   const checked = checkRequestHeaders((input.headers ?? {}) as Record<string, string>, policy);
@@ -74,7 +78,8 @@ export async function guardHop(
   const checked = checkUrl(request.url, request.method, policy, narrowing, request.base);
   if (!checked.ok) return checked;
   const { target } = checked;
-  const resolved = await resolveAndCheck(target.host, target.ipLiteral, context.resolver, context.addressPolicy);
+  const { resolver, addressPolicy } = context;
+  const resolved = await resolveAndCheck(target.host, target.ipLiteral, resolver, addressPolicy);
   if (!resolved.ok) return { ...resolved, details: { origin: target.url.origin, ...resolved.details } };
   return { ok: true, hop: { target, addresses: resolved.addresses } };
 }

@@ -33,10 +33,11 @@ function decodersFor(contentEncoding: string | undefined): Transform[] {
     .split(',')
     .map((coding) => coding.trim().toLowerCase())
     .filter((coding) => coding !== '' && coding !== 'identity');
-  if (codings.length > MAX_ENCODINGS) throw new ResponseBodyError('response_decoding_failed', { content_encoding: contentEncoding });
+  const unusable = () => new ResponseBodyError('response_decoding_failed', { content_encoding: contentEncoding });
+  if (codings.length > MAX_ENCODINGS) throw unusable();
   return codings.reverse().map((coding) => {
     const decoder = DECODERS[coding];
-    if (!decoder) throw new ResponseBodyError('response_decoding_failed', { content_encoding: contentEncoding });
+    if (!decoder) throw unusable();
     return decoder();
   });
 }
@@ -57,7 +58,10 @@ export async function readBody(
   const sink = new Writable({
     write(chunk: Buffer, _encoding, callback) {
       total += chunk.length;
-      if (total > maxBytes) return callback(new ResponseBodyError('response_too_large', { max_response_bytes: maxBytes }));
+      if (total > maxBytes) {
+        callback(new ResponseBodyError('response_too_large', { max_response_bytes: maxBytes }));
+        return;
+      }
       chunks.push(chunk);
       callback();
     },
@@ -69,7 +73,8 @@ export async function readBody(
     // zlib reports corrupt data with a Z_* code; anything else (an abort, a reset) is not ours.
     const code = (error as NodeJS.ErrnoException).code;
     if (decoders.length > 0 && code?.startsWith('Z_')) {
-      throw new ResponseBodyError('response_decoding_failed', { content_encoding: contentEncoding, zlib_code: code });
+      const details = { content_encoding: contentEncoding, zlib_code: code };
+      throw new ResponseBodyError('response_decoding_failed', details);
     }
     throw error;
   }
@@ -81,7 +86,9 @@ export async function readBody(
  * the text parses, else the text, decoded with the declared charset (UTF-8 when absent or unknown).
  */
 export function decodeBody(bytes: Buffer, contentType: string | undefined): unknown {
-  const [mediaType = '', ...parameters] = (contentType ?? '').split(';').map((part) => part.trim().toLowerCase());
+  const [mediaType = '', ...parameters] = (contentType ?? '')
+    .split(';')
+    .map((part) => part.trim().toLowerCase());
   const charset = parameters.find((parameter) => parameter.startsWith('charset='))?.slice('charset='.length);
   let text: string;
   try {
