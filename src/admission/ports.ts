@@ -1,3 +1,5 @@
+import type { EgressExecutor } from '../egress/egress-executor.js';
+import type { EgressPolicy } from '../egress/egress-policy.js';
 import type { ErrorCode } from '../http/errors.js';
 
 /**
@@ -35,7 +37,7 @@ export interface AdmissibleTool {
   target: { family?: string | null; provider?: string | null; region?: string | null } | null;
   cost_units: number;
   rate_limit: { capacity: number; refill_per_second: number } | null;
-  egress: { allowed_hosts: string[]; schemes?: string[]; methods?: string[] } | null;
+  egress: EgressPolicy | null;
 }
 
 export interface SchemaValidator {
@@ -133,4 +135,6 @@ export interface AdmissionPorts {
   budgets: BudgetPort;
   rateLimiter: RateLimitPort;
   tenantPolicy: TenantPolicyPort;
+  /** The built-in backend of `external_call` tools; its guard also runs at the input stage. */
+  egress: EgressExecutor;
 }

@@ -10,7 +10,7 @@ import { actorOf } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { ApiError, statusForCode, type ErrorCode } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
-import type { BackendClient, DispatchResult } from '../proxy/backend-client.js';
+import type { BackendClient } from '../proxy/backend-client.js';
 import { claimRun, finishRun, resumeThrottledRun, type RunRecord } from './run-repository.js';
 import { statusAfter, TERMINAL_STATUSES, type RunEnvelope, type RunRequest, type StepResult } from './run-types.js';
 
@@ -29,6 +29,17 @@ export interface RunAnswer {
   envelope: RunEnvelope;
   replayed: boolean;
 }
+
+/** Denials that are security events (SPEC §8) are recorded under their own event type. */
+const SECURITY_DENIALS: Partial<Record<ErrorCode, string>> = {
+  tool_category_blocked: 'security.category_blocked',
+  unauthorized_tool_access: 'security.unauthorized_tool_access',
+  egress_denied: 'security.egress_blocked',
+};
+
+type CallResult =
+  | { ok: true; output: unknown; reportedCostUnits: number | undefined; status: number }
+  | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> };
 
 interface CallContext {
   principal: AgentPrincipal;
@@ -130,7 +141,7 @@ export class RunExecutor {
       this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
       const record = await this.deps.audit.append({
         ...base,
-        event_type: 'run.step.denied',
+        event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
         status: 'denied',
         reason_code: denial.code,
         details: { stage: admission.verdicts[admission.verdicts.length - 1]?.stage, message: denial.message, ...(denial.details ?? {}) },
@@ -145,7 +156,7 @@ export class RunExecutor {
     const admitted = admission.state.tool!;
     const reservation = admission.state.reservation;
     this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
-    const result = await this.dispatch(call, admitted, planned.input, base, reservation);
+    const result = await this.dispatch(call, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {});
     const durationMs = elapsed(started);
     if (result.ok) {
       return {
@@ -168,13 +179,14 @@ export class RunExecutor {
     input: unknown,
     base: AuditEventInput,
     reservation: Reservation | undefined,
+    grantModifiers: Record<string, unknown>,
   ): Promise<
     | { ok: true; output: unknown; costUnits: number; auditId: string }
     | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null }
   > {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
-    if (!tool.backend) {
+    if (!tool.backend && tool.category !== 'external_call') {
       if (reservation) await budgets.release(reservation);
       const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256 });
       return { ok: false, code: 'tool_backend_not_configured', message: `tool ${tool.id}@${tool.version} has no backend configured`, details: {}, costUnits: 0, auditId: record.event_id };
@@ -186,17 +198,7 @@ export class RunExecutor {
       throw error;
     }
     const backendStarted = performance.now();
-    const result: DispatchResult = await this.deps.backend.call(
-      {
-        url: tool.backend.url,
-        method: tool.backend.method,
-        timeoutMs: tool.backend.timeout_ms,
-        maxResponseBytes: tool.backend.max_response_bytes,
-        headers: this.deps.ports.catalog.backendHeaders(tool),
-      },
-      input,
-      { runId: call.request.run_id, tenantId: call.principal.tenantId, agentId: call.principal.id, toolCallId: base.tool_call_id!, traceId: call.traceId },
-    );
+    const result = await this.callBackend(call, tool, input, base.tool_call_id!, grantModifiers);
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
@@ -229,6 +231,22 @@ export class RunExecutor {
     return outcome.ok
       ? { ok: true, output: outcome.output, costUnits, auditId: record.event_id }
       : { ...outcome, costUnits, auditId: record.event_id };
+  }
+
+  /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
+  private async callBackend(call: CallContext, tool: AdmissibleTool, input: unknown, toolCallId: string, grantModifiers: Record<string, unknown>): Promise<CallResult> {
+    if (tool.category === 'external_call') {
+      if (!tool.egress) return { ok: false, code: 'tool_backend_not_configured', message: 'the tool has no egress policy', details: {} };
+      const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
+      if (result.ok) return { ok: true, output: result.output, reportedCostUnits: undefined, status: result.output.status };
+      return { ok: false, code: result.code, message: `egress ${result.code === 'egress_denied' ? 'refused' : 'failed'}: ${result.reason}`, details: { reason: result.reason, ...result.details } };
+    }
+    const backend = tool.backend!;
+    return this.deps.backend.call(
+      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers: this.deps.ports.catalog.backendHeaders(tool) },
+      input,
+      { runId: call.request.run_id, tenantId: call.principal.tenantId, agentId: call.principal.id, toolCallId, traceId: call.traceId },
+    );
   }
 
   /** Steps 1–11 for every step, reserving and dispatching nothing. */
