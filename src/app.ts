@@ -11,8 +11,11 @@ import { auditRoutes } from './http/routes/audit.js';
 import { docsRoutes } from './http/routes/docs.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
+import { toolRoutes } from './http/routes/tools.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
+import { ToolCatalog } from './registry/tool-catalog.js';
+import { getTenantPolicy } from './tenants/tenant-policy.js';
 
 export interface AppOptions {
   config: Config;
@@ -29,6 +32,8 @@ export interface Services {
   audit: AuditLog;
   metrics: Metrics;
   now: () => Date;
+  /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
+  catalog: ToolCatalog;
 }
 
 declare module 'fastify' {
@@ -51,7 +56,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditEventsCommitted.inc(batchSize);
     metrics.auditCommitBatchSize.observe(batchSize);
   });
-  const services: Services = { config, database, audit, metrics, now };
+  const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
+  const services: Services = { config, database, audit, metrics, now, catalog };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -87,7 +93,11 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       'request',
     );
   });
+  app.addHook('onReady', async () => {
+    await catalog.start();
+  });
   app.addHook('onClose', async () => {
+    await catalog.close();
     await audit.drain();
   });
 
@@ -97,10 +107,17 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audience: config.jwt.audience,
     audit,
   });
-  await app.register(operationsRoutes, { database, metrics, readinessChecks: [] });
+  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => (catalog.ageMs() <= 5_000 ? { ok: true } : { ok: false, reason: 'tool catalog is stale' })] });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
   await app.register(tenantRoutes, { db: database.db, audit, now });
+  await app.register(toolRoutes, {
+    db: database.db,
+    catalog,
+    now,
+    secrets: config.secrets,
+    externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled,
+  });
   return app;
 }

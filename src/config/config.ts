@@ -21,7 +21,14 @@ export interface Config {
   maxPlanSteps: number;
   databasePoolSize: number;
   shutdownTimeoutMs: number;
+  /** How often each replica checks the registry revision besides LISTEN/NOTIFY (`TOOLGATE_REGISTRY_REFRESH_MS`). */
+  registryRefreshMs: number;
+  /** The `TOOLGATE_SECRET_*` variables, snapshot at start-up: the only ones backend headers may name. Never log. */
+  secrets: Readonly<Record<string, string>>;
 }
+
+/** Names of the variables tool backends may read secrets from. */
+export const SECRET_ENV_PATTERN = /^TOOLGATE_SECRET_[A-Z0-9_]+$/;
 
 const emptyAsUndefined = (value: unknown) => (value === '' ? undefined : value);
 const optionalString = z.preprocess(emptyAsUndefined, z.string().optional());
@@ -75,6 +82,7 @@ const environmentSchema = z
     MAX_PLAN_STEPS: intInRange(1, 1000, 32),
     TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
     TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
+    TOOLGATE_REGISTRY_REFRESH_MS: intInRange(50, 1_000, 250),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -139,5 +147,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     maxPlanSteps: e.MAX_PLAN_STEPS,
     databasePoolSize: e.TOOLGATE_DB_POOL_SIZE,
     shutdownTimeoutMs: e.TOOLGATE_SHUTDOWN_TIMEOUT_MS,
+    registryRefreshMs: e.TOOLGATE_REGISTRY_REFRESH_MS,
+    secrets: Object.freeze(
+      Object.fromEntries(
+        Object.entries(env).filter((entry): entry is [string, string] => SECRET_ENV_PATTERN.test(entry[0]) && typeof entry[1] === 'string'),
+      ),
+    ),
   };
 }

@@ -46,6 +46,8 @@ export interface DB {
   schema_migrations: SchemaMigrationTable;
   runs: RunTable;
   tenant_policies: TenantPolicyTable;
+  tool_versions: ToolVersionTable;
+  registry_revision: RegistryRevisionTable;
 }
 
 export interface RunTable {
@@ -70,4 +72,22 @@ export interface TenantPolicyTable {
   external_call_enabled: boolean;
   updated_at: Date;
   updated_by: string;
+}
+
+/** One registered tool version (src/registry/); `contract` holds its immutable content. */
+export interface ToolVersionTable {
+  tool_id: string;
+  version: string;
+  contract: ColumnType<unknown, string, never>;
+  content_sha256: string;
+  deprecated_at: Date | null;
+  replacement_tool_id: string | null;
+  registered_at: ColumnType<Date, Date, never>;
+  registered_by: string;
+  revision: ColumnType<string | number | bigint, number, number>;
+}
+
+export interface RegistryRevisionTable {
+  id: number;
+  revision: ColumnType<string | number | bigint, number, number>;
 }

@@ -76,3 +76,8 @@ export function matchesHostPatterns(host: string, patterns: readonly string[]): 
     }
   });
 }
+
+/** Whether an `allowed_hosts` entry is a pattern the egress guard understands (checked at registration). */
+export function isHostPattern(text: string): boolean {
+  return parsePattern(text) !== undefined;
+}

@@ -1,0 +1,22 @@
+import { AGENT_FORBIDDEN_CATEGORIES, type ToolContract } from './tool-contract.js';
+
+/** The agent asking, as its verified token names it. */
+export interface AgentIdentity {
+  agentId: string;
+  family: string | undefined;
+}
+
+/**
+ * Whether the registry lets an agent use a tool: never a `final_write` or `admin` tool, whatever
+ * its allowlist says; otherwise only when the allowlist names the agent or `family:<its family>`.
+ * Deny by default: an empty allowlist admits no one. Tenant policy (external calls), grants and
+ * kill switches are decided elsewhere.
+ */
+export function agentMayUse(tool: Pick<ToolContract, 'category' | 'allowed_agents'>, agent: AgentIdentity): boolean {
+  if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) return false;
+  // An agent id that looks like a family entry never matches one by id.
+  return (
+    (!agent.agentId.startsWith('family:') && tool.allowed_agents.includes(agent.agentId)) ||
+    (agent.family !== undefined && tool.allowed_agents.includes(`family:${agent.family}`))
+  );
+}

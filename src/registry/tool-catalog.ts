@@ -1,0 +1,239 @@
+import type { Logger } from 'pino';
+import type { Database } from '../db/database.js';
+import { resolveBackendHeaders } from './backend-headers.js';
+import { agentMayUse, type AgentIdentity } from './tool-access.js';
+import { isDeprecatedAt, versionKey, type ToolContract } from './tool-contract.js';
+import { REGISTRY_CHANNEL, loadChangesSince, type StoredToolVersion } from './tool-repository.js';
+import { compileSchema, createSchemaCompiler, refusingValidator, type ToolValidators } from './tool-schemas.js';
+import { newestFirst, pickVersion } from './version-resolution.js';
+
+export type CatalogResolution =
+  | { ok: true; tool: ToolContract }
+  | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
+
+export interface ToolCatalogOptions {
+  database: Pick<Database, 'db' | 'listener'>;
+  /** The `TOOLGATE_SECRET_*` snapshot backend headers may name. */
+  secrets: Readonly<Record<string, string>>;
+  now: () => Date;
+  logger: Pick<Logger, 'warn'>;
+  /** How often the revision is checked besides notifications; keeps the catalog under a second stale. */
+  refreshIntervalMs: number;
+}
+
+/**
+ * This replica's copy of the registry. Lookups are synchronous and never query the database:
+ * the copy is kept fresh by `LISTEN/NOTIFY` on the registry channel, a revision check every
+ * `refreshIntervalMs` (notifications can be lost), and a catch-up on every listener reconnect.
+ * Each refresh reads only the versions changed since the revision held.
+ */
+export class ToolCatalog {
+  private byId = new Map<string, readonly ToolContract[]>();
+  private sortedIds: readonly string[] = [];
+  private readonly compiled = new Map<string, ToolValidators>();
+  private readonly ajv = createSchemaCompiler();
+  private heldRevision = 0;
+  private syncedAt: number | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private started = false;
+  private closed = false;
+  private running: Promise<void> | undefined;
+  private queued: Promise<void> | undefined;
+
+  constructor(private readonly options: ToolCatalogOptions) {}
+
+  /** The registry revision this copy reflects. */
+  get revision(): number {
+    return this.heldRevision;
+  }
+
+  /** Milliseconds since this copy last confirmed it matches the database (Infinity before the first load). */
+  ageMs(): number {
+    return this.syncedAt === undefined ? Infinity : performance.now() - this.syncedAt;
+  }
+
+  /** Loads the registry, then follows it. Throws when the first load fails. */
+  async start(): Promise<void> {
+    if (this.started) return;
+    this.started = true;
+    const { listener } = this.options.database;
+    listener.on('connected', this.onConnected);
+    await listener.subscribe(REGISTRY_CHANNEL, this.onNotification);
+    await this.refresh();
+    this.timer = setInterval(() => this.refreshQuietly(), this.options.refreshIntervalMs);
+    this.timer.unref();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    this.options.database.listener.off('connected', this.onConnected);
+    await this.queued?.catch(() => undefined);
+    await this.running?.catch(() => undefined);
+  }
+
+  /**
+   * Brings this copy up to the database's revision. Resolves after a load that started after the
+   * call, so a caller that just wrote to the registry reads its own write. Concurrent callers
+   * share one load.
+   */
+  refresh(): Promise<void> {
+    if (this.queued) return this.queued;
+    const previous = this.running ?? Promise.resolve();
+    const next = previous
+      .catch(() => undefined)
+      .then(() => {
+        this.queued = undefined;
+        const current = this.load();
+        this.running = current;
+        current
+          .finally(() => {
+            if (this.running === current) this.running = undefined;
+          })
+          .catch(() => undefined);
+        return current;
+      });
+    this.queued = next;
+    return next;
+  }
+
+  /**
+   * The version a call gets: a range picks the newest matching non-deprecated version, an exact
+   * version may name a deprecated one, and no range means the newest non-deprecated version.
+   */
+  resolve(toolId: string, range?: string): CatalogResolution {
+    const versions = this.byId.get(toolId);
+    if (!versions || versions.length === 0) return { ok: false, code: 'tool_not_registered' };
+    const now = this.options.now();
+    const picked = pickVersion(
+      versions.map((tool) => ({ version: tool.version, deprecated: isDeprecatedAt(tool, now), tool })),
+      range,
+    );
+    return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
+  }
+
+  /** Every registered version of a tool, newest first; empty when the tool is unknown. */
+  versions(toolId: string): readonly ToolContract[] {
+    return this.byId.get(toolId) ?? [];
+  }
+
+  /** Every registered version of every tool, by id, newest version first. */
+  all(): ToolContract[] {
+    return this.sortedIds.flatMap((id) => this.byId.get(id) ?? []);
+  }
+
+  /** The registered tool ids, sorted. */
+  toolIds(): readonly string[] {
+    return this.sortedIds;
+  }
+
+  /** Whether the registry lets this agent use this tool (allowlist; never `final_write`/`admin`). */
+  agentMayUse(tool: Pick<ToolContract, 'category' | 'allowed_agents'>, agent: AgentIdentity): boolean {
+    return agentMayUse(tool, agent);
+  }
+
+  /**
+   * What an agent is offered: per tool, the newest non-deprecated version it may use. External
+   * call tools only when the tenant enabled them.
+   */
+  offeredTo(agent: AgentIdentity, options: { externalCallEnabled: boolean }): ToolContract[] {
+    const offered: ToolContract[] = [];
+    for (const id of this.sortedIds) {
+      const resolved = this.resolveFor(agent, id, undefined, options);
+      if (resolved.ok) offered.push(resolved.tool);
+    }
+    return offered;
+  }
+
+  /**
+   * `resolve` over only the versions an agent may use: for the agent, the others do not exist
+   * (`tool_not_registered` when none is usable).
+   */
+  resolveFor(agent: AgentIdentity, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
+    const usable = this.versions(toolId).filter(
+      (tool) => agentMayUse(tool, agent) && (tool.category !== 'external_call' || (options.externalCallEnabled && tool.egress !== null)),
+    );
+    if (usable.length === 0) return { ok: false, code: 'tool_not_registered' };
+    const now = this.options.now();
+    const picked = pickVersion(
+      usable.map((tool) => ({ version: tool.version, deprecated: isDeprecatedAt(tool, now), tool })),
+      range,
+    );
+    return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
+  }
+
+  /** The compiled input and output validators of a version, compiled once per replica. */
+  validators(tool: { id: string; version: string }): ToolValidators {
+    const key = versionKey(tool.id, tool.version);
+    const cached = this.compiled.get(key);
+    if (cached) return cached;
+    const known = this.byId.get(tool.id)?.find((t) => t.version === tool.version);
+    if (!known) {
+      const refuse = refusingValidator(`${key} is not in the catalog`);
+      return { input: refuse, output: refuse };
+    }
+    return this.compile(known);
+  }
+
+  /** A backend's headers with secrets resolved, for dispatch only. Throws `MissingSecretError`. */
+  backendHeaders(tool: { id: string; backend: { headers: Record<string, unknown> } | null }): Record<string, string> {
+    return resolveBackendHeaders(tool.id, tool.backend, this.options.secrets);
+  }
+
+  private compile(tool: ToolContract): ToolValidators {
+    const key = versionKey(tool.id, tool.version);
+    const compileOrRefuse = (which: 'input_schema' | 'output_schema') => {
+      const result = compileSchema(this.ajv, tool[which]);
+      if (result.ok) return result.validate;
+      this.options.logger.warn({ tool_id: tool.id, version: tool.version, reason: result.message }, `stored ${which} does not compile`);
+      return refusingValidator(`the registered ${which} does not compile`);
+    };
+    const validators = { input: compileOrRefuse('input_schema'), output: compileOrRefuse('output_schema') };
+    this.compiled.set(key, validators);
+    return validators;
+  }
+
+  private async load(): Promise<void> {
+    if (this.closed) return;
+    const { db } = this.options.database;
+    let { revision, changed } = await loadChangesSince(db, this.heldRevision);
+    if (revision < this.heldRevision) {
+      // The database went back in time (restored from a backup): start over.
+      ({ revision, changed } = await loadChangesSince(db, -1));
+      this.byId = new Map();
+      this.compiled.clear();
+    }
+    if (changed.length > 0) this.apply(changed);
+    this.heldRevision = revision;
+    this.syncedAt = performance.now();
+  }
+
+  private apply(changed: StoredToolVersion[]): void {
+    const touched = new Map<string, Map<string, ToolContract>>();
+    for (const { tool } of changed) {
+      let versions = touched.get(tool.id);
+      if (!versions) {
+        versions = new Map((this.byId.get(tool.id) ?? []).map((t) => [t.version, t]));
+        touched.set(tool.id, versions);
+      }
+      versions.set(tool.version, tool);
+    }
+    // Replaced, not mutated: arrays handed out earlier stay as they were.
+    for (const [id, versions] of touched) this.byId.set(id, newestFirst([...versions.values()]));
+    for (const { tool } of changed) if (!this.compiled.has(versionKey(tool.id, tool.version))) this.compile(tool);
+    this.sortedIds = [...this.byId.keys()].sort();
+  }
+
+  private readonly onNotification = (): void => {
+    if (!this.closed) this.refreshQuietly();
+  };
+
+  // Notifications sent while the listener was away are lost: catch up by revision.
+  private readonly onConnected = (): void => {
+    if (!this.closed) this.refreshQuietly();
+  };
+
+  private refreshQuietly(): void {
+    this.refresh().catch((error: unknown) => this.options.logger.warn({ err: error }, 'tool catalog refresh failed; keeping the last copy'));
+  }
+}

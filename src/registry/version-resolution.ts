@@ -1,0 +1,42 @@
+import semver from 'semver';
+
+/** One registered version as resolution sees it. */
+export interface VersionCandidate {
+  version: string;
+  /** Deprecated and in effect now (a scheduled deprecation does not count yet). */
+  deprecated: boolean;
+}
+
+/** The exact version a range names (`1.2.0`, `=1.2.0`, `v1.2.0`), or undefined for a real range. */
+export function exactVersionOf(range: string): string | undefined {
+  const trimmed = range.trim();
+  return semver.valid(trimmed.startsWith('=') ? trimmed.slice(1).trim() : trimmed) ?? undefined;
+}
+
+/**
+ * Picks the version a call gets (SPEC §2, §6 step 1):
+ * - no range: the newest non-deprecated release (a pre-release only when no release is left);
+ * - an exact version: that version, even deprecated, since it was asked for by name;
+ * - a range: the newest non-deprecated version that satisfies it.
+ * Returns undefined when nothing qualifies, including for a range that does not parse.
+ */
+export function pickVersion<T extends VersionCandidate>(candidates: readonly T[], range?: string): T | undefined {
+  if (range !== undefined) {
+    const exact = exactVersionOf(range);
+    if (exact !== undefined) return candidates.find((c) => c.version === exact);
+    if (semver.validRange(range) === null) return undefined;
+  }
+  const usable = candidates.filter((c) => !c.deprecated);
+  const byVersion = new Map(usable.map((c) => [c.version, c]));
+  const versions = usable.map((c) => c.version);
+  const best =
+    range === undefined
+      ? (semver.maxSatisfying(versions, '*') ?? semver.rsort([...versions])[0])
+      : semver.maxSatisfying(versions, range);
+  return best === null || best === undefined ? undefined : byVersion.get(best);
+}
+
+/** Newest first, by semver precedence. */
+export function newestFirst<T extends { version: string }>(items: readonly T[]): T[] {
+  return [...items].sort((a, b) => semver.rcompare(a.version, b.version));
+}

@@ -1,0 +1,281 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sql } from 'kysely';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { toolBody, type ToolOptions } from './helpers/world.js';
+
+let h: Harness;
+const platform = tokens.platform();
+
+beforeAll(async () => {
+  h = await startHarness({ TOOLGATE_SECRET_SCF_API_KEY: 'sk-live-not-for-agents' });
+});
+afterAll(() => h.close());
+
+function register(options: ToolOptions, overrides: Record<string, unknown> = {}, token = platform) {
+  return h.client.post('/tools', { token, body: { ...toolBody(options), ...overrides } });
+}
+
+async function registered(options: ToolOptions, overrides: Record<string, unknown> = {}) {
+  const res = await register(options, overrides);
+  expect(res.status, JSON.stringify(res.body)).toBe(201);
+  return res.body;
+}
+
+describe('POST /tools: registering a version', () => {
+  it('stores every field of the contract and answers 201 with it', async () => {
+    const res = await register(
+      { id: 'get_scf_control', allowed_agents: ['scf.analyst', 'family:scf'], required_context: ['tenant_id', 'trace_id'], backendUrl: 'http://scf.internal/controls' },
+      {
+        description: 'Reads one SCF control by id.',
+        required_scopes: [{ scope: 'scf:read', required: true, rationale: 'reads the normative source' }],
+        reads_from: ['scf'],
+        rate_limit: { capacity: 10, refill_per_second: 1 },
+      },
+    );
+    expect(res.status).toBe(201);
+    expect(res.body).toMatchObject({
+      id: 'get_scf_control',
+      version: '1.0.0',
+      category: 'read_only',
+      allowed_agents: ['scf.analyst', 'family:scf'],
+      required_context: ['tenant_id', 'trace_id'],
+      required_scopes: [{ scope: 'scf:read', required: true, rationale: 'reads the normative source' }],
+      deprecation: null,
+      backend: { url: 'http://scf.internal/controls', method: 'POST', timeout_ms: 2000, headers: {} },
+      target: { family: 'test', provider: 'loopback', region: 'local' },
+      rate_limit: { capacity: 10, refill_per_second: 1 },
+      egress: null,
+      registered_by: 'operator:ops.platform',
+    });
+    expect(Date.parse(res.body.registered_at)).not.toBeNaN();
+  });
+
+  it('fills in defaults for the optional fields', async () => {
+    const res = await h.client.post('/tools', {
+      token: platform,
+      body: {
+        id: 'minimal.tool',
+        version: '0.1.0',
+        display_name: 'Minimal',
+        description: 'The fewest fields a registration needs.',
+        category: 'read_only',
+        risk_level: 'low',
+        input_schema: { type: 'object' },
+        output_schema: true,
+        cost_units: 0,
+      },
+    });
+    expect(res.status).toBe(201);
+    expect(res.body).toMatchObject({
+      allowed_agents: [],
+      required_context: [],
+      required_scopes: [],
+      requires_approval: false,
+      dependencies: [],
+      deprecation: null,
+      backend: null,
+      target: { family: null, provider: null, region: null },
+      rate_limit: null,
+      egress: null,
+    });
+  });
+
+  it('records a tool.registered audit event', async () => {
+    await registered({ id: 'audited.tool', version: '2.1.0', category: 'draft_write', risk_level: 'medium' });
+    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.registered', tool_id: 'audited.tool' } });
+    expect(events.body.items).toHaveLength(1);
+    expect(events.body.items[0]).toMatchObject({
+      actor: 'operator:ops.platform',
+      tenant_id: null,
+      tool_id: 'audited.tool',
+      tool_version: '2.1.0',
+      tool_category: 'draft_write',
+      risk_level: 'medium',
+      status: 'registered',
+      details: { content_sha256: expect.stringMatching(/^[0-9a-f]{64}$/) },
+    });
+  });
+
+  it('answers 200 with the stored version when the same content is registered again, and records nothing', async () => {
+    const first = await registered({ id: 'idem.tool' });
+    const again = await register({ id: 'idem.tool' });
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(first);
+    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.registered', tool_id: 'idem.tool' } });
+    expect(events.body.items).toHaveLength(1);
+  });
+
+  it('treats a body with the defaults spelt out as the same content', async () => {
+    await registered({ id: 'spelt.tool' });
+    const again = await register({ id: 'spelt.tool' }, { requires_approval: false, rate_limit: null, egress: null, deprecation: null });
+    expect(again.status).toBe(200);
+  });
+
+  it('refuses different content under a registered version with 409 tool_version_conflict naming the fields', async () => {
+    await registered({ id: 'immutable.tool' });
+    const res = await register({ id: 'immutable.tool', allowed_agents: ['sneaky.agent'], cost_units: 0 });
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({
+      code: 'tool_version_conflict',
+      details: { tool_id: 'immutable.tool', version: '1.0.0', differing_fields: ['allowed_agents', 'cost_units'] },
+    });
+    const stored = await h.client.get('/tools/immutable.tool', { token: platform });
+    expect(stored.body.allowed_agents).toEqual([]);
+  });
+
+  it('keeps registered content immutable in the database itself', async () => {
+    await registered({ id: 'guarded.tool' });
+    const db = h.db.database.db;
+    await expect(sql`update tool_versions set contract = '{}'::jsonb where tool_id = 'guarded.tool'`.execute(db)).rejects.toThrow(/immutable/);
+    await expect(sql`delete from tool_versions where tool_id = 'guarded.tool'`.execute(db)).rejects.toThrow(/never deleted/);
+  });
+});
+
+describe('POST /tools: what a registration may not say', () => {
+  const cases: Array<[string, ToolOptions, Record<string, unknown>, string]> = [
+    ['an id that is not a dotted lower-case name', { id: 'Web.Fetch' }, {}, 'body.id'],
+    ['an id with an empty segment', { id: 'web..fetch' }, {}, 'body.id'],
+    ['a version that is not semver', { id: 'bad.version', version: '1.0' }, {}, 'body.version'],
+    ['a version with a v prefix', { id: 'bad.version', version: 'v1.0.0' }, {}, 'body.version'],
+    ['an input schema that is not JSON Schema', { id: 'bad.schema' }, { input_schema: { type: 'strnig' } }, 'body.input_schema'],
+    ['an output schema with an unresolvable $ref', { id: 'bad.schema' }, { output_schema: { $ref: 'https://example.com/remote.json' } }, 'body.output_schema'],
+    ['a schema that is not even an object', { id: 'bad.schema' }, { input_schema: 'object' }, 'body.input_schema'],
+    ['a final_write tool that names an agent', { id: 'approve_soa', category: 'final_write', risk_level: 'critical', allowed_agents: ['soa.architect'] }, {}, 'body.allowed_agents'],
+    ['an admin tool that names a family', { id: 'raw_database_query', category: 'admin', risk_level: 'critical', allowed_agents: ['family:standard'] }, {}, 'body.allowed_agents'],
+    ['a final_write tool below high risk', { id: 'approve_gap', category: 'final_write', risk_level: 'medium' }, {}, 'body.risk_level'],
+    ['an admin tool of low risk', { id: 'delete_document', category: 'admin', risk_level: 'low' }, {}, 'body.risk_level'],
+    ['an external_call tool without an egress allowlist', { id: 'external_api_call', category: 'external_call', risk_level: 'high' }, {}, 'body.egress'],
+    ['an external_call tool with an empty allowlist', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: [] } }, {}, 'body.egress.allowed_hosts'],
+    ['an external_call tool with a backend', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: ['api.example.com'] }, backendUrl: 'http://x.internal' }, {}, 'body.backend'],
+    ['an allowlist entry that is not a host', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: ['https://api.example.com/path'] } }, {}, 'body.egress.allowed_hosts.0'],
+    ['egress on a tool that is not external_call', { id: 'read.with.egress', egress: { allowed_hosts: ['api.example.com'] } }, {}, 'body.egress'],
+    ['a dependency range that is not semver', { id: 'bad.dep' }, { dependencies: [{ tool_id: 'minimal.tool', range: 'latest' }] }, 'body.dependencies.0.range'],
+    ['a header that reads an arbitrary environment variable', { id: 'leaky.tool', backendUrl: 'http://x.internal' }, {}, 'body.backend.headers.authorization'],
+    ['a header the gateway sets itself', { id: 'spoof.tool', backendUrl: 'http://x.internal' }, {}, 'body.backend.headers.x-toolgate-tenant-id'],
+    ['a backend URL with credentials', { id: 'creds.tool', backendUrl: 'http://user:pass@x.internal' }, {}, 'body.backend.url'],
+    ['an unknown field', { id: 'extra.tool' }, { colour: 'blue' }, 'body'],
+    ['a missing cost', { id: 'free.tool' }, { cost_units: undefined }, 'body.cost_units'],
+  ];
+
+  it.each(cases)('rejects %s with 400 invalid_request naming the field', async (_name, options, overrides, field) => {
+    const body = { ...toolBody(options), ...overrides };
+    if (field === 'body.backend.headers.authorization') (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'DATABASE_URL' } };
+    if (field === 'body.backend.headers.x-toolgate-tenant-id') (body.backend as { headers: unknown }).headers = { 'x-toolgate-tenant-id': 'other' };
+    const res = await h.client.post('/tools', { token: platform, body });
+    expect(res.status, JSON.stringify(res.body)).toBe(400);
+    expect(res.body.error.code).toBe('invalid_request');
+    expect(res.body.error.message.startsWith(field), res.body.error.message).toBe(true);
+  });
+
+  it('rejects a secret header whose variable is not set on the gateway', async () => {
+    const body = toolBody({ id: 'typo.secret', backendUrl: 'http://x.internal' });
+    (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KYE' } };
+    const res = await h.client.post('/tools', { token: platform, body });
+    expect(res.status).toBe(400);
+    expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { field: 'body.backend.headers.authorization' } });
+  });
+
+  it('rejects a dependency on an unknown tool with reason unknown_tool', async () => {
+    const res = await register({ id: 'needs.ghost' }, { dependencies: [{ tool_id: 'ghost.tool', range: '^1.0.0' }] });
+    expect(res.status).toBe(400);
+    expect(res.body.error).toMatchObject({
+      code: 'invalid_request',
+      details: { field: 'body.dependencies.0', reason: 'unknown_tool', tool_id: 'ghost.tool', range: '^1.0.0' },
+    });
+  });
+
+  it('rejects a range no registered version satisfies with reason semver_range_no_match', async () => {
+    await registered({ id: 'dep.base', version: '1.4.0' });
+    const res = await register({ id: 'needs.base' }, { dependencies: [{ tool_id: 'dep.base', range: '^2.0.0' }] });
+    expect(res.status).toBe(400);
+    expect(res.body.error.details).toMatchObject({ field: 'body.dependencies.0', reason: 'semver_range_no_match', tool_id: 'dep.base', range: '^2.0.0' });
+    const ok = await register({ id: 'needs.base' }, { dependencies: [{ tool_id: 'dep.base', range: '^1.2.0' }] });
+    expect(ok.status).toBe(201);
+  });
+
+  it('lets only platform-operators register', async () => {
+    const tenantOperator = await register({ id: 'tenant.tool' }, {}, tokens.tenantOperator('tenant-a'));
+    expect(tenantOperator.status).toBe(403);
+    expect(tenantOperator.body.error.code).toBe('forbidden');
+    const agent = await register({ id: 'agent.tool' }, {}, tokens.agent('scf.analyst', { tenant: 'tenant-a' }));
+    expect(agent.status).toBe(403);
+    expect(agent.body.error.code).toBe('agent_forbidden');
+    const none = await h.client.post('/tools', { body: toolBody({ id: 'anon.tool' }) });
+    expect(none.status).toBe(401);
+  });
+});
+
+describe('backend secrets', () => {
+  it('stores a secret header by name and never returns its value', async () => {
+    const body = toolBody({ id: 'secret.backend', backendUrl: 'http://scf.internal/api', allowed_agents: ['scf.analyst'] });
+    (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': 'toolgate' };
+    const res = await h.client.post('/tools', { token: platform, body });
+    expect(res.status).toBe(201);
+    expect(res.body.backend.headers).toEqual({ authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': 'toolgate' });
+    expect(res.text).not.toContain('sk-live');
+    const read = await h.client.get('/tools/secret.backend', { token: platform });
+    expect(read.text).not.toContain('sk-live');
+    const agentRead = await h.client.get('/tools/secret.backend', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }) });
+    expect(agentRead.status).toBe(200);
+    expect(agentRead.body).not.toHaveProperty('backend');
+    expect(agentRead.text).not.toContain('TOOLGATE_SECRET');
+    const audit = await h.client.get('/audit', { token: platform, query: { tool_id: 'secret.backend' } });
+    expect(audit.text).not.toContain('sk-live');
+  });
+
+  it('resolves the secret only for dispatch, from the snapshot taken at start-up', async () => {
+    const { catalog } = h.client.app.services;
+    const resolved = catalog.resolve('secret.backend');
+    expect(resolved.ok).toBe(true);
+    if (!resolved.ok) return;
+    expect(catalog.backendHeaders(resolved.tool)).toEqual({ authorization: 'sk-live-not-for-agents', 'x-client': 'toolgate' });
+  });
+});
+
+describe('GET /tools/{id}', () => {
+  beforeAll(async () => {
+    for (const version of ['1.0.0', '1.1.0', '1.2.0', '2.0.0']) {
+      await registered({ id: 'versioned.tool', version, allowed_agents: ['scf.analyst'] });
+    }
+  });
+
+  it('answers the newest version by default and the newest match of a range', async () => {
+    const newest = await h.client.get('/tools/versioned.tool', { token: platform });
+    expect(newest.status).toBe(200);
+    expect(['2.0.0']).toContain(newest.body.version);
+    const ranged = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '^1.0.0' } });
+    expect(ranged.body.version).toBe('1.2.0');
+    const tilde = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '~1.1' } });
+    expect(tilde.body.version).toBe('1.1.0');
+    const exact = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '1.0.0' } });
+    expect(exact.body.version).toBe('1.0.0');
+  });
+
+  it('answers 404 tool_version_not_found when no version matches, and tool_not_registered for an unknown tool', async () => {
+    const none = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '^3' } });
+    expect(none.status).toBe(404);
+    expect(none.body.error.code).toBe('tool_version_not_found');
+    const garbage = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: 'not a range' } });
+    expect(garbage.body.error.code).toBe('tool_version_not_found');
+    const unknown = await h.client.get('/tools/no.such.tool', { token: platform });
+    expect(unknown.status).toBe(404);
+    expect(unknown.body.error.code).toBe('tool_not_registered');
+  });
+
+  it('shows an agent only what it needs, and nothing of tools it may not use', async () => {
+    const agent = tokens.agent('scf.analyst', { tenant: 'tenant-a' });
+    const mine = await h.client.get('/tools/versioned.tool', { token: agent, query: { version: '^1' } });
+    expect(mine.status).toBe(200);
+    expect(mine.body.version).toBe('1.2.0');
+    for (const hidden of ['backend', 'allowed_agents', 'target', 'registered_by']) expect(mine.body).not.toHaveProperty(hidden);
+    const other = await h.client.get('/tools/versioned.tool', { token: tokens.agent('someone.else', { tenant: 'tenant-a' }) });
+    expect(other.status).toBe(404);
+    expect(other.body.error.code).toBe('tool_not_registered');
+  });
+
+  it('rejects a malformed id with 400', async () => {
+    const res = await h.client.get('/tools/Not-A-Tool', { token: platform });
+    expect(res.status).toBe(400);
+  });
+});
