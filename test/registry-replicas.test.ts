@@ -1,0 +1,100 @@
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { AppClient } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { toolBody } from './helpers/world.js';
+
+const platform = tokens.platform();
+
+/** Polls a condition until it holds or the bound passes; returns whether it held. */
+async function within(boundMs: number, condition: () => boolean): Promise<boolean> {
+  const deadline = performance.now() + boundMs;
+  while (performance.now() < deadline) {
+    if (condition()) return true;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  return condition();
+}
+
+describe.skipIf(!hasPostgresServer)('the registry across gateway instances (needs a PostgreSQL server)', () => {
+  let testDb: TestDatabase;
+  let databases: Database[];
+  let a: AppClient;
+  let b: AppClient;
+
+  beforeAll(async () => {
+    testDb = await createTestDatabase();
+    databases = await Promise.all(
+      [0, 1].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+    );
+    // A slow revision check, so that freshness below comes from notifications.
+    [a, b] = await Promise.all(databases.map((database) => AppClient.start(database, { TOOLGATE_REGISTRY_REFRESH_MS: '1000' })));
+  });
+
+  afterAll(async () => {
+    await Promise.all([a, b].map((client) => client?.close()));
+    await Promise.all((databases ?? []).map((database) => database.close()));
+    await testDb?.drop();
+  });
+
+  async function registrations(toolId: string): Promise<number> {
+    const events = await a.get('/audit', { token: platform, query: { event_type: 'tool.registered', tool_id: toolId } });
+    return events.body.items.length;
+  }
+
+  it('lets one of two identical concurrent registrations win; the other gets the idempotent answer', async () => {
+    const body = toolBody({ id: 'race.identical', allowed_agents: ['scf.analyst'] });
+    const answers = await Promise.all([a, b].map((client) => client.post('/tools', { token: platform, body })));
+    expect(answers.map((r) => r.status).sort()).toEqual([200, 201]);
+    expect(answers[0]!.body).toEqual(answers[1]!.body);
+    expect(await registrations('race.identical')).toBe(1);
+  });
+
+  it('gives the conflict to the loser when the concurrent contents differ', async () => {
+    const answers = await Promise.all([
+      a.post('/tools', { token: platform, body: toolBody({ id: 'race.different', cost_units: 1 }) }),
+      b.post('/tools', { token: platform, body: toolBody({ id: 'race.different', cost_units: 2 }) }),
+    ]);
+    expect(answers.map((r) => r.status).sort()).toEqual([201, 409]);
+    const loser = answers.find((r) => r.status === 409)!;
+    expect(loser.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['cost_units'] } });
+    const winner = answers.find((r) => r.status === 201)!;
+    const stored = await b.get('/tools/race.different', { token: platform });
+    expect(stored.body.cost_units).toBe(winner.body.cost_units);
+    expect(await registrations('race.different')).toBe(1);
+  });
+
+  it('stores exactly one version under a burst of identical registrations from both instances', async () => {
+    const body = toolBody({ id: 'race.burst' });
+    const answers = await Promise.all(Array.from({ length: 12 }, (_, i) => (i % 2 ? a : b).post('/tools', { token: platform, body })));
+    expect(answers.filter((r) => r.status === 201)).toHaveLength(1);
+    expect(answers.filter((r) => r.status === 200)).toHaveLength(11);
+    expect(await registrations('race.burst')).toBe(1);
+  });
+
+  it("shows a registration made through one instance in the other's catalog within a second", async () => {
+    const res = await a.post('/tools', { token: platform, body: toolBody({ id: 'fresh.tool' }) });
+    expect(res.status).toBe(201);
+    expect(a.app.services.catalog.resolve('fresh.tool').ok).toBe(true);
+    expect(await within(1000, () => b.app.services.catalog.resolve('fresh.tool').ok)).toBe(true);
+    expect(b.app.services.catalog.revision).toBe(a.app.services.catalog.revision);
+  });
+
+  it('catches up by its revision check when a notification is lost', async () => {
+    // A change committed without NOTIFY, as if the notification had been lost in transit.
+    const db = databases[0]!.db;
+    await db.transaction().execute(async (trx) => {
+      const { revision } = await trx.selectFrom('registry_revision').select('revision').forUpdate().executeTakeFirstOrThrow();
+      const next = Number(revision) + 1;
+      const content = { ...toolBody({ id: 'silent.tool' }), deprecation: undefined };
+      await sql`insert into tool_versions (tool_id, version, contract, content_sha256, registered_at, registered_by, revision)
+                values ('silent.tool', '1.0.0', ${JSON.stringify(content)}::jsonb, ${'0'.repeat(64)}, now(), 'operator:test', ${next})`.execute(trx);
+      await trx.updateTable('registry_revision').set({ revision: next }).execute();
+    });
+    // The revision check runs every second here; allow it one period plus the load.
+    expect(await within(2000, () => a.app.services.catalog.resolve('silent.tool').ok && b.app.services.catalog.resolve('silent.tool').ok)).toBe(true);
+  });
+});
