@@ -107,7 +107,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audience: config.jwt.audience,
     audit,
   });
-  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => (catalog.ageMs() <= 5_000 ? { ok: true } : { ok: false, reason: 'tool catalog is stale' })] });
+  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => catalog.readiness()] });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });

@@ -31,7 +31,9 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       [0, 1].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
     );
     // A slow revision check, so that freshness below comes from notifications.
-    [a, b] = await Promise.all(databases.map((database) => AppClient.start(database, { TOOLGATE_REGISTRY_REFRESH_MS: '1000' })));
+    const slow = { TOOLGATE_REGISTRY_REFRESH_MS: '1000' };
+    a = await AppClient.start(databases[0]!, slow);
+    b = await AppClient.start(databases[1]!, slow);
   });
 
   afterAll(async () => {

@@ -243,7 +243,7 @@ describe('GET /tools/{id}', () => {
   it('answers the newest version by default and the newest match of a range', async () => {
     const newest = await h.client.get('/tools/versioned.tool', { token: platform });
     expect(newest.status).toBe(200);
-    expect(['2.0.0']).toContain(newest.body.version);
+    expect(newest.body.version).toBe('2.0.0');
     const ranged = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '^1.0.0' } });
     expect(ranged.body.version).toBe('1.2.0');
     const tilde = await h.client.get('/tools/versioned.tool', { token: platform, query: { version: '~1.1' } });
@@ -277,5 +277,195 @@ describe('GET /tools/{id}', () => {
   it('rejects a malformed id with 400', async () => {
     const res = await h.client.get('/tools/Not-A-Tool', { token: platform });
     expect(res.status).toBe(400);
+  });
+});
+
+describe('GET /tools for operators', () => {
+  it('lists every version with the catalog revision, by id and newest version first', async () => {
+    const res = await h.client.get('/tools', { token: tokens.tenantOperator('tenant-a'), query: { limit: 500 } });
+    expect(res.status).toBe(200);
+    expect(res.body.revision).toBe(h.client.app.services.catalog.revision);
+    expect(res.body.revision).toBeGreaterThan(0);
+    const versioned = res.body.items.filter((t: { id: string }) => t.id === 'versioned.tool').map((t: { version: string }) => t.version);
+    expect(versioned).toEqual(['2.0.0', '1.2.0', '1.1.0', '1.0.0']);
+    const ids = res.body.items.map((t: { id: string }) => t.id);
+    expect(ids).toEqual([...ids].sort());
+  });
+
+  it('filters by category', async () => {
+    const res = await h.client.get('/tools', { token: platform, query: { category: 'draft_write' } });
+    expect(res.body.items.length).toBeGreaterThan(0);
+    expect(res.body.items.every((t: { category: string }) => t.category === 'draft_write')).toBe(true);
+  });
+
+  it('pages with an opaque cursor without repeating or skipping', async () => {
+    const all = await h.client.get('/tools', { token: platform, query: { limit: 500 } });
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let page = 0; page < 100; page += 1) {
+      const res = await h.client.get('/tools', { token: platform, query: { limit: 3, cursor } });
+      seen.push(...res.body.items.map((t: { id: string; version: string }) => `${t.id}@${t.version}`));
+      cursor = res.body.next_cursor ?? undefined;
+      if (!cursor) break;
+    }
+    expect(seen).toEqual(all.body.items.map((t: { id: string; version: string }) => `${t.id}@${t.version}`));
+    const bad = await h.client.get('/tools', { token: platform, query: { cursor: 'nope' } });
+    expect(bad.status).toBe(400);
+  });
+});
+
+describe('deprecating a version', () => {
+  beforeAll(async () => {
+    for (const version of ['1.0.0', '1.1.0', '2.0.0']) await registered({ id: 'old.search', version, allowed_agents: ['scf.analyst'] });
+    await registered({ id: 'new.search', allowed_agents: ['scf.analyst'] });
+  });
+
+  it('records the deprecation and its audit event, and ranges then skip the version', async () => {
+    const res = await h.client.post('/tools/old.search/versions/1.1.0/deprecate', { token: platform, body: { replacement_tool_id: 'new.search' } });
+    expect(res.status).toBe(200);
+    expect(res.body.deprecation).toMatchObject({ replacement_tool_id: 'new.search' });
+    expect(Date.parse(res.body.deprecation.deprecated_at)).toBeLessThanOrEqual(Date.now());
+    const ranged = await h.client.get('/tools/old.search', { token: platform, query: { version: '^1.0.0' } });
+    expect(ranged.body.version).toBe('1.0.0');
+    const exact = await h.client.get('/tools/old.search', { token: platform, query: { version: '1.1.0' } });
+    expect(exact.body).toMatchObject({ version: '1.1.0', deprecation: { replacement_tool_id: 'new.search' } });
+    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.deprecated', tool_id: 'old.search' } });
+    expect(events.body.items).toHaveLength(1);
+    expect(events.body.items[0]).toMatchObject({ tool_version: '1.1.0', actor: 'operator:ops.platform', details: { before: null, after: { replacement_tool_id: 'new.search' } } });
+  });
+
+  it('makes the default resolution skip a deprecated newest version', async () => {
+    await h.client.post('/tools/old.search/versions/2.0.0/deprecate', { token: platform, body: {} });
+    const newest = await h.client.get('/tools/old.search', { token: platform });
+    expect(newest.body.version).toBe('1.0.0');
+    const resolved = h.client.app.services.catalog.resolve('old.search');
+    expect(resolved.ok && resolved.tool.version).toBe('1.0.0');
+  });
+
+  it('answers tool_version_not_found when every version a range matches is deprecated', async () => {
+    const res = await h.client.get('/tools/old.search', { token: platform, query: { version: '^2' } });
+    expect(res.status).toBe(404);
+    expect(res.body.error.code).toBe('tool_version_not_found');
+    expect(h.client.app.services.catalog.resolve('old.search', '^2')).toEqual({ ok: false, code: 'tool_version_not_found' });
+  });
+
+  it('keeps a scheduled deprecation out of effect until its date', async () => {
+    await registered({ id: 'scheduled.tool', version: '1.0.0' });
+    await registered({ id: 'scheduled.tool', version: '1.1.0' });
+    const at = new Date(Date.now() + 7 * 24 * 3600_000).toISOString();
+    const res = await h.client.post('/tools/scheduled.tool/versions/1.1.0/deprecate', { token: platform, body: { deprecated_at: at } });
+    expect(res.status).toBe(200);
+    expect(res.body.deprecation.deprecated_at).toBe(at);
+    const newest = await h.client.get('/tools/scheduled.tool', { token: platform });
+    expect(newest.body.version).toBe('1.1.0');
+  });
+
+  it('changes nothing when the same deprecation is repeated', async () => {
+    const first = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2030-01-01T00:00:00Z' } });
+    const again = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2030-01-01T00:00:00.000Z' } });
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(first.body);
+    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.deprecated', tool_id: 'old.search' } });
+    expect(events.body.items.filter((e: { tool_version: string }) => e.tool_version === '1.0.0')).toHaveLength(1);
+  });
+
+  it('answers 404 for an unknown tool or version and 400 for an unknown replacement', async () => {
+    const tool = await h.client.post('/tools/no.such.tool/versions/1.0.0/deprecate', { token: platform, body: {} });
+    expect(tool.status).toBe(404);
+    expect(tool.body.error.code).toBe('tool_not_registered');
+    const version = await h.client.post('/tools/old.search/versions/9.9.9/deprecate', { token: platform, body: {} });
+    expect(version.status).toBe(404);
+    expect(version.body.error.code).toBe('tool_version_not_found');
+    const replacement = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: platform, body: { replacement_tool_id: 'ghost.tool' } });
+    expect(replacement.status).toBe(400);
+    expect(replacement.body.error.details).toMatchObject({ field: 'body.replacement_tool_id', reason: 'unknown_tool' });
+    const range = await h.client.post('/tools/old.search/versions/^1/deprecate', { token: platform, body: {} });
+    expect(range.status).toBe(400);
+  });
+
+  it('lets only platform-operators deprecate', async () => {
+    const res = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: tokens.tenantOperator('tenant-a'), body: {} });
+    expect(res.status).toBe(403);
+    const agent = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }), body: {} });
+    expect(agent.body.error.code).toBe('agent_forbidden');
+    expect((await h.client.get('/tools/new.search', { token: platform })).body.deprecation).toBeNull();
+  });
+});
+
+describe('GET /tools/{id}/versions', () => {
+  it('lists every version newest first, deprecated ones included', async () => {
+    const res = await h.client.get('/tools/old.search/versions', { token: platform });
+    expect(res.status).toBe(200);
+    expect(res.body.items.map((t: { version: string }) => t.version)).toEqual(['2.0.0', '1.1.0', '1.0.0']);
+    expect(res.body.items[0].deprecation).not.toBeNull();
+    const unknown = await h.client.get('/tools/no.such.tool/versions', { token: platform });
+    expect(unknown.body.error.code).toBe('tool_not_registered');
+    const agent = await h.client.get('/tools/old.search/versions', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }) });
+    expect(agent.status).toBe(403);
+  });
+});
+
+describe('dependencies and the deprecation review', () => {
+  beforeAll(async () => {
+    await registered({ id: 'kb.chunks', version: '1.0.0' });
+    await registered({ id: 'kb.chunks', version: '1.3.0' });
+    await registered({ id: 'kb.search', version: '2.0.0' }, { dependencies: [{ tool_id: 'kb.chunks', range: '^1.0.0' }] });
+    await registered({ id: 'evidence.candidates' }, { dependencies: [{ tool_id: 'kb.search', range: '^2.0.0' }, { tool_id: 'kb.chunks', range: '~1.3.0' }] });
+    await registered({ id: 'pinned.reader' }, { dependencies: [{ tool_id: 'kb.chunks', range: '1.0.0' }] });
+  });
+
+  it('resolves the whole dependency set transitively', async () => {
+    const res = await h.client.get('/tools/evidence.candidates/versions/1.0.0/dependencies', { token: platform });
+    expect(res.status).toBe(200);
+    expect(res.body).toEqual({
+      tool_id: 'evidence.candidates',
+      version: '1.0.0',
+      satisfied: true,
+      resolved: [
+        { tool_id: 'kb.search', version: '2.0.0', range: '^2.0.0', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
+        { tool_id: 'kb.chunks', version: '1.3.0', range: '~1.3.0', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
+      ],
+      unsatisfied: null,
+    });
+  });
+
+  it('surfaces a deprecation in the window with its replacement and the versions still depending on it', async () => {
+    await registered({ id: 'kb.chunks.v2' });
+    const dep = await h.client.post('/tools/kb.chunks/versions/1.3.0/deprecate', { token: platform, body: { replacement_tool_id: 'kb.chunks.v2' } });
+    expect(dep.status).toBe(200);
+    const res = await h.client.get('/tools/deprecations', { token: tokens.tenantOperator('tenant-a'), query: { within: 'P7D' } });
+    expect(res.status).toBe(200);
+    const notice = res.body.items.find((n: { tool_id: string; version: string }) => n.tool_id === 'kb.chunks' && n.version === '1.3.0');
+    expect(notice).toMatchObject({ replacement_tool_id: 'kb.chunks.v2', in_effect: true });
+    expect(notice.dependents).toEqual([
+      { tool_id: 'evidence.candidates', version: '1.0.0', range: '~1.3.0', resolves_to: null },
+      { tool_id: 'kb.search', version: '2.0.0', range: '^1.0.0', resolves_to: '1.0.0' },
+    ]);
+    const scheduled = res.body.items.find((n: { tool_id: string }) => n.tool_id === 'scheduled.tool');
+    expect(scheduled).toMatchObject({ version: '1.1.0', in_effect: false });
+    // 2030 is outside a week's window either way.
+    expect(res.body.items.find((n: { tool_id: string; version: string }) => n.tool_id === 'old.search' && n.version === '1.0.0')).toBeUndefined();
+  });
+
+  it('reports the first unsatisfied dependency with its typed reason once a range only matches deprecated versions', async () => {
+    const res = await h.client.get('/tools/evidence.candidates/versions/1.0.0/dependencies', { token: platform });
+    expect(res.body).toMatchObject({
+      satisfied: false,
+      resolved: [],
+      unsatisfied: { tool_id: 'kb.chunks', range: '~1.3.0', reason: 'semver_range_no_match', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
+    });
+    const pinned = await h.client.get('/tools/pinned.reader/versions/1.0.0/dependencies', { token: platform });
+    expect(pinned.body).toMatchObject({ satisfied: true, resolved: [{ tool_id: 'kb.chunks', version: '1.0.0' }] });
+  });
+
+  it('rejects a window that is not an ISO 8601 duration, and answers 404 for unknown versions', async () => {
+    for (const within of ['30 days', 'P', 'PT', '-P1D']) {
+      const res = await h.client.get('/tools/deprecations', { token: platform, query: { within } });
+      expect(res.status, within).toBe(400);
+    }
+    const missing = await h.client.get('/tools/kb.search/versions/9.0.0/dependencies', { token: platform });
+    expect(missing.body.error.code).toBe('tool_version_not_found');
+    const unknown = await h.client.get('/tools/no.such.tool/versions/1.0.0/dependencies', { token: platform });
+    expect(unknown.body.error.code).toBe('tool_not_registered');
   });
 });

@@ -1,4 +1,4 @@
-import type { ToolDependency } from './tool-contract.js';
+import { isDeprecatedAt, type ToolContract, type ToolDependency } from './tool-contract.js';
 import { pickVersion, type VersionCandidate } from './version-resolution.js';
 
 /** Why a dependency cannot be met (SPEC §2). */
@@ -25,6 +25,11 @@ export interface UnsatisfiedDependency {
 export type DependencyResolution =
   | { ok: true; resolved: Array<VersionRef & { range: string; required_by: VersionRef }> }
   | { ok: false; unsatisfied: UnsatisfiedDependency };
+
+/** A registered version as the walk sees it at `now`. */
+export function dependencyNodeOf(tool: ToolContract, now: Date): DependencyNode {
+  return { tool_id: tool.id, version: tool.version, deprecated: isDeprecatedAt(tool, now), dependencies: tool.dependencies };
+}
 
 /** The versions registered under a tool id (any order); empty when the id is unknown. */
 export type VersionLookup = (toolId: string) => readonly DependencyNode[];

@@ -1,6 +1,8 @@
 import type { Logger } from 'pino';
 import type { Database } from '../db/database.js';
 import { resolveBackendHeaders } from './backend-headers.js';
+import { dependencyNodeOf, resolveDependencies, type DependencyResolution } from './dependency-resolution.js';
+import { surfaceDeprecations, type DeprecationNotice } from './deprecation-report.js';
 import { agentMayUse, type AgentIdentity } from './tool-access.js';
 import { isDeprecatedAt, versionKey, type ToolContract } from './tool-contract.js';
 import { REGISTRY_CHANNEL, loadChangesSince, type StoredToolVersion } from './tool-repository.js';
@@ -160,6 +162,22 @@ export class ToolCatalog {
       range,
     );
     return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
+  }
+
+  /** The versions a version pulls in through its dependencies, or the first one that cannot be met. */
+  dependencies(tool: ToolContract): DependencyResolution {
+    const now = this.options.now();
+    return resolveDependencies(dependencyNodeOf(tool, now), (toolId) => this.versions(toolId).map((t) => dependencyNodeOf(t, now)));
+  }
+
+  /** Deprecations dated within the window, with their replacements and the versions still depending on them. */
+  deprecations(window: { from: Date; to: Date }): DeprecationNotice[] {
+    return surfaceDeprecations(this.all(), window, this.options.now());
+  }
+
+  /** Ready while this copy confirmed it matches the database within `maxAgeMs`. */
+  readiness(maxAgeMs = 5_000): { ok: boolean; reason?: string } {
+    return this.ageMs() <= maxAgeMs ? { ok: true } : { ok: false, reason: 'the tool catalog has not been refreshed recently' };
   }
 
   /** The compiled input and output validators of a version, compiled once per replica. */

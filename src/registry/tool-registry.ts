@@ -2,8 +2,8 @@ import type { Kysely, Transaction } from 'kysely';
 import { payloadHash } from '../audit/audit-hash.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
-import { resolveDependency, type DependencyNode, type DependencyReason } from './dependency-resolution.js';
-import { isDeprecatedAt, type ToolContent, type ToolContract, type ToolDeprecation } from './tool-contract.js';
+import { dependencyNodeOf, resolveDependency, type DependencyReason } from './dependency-resolution.js';
+import type { ToolContent, ToolContract, ToolDeprecation } from './tool-contract.js';
 import { contentOf, type ToolRegistration } from './tool-registration.js';
 import {
   advanceRevision,
@@ -117,11 +117,6 @@ async function checkDependencies(trx: Transaction<DB>, content: ToolContent, now
     };
   }
   return undefined;
-}
-
-/** A version as dependency resolution sees it at `now`. */
-export function dependencyNodeOf(tool: ToolContract, now: Date): DependencyNode {
-  return { tool_id: tool.id, version: tool.version, deprecated: isDeprecatedAt(tool, now), dependencies: tool.dependencies };
 }
 
 export type DeprecationResult =

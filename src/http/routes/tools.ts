@@ -1,14 +1,17 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
+import semver from 'semver';
 import { z } from 'zod';
 import { actorOf, type Principal } from '../../auth/principal.js';
 import type { DB } from '../../db/schema.js';
+import { parseIsoDuration, reviewWindow } from '../../registry/review-window.js';
 import type { CatalogResolution, ToolCatalog } from '../../registry/tool-catalog.js';
-import { TOOL_ID_PATTERN } from '../../registry/tool-contract.js';
+import { TOOL_CATEGORIES, TOOL_ID_PATTERN, type ToolContract } from '../../registry/tool-contract.js';
 import { missingSecret, toolRegistrationSchema } from '../../registry/tool-registration.js';
-import { registerToolVersion } from '../../registry/tool-registry.js';
+import { deprecateToolVersion, registerToolVersion } from '../../registry/tool-registry.js';
 import { agentViewOf, operatorViewOf } from '../../registry/tool-views.js';
 import { operatorOf, principalOf } from '../auth.js';
+import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { parseInput } from '../validation.js';
 
@@ -24,8 +27,34 @@ export interface ToolRouteDeps {
   externalCallEnabled?: (tenantId: string) => Promise<boolean>;
 }
 
-const toolParams = z.strictObject({ id: z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a tool id') });
+const toolIdParam = z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a tool id');
+const toolParams = z.strictObject({ id: toolIdParam });
+const versionParams = z.strictObject({
+  id: toolIdParam,
+  version: z.string().max(100).refine((value) => semver.valid(value) === value, 'must be an exact registered version such as 1.2.0'),
+});
 const getQuery = z.strictObject({ version: z.string().min(1).max(200).optional() });
+const operatorListQuery = z.strictObject({
+  category: z.enum(TOOL_CATEGORIES).optional(),
+  limit: z.coerce.number().int().min(1).max(500).default(100),
+  cursor: z.string().optional(),
+});
+const agentListQuery = z.strictObject({});
+const cursorPosition = z.strictObject({ id: z.string(), version: z.string().refine((v) => semver.valid(v) !== null) });
+const deprecateBody = z.strictObject({
+  deprecated_at: z.iso.datetime({ offset: true }).optional(),
+  replacement_tool_id: toolIdParam.nullable().default(null),
+});
+const deprecationsQuery = z.strictObject({
+  within: z
+    .string()
+    .default('P30D')
+    .transform((value, ctx) => {
+      const duration = parseIsoDuration(value);
+      if (!duration) ctx.addIssue({ code: 'custom', message: 'must be an ISO 8601 duration such as P30D or PT12H' });
+      return duration ?? z.NEVER;
+    }),
+});
 
 /**
  * The tool registry (SPEC §2). Reads are answered from this replica's catalog (never more than
@@ -64,6 +93,94 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     if (!resolved.ok) throw notFound(resolved.code, id, version);
     return principal.kind === 'agent' ? agentViewOf(resolved.tool) : operatorViewOf(resolved.tool);
   });
+
+  app.get('/tools', { config: { access: 'any' } }, async (request) => {
+    const principal = principalOf(request);
+    if (principal.kind === 'agent') {
+      parseInput(agentListQuery, request.query, 'query');
+      const offered = deps.catalog.offeredTo(
+        { agentId: principal.id, family: principal.family },
+        { externalCallEnabled: await externalCallEnabled(principal.tenantId) },
+      );
+      return { items: offered.map(agentViewOf), revision: deps.catalog.revision, next_cursor: null };
+    }
+    const query = parseInput(operatorListQuery, request.query, 'query');
+    const revision = deps.catalog.revision;
+    let tools = deps.catalog.all();
+    if (query.category) tools = tools.filter((tool) => tool.category === query.category);
+    if (query.cursor !== undefined) {
+      const after = decodeCursor(query.cursor, cursorPosition);
+      tools = tools.filter((tool) => tool.id > after.id || (tool.id === after.id && semver.lt(tool.version, after.version)));
+    }
+    const page = tools.slice(0, query.limit);
+    const last = page[page.length - 1];
+    return {
+      items: page.map(operatorViewOf),
+      revision,
+      next_cursor: tools.length > query.limit && last ? encodeCursor({ id: last.id, version: last.version }) : null,
+    };
+  });
+
+  // Declared before /tools/:id; the router prefers the static path either way, and `deprecations` is not a valid tool id.
+  app.get('/tools/deprecations', { config: { access: 'operator' } }, async (request) => {
+    const { within } = parseInput(deprecationsQuery, request.query, 'query');
+    const window = reviewWindow(deps.now(), within);
+    return {
+      items: deps.catalog.deprecations(window),
+      window: { from: window.from.toISOString(), to: window.to.toISOString() },
+      next_cursor: null,
+    };
+  });
+
+  app.get('/tools/:id/versions', { config: { access: 'operator' } }, async (request) => {
+    const { id } = parseInput(toolParams, request.params, 'params');
+    const versions = deps.catalog.versions(id);
+    if (versions.length === 0) throw notFound('tool_not_registered', id, undefined);
+    return { items: versions.map(operatorViewOf), next_cursor: null };
+  });
+
+  app.post('/tools/:id/versions/:version/deprecate', { config: { access: 'platform-operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const { id, version } = parseInput(versionParams, request.params, 'params');
+    const body = parseInput(deprecateBody, request.body, 'body');
+    const actor = by(request, operator);
+    const result = await deprecateToolVersion(
+      deps.db,
+      {
+        toolId: id,
+        version,
+        deprecation: {
+          deprecated_at: (body.deprecated_at ? new Date(body.deprecated_at) : actor.now).toISOString(),
+          replacement_tool_id: body.replacement_tool_id,
+        },
+      },
+      actor,
+    );
+    if (!result.ok) {
+      throw result.code === 'invalid_request'
+        ? new ApiError(result.code, result.message, result.details)
+        : new ApiError(result.code, result.message, { tool_id: id, version });
+    }
+    await deps.catalog.refresh();
+    return operatorViewOf(result.tool);
+  });
+
+  app.get('/tools/:id/versions/:version/dependencies', { config: { access: 'operator' } }, async (request) => {
+    const { id, version } = parseInput(versionParams, request.params, 'params');
+    const tool = exactVersion(id, version);
+    const resolution = deps.catalog.dependencies(tool);
+    return resolution.ok
+      ? { tool_id: id, version, satisfied: true, resolved: resolution.resolved, unsatisfied: null }
+      : { tool_id: id, version, satisfied: false, resolved: [], unsatisfied: resolution.unsatisfied };
+  });
+
+  function exactVersion(toolId: string, version: string): ToolContract {
+    const versions = deps.catalog.versions(toolId);
+    if (versions.length === 0) throw notFound('tool_not_registered', toolId, undefined);
+    const tool = versions.find((t) => t.version === version);
+    if (!tool) throw notFound('tool_version_not_found', toolId, version);
+    return tool;
+  }
 
   function by(request: FastifyRequest, principal: Principal) {
     return { actor: actorOf(principal), traceId: request.traceId, now: deps.now() };
