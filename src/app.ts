@@ -2,12 +2,14 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import type { Logger } from 'pino';
 import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
+import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
 import { authPlugin } from './http/auth.js';
 import { installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
+import { budgetRoutes } from './http/routes/budgets.js';
 import { docsRoutes } from './http/routes/docs.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
@@ -29,6 +31,8 @@ export interface Services {
   audit: AuditLog;
   metrics: Metrics;
   now: () => Date;
+  /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
+  budgets: BudgetLedger;
 }
 
 declare module 'fastify' {
@@ -51,7 +55,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditEventsCommitted.inc(batchSize);
     metrics.auditCommitBatchSize.observe(batchSize);
   });
-  const services: Services = { config, database, audit, metrics, now };
+  const budgets = new BudgetLedger(database.db, {
+    now,
+    registry: metrics.registry,
+    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
+    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+  });
+  const services: Services = { config, database, audit, metrics, now, budgets };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -88,6 +98,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     );
   });
   app.addHook('onClose', async () => {
+    await budgets.close();
     await audit.drain();
   });
 
@@ -102,5 +113,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
   await app.register(tenantRoutes, { db: database.db, audit, now });
+  await app.register(budgetRoutes, { db: database.db, audit, now });
   return app;
 }

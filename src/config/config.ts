@@ -21,6 +21,8 @@ export interface Config {
   maxPlanSteps: number;
   databasePoolSize: number;
   shutdownTimeoutMs: number;
+  /** An open budget reservation older than this is presumed abandoned and released. */
+  budgetReservationTtlSeconds: number;
 }
 
 const emptyAsUndefined = (value: unknown) => (value === '' ? undefined : value);
@@ -75,6 +77,7 @@ const environmentSchema = z
     MAX_PLAN_STEPS: intInRange(1, 1000, 32),
     TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
     TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
+    TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(60, 86_400, 900),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -139,5 +142,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     maxPlanSteps: e.MAX_PLAN_STEPS,
     databasePoolSize: e.TOOLGATE_DB_POOL_SIZE,
     shutdownTimeoutMs: e.TOOLGATE_SHUTDOWN_TIMEOUT_MS,
+    budgetReservationTtlSeconds: e.TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS,
   };
 }
