@@ -1,5 +1,5 @@
-import { sql, type Kysely, type Transaction } from 'kysely';
-import type { DB } from '../db/schema.js';
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import type { BudgetTable, DB } from '../db/schema.js';
 import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
@@ -40,28 +40,63 @@ export async function findBudgetsFor(db: Kysely<DB>, subjects: ChargeSubject[]):
   return rows.map(toBudget);
 }
 
+/** The windows a batch decided at one instant charges: today, this month, and all time. */
+export interface Windows {
+  day: Date;
+  month: Date;
+  total: Date;
+}
+
 /**
- * Locks the given counters, creating empty ones as needed, and returns what they hold. Rows are
- * locked in (counter_key, period_start) order, the order every writer uses, so concurrent
- * transactions on any replica queue behind each other instead of deadlocking.
+ * In one statement: finds the live budgets that may apply to these subjects (callers filter per
+ * subject), and locks the counters of their current windows plus `extra` ones, creating empty
+ * counters as needed. Counters are locked in (counter_key, period_start) order, the order every
+ * writer uses, so concurrent transactions on any replica queue behind each other instead of
+ * deadlocking.
  */
-export async function lockCounters(trx: Transaction<DB>, refs: CounterRef[]): Promise<Map<string, CounterLevel>> {
-  const unique = [...new Map(refs.map((ref) => [counterId(ref), ref])).values()];
-  if (unique.length === 0) return new Map();
-  const result = await sql<{ counter_key: string; period_start: Date; spent_units: string; reserved_units: string }>`
-    insert into budget_counters (counter_key, period_start)
-    select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
-    order by k, p
-    on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key
-    returning counter_key, period_start, spent_units, reserved_units
+export async function lockBudgetCounters(
+  trx: Transaction<DB>,
+  subjects: ChargeSubject[],
+  windows: Windows,
+  extra: CounterRef[],
+): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
+  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
+  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
+    with applicable as (
+      select * from budgets
+      where removed_at is null
+        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
+        and (scope = 'tenant'
+          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
+          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
+    ),
+    wanted as (
+      select id as k,
+             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
+                         else ${windows.total}::timestamptz end as p
+      from applicable
+      union
+      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
+    ),
+    locked as (
+      insert into budget_counters (counter_key, period_start)
+      select k, p from wanted order by k, p
+      on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key
+      returning counter_key, period_start, spent_units, reserved_units
+    )
+    select l.*, a.* from locked l left join applicable a on a.id = l.counter_key
   `.execute(trx);
-  return levelsOf(result.rows);
+  const budgets = new Map<string, Budget>();
+  for (const row of result.rows) {
+    if (row.id !== null && row.id !== undefined) budgets.set(row.id, toBudget(row as Selectable<BudgetTable>));
+  }
+  return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
 }
 
 /** What the counters hold, without locking them (dry runs and reads). */
 export async function readCounters(db: Kysely<DB>, refs: CounterRef[]): Promise<Map<string, CounterLevel>> {
   if (refs.length === 0) return new Map();
-  const result = await sql<{ counter_key: string; period_start: Date; spent_units: string; reserved_units: string }>`
+  const result = await sql<CounterRow>`
     select c.counter_key, c.period_start, c.spent_units, c.reserved_units
     from budget_counters c
     join unnest(${refs.map((r) => r.key)}::text[], ${refs.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
@@ -70,7 +105,14 @@ export async function readCounters(db: Kysely<DB>, refs: CounterRef[]): Promise<
   return levelsOf(result.rows);
 }
 
-function levelsOf(rows: Array<{ counter_key: string; period_start: Date; spent_units: string; reserved_units: string }>): Map<string, CounterLevel> {
+interface CounterRow {
+  counter_key: string;
+  period_start: Date;
+  spent_units: string;
+  reserved_units: string;
+}
+
+function levelsOf(rows: CounterRow[]): Map<string, CounterLevel> {
   return new Map(
     rows.map((row) => [
       counterId({ key: row.counter_key, periodStart: new Date(row.period_start) }),
@@ -84,50 +126,53 @@ export interface CounterDelta extends CounterRef {
   reservedMicros: Micros;
 }
 
-/** Adds the deltas to counters this transaction has locked. */
-export async function addToCounters(trx: Transaction<DB>, deltas: CounterDelta[]): Promise<void> {
-  const changed = deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
-  if (changed.length === 0) return;
-  await sql`
-    update budget_counters c
-    set spent_units = c.spent_units + d.spent, reserved_units = c.reserved_units + d.reserved
-    from unnest(
-      ${changed.map((d) => d.key)}::text[],
-      ${changed.map((d) => d.periodStart)}::timestamptz[],
-      ${changed.map((d) => microsText(d.spentMicros))}::numeric[],
-      ${changed.map((d) => microsText(d.reservedMicros))}::numeric[]
-    ) as d(k, p, spent, reserved)
-    where c.counter_key = d.k and c.period_start = d.p
-  `.execute(trx);
-}
-
 export interface NewReservation extends ChargeSubject {
   id: string;
   unitsMicros: Micros;
   charges: CounterRef[];
-  reservedAt: Date;
-  expiresAt: Date;
 }
 
-export async function insertReservations(trx: Transaction<DB>, reservations: NewReservation[]): Promise<void> {
-  if (reservations.length === 0) return;
-  await trx
-    .insertInto('budget_reservations')
-    .values(
-      reservations.map((r) => ({
-        id: r.id,
-        tenant_id: r.tenantId,
-        agent_id: r.agentId,
-        run_id: r.runId,
-        units: microsText(r.unitsMicros),
-        actual_units: null,
-        status: 'reserved',
-        charges: JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))),
-        reserved_at: r.reservedAt,
-        expires_at: r.expiresAt,
-      })),
+/**
+ * In one statement: adds the deltas to counters this transaction has locked, and records the
+ * new reservations, all reserved at `reservedAt` and presumed abandoned after `expiresAt`.
+ */
+export async function writeLedger(
+  trx: Transaction<DB>,
+  deltas: CounterDelta[],
+  reservations: NewReservation[],
+  reservedAt: Date,
+  expiresAt: Date,
+): Promise<void> {
+  const changed = deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
+  if (changed.length === 0 && reservations.length === 0) return;
+  await sql`
+    with counters as (
+      update budget_counters c
+      set spent_units = c.spent_units + d.spent, reserved_units = c.reserved_units + d.reserved
+      from unnest(
+        ${changed.map((d) => d.key)}::text[],
+        ${changed.map((d) => d.periodStart)}::timestamptz[],
+        ${changed.map((d) => microsText(d.spentMicros))}::numeric[],
+        ${changed.map((d) => microsText(d.reservedMicros))}::numeric[]
+      ) as d(k, p, spent, reserved)
+      where c.counter_key = d.k and c.period_start = d.p
+      returning 1
+    ),
+    ledger as (
+      insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
+      select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
+      from unnest(
+        ${reservations.map((r) => r.id)}::text[],
+        ${reservations.map((r) => r.tenantId)}::text[],
+        ${reservations.map((r) => r.agentId)}::text[],
+        ${reservations.map((r) => r.runId)}::text[],
+        ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
+        ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
+      ) as r(id, tenant_id, agent_id, run_id, units, charges)
+      returning 1
     )
-    .execute();
+    select (select count(*) from counters) as counters, (select count(*) from ledger) as reservations
+  `.execute(trx);
 }
 
 export type ClosedStatus = 'settled' | 'released' | 'expired';

@@ -5,19 +5,19 @@ import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
 import {
-  addToCounters,
   closeReservations,
   counterId,
   findBudgetsFor,
   findExpiredReservations,
-  insertReservations,
-  lockCounters,
+  lockBudgetCounters,
   readCounters,
+  writeLedger,
   type ClosedStatus,
   type CounterDelta,
   type CounterRef,
   type NewReservation,
   type ReservationClose,
+  type Windows,
 } from './budget-ledger-repository.js';
 import { periodStart } from './budget-period.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
@@ -174,10 +174,13 @@ export class BudgetLedger {
       const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
       const closed = await closeReservations(trx, closes, now);
       const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
-      const budgets = await findBudgetsFor(trx, reserves.map((op) => op.request));
+      const subjects = reserves.map((op) => op.request);
+      const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), [
+        ...closed.flatMap((c) => c.charges),
+        ...subjects.map(runTotalCounter),
+      ]);
       const plans = reserves.map((op) => ({ op, ...limitsFor(op.request, op.requestLimitMicros, budgets, now) }));
 
-      const levels = await lockCounters(trx, [...closed.flatMap((c) => c.charges), ...plans.flatMap((p) => p.charges)]);
       const deltas = new Map<string, CounterDelta>();
       const add = (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => {
         const id = counterId(ref);
@@ -214,18 +217,11 @@ export class BudgetLedger {
           runId: request.runId,
           units: fromMicros(unitsMicros),
         };
-        created.push({
-          ...reservation,
-          unitsMicros,
-          charges: plan.charges,
-          reservedAt: now,
-          expiresAt: new Date(now.getTime() + this.options.reservationTtlMs),
-        });
+        created.push({ ...reservation, unitsMicros, charges: plan.charges });
         reserveResults.set(plan.op, { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) });
       }
 
-      await addToCounters(trx, [...deltas.values()]);
-      await insertReservations(trx, created);
+      await writeLedger(trx, [...deltas.values()], created, now, new Date(now.getTime() + this.options.reservationTtlMs));
       // Freeze the answers only once every write of the batch has succeeded.
       return ops.map((op) =>
         op.kind === 'reserve' ? reserveResults.get(op)! : (closeOutcomes.get(op.close.id) ?? 'already_closed'),
@@ -260,12 +256,20 @@ function limitsFor(
       label: { source: 'budget', budgetId: budget.id, scope: budget.scope, period: budget.period },
     });
   }
-  const runTotal = { key: runCounterKey(subject.tenantId, subject.runId), periodStart: EPOCH };
+  const runTotal = runTotalCounter(subject);
   charges.push(runTotal);
   if (requestLimitMicros !== undefined) {
     limits.push({ counter: counterId(runTotal), limitMicros: requestLimitMicros, graceMicros: 0, warnRatio: null, label: { source: 'request' } });
   }
   return { limits, charges };
+}
+
+function runTotalCounter(subject: ChargeSubject): CounterRef {
+  return { key: runCounterKey(subject.tenantId, subject.runId), periodStart: periodStart('total', EPOCH) };
+}
+
+function windowsAt(now: Date): Windows {
+  return { day: periodStart('day', now), month: periodStart('month', now), total: periodStart('total', now) };
 }
 
 const SCOPE_ORDER = ['tenant', 'agent', 'run'];
