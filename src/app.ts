@@ -15,6 +15,7 @@ import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
+import { RateLimiter } from './rate-limits/rate-limiter.js';
 
 export interface AppOptions {
   config: Config;
@@ -33,6 +34,8 @@ export interface Services {
   now: () => Date;
   /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
   budgets: BudgetLedger;
+  /** Token buckets per (tenant, agent, tool) (SPEC §5). */
+  rateLimiter: RateLimiter;
 }
 
 declare module 'fastify' {
@@ -61,7 +64,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
   });
-  const services: Services = { config, database, audit, metrics, now, budgets };
+  const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
+  const services: Services = { config, database, audit, metrics, now, budgets, rateLimiter };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -98,7 +102,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     );
   });
   app.addHook('onClose', async () => {
-    await budgets.close();
+    await Promise.all([budgets.close(), rateLimiter.close()]);
     await audit.drain();
   });
 
