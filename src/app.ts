@@ -63,6 +63,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     registry: metrics.registry,
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
   });
   const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
   const services: Services = { config, database, audit, metrics, now, budgets, rateLimiter };

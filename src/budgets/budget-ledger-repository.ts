@@ -192,10 +192,13 @@ export interface ClosedReservation {
 
 /**
  * Closes reservations that are still open and returns them; one already settled, released or
- * expired is left alone and not returned, so settling twice never counts twice.
+ * expired is left alone and not returned, so settling twice never counts twice. When one id is
+ * closed twice in the batch, the first close wins.
  */
 export async function closeReservations(trx: Transaction<DB>, closes: ReservationClose[], at: Date): Promise<ClosedReservation[]> {
-  const unique = [...new Map(closes.map((c) => [c.id, c])).values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const first = new Map<string, ReservationClose>();
+  for (const close of closes) if (!first.has(close.id)) first.set(close.id, close);
+  const unique = [...first.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
   if (unique.length === 0) return [];
   const result = await sql<{ id: string; units: string; charges: Array<{ counter_key: string; period_start: string }> }>`
     update budget_reservations r

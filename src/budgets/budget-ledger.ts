@@ -70,6 +70,8 @@ export interface BudgetLedgerOptions {
   reservationTtlMs: number;
   /** How often this instance looks for abandoned reservations; 0 never (tests call `releaseExpired`). */
   sweepIntervalMs: number;
+  /** Told when a background sweep fails (the next one tries again). */
+  onSweepError?: (error: unknown) => void;
 }
 
 type LedgerOp =
@@ -107,7 +109,7 @@ export class BudgetLedger {
     });
     if (options.sweepIntervalMs > 0) {
       this.sweeper = setInterval(() => {
-        this.releaseExpired().catch(() => undefined);
+        this.releaseExpired().catch((error: unknown) => options.onSweepError?.(error));
       }, options.sweepIntervalMs);
       this.sweeper.unref();
     }
@@ -192,12 +194,16 @@ export class BudgetLedger {
         levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
       };
 
-      const closeById = new Map(closes.map((close) => [close.id, close]));
-      const closeOutcomes = new Map<string, ClosedStatus>();
-      for (const reservation of closed) {
-        const close = closeById.get(reservation.id)!;
-        for (const charge of reservation.charges) add(charge, close.actualMicros ?? 0, -reservation.unitsMicros);
-        closeOutcomes.set(reservation.id, close.status);
+      // The first close of an id in the batch is the one that happened; later ones were too late.
+      const closedNow = new Map(closed.map((reservation) => [reservation.id, reservation]));
+      const closeOutcomes = new Map<LedgerOp, ClosedStatus>();
+      for (const op of ops) {
+        if (op.kind !== 'close') continue;
+        const reservation = closedNow.get(op.close.id);
+        if (!reservation) continue;
+        closedNow.delete(op.close.id);
+        for (const charge of reservation.charges) add(charge, op.close.actualMicros ?? 0, -reservation.unitsMicros);
+        closeOutcomes.set(op, op.close.status);
       }
 
       const created: NewReservation[] = [];
@@ -224,7 +230,7 @@ export class BudgetLedger {
       await writeLedger(trx, [...deltas.values()], created, now, new Date(now.getTime() + this.options.reservationTtlMs));
       // Freeze the answers only once every write of the batch has succeeded.
       return ops.map((op) =>
-        op.kind === 'reserve' ? reserveResults.get(op)! : (closeOutcomes.get(op.close.id) ?? 'already_closed'),
+        op.kind === 'reserve' ? reserveResults.get(op)! : (closeOutcomes.get(op) ?? 'already_closed'),
       );
     });
   }

@@ -28,6 +28,8 @@ export class GroupCommit<Request, Result> {
   }
 
   private async flush(): Promise<void> {
+    // Let the requests submitted in the same tick (a burst, a Promise.all) join the first batch.
+    await Promise.resolve();
     while (this.queue.length > 0) {
       const batch = this.queue.splice(0, this.maxBatch);
       try {
