@@ -80,8 +80,6 @@ type LedgerOp =
 
 type LedgerOpResult = ReserveResult | CloseOutcome;
 
-const EPOCH = new Date(0);
-
 /**
  * Budget admission, shared by every replica and exact under concurrency. Each decision is made
  * against the counters as they stand under a row lock, so N replicas together never admit past
@@ -271,7 +269,7 @@ function limitsFor(
 }
 
 function runTotalCounter(subject: ChargeSubject): CounterRef {
-  return { key: runCounterKey(subject.tenantId, subject.runId), periodStart: periodStart('total', EPOCH) };
+  return { key: runCounterKey(subject.tenantId, subject.runId), periodStart: periodStart('total', new Date(0)) };
 }
 
 function windowsAt(now: Date): Windows {

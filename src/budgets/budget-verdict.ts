@@ -95,8 +95,9 @@ export function warningsOf(checks: readonly LimitCheck[]): string[] {
   });
 }
 
-/** The `details` of a `budget_exceeded` denial: the first limit that refused, and all that did. */
-export interface BudgetExceededDetails {
+/** The `details` of a `budget_exceeded` denial: the first limit that refused, and all that did. A
+ * type alias, not an interface, so it is a `Record<string, unknown>` for the run envelope. */
+export type BudgetExceededDetails = {
   source: 'budget' | 'request';
   budget_id: string | null;
   scope: BudgetScope | null;
@@ -106,7 +107,7 @@ export interface BudgetExceededDetails {
   consumed_units: number;
   requested_units: number;
   exceeded_budget_ids: string[];
-}
+};
 
 export function exceededDetails(unitsMicros: Micros, checks: readonly LimitCheck[]): BudgetExceededDetails {
   const exceeded = checks.filter((check) => check.verdict === 'exceeded');
