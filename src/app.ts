@@ -2,12 +2,14 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import type { Logger } from 'pino';
 import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
+import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
 import { authPlugin } from './http/auth.js';
 import { installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
+import { budgetRoutes } from './http/routes/budgets.js';
 import { docsRoutes } from './http/routes/docs.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
@@ -16,6 +18,7 @@ import { whoamiRoutes } from './http/routes/whoami.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 import { ToolCatalog } from './registry/tool-catalog.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
+import { RateLimiter } from './rate-limits/rate-limiter.js';
 
 export interface AppOptions {
   config: Config;
@@ -34,6 +37,10 @@ export interface Services {
   now: () => Date;
   /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
   catalog: ToolCatalog;
+  /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
+  budgets: BudgetLedger;
+  /** Token buckets per (tenant, agent, tool) (SPEC §5). */
+  rateLimiter: RateLimiter;
 }
 
 declare module 'fastify' {
@@ -57,7 +64,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditCommitBatchSize.observe(batchSize);
   });
   const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
-  const services: Services = { config, database, audit, metrics, now, catalog };
+  const budgets = new BudgetLedger(database.db, {
+    now,
+    registry: metrics.registry,
+    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
+    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+  });
+  const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -97,7 +112,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     await catalog.start();
   });
   app.addHook('onClose', async () => {
-    await catalog.close();
+    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close()]);
     await audit.drain();
   });
 
@@ -119,5 +134,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     secrets: config.secrets,
     externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled,
   });
+  await app.register(budgetRoutes, { db: database.db, audit, now });
   return app;
 }

@@ -25,6 +25,8 @@ export interface Config {
   registryRefreshMs: number;
   /** The `TOOLGATE_SECRET_*` variables, snapshot at start-up: the only ones backend headers may name. Never log. */
   secrets: Readonly<Record<string, string>>;
+  /** An open budget reservation older than this is presumed abandoned and released. */
+  budgetReservationTtlSeconds: number;
 }
 
 /** Names of the variables tool backends may read secrets from. */
@@ -83,6 +85,7 @@ const environmentSchema = z
     TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
     TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
     TOOLGATE_REGISTRY_REFRESH_MS: intInRange(50, 1_000, 250),
+    TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(60, 86_400, 900),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -153,5 +156,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         Object.entries(env).filter((entry): entry is [string, string] => SECRET_ENV_PATTERN.test(entry[0]) && typeof entry[1] === 'string'),
       ),
     ),
+    budgetReservationTtlSeconds: e.TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS,
   };
 }

@@ -40,6 +40,54 @@ export interface SchemaMigrationTable {
   applied_at: Generated<Date>;
 }
 
+// Budgets and rate limits (migrations/0005). numeric columns arrive as text.
+export interface BudgetTable {
+  id: string;
+  tenant_id: string;
+  scope: string;
+  agent_id: string | null;
+  run_id: string | null;
+  period: string;
+  limit_units: ColumnType<string, string, string>;
+  warn_ratio: number;
+  grace_units: ColumnType<string, string, string>;
+  created_at: ColumnType<Date, Date, never>;
+  created_by: ColumnType<string, string, never>;
+  updated_at: Date;
+  updated_by: string;
+  removed_at: Date | null;
+  removed_by: string | null;
+}
+
+export interface BudgetCounterTable {
+  counter_key: string;
+  period_start: Date;
+  spent_units: ColumnType<string, string | undefined, string>;
+  reserved_units: ColumnType<string, string | undefined, string>;
+}
+
+export interface BudgetReservationTable {
+  id: string;
+  tenant_id: string;
+  agent_id: string;
+  run_id: string;
+  units: ColumnType<string, string, never>;
+  actual_units: ColumnType<string | null, string | null, string | null>;
+  status: string;
+  charges: ColumnType<Array<{ counter_key: string; period_start: string }>, string, never>;
+  reserved_at: ColumnType<Date, Date, never>;
+  expires_at: ColumnType<Date, Date, never>;
+  closed_at: Date | null;
+}
+
+export interface RateBucketTable {
+  tenant_id: string;
+  agent_id: string;
+  tool_id: string;
+  tokens: number;
+  updated_at: Date;
+}
+
 export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
@@ -48,6 +96,10 @@ export interface DB {
   tenant_policies: TenantPolicyTable;
   tool_versions: ToolVersionTable;
   registry_revision: RegistryRevisionTable;
+  budgets: BudgetTable;
+  budget_counters: BudgetCounterTable;
+  budget_reservations: BudgetReservationTable;
+  rate_buckets: RateBucketTable;
 }
 
 export interface RunTable {
