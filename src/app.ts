@@ -4,13 +4,20 @@ import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
+import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
+import { GrantService } from './grants/grant-service.js';
+import type { ToolFactsLookup } from './grants/tool-facts.js';
 import { authPlugin } from './http/auth.js';
 import { installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { docsRoutes } from './http/routes/docs.js';
+import { grantRoutes } from './http/routes/grants.js';
+import { killSwitchRoutes } from './http/routes/kill-switches.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
+import { KillSwitchService } from './kill-switches/kill-switch-service.js';
+import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 
 export interface AppOptions {
@@ -19,6 +26,8 @@ export interface AppOptions {
   keys: VerificationKeys;
   logger: Logger;
   now?: () => Date;
+  /** What grants and kill switches read of registered tools (until the registry is wired in). */
+  tools?: ToolFactsLookup;
 }
 
 /** The services built once by the composition root and shared by every route. */
@@ -28,6 +37,10 @@ export interface Services {
   audit: AuditLog;
   metrics: Metrics;
   now: () => Date;
+  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  grants: GrantService;
+  /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
+  killSwitches: KillSwitchSnapshot;
 }
 
 declare module 'fastify' {
@@ -50,7 +63,24 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditEventsCommitted.inc(batchSize);
     metrics.auditCommitBatchSize.observe(batchSize);
   });
-  const services: Services = { config, database, audit, metrics, now };
+  const tools: ToolFactsLookup = options.tools ?? { resolve: () => ({ ok: false, code: 'tool_not_registered' }) };
+  const grants = new GrantService({ db: database.db, audit, tools, now });
+  const killSwitches = new KillSwitchSnapshot({
+    db: database.db,
+    listener: database.listener,
+    registry: metrics.registry,
+    logger,
+    ...config.killSwitches,
+  });
+  await killSwitches.start();
+  const expirySweeper = new GrantExpirySweeper({
+    db: database.db,
+    now,
+    intervalMs: config.grants.expirySweepIntervalMs,
+    logger,
+  });
+  expirySweeper.start();
+  const services: Services = { config, database, audit, metrics, now, grants, killSwitches };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -87,6 +117,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     );
   });
   app.addHook('onClose', async () => {
+    await expirySweeper.stop();
+    await killSwitches.stop();
     await audit.drain();
   });
 
@@ -96,9 +128,16 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audience: config.jwt.audience,
     audit,
   });
-  await app.register(operationsRoutes, { database, metrics, readinessChecks: [] });
+  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => killSwitches.readiness()] });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
+  await app.register(grantRoutes, { grants, audit, now });
+  await app.register(killSwitchRoutes, {
+    service: new KillSwitchService(database.db, killSwitches, now),
+    snapshot: killSwitches,
+    audit,
+    tools,
+  });
   return app;
 }

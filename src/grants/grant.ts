@@ -32,12 +32,12 @@ export interface OperatorActor {
  * Per-grant narrowing of a tool (SPEC §3). A closed set: a modifier the gateway does not know
  * could not be enforced, so it is refused rather than stored.
  */
-export interface CapabilityModifiers {
+export type CapabilityModifiers = {
   /** Hosts (exact or `*.example.com`) the egress executor may reach; within the tool's `allowed_hosts`. */
   egress_domains?: string[];
   /** The most cost units one call may be charged under this grant. */
   max_cost_units?: number;
-}
+};
 
 /** A grant: one agent, one tool, one scope, for a time, for a reason. */
 export interface Grant {
