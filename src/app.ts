@@ -15,6 +15,7 @@ import { docsRoutes } from './http/routes/docs.js';
 import { grantRoutes } from './http/routes/grants.js';
 import { killSwitchRoutes } from './http/routes/kill-switches.js';
 import { operationsRoutes } from './http/routes/operations.js';
+import { tenantRoutes } from './http/routes/tenants.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { KillSwitchService } from './kill-switches/kill-switch-service.js';
 import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
@@ -139,5 +140,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audit,
     tools,
   });
+  await app.register(tenantRoutes, { db: database.db, audit, now });
   return app;
 }

@@ -1,3 +1,4 @@
+import ipaddr from 'ipaddr.js';
 import { z } from 'zod';
 
 /** Everything toolgate reads from its environment, parsed once at start-up. */
@@ -72,7 +73,7 @@ const environmentSchema = z
             .map((cidr) => cidr.trim())
             .filter((cidr) => cidr.length > 0),
         )
-        .refine((cidrs) => cidrs.every((cidr) => /^[0-9a-fA-F:.]+\/\d{1,3}$/.test(cidr)), {
+        .refine((cidrs) => cidrs.every(isCidr), {
           message: 'must be a comma-separated list of CIDRs such as 10.1.0.0/16',
         }),
     ),
@@ -114,6 +115,15 @@ const environmentSchema = z
       });
     }
   });
+
+function isCidr(value: string): boolean {
+  try {
+    ipaddr.parseCIDR(value);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 /** Thrown when the environment is invalid; its message names every offending variable. */
 export class ConfigError extends Error {

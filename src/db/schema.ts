@@ -93,4 +93,30 @@ export interface DB {
   grants: GrantTable;
   kill_switches: KillSwitchTable;
   kill_switch_state: KillSwitchStateTable;
+  runs: RunTable;
+  tenant_policies: TenantPolicyTable;
+}
+
+export interface RunTable {
+  tenant_id: string;
+  run_id: string;
+  owner_agent_id: string;
+  parent_run_id: string | null;
+  pipeline_instance_id: string | null;
+  session_id: string | null;
+  user_id: string | null;
+  status: string;
+  request_sha256: string;
+  trace_id: string | null;
+  http_status: number | null;
+  envelope: ColumnType<unknown, string | null, string | null>;
+  created_at: ColumnType<Date, Date | undefined, never>;
+  updated_at: ColumnType<Date, Date | undefined, Date>;
+}
+
+export interface TenantPolicyTable {
+  tenant_id: string;
+  external_call_enabled: boolean;
+  updated_at: Date;
+  updated_by: string;
 }

@@ -6,6 +6,9 @@ export interface Metrics {
   httpDuration: Histogram<'method' | 'route' | 'status_code'>;
   auditEventsCommitted: Counter;
   auditCommitBatchSize: Histogram;
+  decisions: Counter<'outcome' | 'reason'>;
+  admissionDuration: Histogram;
+  backendDuration: Histogram<'tool_id' | 'outcome'>;
 }
 
 export function createMetrics(): Metrics {
@@ -29,6 +32,25 @@ export function createMetrics(): Metrics {
       name: 'toolgate_audit_commit_batch_size',
       help: 'Events per audit group commit',
       buckets: [1, 2, 5, 10, 25, 50, 100, 250, 500],
+      registers: [registry],
+    }),
+    decisions: new Counter({
+      name: 'toolgate_decisions_total',
+      help: 'Step decisions by outcome (admitted, denied, completed, failed) and reason code',
+      labelNames: ['outcome', 'reason'],
+      registers: [registry],
+    }),
+    admissionDuration: new Histogram({
+      name: 'toolgate_admission_duration_seconds',
+      help: 'Time to run one step through the admission stages',
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
+      registers: [registry],
+    }),
+    backendDuration: new Histogram({
+      name: 'toolgate_backend_duration_seconds',
+      help: 'Tool backend call duration by tool and outcome',
+      labelNames: ['tool_id', 'outcome'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
       registers: [registry],
     }),
   };

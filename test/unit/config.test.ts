@@ -15,6 +15,7 @@ describe('configuration', () => {
     ['TOOLGATE_JWT_SECRET', 'short'],
     ['TOOLGATE_JWT_PUBLIC_KEY', 'not a pem'],
     ['TOOLGATE_EGRESS_ALLOW_CIDRS', '10.0.0.0/8,nonsense'],
+    ['TOOLGATE_EGRESS_ALLOW_CIDRS', '999.1.1.1/8'],
     ['MAX_PLAN_STEPS', '0'],
   ])('refuses %s=%s, naming the variable', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrowError(ConfigError);

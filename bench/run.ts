@@ -1,0 +1,222 @@
+/**
+ * `npm run bench`: the cost of the gateway, measured against the backend it fronts, in one run.
+ *
+ * Starts a trivial JSON backend on loopback and gateway processes on a fresh PostgreSQL database,
+ * then, at fixed concurrency, calls the backend directly and through the gateway (a granted agent,
+ * a budget and a rate limit in force, every call audited). Prints req/s, p50 and p99 for both and
+ * their ratios, the gateway's peak RSS, and checks that the audit log holds exactly one outcome
+ * record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
+ *
+ * Environment: DATABASE_URL (a server where databases can be created; default the local one),
+ * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (default "1,2").
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+import { Pool } from 'undici';
+import { signDevelopmentToken } from '../src/auth/dev-token.js';
+
+const root = fileURLToPath(new URL('..', import.meta.url));
+const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+const seconds = Number(process.env.BENCH_SECONDS ?? 8);
+const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').map(Number);
+const secret = randomBytes(32).toString('base64url');
+const tenant = 'bench';
+const agentId = 'bench.agent';
+
+interface Phase {
+  label: string;
+  requests: number;
+  errors: number;
+  seconds: number;
+  latenciesMs: number[];
+}
+
+function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+function summary(phase: Phase) {
+  const sorted = [...phase.latenciesMs].sort((a, b) => a - b);
+  return { rps: phase.requests / phase.seconds, p50: percentile(sorted, 50), p99: percentile(sorted, 99), errors: phase.errors };
+}
+
+async function load(label: string, concurrency: number, durationS: number, call: () => Promise<boolean>): Promise<Phase> {
+  const latenciesMs: number[] = [];
+  let requests = 0;
+  let errors = 0;
+  const deadline = performance.now() + durationS * 1000;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (performance.now() < deadline) {
+        const t0 = performance.now();
+        const ok = await call().catch(() => false);
+        latenciesMs.push(performance.now() - t0);
+        requests += 1;
+        if (!ok) errors += 1;
+      }
+    }),
+  );
+  return { label, requests, errors, seconds: (performance.now() - started) / 1000, latenciesMs };
+}
+
+async function startBackend(): Promise<{ url: string; close: () => Promise<void> }> {
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(`{"echo":${Buffer.concat(chunks).toString() || 'null'}}`);
+    });
+  });
+  server.keepAliveTimeout = 60_000;
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise((r) => server.close(() => r())) };
+}
+
+async function startGateway(databaseUrl: string, port: number): Promise<ChildProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), TOOLGATE_JWT_SECRET: secret, LOG_LEVEL: 'warn' },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  for (let i = 0; i < 200; i += 1) {
+    try {
+      if ((await fetch(`http://127.0.0.1:${port}/ready`)).ok) return child;
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`gateway on ${port} did not become ready`);
+}
+
+function peakRssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = Number(/VmHWM:\s+(\d+)/.exec(status)?.[1] ?? NaN);
+  return kb / 1024;
+}
+
+async function main(): Promise<void> {
+  const admin = new pg.Client({ connectionString: serverUrl });
+  await admin.connect();
+  const dbName = `toolgate_bench_${randomBytes(4).toString('hex')}`;
+  await admin.query(`CREATE DATABASE ${dbName}`);
+  const dbUrl = new URL(serverUrl);
+  dbUrl.pathname = `/${dbName}`;
+  const backend = await startBackend();
+  const gateways: ChildProcess[] = [];
+  try {
+    const basePort = 18000 + Math.floor(Math.random() * 1000);
+    const maxGateways = Math.max(...gatewayCounts);
+    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway(dbUrl.toString(), basePort + i));
+
+    const platform = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });
+    const agent = signDevelopmentToken(secret, { kind: 'agent', sub: agentId, tenantId: tenant, ttlSeconds: 3600 });
+    const api = async (method: string, path: string, body: unknown) => {
+      const res = await fetch(`http://127.0.0.1:${basePort}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${platform}`, 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
+    };
+    await api('POST', '/tools', {
+      id: 'bench.echo', version: '1.0.0', display_name: 'Echo', description: 'benchmark echo', category: 'read_only', risk_level: 'low',
+      input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
+      output_schema: { type: 'object', required: ['echo'] },
+      allowed_agents: [agentId], required_context: [], required_scopes: [], requires_approval: false,
+      side_effects: [], reads_from: [], writes_to: [], dependencies: [],
+      backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 5000, max_response_bytes: 65536, headers: {} },
+      target: { family: 'bench', provider: 'loopback', region: 'local' }, cost_units: 1,
+      rate_limit: { capacity: 1_000_000, refill_per_second: 1_000_000 },
+    });
+    await api('POST', '/grants', {
+      tenant_id: tenant, agent_id: agentId, tool_id: 'bench.echo', scope: 'per-tenant', scope_ref: tenant, capability_modifiers: {},
+      expires_at: new Date(Date.now() + 3600_000).toISOString(), rationale: 'benchmark',
+    });
+    await api('POST', '/budgets', { tenant_id: tenant, scope: 'tenant', period: 'total', limit_units: 1e12, warn_ratio: 1, grace_units: 0 });
+    // Let every replica's caches see the registration before measuring.
+    await new Promise((r) => setTimeout(r, 1500));
+
+    const direct = new Pool(backend.url, { connections: 128 });
+    const body = JSON.stringify({ q: 'hello' });
+    const callDirect = async () => {
+      const res = await direct.request({ path: '/echo', method: 'POST', body, headers: { 'content-type': 'application/json' } });
+      await res.body.text();
+      return res.statusCode === 200;
+    };
+    const gatewayPools = gateways.map((_, i) => new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 128 }));
+    let counter = 0;
+    let made = 0;
+    const callGateway = (count: number) => async () => {
+      counter += 1;
+      const pool = gatewayPools[counter % count]!;
+      const res = await pool.request({
+        path: '/runs/execute',
+        method: 'POST',
+        headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ run_id: `bench-${counter}-${randomBytes(4).toString('hex')}`, context: {}, plan: [{ tool_id: 'bench.echo', input: { q: 'hello' } }] }),
+      });
+      await res.body.text();
+      made += 1;
+      return res.statusCode === 200;
+    };
+
+    await load('warm-up', 8, 2, callDirect);
+    await load('warm-up', 8, 2, callGateway(1));
+    const rows: Array<[string, ReturnType<typeof summary>]> = [];
+    const moderate = 8;
+    const heavy = 64;
+    const d8 = summary(await load('direct', moderate, seconds, callDirect));
+    const g8 = summary(await load('gateway', moderate, seconds, callGateway(1)));
+    rows.push([`direct, concurrency ${moderate}`, d8], [`gateway x1, concurrency ${moderate}`, g8]);
+    const d64 = summary(await load('direct', heavy, seconds, callDirect));
+    rows.push([`direct, concurrency ${heavy}`, d64]);
+    for (const count of gatewayCounts) {
+      rows.push([`gateway x${count}, concurrency ${heavy}`, summary(await load('gateway', heavy, seconds, callGateway(count)))]);
+    }
+
+    const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
+    console.log('\nphase                              req/s      p50 ms   p99 ms   errors');
+    for (const [label, s] of rows) console.log(`${label.padEnd(34)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
+    console.log(`\nadded latency at concurrency ${moderate}: p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`);
+    console.log(`ratios gateway/direct at concurrency ${moderate}: req/s ${fmt(g8.rps / d8.rps)}, p50 ${fmt(g8.p50 / d8.p50)}, p99 ${fmt(g8.p99 / d8.p99)}`);
+    for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.includes(`${heavy}`))) {
+      console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
+    }
+    console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
+
+    await direct.close();
+    for (const pool of gatewayPools) await pool.close();
+    const check = new pg.Client({ connectionString: dbUrl.toString() });
+    await check.connect();
+    const { rows: counted } = await check.query<{ outcomes: number; intents: number }>(
+      `select count(*) filter (where event_type in ('run.step.completed','run.step.failed'))::int as outcomes,
+              count(*) filter (where event_type = 'run.step.dispatching')::int as intents
+         from audit_events where agent_id = $1`,
+      [agentId],
+    );
+    await check.end();
+    const { outcomes, intents } = counted[0]!;
+    console.log(`audit: ${outcomes} outcome records and ${intents} intent records for ${made} calls made: ${outcomes === made && intents === made ? 'exact' : 'MISMATCH'}`);
+    if (outcomes !== made || intents !== made) process.exitCode = 1;
+  } finally {
+    for (const g of gateways) g.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 500));
+    await backend.close();
+    await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`).catch(() => undefined);
+    await admin.end();
+  }
+}
+
+main().catch((error: unknown) => {
+  console.error(error);
+  process.exit(1);
+});

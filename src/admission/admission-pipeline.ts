@@ -1,0 +1,57 @@
+import type { AdmissionPorts, Denial } from './ports.js';
+import { registryStage } from './stages/01-registry.js';
+import { categoryStage } from './stages/02-category.js';
+import { allowlistStage } from './stages/03-allowlist.js';
+import { grantStage } from './stages/04-grant.js';
+import { scopesStage } from './stages/05-scopes.js';
+import { contextStage } from './stages/06-context.js';
+import { inputStage } from './stages/07-input.js';
+import { safetyStage } from './stages/09-safety.js';
+import { costStage } from './stages/10-cost.js';
+import { rateStage } from './stages/11-rate.js';
+import type { Stage, StepRequest, StepState } from './step.js';
+
+/**
+ * The admission order of SPEC §6. Stateless checks first; safety, then the stages that spend
+ * (cost, rate) last, so nothing is spent for a call an earlier stage refused.
+ */
+export const ADMISSION_STAGES: readonly Stage[] = [
+  registryStage,
+  categoryStage,
+  allowlistStage,
+  grantStage,
+  scopesStage,
+  contextStage,
+  inputStage,
+  safetyStage,
+  costStage,
+  rateStage,
+];
+
+export interface StageVerdict {
+  stage: string;
+  ok: boolean;
+  code?: string;
+}
+
+export type Admission =
+  | { ok: true; state: StepState; verdicts: StageVerdict[] }
+  | { ok: false; denial: Denial; state: StepState; verdicts: StageVerdict[] };
+
+/** Runs one step through every stage in order; the first denial stops it. */
+export async function admitStep(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
+  const state: StepState = { warnings: [] };
+  const verdicts: StageVerdict[] = [];
+  for (const stage of ADMISSION_STAGES) {
+    const decision = await stage.check(request, state, ports);
+    if (!decision.ok) {
+      verdicts.push({ stage: stage.name, ok: false, code: decision.code });
+      // A later stage refused after the budget was reserved: give the reservation back.
+      if (state.reservation) await ports.budgets.release(state.reservation);
+      delete state.reservation;
+      return { ok: false, denial: decision, state, verdicts };
+    }
+    verdicts.push({ stage: stage.name, ok: true });
+  }
+  return { ok: true, state, verdicts };
+}

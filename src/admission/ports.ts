@@ -1,0 +1,140 @@
+import type { EgressExecutor } from '../egress/egress-executor.js';
+import type { EgressPolicy } from '../egress/egress-policy.js';
+import type { ErrorCode } from '../http/errors.js';
+
+/**
+ * What the admission pipeline needs from the other rooms. Each room implements its port; the
+ * composition root passes them in. Expected denials are values, infrastructure faults throw.
+ */
+
+export type Denial = {
+  ok: false;
+  code: ErrorCode;
+  message: string;
+  details?: Record<string, unknown>;
+  retryAfterSeconds?: number;
+};
+
+export type Decision = { ok: true } | Denial;
+
+/** The fields of a registered tool contract (SPEC §2) that admission and dispatch read. */
+export interface AdmissibleTool {
+  id: string;
+  version: string;
+  category: 'read_only' | 'draft_write' | 'final_write' | 'admin' | 'external_call';
+  risk_level: string;
+  allowed_agents: string[];
+  required_context: string[];
+  required_scopes: Array<{ scope: string; required: boolean; rationale?: string }>;
+  requires_approval: boolean;
+  backend: {
+    url: string;
+    method: string;
+    timeout_ms: number;
+    max_response_bytes: number;
+    headers: Record<string, unknown>;
+  } | null;
+  target: { family?: string | null; provider?: string | null; region?: string | null } | null;
+  cost_units: number;
+  rate_limit: { capacity: number; refill_per_second: number } | null;
+  egress: EgressPolicy | null;
+}
+
+export interface SchemaValidator {
+  (data: unknown): boolean;
+  errors?: Array<{ instancePath: string; message?: string }> | null;
+}
+
+export interface CatalogPort {
+  resolve(toolId: string, range?: string): { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
+  validators(tool: AdmissibleTool): { input: SchemaValidator; output: SchemaValidator };
+  /** Resolves backend header values (secrets by env name) for dispatch. */
+  backendHeaders(tool: AdmissibleTool): Record<string, string>;
+}
+
+export interface GrantView {
+  id: string;
+  capability_modifiers: Record<string, unknown>;
+}
+
+export interface GrantsPort {
+  resolve(query: {
+    tenantId: string;
+    agentId: string;
+    toolId: string;
+    context: RunScopeContext;
+  }): Promise<{ ok: true; grant: GrantView } | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }>;
+}
+
+export interface RunScopeContext {
+  tenant_id: string;
+  run_id: string;
+  pipeline_instance_id?: string | undefined;
+  session_id?: string | undefined;
+  user_id?: string | undefined;
+}
+
+export interface KillSwitchPort {
+  decide(query: {
+    tenantId: string;
+    agentId: string;
+    family: string | undefined;
+    toolId: string;
+    target: { family?: string | null; provider?: string | null; region?: string | null };
+  }): Decision | { ok: false; code: 'kill_switch_active' | 'gateway_unavailable'; [key: string]: unknown };
+}
+
+export interface Reservation {
+  readonly units: number;
+}
+
+export interface BudgetPort {
+  reserve(query: {
+    tenantId: string;
+    agentId: string;
+    runId: string;
+    units: number;
+    requestLimitUnits?: number | undefined;
+  }): Promise<
+    | { ok: true; reservation: Reservation; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] }
+    | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }
+  >;
+  /** The same verdict as `reserve`, reserving nothing (dry runs). */
+  check(query: {
+    tenantId: string;
+    agentId: string;
+    runId: string;
+    units: number;
+    requestLimitUnits?: number | undefined;
+  }): Promise<{ ok: true; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] } | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }>;
+  settle(reservation: Reservation, actualUnits: number): Promise<void>;
+  release(reservation: Reservation): Promise<void>;
+}
+
+export interface RateLimitPort {
+  take(query: RateQuery): Promise<{ ok: true } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number }>;
+  peek(query: RateQuery): Promise<{ ok: true } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number }>;
+}
+
+export interface RateQuery {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  capacity: number;
+  refillPerSecond: number;
+}
+
+export interface TenantPolicyPort {
+  externalCallEnabled(tenantId: string): Promise<boolean>;
+}
+
+export interface AdmissionPorts {
+  catalog: CatalogPort;
+  grants: GrantsPort;
+  killSwitches: KillSwitchPort;
+  budgets: BudgetPort;
+  rateLimiter: RateLimitPort;
+  tenantPolicy: TenantPolicyPort;
+  /** The built-in backend of `external_call` tools; its guard also runs at the input stage. */
+  egress: EgressExecutor;
+}

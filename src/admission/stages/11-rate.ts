@@ -1,0 +1,26 @@
+import { toolOf, type Stage } from '../step.js';
+
+/** 11. A token is taken from the (tenant, agent, tool) bucket; an empty bucket is back-pressure. */
+export const rateStage: Stage = {
+  name: 'rate',
+  async check({ principal, dryRun }, state, { rateLimiter }) {
+    const tool = toolOf(state);
+    if (!tool.rate_limit) return { ok: true };
+    const query = {
+      tenantId: principal.tenantId,
+      agentId: principal.id,
+      toolId: tool.id,
+      capacity: tool.rate_limit.capacity,
+      refillPerSecond: tool.rate_limit.refill_per_second,
+    };
+    const result = dryRun ? await rateLimiter.peek(query) : await rateLimiter.take(query);
+    if (result.ok) return { ok: true };
+    return {
+      ok: false,
+      code: 'rate_limited',
+      message: `rate limit reached; retry in ${result.retryAfterSeconds} s`,
+      details: { retry_after_seconds: result.retryAfterSeconds },
+      retryAfterSeconds: result.retryAfterSeconds,
+    };
+  },
+};

@@ -1,0 +1,40 @@
+import type { Principal } from '../auth/principal.js';
+import type { AdmissibleTool, AdmissionPorts, Decision, GrantView, Reservation } from './ports.js';
+
+export type AgentPrincipal = Extract<Principal, { kind: 'agent' }>;
+
+/** One step of a plan, with the run it belongs to, as admission sees it. */
+export interface StepRequest {
+  principal: AgentPrincipal;
+  run: {
+    run_id: string;
+    parent_run_id?: string | undefined;
+    pipeline_instance_id?: string | undefined;
+    session_id?: string | undefined;
+    user_id?: string | undefined;
+    context: Record<string, unknown>;
+    budget_units?: number | undefined;
+  };
+  step: { index: number; tool_id: string; version?: string | undefined; input: unknown };
+  dryRun: boolean;
+}
+
+/** What earlier stages learned, for later stages and for dispatch. */
+export interface StepState {
+  tool?: AdmissibleTool;
+  grant?: GrantView;
+  reservation?: Reservation;
+  warnings: string[];
+}
+
+/** One admission stage: a name for the verdict list and a check returning a decision value. */
+export interface Stage {
+  name: string;
+  check(request: StepRequest, state: StepState, ports: AdmissionPorts): Decision | Promise<Decision>;
+}
+
+/** The tool a stage after the registry stage may rely on. */
+export function toolOf(state: StepState): AdmissibleTool {
+  if (!state.tool) throw new Error('stage ran before the registry stage resolved the tool');
+  return state.tool;
+}

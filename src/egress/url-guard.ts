@@ -1,0 +1,93 @@
+import net from 'node:net';
+import { CLOUD_METADATA_HOSTS } from './cloud-metadata.js';
+import { DEFAULT_METHODS, DEFAULT_SCHEMES, type EgressNarrowing, type EgressPolicy } from './egress-policy.js';
+import { denied, type EgressDenied } from './egress-result.js';
+import { finishHost, matchesHostPatterns } from './host-allowlist.js';
+
+/** The only schemes the executor speaks, whatever a policy lists. */
+const SUPPORTED_SCHEMES = ['http', 'https'];
+/** CONNECT and TRACE are not tool calls; anything unknown is refused rather than passed through. */
+const SUPPORTED_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
+
+/**
+ * Characters the WHATWG parser silently drops or rewrites (tabs and newlines anywhere, leading and
+ * trailing spaces and controls, `\` read as `/`) and that other parsers read differently: the
+ * heart of URL-confusion SSRF. SPEC §9 says never repair a URL, so they are refused instead.
+ */
+const AMBIGUOUS = /[\u0000-\u0020\u007f\\]/;
+const AUTHORITY = /^[a-z][a-z0-9+.-]*:\/\/([^/?#]*)/i;
+
+/** A URL that passed the guard, with the host as it will be resolved and sent. */
+export interface UrlTarget {
+  /** Trailing dot dropped from the host, fragment dropped. */
+  url: URL;
+  /** Lower case, punycode; IPv6 without brackets. */
+  host: string;
+  ipLiteral: boolean;
+  /** Upper case. */
+  method: string;
+}
+
+export type UrlVerdict = { ok: true; target: UrlTarget } | EgressDenied;
+
+const lower = (values: readonly string[]) => values.map((value) => value.toLowerCase().replace(/:$/, ''));
+
+/**
+ * Checks a URL and method against a tool's egress policy and a grant's narrowing, in SPEC §9
+ * order: parses (never repaired), scheme, method, no credentials, host on the allowlist and on the
+ * grant's `egress_domains`. Addresses are not looked at here; see `resolveAndCheck`.
+ *
+ * `base` resolves relative references (a redirect's `Location`); without it the URL must be
+ * absolute and spelled `scheme://`.
+ */
+export function checkUrl(
+  raw: string,
+  method: string,
+  policy: EgressPolicy,
+  narrowing: EgressNarrowing = {},
+  base?: URL,
+): UrlVerdict {
+  if (AMBIGUOUS.test(raw)) return denied('url_ambiguous');
+  let url: URL;
+  try {
+    url = new URL(raw, base);
+  } catch {
+    return denied('url_unparseable');
+  }
+  const origin = url.origin;
+
+  const scheme = url.protocol.slice(0, -1);
+  const schemes = lower(policy.schemes ?? DEFAULT_SCHEMES);
+  if (!SUPPORTED_SCHEMES.includes(scheme) || !schemes.includes(scheme)) {
+    return denied('scheme_not_allowed', { origin, scheme, allowed: schemes });
+  }
+  // `http:host` and `http:/host` parse as `http://host`: a repair, so refused.
+  if (!base && !AUTHORITY.test(raw)) return denied('url_ambiguous', { origin });
+
+  const verb = method.toUpperCase();
+  const methods = (policy.methods ?? DEFAULT_METHODS).map((value) => value.toUpperCase());
+  if (!SUPPORTED_METHODS.includes(verb) || !methods.includes(verb)) {
+    return denied('method_not_allowed', { origin, method: verb, allowed: methods });
+  }
+
+  // `http://@host` parses to an empty user; the raw authority still shows the intent.
+  const authority = raw.match(AUTHORITY)?.[1] ?? '';
+  if (url.username !== '' || url.password !== '' || authority.includes('@')) {
+    return denied('credentials_in_url', { origin });
+  }
+
+  const host = finishHost(url.hostname);
+  if (host === undefined) return denied('host_invalid', { origin });
+  if (CLOUD_METADATA_HOSTS.includes(host)) {
+    return denied('host_not_allowed', { origin, host, classification: 'cloud_metadata' });
+  }
+  if (!matchesHostPatterns(host, policy.allowed_hosts)) return denied('host_not_allowed', { origin, host });
+  if (narrowing.egress_domains && !matchesHostPatterns(host, narrowing.egress_domains)) {
+    return denied('host_not_in_grant', { origin, host });
+  }
+
+  const ipLiteral = net.isIP(host) !== 0;
+  if (!ipLiteral) url.hostname = host;
+  url.hash = '';
+  return { ok: true, target: { url, host, ipLiteral, method: verb } };
+}

@@ -1,0 +1,53 @@
+import type { FastifyInstance } from 'fastify';
+import type { Kysely } from 'kysely';
+import { z } from 'zod';
+import type { AuditLog } from '../../audit/audit-log.js';
+import { actorOf } from '../../auth/principal.js';
+import type { DB } from '../../db/schema.js';
+import { getTenantPolicy, putTenantPolicy } from '../../tenants/tenant-policy.js';
+import { operatorOf } from '../auth.js';
+import { ApiError } from '../errors.js';
+import { parseInput } from '../validation.js';
+
+export interface TenantRouteDeps {
+  db: Kysely<DB>;
+  audit: AuditLog;
+  now: () => Date;
+}
+
+const params = z.object({ tenant_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/) });
+const policyBody = z.strictObject({ external_call_enabled: z.boolean() });
+
+/** `GET /tenants/{tenant_id}/policy` (operators of the tenant) and `PUT` (platform-operators). */
+export async function tenantRoutes(app: FastifyInstance, deps: TenantRouteDeps): Promise<void> {
+  app.get('/tenants/:tenant_id/policy', { config: { access: 'operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const { tenant_id } = parseInput(params, request.params, 'params');
+    if (operator.role === 'tenant-operator' && tenant_id !== operator.tenantId) {
+      await deps.audit.append({
+        event_type: 'security.cross_tenant_attempt',
+        actor: actorOf(operator),
+        tenant_id: operator.tenantId,
+        trace_id: request.traceId,
+        status: 'denied',
+        reason_code: 'not_found',
+        details: { route: 'GET /tenants/{tenant_id}/policy', requested_tenant_id: tenant_id },
+      });
+      throw new ApiError('not_found', `tenant ${tenant_id} not found`);
+    }
+    return getTenantPolicy(deps.db, tenant_id);
+  });
+
+  app.put('/tenants/:tenant_id/policy', { config: { access: 'platform-operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const { tenant_id } = parseInput(params, request.params, 'params');
+    const body = parseInput(policyBody, request.body, 'body');
+    return putTenantPolicy(deps.db, {
+      tenantId: tenant_id,
+      externalCallEnabled: body.external_call_enabled,
+      actor: actorOf(operator),
+      traceId: request.traceId,
+      now: deps.now(),
+    });
+  });
+}

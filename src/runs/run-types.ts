@@ -1,0 +1,66 @@
+import type { ErrorCode } from '../http/errors.js';
+import type { StageVerdict } from '../admission/admission-pipeline.js';
+
+export const RUN_STATUSES = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled', 'completed', 'failed', 'cancelled', 'killed'] as const;
+export type RunStatus = (typeof RUN_STATUSES)[number];
+
+/** Statuses a run never leaves; an identical resubmission of such a run replays its envelope. */
+export const TERMINAL_STATUSES: ReadonlySet<RunStatus> = new Set(['completed', 'failed', 'cancelled', 'killed']);
+
+/** The body of `POST /runs/execute` (SPEC §6), after validation. */
+export interface RunRequest {
+  run_id: string;
+  parent_run_id?: string | undefined;
+  pipeline_instance_id?: string | undefined;
+  session_id?: string | undefined;
+  user_id?: string | undefined;
+  context: Record<string, unknown>;
+  plan: Array<{ tool_id: string; version?: string | undefined; input: unknown }>;
+  budget_units?: number | undefined;
+  dry_run?: boolean | undefined;
+}
+
+export type StepStatus = 'completed' | 'denied' | 'failed' | 'skipped' | 'admissible';
+
+export interface StepError {
+  code: ErrorCode;
+  message: string;
+  details: Record<string, unknown>;
+}
+
+export interface StepResult {
+  index: number;
+  tool_id: string;
+  version: string | null;
+  status: StepStatus;
+  output?: unknown;
+  error?: StepError;
+  cost_units: number;
+  duration_ms: number;
+  audit_id: string | null;
+  /** Dry runs only: the verdict of every stage evaluated. */
+  verdicts?: StageVerdict[];
+}
+
+/** The run envelope: the body of every `POST /runs/execute` answer that concerns a run. */
+export interface RunEnvelope {
+  run_id: string;
+  status: RunStatus;
+  dry_run: boolean;
+  steps: StepResult[];
+  warnings: string[];
+  retry_after_seconds?: number;
+}
+
+/** The run status a denial or failure code leaves the run in. */
+export function statusAfter(code: ErrorCode): RunStatus {
+  switch (code) {
+    case 'kill_switch_active':
+    case 'budget_exceeded':
+      return 'killed';
+    case 'rate_limited':
+      return 'throttled';
+    default:
+      return 'failed';
+  }
+}

@@ -1,0 +1,233 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+
+const T = 'tenant-runs';
+const AGENT = 'veritas.fact-checker';
+const agent = tokens.agent(AGENT, { tenant: T, family: 'veritas', scope: 'scf:read' });
+const operator = tokens.tenantOperator(T);
+
+let h: Harness;
+let backend: TestBackend;
+
+async function execute(body: Record<string, unknown>, token = agent) {
+  return h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
+}
+
+const step = (tool_id: string, input: unknown = { q: 'hello' }, version?: string) => ({ tool_id, input, ...(version ? { version } : {}) });
+
+beforeAll(async () => {
+  h = await startHarness();
+  backend = await new TestBackend().start();
+  const base = { allowed_agents: [AGENT] };
+  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, ...base });
+  await registerTool(h.client, { id: 'echo', version: '2.0.0', backendUrl: `${backend.url}/echo`, ...base, cost_units: 2 });
+  await registerTool(h.client, { id: 'final.publish', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/echo` });
+  await registerTool(h.client, { id: 'web.fetch', category: 'external_call', risk_level: 'medium', egress: { allowed_hosts: ['example.com'] }, ...base });
+  await registerTool(h.client, { id: 'not.allowed', backendUrl: `${backend.url}/echo`, allowed_agents: ['someone.else'] });
+  await registerTool(h.client, { id: 'ungranted', backendUrl: `${backend.url}/echo`, ...base });
+  await registerTool(h.client, { id: 'scoped', backendUrl: `${backend.url}/echo`, ...base, required_scopes: [{ scope: 'scf:write', required: true, rationale: 'writes drafts' }] });
+  await registerTool(h.client, { id: 'contextual', backendUrl: `${backend.url}/echo`, ...base, required_context: ['organization_id', 'assessment_id'] });
+  await registerTool(h.client, { id: 'no.backend', backendUrl: null, ...base });
+  await registerTool(h.client, { id: 'hangs', backendUrl: `${backend.url}/hang`, timeout_ms: 300, ...base });
+  await registerTool(h.client, { id: 'fails', backendUrl: `${backend.url}/status/500`, ...base });
+  await registerTool(h.client, { id: 'html', backendUrl: `${backend.url}/html`, ...base });
+  await registerTool(h.client, { id: 'huge', backendUrl: `${backend.url}/big`, max_response_bytes: 64 * 1024, ...base });
+  await registerTool(h.client, { id: 'wrong.shape', backendUrl: `${backend.url}/wrong-shape`, ...base });
+  await registerTool(h.client, { id: 'costly', backendUrl: `${backend.url}/cost/3`, ...base, cost_units: 5 });
+  await registerTool(h.client, { id: 'limited', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 2, refill_per_second: 0.01 } });
+  await registerTool(h.client, { id: 'switched', backendUrl: `${backend.url}/echo`, ...base });
+  await registerTool(h.client, { id: 'expensive', backendUrl: `${backend.url}/echo`, ...base, cost_units: 1000 });
+  for (const tool of ['echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'switched', 'expensive']) {
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+  }
+  await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, limit_units: 500, warn_ratio: 0.99 });
+});
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.close();
+});
+
+describe('POST /runs/execute: a run that completes', () => {
+  it('dispatches every step to its backend and answers 200 with the envelope', async () => {
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'one' }), step('echo', { q: 'two' }, '^2')] });
+    expect(res.status).toBe(200);
+    expect(res.body).toMatchObject({ run_id: runId, status: 'completed', dry_run: false, warnings: [] });
+    expect(res.body.steps).toMatchObject([
+      { index: 0, tool_id: 'echo', version: '2.0.0', status: 'completed', output: { echo: { q: 'one' } }, cost_units: 2 },
+      { index: 1, tool_id: 'echo', version: '2.0.0', status: 'completed', output: { echo: { q: 'two' } }, cost_units: 2 },
+    ]);
+    expect(res.body.steps[0].audit_id).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
+  it('sends the backend the run, tenant and agent, and continues the caller’s trace', async () => {
+    const runId = newRunId();
+    const traceId = '4bf92f3577b34da6a3ce929d0e0e4736';
+    const before = backend.hitsOn('/echo').length;
+    await h.client.post('/runs/execute', {
+      token: agent,
+      headers: { traceparent: `00-${traceId}-00f067aa0ba902b7-01` },
+      body: { run_id: runId, context: {}, plan: [step('echo', { q: 'trace' }, '1.0.0')] },
+    });
+    const hit = backend.hitsOn('/echo')[before]!;
+    expect(hit.headers['x-toolgate-run-id']).toBe(runId);
+    expect(hit.headers['x-toolgate-tenant-id']).toBe(T);
+    expect(hit.headers['x-toolgate-agent-id']).toBe(AGENT);
+    expect(hit.headers.traceparent).toMatch(new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    expect(hit.headers.authorization).toBeUndefined();
+  });
+
+  it('writes an intent record before and an outcome record after each dispatch, with hashes not payloads', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, plan: [step('echo', { q: 'secret-payload' }, '1.0.0')] });
+    const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
+    const types = events.body.items.map((e: { event_type: string }) => e.event_type).reverse();
+    expect(types).toEqual(['run.step.dispatching', 'run.step.completed']);
+    const [outcome, intent] = events.body.items;
+    expect(intent.seq).toBeLessThan(outcome.seq);
+    expect(outcome).toMatchObject({ tool_id: 'echo', tool_version: '1.0.0', tool_category: 'read_only', status: 'completed', cost_units: 1 });
+    expect(outcome.input_sha256).toMatch(/^[0-9a-f]{64}$/);
+    expect(outcome.output_sha256).toMatch(/^[0-9a-f]{64}$/);
+    expect(JSON.stringify(events.body)).not.toContain('secret-payload');
+  });
+
+  it('charges what the backend reports it cost', async () => {
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('costly')] });
+    expect(res.body.steps[0].cost_units).toBe(3);
+  });
+});
+
+describe('POST /runs/execute: each denial stops the run with its status, later steps skipped', () => {
+  const cases: Array<[string, () => Record<string, unknown>[], number, string, string]> = [
+    ['an unregistered tool', () => [step('nope')], 404, 'tool_not_registered', 'failed'],
+    ['a version range nothing matches', () => [step('echo', { q: 'x' }, '^9')], 404, 'tool_version_not_found', 'failed'],
+    ['a final_write tool', () => [step('final.publish')], 403, 'tool_category_blocked', 'failed'],
+    ['an external_call tool in a tenant without it', () => [step('web.fetch', { url: 'https://example.com/' })], 403, 'tool_category_blocked', 'failed'],
+    ['a tool whose allowlist omits the agent', () => [step('not.allowed')], 403, 'unauthorized_tool_access', 'failed'],
+    ['a tool without a grant', () => [step('ungranted')], 403, 'grant_missing', 'failed'],
+    ['a scope the token lacks', () => [step('scoped')], 403, 'tool_scope_missing', 'failed'],
+    ['missing required context', () => [step('contextual')], 400, 'missing_required_context', 'failed'],
+    ['input failing the schema', () => [step('echo', { q: 42 })], 422, 'tool_input_schema_invalid', 'failed'],
+    ['a cost beyond the budget', () => [step('expensive')], 402, 'budget_exceeded', 'killed'],
+    ['a tool with no backend', () => [step('no.backend')], 503, 'tool_backend_not_configured', 'failed'],
+    ['a backend that hangs', () => [step('hangs')], 504, 'tool_backend_timeout', 'failed'],
+    ['a backend answering 500', () => [step('fails')], 502, 'tool_backend_failed', 'failed'],
+    ['a backend answering HTML', () => [step('html')], 502, 'tool_backend_failed', 'failed'],
+    ['a backend answering 10 MB', () => [step('huge')], 502, 'tool_backend_failed', 'failed'],
+    ['output failing its schema', () => [step('wrong.shape')], 502, 'tool_output_schema_invalid', 'failed'],
+  ];
+
+  it.each(cases)('%s', async (_name, plan, status, code, runStatus) => {
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'first' }, '1.0.0'), ...plan(), step('echo', { q: 'never' }, '1.0.0')] });
+    expect(res.status).toBe(status);
+    expect(res.body.status).toBe(runStatus);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', expect.stringMatching(/^(denied|failed)$/), 'skipped']);
+    expect(res.body.steps[1].error.code).toBe(code);
+    expect(res.body.steps[1].output).toBeUndefined();
+    const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
+    const last = events.body.items[0];
+    expect(last).toMatchObject({ reason_code: code, run_id: runId });
+    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId && (hit.body as { q?: string })?.q === 'never')).toEqual([]);
+  });
+
+  it('throttles (429, exact Retry-After) without killing the run, and continues it when resubmitted', async () => {
+    const first = await execute({ run_id: newRunId(), plan: [step('limited'), step('limited')] });
+    expect(first.status).toBe(200);
+    const runId = newRunId();
+    const throttled = await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('limited')] });
+    expect(throttled.status).toBe(429);
+    expect(throttled.body.status).toBe('throttled');
+    // One token at 0.01/s takes up to 100 s to refill.
+    const retryAfter = Number(throttled.headers['retry-after']);
+    expect(retryAfter).toBeGreaterThanOrEqual(99);
+    expect(retryAfter).toBeLessThanOrEqual(100);
+    expect(throttled.body.retry_after_seconds).toBe(retryAfter);
+    const again = await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('limited')] });
+    expect(again.status).toBe(429);
+    // The completed first step is not dispatched again.
+    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+  });
+
+  it('refuses a plan longer than MAX_PLAN_STEPS instead of truncating it', async () => {
+    const res = await execute({ run_id: newRunId(), plan: Array.from({ length: 33 }, () => step('echo')) });
+    expect(res.status).toBe(400);
+    expect(res.body.error).toMatchObject({ code: 'invalid_request', message: expect.stringContaining('at most 32') });
+  });
+
+  it('refuses a context naming another tenant', async () => {
+    const res = await execute({ run_id: newRunId(), context: { tenant_id: 'someone-else' }, plan: [step('echo')] });
+    expect(res.status).toBe(400);
+    expect(res.body.steps[0].error.code).toBe('invalid_request');
+  });
+
+  it('keeps operators off the agent route', async () => {
+    const res = await h.client.post('/runs/execute', { token: operator, body: { run_id: newRunId(), plan: [step('echo')] } });
+    expect(res.status).toBe(403);
+  });
+});
+
+describe('dry runs', () => {
+  it('returns every step’s verdicts and dispatches, reserves and audits no call', async () => {
+    const before = backend.hits.length;
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, dry_run: true, plan: [step('echo'), step('ungranted'), step('limited')] });
+    expect(res.status).toBe(200);
+    expect(res.body.dry_run).toBe(true);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['admissible', 'denied', expect.any(String)]);
+    expect(res.body.steps[0].verdicts.map((v: { stage: string }) => v.stage)).toEqual(['registry', 'category', 'allowlist', 'grant', 'scopes', 'context', 'input', 'safety', 'cost', 'rate']);
+    expect(res.body.steps[1].verdicts.at(-1)).toEqual({ stage: 'grant', ok: false, code: 'grant_missing' });
+    expect(backend.hits.length).toBe(before);
+    expect((await h.client.get(`/runs/${runId}`, { token: agent })).status).toBe(404);
+  });
+});
+
+describe('run ownership and replay', () => {
+  it('replays a finished run’s envelope without calling the backend again', async () => {
+    const runId = newRunId();
+    const body = { run_id: runId, plan: [step('echo', { q: 'once' }, '1.0.0')] };
+    const first = await execute(body);
+    const hitsAfterFirst = backend.hits.length;
+    const second = await execute(body);
+    expect(second.status).toBe(first.status);
+    expect(second.body).toEqual(first.body);
+    expect(second.headers['x-toolgate-replayed']).toBe('true');
+    expect(backend.hits.length).toBe(hitsAfterFirst);
+  });
+
+  it('gives another agent’s run id 409 run_id_conflict', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, plan: [step('echo', { q: 'mine' }, '1.0.0')] });
+    const thief = tokens.agent('other.agent', { tenant: T });
+    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'mine' }, '1.0.0')] }, thief);
+    expect(res.status).toBe(409);
+    expect(res.body.error.code).toBe('run_id_conflict');
+  });
+
+  it('gives the owner 409 for a different request under a used run id', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0')] });
+    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'b' }, '1.0.0')] });
+    expect(res.status).toBe(409);
+  });
+
+  it('lets the owner and its tenant’s operators read the run, and no one else', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, plan: [step('echo', { q: 'read me' }, '1.0.0')] });
+    const own = await h.client.get(`/runs/${runId}`, { token: agent });
+    expect(own.body).toMatchObject({ run_id: runId, agent_id: AGENT, tenant_id: T, status: 'completed' });
+    expect((await h.client.get(`/runs/${runId}`, { token: operator })).status).toBe(200);
+    expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('other.agent', { tenant: T }) })).status).toBe(404);
+    expect((await h.client.get(`/runs/${runId}`, { token: tokens.tenantOperator('another-tenant') })).status).toBe(404);
+    const list = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2 } });
+    expect(list.body.items).toHaveLength(2);
+    expect(list.body.next_cursor).toEqual(expect.any(String));
+    const next = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2, cursor: list.body.next_cursor } });
+    expect(next.body.items[0].run_id).not.toBe(list.body.items[1].run_id);
+  });
+});
