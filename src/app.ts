@@ -73,14 +73,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     logger,
     ...config.killSwitches,
   });
-  await killSwitches.start();
   const expirySweeper = new GrantExpirySweeper({
     db: database.db,
     now,
     intervalMs: config.grants.expirySweepIntervalMs,
     logger,
   });
-  expirySweeper.start();
   const services: Services = { config, database, audit, metrics, now, grants, killSwitches };
 
   const app = Fastify({
@@ -116,6 +114,10 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       { method: request.method, route, url: request.url.split('?')[0], status: reply.statusCode, duration_ms: reply.elapsedTime },
       'request',
     );
+  });
+  app.addHook('onReady', async () => {
+    await killSwitches.start();
+    expirySweeper.start();
   });
   app.addHook('onClose', async () => {
     await expirySweeper.stop();
