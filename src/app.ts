@@ -5,16 +5,22 @@ import type { VerificationKeys } from './auth/jwt-keys.js';
 import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
+import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
+import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
 import { installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { budgetRoutes } from './http/routes/budgets.js';
 import { docsRoutes } from './http/routes/docs.js';
+import { grantRoutes } from './http/routes/grants.js';
+import { killSwitchRoutes } from './http/routes/kill-switches.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
 import { toolRoutes } from './http/routes/tools.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
+import { KillSwitchService } from './kill-switches/kill-switch-service.js';
+import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 import { ToolCatalog } from './registry/tool-catalog.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
@@ -41,6 +47,10 @@ export interface Services {
   budgets: BudgetLedger;
   /** Token buckets per (tenant, agent, tool) (SPEC §5). */
   rateLimiter: RateLimiter;
+  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  grants: GrantService;
+  /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
+  killSwitches: KillSwitchSnapshot;
 }
 
 declare module 'fastify' {
@@ -72,7 +82,21 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
   });
   const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
-  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter };
+  const grants = new GrantService({ db: database.db, audit, tools: catalog, now });
+  const killSwitches = new KillSwitchSnapshot({
+    db: database.db,
+    listener: database.listener,
+    registry: metrics.registry,
+    logger,
+    ...config.killSwitches,
+  });
+  const expirySweeper = new GrantExpirySweeper({
+    db: database.db,
+    now,
+    intervalMs: config.grants.expirySweepIntervalMs,
+    logger,
+  });
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -110,9 +134,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   app.addHook('onReady', async () => {
     await catalog.start();
+    await killSwitches.start();
+    expirySweeper.start();
   });
   app.addHook('onClose', async () => {
-    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close()]);
+    await expirySweeper.stop();
+    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop()]);
     await audit.drain();
   });
 
@@ -122,10 +149,21 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audience: config.jwt.audience,
     audit,
   });
-  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => catalog.readiness()] });
+  await app.register(operationsRoutes, {
+    database,
+    metrics,
+    readinessChecks: [() => catalog.readiness(), () => killSwitches.readiness()],
+  });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
+  await app.register(grantRoutes, { grants, audit, now });
+  await app.register(killSwitchRoutes, {
+    service: new KillSwitchService(database.db, killSwitches, now),
+    snapshot: killSwitches,
+    audit,
+    tools: catalog,
+  });
   await app.register(tenantRoutes, { db: database.db, audit, now });
   await app.register(toolRoutes, {
     db: database.db,
