@@ -17,7 +17,13 @@ import { grantRoutes } from './http/routes/grants.js';
 import { killSwitchRoutes } from './http/routes/kill-switches.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
+import { runRoutes } from './http/routes/runs.js';
 import { toolRoutes } from './http/routes/tools.js';
+import type { AdmissionPorts } from './admission/ports.js';
+import { createEgressExecutor } from './egress/egress-executor.js';
+import type { Resolver } from './egress/resolver.js';
+import { BackendClient } from './proxy/backend-client.js';
+import { RunExecutor } from './runs/run-executor.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { KillSwitchService } from './kill-switches/kill-switch-service.js';
 import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
@@ -32,6 +38,8 @@ export interface AppOptions {
   keys: VerificationKeys;
   logger: Logger;
   now?: () => Date;
+  /** How the egress executor resolves host names (default `dns.lookup`); tests stand in for the internet. */
+  resolver?: Resolver;
 }
 
 /** The services built once by the composition root and shared by every route. */
@@ -51,6 +59,8 @@ export interface Services {
   grants: GrantService;
   /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
   killSwitches: KillSwitchSnapshot;
+  /** Executes runs: admission, dispatch, audit (SPEC §6). */
+  runs: RunExecutor;
 }
 
 declare module 'fastify' {
@@ -96,7 +106,18 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     intervalMs: config.grants.expirySweepIntervalMs,
     logger,
   });
-  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches };
+  const ports: AdmissionPorts = {
+    catalog,
+    grants,
+    killSwitches,
+    budgets,
+    rateLimiter,
+    tenantPolicy: { externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled },
+    egress: createEgressExecutor({ allowCidrs: config.egressAllowCidrs, ...(options.resolver ? { resolver: options.resolver } : {}) }),
+  };
+  const backend = new BackendClient();
+  const runs = new RunExecutor({ db: database.db, audit, ports, backend, metrics, now });
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -139,7 +160,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   app.addHook('onClose', async () => {
     await expirySweeper.stop();
-    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop()]);
+    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop(), backend.close()]);
     await audit.drain();
   });
 
@@ -165,6 +186,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     tools: catalog,
   });
   await app.register(tenantRoutes, { db: database.db, audit, now });
+  await app.register(runRoutes, { db: database.db, audit, executor: runs, maxPlanSteps: config.maxPlanSteps });
   await app.register(toolRoutes, {
     db: database.db,
     catalog,
