@@ -10,6 +10,14 @@ export interface TimedAuditEvent {
 }
 
 /**
+ * Takes the chain head's lock now rather than at the first append. Transactions that change runs
+ * take it before any run row, so that they queue behind each other instead of deadlocking.
+ */
+export async function lockAuditChain(trx: Transaction<DB>): Promise<void> {
+  await trx.selectFrom('audit_chain_head').select('seq').where('id', '=', 1).forUpdate().execute();
+}
+
+/**
  * Appends events to the chain inside the caller's transaction. Locks the chain head, so it
  * takes a `Transaction`: the events become durable exactly when the caller's change does.
  */

@@ -37,6 +37,14 @@ export interface Config {
     /** How often the expiry sweeper looks for grants that lapsed. */
     expirySweepIntervalMs: number;
   };
+  /** How long a proposed action may wait for, and an approval wait to be used (`TOOLGATE_APPROVAL_TTL_SECONDS`). */
+  approvalTtlSeconds: number;
+  handoffs: {
+    /** A hand-off is refused once its parent's trace (root … parent) is this long (`TOOLGATE_HANDOFF_MAX_DEPTH`). */
+    maxDepth: number;
+    /** How many sub-runs a root run may hand off to (`TOOLGATE_HANDOFF_MAX_FANOUT`); sub-runs get theirs from the hand-off. */
+    rootMaxFanout: number;
+  };
 }
 
 /** Names of the variables tool backends may read secrets from. */
@@ -99,6 +107,9 @@ const environmentSchema = z
     TOOLGATE_KILL_SWITCH_POLL_MS: intInRange(50, 60_000, 1_000),
     TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: intInRange(500, 60_000, 5_000),
     TOOLGATE_GRANT_EXPIRY_SWEEP_MS: intInRange(50, 60_000, 1_000),
+    TOOLGATE_APPROVAL_TTL_SECONDS: intInRange(1, 30 * 86_400, 86_400),
+    TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
+    TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -182,5 +193,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxStalenessMs: e.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS,
     },
     grants: { expirySweepIntervalMs: e.TOOLGATE_GRANT_EXPIRY_SWEEP_MS },
+    approvalTtlSeconds: e.TOOLGATE_APPROVAL_TTL_SECONDS,
+    handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
   };
 }

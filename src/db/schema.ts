@@ -149,6 +149,9 @@ export interface DB {
   budget_counters: BudgetCounterTable;
   budget_reservations: BudgetReservationTable;
   rate_buckets: RateBucketTable;
+  run_grant_uses: RunGrantUseTable;
+  handoffs: HandoffTable;
+  approvals: ApprovalTable;
 }
 
 export interface RunTable {
@@ -160,12 +163,74 @@ export interface RunTable {
   session_id: string | null;
   user_id: string | null;
   status: string;
-  request_sha256: string;
+  request_sha256: string | null;
   trace_id: string | null;
   http_status: number | null;
   envelope: ColumnType<unknown, string | null, string | null>;
   created_at: ColumnType<Date, Date | undefined, never>;
   updated_at: ColumnType<Date, Date | undefined, Date>;
+  // migration 0008
+  request: ColumnType<unknown, string | null | undefined, string | null>;
+  agent_family: string | null;
+  agent_scopes: ColumnType<string[], string[] | undefined, string[]>;
+  depth: ColumnType<number, number | undefined, number>;
+  lineage: ColumnType<unknown, string | undefined, string>;
+  budget_units: ColumnType<string | null, string | null | undefined, string | null>;
+  keep_open: ColumnType<boolean, boolean | undefined, boolean>;
+  epoch: ColumnType<number, number | undefined, number>;
+  busy: ColumnType<boolean, boolean | undefined, boolean>;
+  stop: ColumnType<unknown, string | null | undefined, string | null>;
+}
+
+/** Grants each run relied on (migration 0008): what a revocation or expiry cascades to. */
+export interface RunGrantUseTable {
+  grant_id: string;
+  tenant_id: string;
+  run_id: string;
+  first_used_at: ColumnType<Date, Date | undefined, never>;
+}
+
+/** Hand-offs from a parent run to a sub-agent's run (migration 0008). numeric arrives as text. */
+export interface HandoffTable {
+  id: string;
+  tenant_id: string;
+  parent_run_id: string;
+  sub_run_id: string;
+  parent_agent_id: string;
+  sub_agent_id: string;
+  budget_units: ColumnType<string, string, never>;
+  delegable_tool_ids: ColumnType<string[], string[], never>;
+  max_fanout: number;
+  capability_modifiers: ColumnType<Record<string, unknown>, string, never>;
+  approval_requirement: string;
+  depth: number;
+  status: string;
+  spent_units: ColumnType<string | null, never, string>;
+  returned_units: ColumnType<string | null, never, string>;
+  created_at: ColumnType<Date, Date, never>;
+  closed_at: ColumnType<Date | null, never, Date>;
+}
+
+/** Proposed actions waiting for a human (migration 0008). */
+export interface ApprovalTable {
+  id: string;
+  tenant_id: string;
+  kind: string;
+  run_id: string;
+  agent_id: string;
+  step_index: number | null;
+  tool_id: string | null;
+  tool_version: string | null;
+  input: ColumnType<unknown, string | null, never>;
+  input_sha256: string | null;
+  handoff_id: string | null;
+  proposed_by: string;
+  status: string;
+  created_at: ColumnType<Date, Date, never>;
+  expires_at: ColumnType<Date, Date, never>;
+  decided_by: string | null;
+  decided_at: Date | null;
+  rationale: string | null;
 }
 
 export interface TenantPolicyTable {
