@@ -1,0 +1,46 @@
+/** What an approval is about: one tool call with its exact input, or a hand-off to a sub-agent. */
+export const APPROVAL_KINDS = ['tool_call', 'handoff'] as const;
+export type ApprovalKind = (typeof APPROVAL_KINDS)[number];
+
+/**
+ * `pending` until an operator decides; `approved` or `rejected` with a rationale; `expired` when
+ * nobody decided (or used the approval) in time; `cancelled` when its run ended first or a newer
+ * proposal for the same step replaced it.
+ */
+export const APPROVAL_STATUSES = ['pending', 'approved', 'rejected', 'expired', 'cancelled'] as const;
+export type ApprovalStatus = (typeof APPROVAL_STATUSES)[number];
+
+/** A proposed action waiting for a human (SPEC §6 step 8), bound to the run and what it would do. */
+export interface Approval {
+  id: string;
+  tenant_id: string;
+  kind: ApprovalKind;
+  run_id: string;
+  /** The agent whose action it is. */
+  agent_id: string;
+  step_index: number | null;
+  tool_id: string | null;
+  tool_version: string | null;
+  /** The exact input, for the approver to read; the approval lets through only its SHA-256. */
+  input: unknown;
+  input_sha256: string | null;
+  handoff_id: string | null;
+  /** The actor whose request made the proposal (`agent:<id>`, or an operator resuming a run). */
+  proposed_by: string;
+  status: ApprovalStatus;
+  created_at: Date;
+  expires_at: Date;
+  decided_by: string | null;
+  decided_at: Date | null;
+  rationale: string | null;
+}
+
+/** The status as of `now`: a pending proposal past its `expires_at` reads as expired. */
+export function approvalStatusAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date): ApprovalStatus {
+  return approval.status === 'pending' && approval.expires_at.getTime() <= now.getTime() ? 'expired' : approval.status;
+}
+
+/** Whether an approval still lets its action through at `now`. */
+export function approvalUsableAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date): boolean {
+  return approval.status === 'approved' && approval.expires_at.getTime() > now.getTime();
+}

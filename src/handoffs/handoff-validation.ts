@@ -1,0 +1,79 @@
+import type { CapabilityModifiers } from '../grants/grant.js';
+import { wideningIn } from './authority-envelope.js';
+import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffRejectionReason, type HandoffRequest } from './handoff.js';
+
+/** The parent's side of a hand-off: the authority it has to hand on, and what is left of it. */
+export interface ParentAuthority {
+  /** Agent ids from the root run's to the parent run's own: a sub-agent among them is a cycle. */
+  trace: string[];
+  /** Tools the parent may hand on: its envelope's (if it is a sub-run) that it holds a live grant for. */
+  toolIds: ReadonlySet<string>;
+  maxFanout: number;
+  /** Hand-offs the parent has made already. */
+  handoffsMade: number;
+  capabilityModifiers: CapabilityModifiers;
+  approvalRequirement: ApprovalRequirement;
+  /** What is left of the parent's budget; null when it has none to hand on. */
+  remainingUnits: number | null;
+}
+
+export type HandoffCheck =
+  | { ok: true }
+  | { ok: false; reason: HandoffRejectionReason; message: string; details: Record<string, unknown> };
+
+/**
+ * SPEC §6: a hand-off is refused, with the first reason that applies, in this order — the
+ * sub-agent is already in the trace; the trace has reached the depth cap; the envelope widens
+ * the parent's authority (tools, fan-out, modifiers, approval); the budget is not positive; the
+ * budget is more than the parent has left.
+ */
+export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, maxDepth: number): HandoffCheck {
+  if (parent.trace.includes(request.sub_agent_id)) {
+    return refuse('cycle_detected', `${request.sub_agent_id} is already in this run's trace`, { trace: parent.trace });
+  }
+  if (parent.trace.length >= maxDepth) {
+    return refuse('depth_cap_exceeded', `a hand-off from depth ${parent.trace.length - 1} would reach the depth cap of ${maxDepth}`, {
+      depth: parent.trace.length,
+      max_depth: maxDepth,
+    });
+  }
+  const widening = wideningOf(request, parent);
+  if (widening) return refuse('authority_widening_rejected', widening.message, widening.details);
+  if (!(request.budget_units > 0) || !Number.isFinite(request.budget_units)) {
+    return refuse('budget_non_positive', 'a sub-run needs a positive budget', { budget_units: request.budget_units });
+  }
+  if (parent.remainingUnits === null || request.budget_units > parent.remainingUnits) {
+    return refuse(
+      'budget_exceeds_parent',
+      parent.remainingUnits === null ? 'the parent run has no budget_units to hand on' : `the parent run has ${parent.remainingUnits} units left`,
+      { budget_units: request.budget_units, parent_remaining_units: parent.remainingUnits ?? 0 },
+    );
+  }
+  return { ok: true };
+}
+
+function wideningOf(request: HandoffRequest, parent: ParentAuthority): { message: string; details: Record<string, unknown> } | undefined {
+  const outside = request.delegable_tool_ids.filter((tool) => !parent.toolIds.has(tool));
+  if (outside.length > 0) {
+    return { message: `the parent cannot hand on ${outside.join(', ')}`, details: { field: 'delegable_tool_ids', tool_ids: outside } };
+  }
+  if (request.max_fanout > parent.maxFanout) {
+    return { message: `max_fanout ${request.max_fanout} is above the parent's ${parent.maxFanout}`, details: { field: 'max_fanout', parent_max_fanout: parent.maxFanout } };
+  }
+  if (parent.handoffsMade >= parent.maxFanout) {
+    return { message: `the parent has made the ${parent.maxFanout} hand-offs its fan-out allows`, details: { field: 'fanout', parent_max_fanout: parent.maxFanout, handoffs_made: parent.handoffsMade } };
+  }
+  const path = wideningIn(request.capability_modifiers, parent.capabilityModifiers, 'capability_modifiers');
+  if (path) return { message: `${path} is wider than the parent's`, details: { field: path } };
+  if (APPROVAL_REQUIREMENT_RANK[request.approval_requirement] < APPROVAL_REQUIREMENT_RANK[parent.approvalRequirement]) {
+    return {
+      message: `approval_requirement ${request.approval_requirement} is weaker than the parent's ${parent.approvalRequirement}`,
+      details: { field: 'approval_requirement', parent_approval_requirement: parent.approvalRequirement },
+    };
+  }
+  return undefined;
+}
+
+function refuse(reason: HandoffRejectionReason, message: string, details: Record<string, unknown>): HandoffCheck {
+  return { ok: false, reason, message, details };
+}
