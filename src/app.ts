@@ -24,6 +24,12 @@ import { createEgressExecutor } from './egress/egress-executor.js';
 import type { Resolver } from './egress/resolver.js';
 import { BackendClient } from './proxy/backend-client.js';
 import { RunExecutor } from './runs/run-executor.js';
+import { RunCascades } from './runs/run-cascades.js';
+import { RunControls } from './runs/run-controls.js';
+import { recordGrantUse } from './runs/run-repository.js';
+import { ApprovalService } from './approvals/approval-service.js';
+import { HandoffService } from './handoffs/handoff-service.js';
+import { approvalRoutes } from './http/routes/approvals.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { KillSwitchService } from './kill-switches/kill-switch-service.js';
 import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
@@ -61,6 +67,12 @@ export interface Services {
   killSwitches: KillSwitchSnapshot;
   /** Executes runs: admission, dispatch, audit (SPEC §6). */
   runs: RunExecutor;
+  /** Cancel, kill, pause, resume, complete (SPEC §6 run controls). */
+  runControls: RunControls;
+  /** Proposed actions and the operators' decisions on them (SPEC §6 step 8). */
+  approvals: ApprovalService;
+  /** Sub-agent hand-offs (SPEC §6). */
+  handoffs: HandoffService;
 }
 
 declare module 'fastify' {
@@ -92,7 +104,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
   });
   const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
-  const grants = new GrantService({ db: database.db, audit, tools: catalog, now });
+  // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
+  const cascades = new RunCascades((toolId, range) => {
+    const resolved = catalog.resolve(toolId, range);
+    return resolved.ok ? resolved.tool.target : undefined;
+  });
+  const grants = new GrantService({ db: database.db, audit, tools: catalog, now, onGrantsEnded: cascades.grantsEnded });
   const killSwitches = new KillSwitchSnapshot({
     db: database.db,
     listener: database.listener,
@@ -105,7 +122,10 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     now,
     intervalMs: config.grants.expirySweepIntervalMs,
     logger,
+    onGrantsEnded: cascades.grantsEnded,
   });
+  const approvals = new ApprovalService({ db: database.db, now });
+  const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => recordGrantUse(database.db, { tenant_id: use.tenantId, run_id: use.runId }, use.grantId) };
   const ports: AdmissionPorts = {
     catalog,
     grants,
@@ -114,10 +134,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     rateLimiter,
     tenantPolicy: { externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled },
     egress: createEgressExecutor({ allowCidrs: config.egressAllowCidrs, ...(options.resolver ? { resolver: options.resolver } : {}) }),
+    approvals,
+    grantUses,
   };
   const backend = new BackendClient();
-  const runs = new RunExecutor({ db: database.db, audit, ports, backend, metrics, now });
-  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs };
+  const approvalTtlMs = config.approvalTtlSeconds * 1000;
+  const runs = new RunExecutor({ db: database.db, audit, ports, backend, metrics, now, approvalTtlMs });
+  const runControls = new RunControls({ db: database.db, executor: runs, approvals, now });
+  const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs, runControls, approvals, handoffs };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -180,13 +205,14 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   await app.register(auditRoutes, { db: database.db, audit });
   await app.register(grantRoutes, { grants, audit, now });
   await app.register(killSwitchRoutes, {
-    service: new KillSwitchService(database.db, killSwitches, now),
+    service: new KillSwitchService(database.db, killSwitches, now, cascades.killSwitchArmed),
     snapshot: killSwitches,
     audit,
     tools: catalog,
   });
   await app.register(tenantRoutes, { db: database.db, audit, now });
-  await app.register(runRoutes, { db: database.db, audit, executor: runs, maxPlanSteps: config.maxPlanSteps });
+  await app.register(runRoutes, { db: database.db, audit, executor: runs, controls: runControls, handoffs, maxPlanSteps: config.maxPlanSteps });
+  await app.register(approvalRoutes, { approvals, audit, now });
   await app.register(toolRoutes, {
     db: database.db,
     catalog,

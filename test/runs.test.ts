@@ -180,7 +180,7 @@ describe('dry runs', () => {
     expect(res.status).toBe(200);
     expect(res.body.dry_run).toBe(true);
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['admissible', 'denied', expect.any(String)]);
-    expect(res.body.steps[0].verdicts.map((v: { stage: string }) => v.stage)).toEqual(['registry', 'category', 'allowlist', 'grant', 'scopes', 'context', 'input', 'safety', 'cost', 'rate']);
+    expect(res.body.steps[0].verdicts.map((v: { stage: string }) => v.stage)).toEqual(['registry', 'category', 'allowlist', 'grant', 'scopes', 'context', 'input', 'approval', 'safety', 'cost', 'rate']);
     expect(res.body.steps[1].verdicts.at(-1)).toEqual({ stage: 'grant', ok: false, code: 'grant_missing' });
     expect(backend.hits.length).toBe(before);
     expect((await h.client.get(`/runs/${runId}`, { token: agent })).status).toBe(404);

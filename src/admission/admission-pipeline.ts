@@ -1,4 +1,4 @@
-import type { AdmissionPorts, Denial } from './ports.js';
+import type { AdmissionPorts, Denial, Hold } from './ports.js';
 import { registryStage } from './stages/01-registry.js';
 import { categoryStage } from './stages/02-category.js';
 import { allowlistStage } from './stages/03-allowlist.js';
@@ -6,6 +6,7 @@ import { grantStage } from './stages/04-grant.js';
 import { scopesStage } from './stages/05-scopes.js';
 import { contextStage } from './stages/06-context.js';
 import { inputStage } from './stages/07-input.js';
+import { approvalStage } from './stages/08-approval.js';
 import { safetyStage } from './stages/09-safety.js';
 import { costStage } from './stages/10-cost.js';
 import { rateStage } from './stages/11-rate.js';
@@ -23,6 +24,7 @@ export const ADMISSION_STAGES: readonly Stage[] = [
   scopesStage,
   contextStage,
   inputStage,
+  approvalStage,
   safetyStage,
   costStage,
   rateStage,
@@ -31,25 +33,27 @@ export const ADMISSION_STAGES: readonly Stage[] = [
 export interface StageVerdict {
   stage: string;
   ok: boolean;
+  /** An error code, or `awaiting_approval` for a call held at stage 8. */
   code?: string;
 }
 
 export type Admission =
-  | { ok: true; state: StepState; verdicts: StageVerdict[] }
-  | { ok: false; denial: Denial; state: StepState; verdicts: StageVerdict[] };
+  | { ok: true; held?: undefined; denial?: undefined; state: StepState; verdicts: StageVerdict[] }
+  | { ok: false; denial: Denial; held?: undefined; state: StepState; verdicts: StageVerdict[] }
+  | { ok: false; held: Hold; denial?: undefined; state: StepState; verdicts: StageVerdict[] };
 
-/** Runs one step through every stage in order; the first denial stops it. */
+/** Runs one step through every stage in order; the first denial (or hold) stops it. */
 export async function admitStep(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
   const state: StepState = { warnings: [] };
   const verdicts: StageVerdict[] = [];
   for (const stage of ADMISSION_STAGES) {
     const decision = await stage.check(request, state, ports);
     if (!decision.ok) {
-      verdicts.push({ stage: stage.name, ok: false, code: decision.code });
+      verdicts.push({ stage: stage.name, ok: false, code: 'hold' in decision ? 'awaiting_approval' : decision.code });
       // A later stage refused after the budget was reserved: give the reservation back.
       if (state.reservation) await ports.budgets.release(state.reservation);
       delete state.reservation;
-      return { ok: false, denial: decision, state, verdicts };
+      return 'hold' in decision ? { ok: false, held: decision, state, verdicts } : { ok: false, denial: decision, state, verdicts };
     }
     verdicts.push({ stage: stage.name, ok: true });
   }

@@ -17,6 +17,20 @@ export type Denial = {
 
 export type Decision = { ok: true } | Denial;
 
+/**
+ * Not a refusal: the call waits for a human to approve exactly this input (stage 8). Nothing is
+ * reserved or dispatched; the run pauses as `awaiting_approval`.
+ */
+export type Hold = {
+  ok: false;
+  hold: 'approval';
+  message: string;
+  inputSha256: string;
+};
+
+/** What a stage decides: go on, refuse, or (stage 8 only) wait for an approval. */
+export type StageDecision = Decision | Hold;
+
 /** The fields of a registered tool contract (SPEC §2) that admission and dispatch read. */
 export interface AdmissibleTool {
   id: string;
@@ -124,6 +138,26 @@ export interface RateQuery {
   refillPerSecond: number;
 }
 
+export interface ApprovalPort {
+  /** The approval that lets exactly this call through now, if an operator gave one. */
+  approvedFor(query: {
+    tenantId: string;
+    runId: string;
+    stepIndex: number;
+    toolId: string;
+    toolVersion: string;
+    inputSha256: string;
+  }): Promise<{ approvalId: string } | undefined>;
+}
+
+export interface GrantUsePort {
+  /**
+   * Records that a run relies on a grant (revoking or expiring it then stops the run); false
+   * when the grant was revoked since it resolved.
+   */
+  record(query: { tenantId: string; runId: string; grantId: string }): Promise<boolean>;
+}
+
 export interface TenantPolicyPort {
   externalCallEnabled(tenantId: string): Promise<boolean>;
 }
@@ -135,6 +169,8 @@ export interface AdmissionPorts {
   budgets: BudgetPort;
   rateLimiter: RateLimitPort;
   tenantPolicy: TenantPolicyPort;
+  approvals: ApprovalPort;
+  grantUses: GrantUsePort;
   /** The built-in backend of `external_call` tools; its guard also runs at the input stage. */
   egress: EgressExecutor;
 }

@@ -1,5 +1,6 @@
 import type { Principal } from '../auth/principal.js';
-import type { AdmissibleTool, AdmissionPorts, Decision, GrantView, Reservation } from './ports.js';
+import type { CapabilityModifiers } from '../grants/grant.js';
+import type { AdmissibleTool, AdmissionPorts, GrantView, Reservation, StageDecision } from './ports.js';
 
 export type AgentPrincipal = Extract<Principal, { kind: 'agent' }>;
 
@@ -14,6 +15,8 @@ export interface StepRequest {
     user_id?: string | undefined;
     context: Record<string, unknown>;
     budget_units?: number | undefined;
+    /** A sub-run's authority envelope (SPEC §6 hand-offs): it acts within it and its own grants. */
+    delegation?: { delegable_tool_ids: readonly string[]; capability_modifiers: CapabilityModifiers } | undefined;
   };
   step: { index: number; tool_id: string; version?: string | undefined; input: unknown };
   dryRun: boolean;
@@ -23,6 +26,8 @@ export interface StepRequest {
 export interface StepState {
   tool?: AdmissibleTool;
   grant?: GrantView;
+  /** The approval that let this call through stage 8. */
+  approvalId?: string;
   reservation?: Reservation;
   warnings: string[];
 }
@@ -30,7 +35,7 @@ export interface StepState {
 /** One admission stage: a name for the verdict list and a check returning a decision value. */
 export interface Stage {
   name: string;
-  check(request: StepRequest, state: StepState, ports: AdmissionPorts): Decision | Promise<Decision>;
+  check(request: StepRequest, state: StepState, ports: AdmissionPorts): StageDecision | Promise<StageDecision>;
 }
 
 /** The tool a stage after the registry stage may rely on. */

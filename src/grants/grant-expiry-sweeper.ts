@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import { claimLapsedGrants } from './grant-repository.js';
+import type { GrantsEndedHook } from './grant-service.js';
 
 /** The audit actor of expiry: time, not an operator, ended the grant. */
 export const EXPIRY_ACTOR = 'system.expiry';
@@ -14,6 +15,8 @@ export interface GrantExpirySweeperOptions {
   now: () => Date;
   intervalMs: number;
   logger: Logger;
+  /** The runs that relied on a lapsed grant stop in the transaction that records the lapse. */
+  onGrantsEnded?: GrantsEndedHook | undefined;
 }
 
 /**
@@ -71,6 +74,7 @@ export class GrantExpirySweeper {
             },
           })),
         );
+        if (lapsed.length > 0) await this.options.onGrantsEnded?.(trx, lapsed, { code: 'grant_expired', actor: EXPIRY_ACTOR }, now);
         return lapsed.length;
       });
       recorded += count;

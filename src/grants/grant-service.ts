@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Kysely } from 'kysely';
+import type { Kysely, Transaction } from 'kysely';
 import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
@@ -17,11 +17,23 @@ import {
 import { resolveGrant, type GrantDecision, type RunContext } from './grant-resolver.js';
 import { AGENT_FORBIDDEN_CATEGORIES, type ToolFacts, type ToolFactsLookup } from './tool-facts.js';
 
+/**
+ * What else happens in the transaction that ends grants: the runs that relied on them stop
+ * (SPEC §3 cascade). The runs room provides it; grants know nothing of runs.
+ */
+export type GrantsEndedHook = (
+  trx: Transaction<DB>,
+  ended: Grant[],
+  cause: { code: 'grant_revoked' | 'grant_expired'; actor: string; traceId?: string | null | undefined },
+  at: Date,
+) => Promise<void>;
+
 export interface GrantServiceDeps {
   db: Kysely<DB>;
   audit: AuditLog;
   tools: ToolFactsLookup;
   now: () => Date;
+  onGrantsEnded?: GrantsEndedHook | undefined;
 }
 
 export interface CreateGrantRequest {
@@ -135,6 +147,7 @@ export class GrantService {
           },
         },
       ]);
+      await this.deps.onGrantsEnded?.(trx, [changed], { code: 'grant_revoked', actor: `operator:${request.actor.actor_id}`, traceId: request.traceId }, at);
       return changed;
     });
     if (revoked) return { ok: true, changed: true, grant: revoked };

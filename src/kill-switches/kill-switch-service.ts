@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Kysely } from 'kysely';
+import type { Kysely, Transaction } from 'kysely';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import {
@@ -30,6 +30,12 @@ export interface ArmRequest {
   traceId?: string | undefined;
 }
 
+/**
+ * What else happens in the transaction that arms a switch: the open runs it stops (SPEC §4
+ * cascade). The runs room provides it.
+ */
+export type KillSwitchArmedHook = (trx: Transaction<DB>, armed: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date) => Promise<void>;
+
 export type KillSwitchRefusal = {
   ok: false;
   code: 'forbidden' | 'invalid_request' | 'not_found';
@@ -46,6 +52,7 @@ export class KillSwitchService {
     private readonly db: Kysely<DB>,
     private readonly snapshot: KillSwitchSnapshot,
     private readonly now: () => Date,
+    private readonly onArmed?: KillSwitchArmedHook,
   ) {}
 
   /**
@@ -92,6 +99,7 @@ export class KillSwitchService {
             },
           },
         ]);
+        await this.onArmed?.(trx, armed.killSwitch, { actor: `operator:${request.actor.actor_id}`, traceId: request.traceId }, armedAt);
       }
       return armed;
     });

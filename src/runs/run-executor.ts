@@ -1,18 +1,33 @@
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import type { Kysely } from 'kysely';
-import { admitStep } from '../admission/admission-pipeline.js';
-import type { AdmissibleTool, AdmissionPorts, Denial, Reservation } from '../admission/ports.js';
+import { admitStep, type Admission } from '../admission/admission-pipeline.js';
+import type { AdmissibleTool, AdmissionPorts, Denial, Hold, Reservation } from '../admission/ports.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
+import { cancelPendingApprovals, insertApproval } from '../approvals/approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
+import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
+import { readRunUsage } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
+import type { Handoff } from '../handoffs/handoff.js';
+import { findHandoffOfSubRun } from '../handoffs/handoff-repository.js';
 import { ApiError, statusForCode, type ErrorCode } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
-import { claimRun, finishRun, resumeThrottledRun, type RunRecord } from './run-repository.js';
-import { statusAfter, TERMINAL_STATUSES, type RunEnvelope, type RunRequest, type StepResult } from './run-types.js';
+import { attributionOf, followRunEnd } from './run-lifecycle.js';
+import {
+  claimRun,
+  findRun,
+  leaveRun,
+  readRunStanding,
+  resumeThrottledRun,
+  startQueuedRun,
+  type RunKey,
+  type RunRecord,
+} from './run-repository.js';
+import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult } from './run-types.js';
 
 export interface RunExecutorDeps {
   db: Kysely<DB>;
@@ -21,6 +36,8 @@ export interface RunExecutorDeps {
   backend: BackendClient;
   metrics: Metrics;
   now: () => Date;
+  /** How long a proposed action waits for an operator, and an approval for its use. */
+  approvalTtlMs: number;
 }
 
 /** What `POST /runs/execute` answers: the HTTP status of the step that stopped the run, and the envelope. */
@@ -41,122 +58,176 @@ type CallResult =
   | { ok: true; output: unknown; reportedCostUnits: number | undefined; status: number }
   | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> };
 
-interface CallContext {
+/** One executor's hold on one run, from taking it up to letting it go. */
+interface Execution {
+  /** Who the run executes as: its owning agent. */
   principal: AgentPrincipal;
   request: RunRequest;
   traceId: string;
+  /** The run as this executor took it up (its epoch is this executor's). */
+  run: RunRecord;
+  /** The hand-off that made this run, for a sub-run: its envelope and budget. */
+  delegation: Handoff | undefined;
+  /** The actor whose request drives this execution: the proposer of any approval it asks for. */
+  actor: string;
 }
+
+interface StepOutcome {
+  step: StepResult;
+  stop?: { code: ErrorCode; retryAfterSeconds?: number };
+  held?: Hold;
+  tool?: AdmissibleTool;
+}
+
+/** Thrown inside a transaction to undo it when the run moved on without this executor. */
+class RunMovedOn extends Error {}
 
 /**
  * Executes runs: claims the run id, takes each step through admission, dispatches what is
- * admitted with an intent record committed first, and stores the envelope for replays.
+ * admitted with an intent record committed first, and stores the envelope for replays. At every
+ * call boundary it re-reads the run, so a control or cascade from any replica stops it there.
  */
 export class RunExecutor {
   constructor(private readonly deps: RunExecutorDeps) {}
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
-    const call: CallContext = { principal, request, traceId };
-    if (request.dry_run) return this.dryRun(call);
+    if (request.dry_run) return this.dryRun(principal, request, traceId);
 
     const requestSha256 = payloadHash(request);
-    const { claimed, run } = await claimRun(this.deps.db, {
-      tenant_id: principal.tenantId,
-      run_id: request.run_id,
-      agent_id: principal.id,
-      parent_run_id: request.parent_run_id,
-      pipeline_instance_id: request.pipeline_instance_id,
-      session_id: request.session_id,
-      user_id: request.user_id,
+    const start = {
       request_sha256: requestSha256,
-      trace_id: traceId,
-      created_at: this.deps.now(),
-    });
-    let completedBefore: StepResult[] = [];
-    if (!claimed) {
-      const prior = await this.priorRun(call, run, requestSha256);
-      if ('replay' in prior) return prior.replay;
-      completedBefore = prior.completed;
-    }
-    const answer = await this.runSteps(call, completedBefore);
-    await finishRun(this.deps.db, principal.tenantId, request.run_id, answer.httpStatus, answer.envelope);
-    return answer;
-  }
-
-  /**
-   * A run id seen before: another principal's is a conflict; the owner's finished run replays;
-   * the owner's throttled run continues after its completed steps.
-   */
-  private async priorRun(call: CallContext, run: RunRecord, requestSha256: string): Promise<{ replay: RunAnswer } | { completed: StepResult[] }> {
-    const { principal, request } = call;
-    if (run.agent_id !== principal.id) {
-      throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
-    }
-    if (run.request_sha256 !== requestSha256) {
-      throw new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status });
-    }
-    if (TERMINAL_STATUSES.has(run.status) && run.envelope && run.http_status !== null) {
-      return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
-    }
-    if (run.status === 'throttled') {
-      const resumed = await resumeThrottledRun(this.deps.db, {
+      request,
+      agent_family: principal.family,
+      agent_scopes: [...principal.scopes].sort(),
+      keep_open: request.keep_open === true,
+    };
+    let run: RunRecord;
+    if (request.parent_run_id !== undefined) {
+      // A sub-run exists from its hand-off on; nothing else may claim a parent.
+      const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+      if (!existing || existing.parent_run_id === null) {
+        throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
+      }
+      run = existing;
+    } else {
+      const claim = await claimRun(this.deps.db, {
+        ...start,
         tenant_id: principal.tenantId,
         run_id: request.run_id,
         agent_id: principal.id,
-        request_sha256: requestSha256,
+        pipeline_instance_id: request.pipeline_instance_id,
+        session_id: request.session_id,
+        user_id: request.user_id,
+        trace_id: traceId,
+        budget_units: request.budget_units,
+        created_at: this.deps.now(),
       });
-      if (resumed) return { completed: (resumed.envelope?.steps ?? []).filter((s) => s.status === 'completed') };
+      if (claim.claimed) return this.runFrom(await this.execution(claim.run, principal, request, traceId, actorOf(principal)), []);
+      run = claim.run;
+    }
+    const prior = await this.priorRun(principal, request, run, start);
+    if ('replay' in prior) return prior.replay;
+    return this.runFrom(await this.execution(prior.run, principal, request, traceId, actorOf(principal)), completedSteps(prior.run));
+  }
+
+  /**
+   * Continues a run that a control has just taken up for this executor (`takeUpRun`): an
+   * approved, paused or throttled run. Every step still to run passes every stage again.
+   */
+  async continueRun(run: RunRecord, principal: AgentPrincipal, traceId: string, actor: string): Promise<RunAnswer> {
+    if (!run.request) throw new Error(`run ${run.run_id} has no request to continue`);
+    return this.runFrom(await this.execution(run, principal, run.request, traceId, actor), completedSteps(run));
+  }
+
+  /**
+   * A run id seen before: another principal's is a conflict; the owner's finished (or waiting)
+   * run replays; a throttled run continues after its completed steps; a queued sub-run starts.
+   */
+  private async priorRun(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    run: RunRecord,
+    start: { request_sha256: string; request: RunRequest; agent_family: string | undefined; agent_scopes: string[]; keep_open: boolean },
+  ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
+    if (run.agent_id !== principal.id) {
+      throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
+    }
+    if (run.request_sha256 === null) {
+      if (run.parent_run_id !== (request.parent_run_id ?? null)) {
+        throw new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id });
+      }
+      if (run.status === 'queued') {
+        const started = await startQueuedRun(this.deps.db, run, { ...start, budget_units: request.budget_units, pipeline_instance_id: request.pipeline_instance_id, session_id: request.session_id, user_id: request.user_id });
+        if (started) return { run: started };
+      }
+      throw new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) });
+    }
+    if (run.request_sha256 !== start.request_sha256) {
+      throw new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status });
+    }
+    if (run.envelope && run.http_status !== null && !run.busy && (isTerminal(run.status) || run.envelope.status === run.status)) {
+      return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
+    }
+    if (run.status === 'throttled') {
+      const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 });
+      if (resumed) return { run: resumed };
     }
     throw new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status });
   }
 
-  private async runSteps(call: CallContext, completedBefore: StepResult[]): Promise<RunAnswer> {
-    const { request } = call;
+  private async execution(run: RunRecord, principal: AgentPrincipal, request: RunRequest, traceId: string, actor: string): Promise<Execution> {
+    const delegation = run.depth > 0 ? await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id) : undefined;
+    return { principal, request, traceId, run, delegation, actor };
+  }
+
+  private async runFrom(exec: Execution, completedBefore: StepResult[]): Promise<RunAnswer> {
+    const { request } = exec;
     const steps: StepResult[] = [...completedBefore];
     const warnings: string[] = [];
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
-      const outcome = await this.runStep(call, index, warnings);
+      const standing = await readRunStanding(this.deps.db, exec.run);
+      if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
+        return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+      }
+      const outcome = await this.runStep(exec, index, warnings);
       steps.push(outcome.step);
+      if (outcome.held) return this.hold(exec, steps, warnings, outcome.held, outcome.tool!);
       if (outcome.stop) {
-        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(skipped(request, rest));
+        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
         const code = outcome.stop.code;
         const envelope: RunEnvelope = { run_id: request.run_id, status: statusAfter(code), dry_run: false, steps, warnings };
         if (outcome.stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = outcome.stop.retryAfterSeconds;
-        return { httpStatus: statusForCode(code), envelope, replayed: false };
+        return this.leave(exec, statusForCode(code), envelope);
+      }
+      if (exec.delegation && outcome.step.status === 'completed' && (await this.overshot(exec, outcome.step))) {
+        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
+        return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] });
       }
     }
-    return { httpStatus: 200, envelope: { run_id: request.run_id, status: 'completed', dry_run: false, steps, warnings }, replayed: false };
+    const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
+    return this.leave(exec, 200, { run_id: request.run_id, status, dry_run: false, steps, warnings });
   }
 
-  private async runStep(call: CallContext, index: number, warnings: string[]): Promise<{ step: StepResult; stop?: { code: ErrorCode; retryAfterSeconds?: number } }> {
-    const { principal, request } = call;
+  private async runStep(exec: Execution, index: number, warnings: string[]): Promise<StepOutcome> {
+    const { request } = exec;
     const planned = request.plan[index]!;
     const started = performance.now();
-    const admission = await admitStep(this.stepRequest(call, index, false), this.deps.ports);
+    const admission = await admitStep(this.stepRequest(exec.principal, request, index, false, exec), this.deps.ports);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
-    const base = this.auditBase(call, index, tool);
+    const base = this.auditBase(exec, index, tool);
 
-    if (!admission.ok) {
-      const { denial } = admission;
-      this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
-      const record = await this.deps.audit.append({
-        ...base,
-        event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
-        status: 'denied',
-        reason_code: denial.code,
-        details: { stage: admission.verdicts[admission.verdicts.length - 1]?.stage, message: denial.message, ...(denial.details ?? {}) },
-      });
-      return {
-        step: { ...stepHead(request, index, tool), status: 'denied', error: errorOf(denial), cost_units: 0, duration_ms: elapsed(started), audit_id: record.event_id },
-        stop: { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) },
-      };
+    if (admission.held) {
+      this.deps.metrics.decisions.inc({ outcome: 'held', reason: 'awaiting_approval' });
+      return { step: { ...stepHead(request, index, tool), status: 'awaiting_approval', cost_units: 0, duration_ms: elapsed(started), audit_id: null }, held: admission.held, tool: tool! };
     }
+    if (!admission.ok) return this.denied(exec, admission, base, index, started);
 
     warnings.push(...admission.state.warnings);
     const admitted = admission.state.tool!;
     const reservation = admission.state.reservation;
     this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
-    const result = await this.dispatch(call, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {});
+    const result = await this.dispatch(exec, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {}, admission.state.approvalId);
     const durationMs = elapsed(started);
     if (result.ok) {
       return {
@@ -169,36 +240,204 @@ export class RunExecutor {
     };
   }
 
+  private async denied(exec: Execution, admission: Admission & { ok: false }, base: AuditEventInput, index: number, started: number): Promise<StepOutcome> {
+    const denial = admission.denial!;
+    this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
+    const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
+    // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
+    const overshoot = exec.delegation !== undefined && stage === 'cost' && denial.details?.source === 'request' && exec.run.budget_units === exec.delegation.budget_units;
+    const events: AuditEventInput[] = [
+      {
+        ...base,
+        event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
+        status: 'denied',
+        reason_code: denial.code,
+        details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
+      },
+    ];
+    if (overshoot) events.push(this.overshootEvent(exec, base, denial.details ?? {}));
+    const [record] = await this.deps.audit.appendMany(events);
+    const error = errorOf(overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial);
+    return {
+      step: { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: record!.event_id },
+      stop: { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) },
+    };
+  }
+
+  /** After a sub-run's call settled: did what it has used pass its handed budget? */
+  private async overshot(exec: Execution, step: StepResult): Promise<boolean> {
+    const budget = exec.delegation!.budget_units;
+    const used = await readRunUsage(this.deps.db, exec.run.tenant_id, exec.run.run_id);
+    if (used <= budget) return false;
+    const base = this.auditBase(exec, step.index, undefined);
+    await this.deps.audit.append(this.overshootEvent(exec, { ...base, tool_id: step.tool_id, tool_version: step.version }, { used_units: used, budget_units: budget, after_step: step.index }));
+    return true;
+  }
+
+  private overshootEvent(exec: Execution, base: AuditEventInput, details: Record<string, unknown>): AuditEventInput {
+    return {
+      ...base,
+      event_type: 'run.subagent_budget_exceeded',
+      status: 'killed',
+      reason_code: 'budget_exceeded',
+      details: { ...base.details, reason: 'subagent_budget_exceeded', handoff_id: exec.delegation!.id, parent_run_id: exec.run.parent_run_id, handed_units: exec.delegation!.budget_units, ...details },
+    };
+  }
+
+  /**
+   * Stage 8 held a call: the proposal is recorded, bound to the run, the step, the tool version
+   * and the input's SHA-256, and the run waits as `awaiting_approval` (202). Nothing was spent.
+   */
+  private async hold(exec: Execution, steps: StepResult[], warnings: string[], held: Hold, tool: AdmissibleTool): Promise<RunAnswer> {
+    const { request, run } = exec;
+    const index = steps.length - 1;
+    const now = this.deps.now();
+    const approvalId = `apr_${randomBytes(10).toString('hex')}`;
+    try {
+      return await this.deps.db.transaction().execute(async (trx) => {
+        await lockAuditChain(trx);
+        await cancelPendingApprovals(trx, [run], index);
+        const approval = await insertApproval(trx, {
+          id: approvalId,
+          tenant_id: run.tenant_id,
+          kind: 'tool_call',
+          run_id: run.run_id,
+          agent_id: run.agent_id,
+          step_index: index,
+          tool_id: tool.id,
+          tool_version: tool.version,
+          input: request.plan[index]!.input,
+          input_sha256: held.inputSha256,
+          handoff_id: null,
+          proposed_by: exec.actor,
+          created_at: now,
+          expires_at: new Date(now.getTime() + this.deps.approvalTtlMs),
+        });
+        const base = this.auditBase(exec, index, tool);
+        const [record] = await writeAuditEvents(trx, [
+          {
+            occurredAt: now,
+            event: {
+              ...base,
+              event_type: 'approval.requested',
+              actor: exec.actor,
+              status: 'awaiting_approval',
+              input_sha256: held.inputSha256,
+              details: { ...base.details, approval_id: approval.id, step_index: index, proposed_by: exec.actor, expires_at: approval.expires_at.toISOString() },
+            },
+          },
+        ]);
+        steps[index] = { ...steps[index]!, audit_id: record!.event_id, approval_id: approval.id };
+        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'pending'));
+        const envelope: RunEnvelope = { run_id: request.run_id, status: 'awaiting_approval', dry_run: false, steps, warnings };
+        if (!(await leaveRun(trx, { ...run, epoch: run.epoch }, { status: 'awaiting_approval', httpStatus: 202, envelope }))) throw new RunMovedOn();
+        return { httpStatus: 202, envelope, replayed: false };
+      });
+    } catch (error) {
+      if (!(error instanceof RunMovedOn)) throw error;
+      steps.length = index;
+      const standing = await readRunStanding(this.deps.db, run);
+      return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+    }
+  }
+
+  /**
+   * The run moved on between calls — a control or a cascade, from any replica: a stopped run
+   * refuses its next step with the reason it was stopped; a paused one keeps it pending.
+   */
+  private async interrupted(exec: Execution, steps: StepResult[], warnings: string[], status: RunStatus, stop: RunStop | null): Promise<RunAnswer> {
+    const { request } = exec;
+    let httpStatus = 202;
+    if (isTerminal(status)) {
+      const error = stop ?? { code: 'run_not_resumable' as const, message: `the run is ${status}`, details: { status }, audit_id: null };
+      httpStatus = statusForCode(error.code);
+      if (steps.length < request.plan.length) {
+        steps.push({ ...stepAt(request, steps.length, 'denied'), error: { code: error.code, message: error.message, details: error.details }, audit_id: error.audit_id });
+      }
+      while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'skipped'));
+    } else {
+      while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'pending'));
+    }
+    const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps, warnings };
+    await leaveRun(this.deps.db, exec.run, { httpStatus, envelope });
+    return { httpStatus, envelope, replayed: false };
+  }
+
+  /**
+   * Lets go of the run with where it got to. A run that ends here takes its open sub-runs with
+   * it and closes its own hand-off; that needs the audit chain's lock before the run's, so it is
+   * done again that way when it turns out to be needed.
+   */
+  private async leave(exec: Execution, httpStatus: number, envelope: RunEnvelope): Promise<RunAnswer> {
+    const { run } = exec;
+    const change = { status: envelope.status, httpStatus, envelope };
+    if (!isTerminal(envelope.status)) {
+      if (await leaveRun(this.deps.db, run, change)) return { httpStatus, envelope, replayed: false };
+    } else {
+      const left = await this.leaveTerminal(exec, change, run.depth > 0);
+      if (left === 'retry' ? await this.leaveTerminal(exec, change, true) : left) return { httpStatus, envelope, replayed: false };
+    }
+    // Stopped or paused between the last call and now: the run is someone else's to describe.
+    const standing = await readRunStanding(this.deps.db, run);
+    const done = envelope.steps.filter((s) => s.status === 'completed');
+    return this.interrupted(exec, done, envelope.warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+  }
+
+  private async leaveTerminal(exec: Execution, change: { status: RunStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
+    const { run } = exec;
+    const now = this.deps.now();
+    try {
+      return await this.deps.db.transaction().execute(async (trx) => {
+        if (locked) await lockAuditChain(trx);
+        const left = await leaveRun(trx, run, change);
+        if (!left) return false;
+        if (!locked) {
+          // Most runs have no sub-run and no hand-off: they end without touching the audit chain.
+          const below = await trx.selectFrom('runs').select('run_id').where('tenant_id', '=', run.tenant_id).where('parent_run_id', '=', run.run_id).limit(1).executeTakeFirst();
+          if (below) throw new RunMovedOn();
+          return true;
+        }
+        await followRunEnd(trx, { ...left, status: change.status as never }, exec.actor, now);
+        return true;
+      });
+    } catch (error) {
+      if (error instanceof RunMovedOn) return 'retry';
+      throw error;
+    }
+  }
+
   /**
    * Step 12. The intent record is committed before the backend is contacted and the outcome
    * record before the answer returns: if either cannot be written, the run stops with 503.
    */
   private async dispatch(
-    call: CallContext,
+    exec: Execution,
     tool: AdmissibleTool,
     input: unknown,
-    base: AuditEventInput,
+    base: AuditEventInput & { tool_call_id: string },
     reservation: Reservation | undefined,
     grantModifiers: Record<string, unknown>,
+    approvalId: string | undefined,
   ): Promise<
     | { ok: true; output: unknown; costUnits: number; auditId: string }
     | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null }
   > {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
+    const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
     if (!tool.backend && tool.category !== 'external_call') {
       if (reservation) await budgets.release(reservation);
-      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256 });
+      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256, details });
       return { ok: false, code: 'tool_backend_not_configured', message: `tool ${tool.id}@${tool.version} has no backend configured`, details: {}, costUnits: 0, auditId: record.event_id };
     }
     try {
-      await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units });
+      await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details });
     } catch (error) {
       if (reservation) await budgets.release(reservation).catch(() => undefined);
       throw error;
     }
     const backendStarted = performance.now();
-    const result = await this.callBackend(call, tool, input, base.tool_call_id!, grantModifiers);
+    const result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers);
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
@@ -225,7 +464,9 @@ export class RunExecutor {
       output_sha256: result.ok ? payloadHash(result.output) : null,
       duration_ms: backendMs,
       cost_units: costUnits,
-      details: outcome.ok ? { reported_cost_units: result.ok ? (result.reportedCostUnits ?? null) : null } : { message: outcome.message, ...outcome.details },
+      details: outcome.ok
+        ? { ...details, reported_cost_units: result.ok ? (result.reportedCostUnits ?? null) : null }
+        : { ...details, message: outcome.message, ...outcome.details },
     });
     this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
     return outcome.ok
@@ -234,7 +475,7 @@ export class RunExecutor {
   }
 
   /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
-  private async callBackend(call: CallContext, tool: AdmissibleTool, input: unknown, toolCallId: string, grantModifiers: Record<string, unknown>): Promise<CallResult> {
+  private async callBackend(exec: Execution, tool: AdmissibleTool, input: unknown, toolCallId: string, grantModifiers: Record<string, unknown>): Promise<CallResult> {
     if (tool.category === 'external_call') {
       if (!tool.egress) return { ok: false, code: 'tool_backend_not_configured', message: 'the tool has no egress policy', details: {} };
       const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
@@ -245,30 +486,32 @@ export class RunExecutor {
     return this.deps.backend.call(
       { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers: this.deps.ports.catalog.backendHeaders(tool) },
       input,
-      { runId: call.request.run_id, tenantId: call.principal.tenantId, agentId: call.principal.id, toolCallId, traceId: call.traceId },
+      { runId: exec.request.run_id, tenantId: exec.principal.tenantId, agentId: exec.principal.id, toolCallId, traceId: exec.traceId },
     );
   }
 
   /** Steps 1–11 for every step, reserving and dispatching nothing. */
-  private async dryRun(call: CallContext): Promise<RunAnswer> {
-    const { request } = call;
+  private async dryRun(principal: AgentPrincipal, request: RunRequest, _traceId: string): Promise<RunAnswer> {
     const steps: StepResult[] = [];
     const warnings: string[] = [];
     for (let index = 0; index < request.plan.length; index += 1) {
       const started = performance.now();
-      const admission = await admitStep(this.stepRequest(call, index, true), this.deps.ports);
+      const admission = await admitStep(this.stepRequest(principal, request, index, true, undefined), this.deps.ports);
       warnings.push(...admission.state.warnings);
       const head = stepHead(request, index, admission.state.tool);
+      const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
       steps.push(
         admission.ok
-          ? { ...head, status: 'admissible', cost_units: admission.state.tool?.cost_units ?? 0, duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts }
-          : { ...head, status: 'denied', error: errorOf(admission.denial), cost_units: 0, duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts },
+          ? { ...head, ...common, status: 'admissible', cost_units: admission.state.tool?.cost_units ?? 0 }
+          : admission.held
+            ? { ...head, ...common, status: 'awaiting_approval', cost_units: 0 }
+            : { ...head, ...common, status: 'denied', error: errorOf(admission.denial!), cost_units: 0 },
       );
     }
-    const firstDenied = steps.find((s) => s.status === 'denied');
+    const firstStop = steps.find((s) => s.status === 'denied' || s.status === 'awaiting_approval');
     const envelope: RunEnvelope = {
       run_id: request.run_id,
-      status: firstDenied?.error ? statusAfter(firstDenied.error.code) : 'completed',
+      status: firstStop?.error ? statusAfter(firstStop.error.code) : firstStop ? 'awaiting_approval' : 'completed',
       dry_run: true,
       steps,
       warnings,
@@ -276,9 +519,9 @@ export class RunExecutor {
     return { httpStatus: 200, envelope, replayed: false };
   }
 
-  private stepRequest(call: CallContext, index: number, dryRun: boolean): StepRequest {
-    const { principal, request } = call;
+  private stepRequest(principal: AgentPrincipal, request: RunRequest, index: number, dryRun: boolean, exec: Execution | undefined): StepRequest {
     const planned = request.plan[index]!;
+    const delegation = exec?.delegation;
     return {
       principal,
       run: {
@@ -288,15 +531,16 @@ export class RunExecutor {
         session_id: request.session_id,
         user_id: request.user_id,
         context: request.context,
-        budget_units: request.budget_units,
+        budget_units: exec?.run.budget_units ?? request.budget_units,
+        delegation: delegation ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers } : undefined,
       },
       step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
       dryRun,
     };
   }
 
-  private auditBase(call: CallContext, index: number, tool: AdmissibleTool | undefined): AuditEventInput & { tool_call_id: string } {
-    const { principal, request, traceId } = call;
+  private auditBase(exec: Execution, index: number, tool: AdmissibleTool | undefined): AuditEventInput & { tool_call_id: string; details: Record<string, unknown> } {
+    const { principal, request, traceId, run } = exec;
     const context = request.context;
     const text = (value: unknown) => (typeof value === 'string' ? value : null);
     return {
@@ -313,17 +557,25 @@ export class RunExecutor {
       trace_id: traceId,
       organization_id: text(context.organization_id),
       assessment_id: text(context.assessment_id),
-      details: {},
+      // A sub-run's events name who it acts for: its ancestors, root first, then itself.
+      details: run.depth > 0 ? { attribution: attributionOf(run) } : {},
     };
   }
+}
+
+/** The leading completed steps of a run's stored envelope: where a continued run picks up. */
+function completedSteps(run: RunRecord): StepResult[] {
+  const steps = run.envelope?.steps ?? [];
+  const firstOpen = steps.findIndex((s) => s.status !== 'completed');
+  return firstOpen === -1 ? steps : steps.slice(0, firstOpen);
 }
 
 function stepHead(request: RunRequest, index: number, tool: AdmissibleTool | undefined): Pick<StepResult, 'index' | 'tool_id' | 'version'> {
   return { index, tool_id: request.plan[index]!.tool_id, version: tool?.version ?? null };
 }
 
-function skipped(request: RunRequest, index: number): StepResult {
-  return { ...stepHead(request, index, undefined), status: 'skipped', cost_units: 0, duration_ms: 0, audit_id: null };
+function stepAt(request: RunRequest, index: number, status: 'skipped' | 'pending' | 'denied'): StepResult {
+  return { ...stepHead(request, index, undefined), status, cost_units: 0, duration_ms: 0, audit_id: null };
 }
 
 function errorOf(denial: Denial) {
@@ -333,3 +585,5 @@ function errorOf(denial: Denial) {
 function elapsed(started: number): number {
   return Math.round((performance.now() - started) * 1000) / 1000;
 }
+
+export type { RunKey };

@@ -1,6 +1,6 @@
-import { sql, type Kysely, type Selectable } from 'kysely';
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
-import type { RunEnvelope, RunStatus } from './run-types.js';
+import { OPEN_STATUSES, type Attribution, type RunEnvelope, type RunRequest, type RunStatus, type RunStop } from './run-types.js';
 
 export interface RunRecord {
   tenant_id: string;
@@ -11,14 +11,41 @@ export interface RunRecord {
   session_id: string | null;
   user_id: string | null;
   status: RunStatus;
-  request_sha256: string;
+  /** null while a sub-run is `queued`: its agent has not sent its request yet. */
+  request_sha256: string | null;
   http_status: number | null;
   envelope: RunEnvelope | null;
   created_at: string;
   updated_at: string;
+  request: RunRequest | null;
+  agent_family: string | null;
+  agent_scopes: string[];
+  depth: number;
+  /** The ancestors, root first. */
+  lineage: Attribution[];
+  budget_units: number | null;
+  keep_open: boolean;
+  epoch: number;
+  busy: boolean;
+  stop: RunStop | null;
 }
 
-export interface NewRun {
+/** The key of a run: run ids are unique within a tenant. */
+export interface RunKey {
+  tenant_id: string;
+  run_id: string;
+}
+
+/** What an executor taking a run up records about it and the agent it runs as. */
+export interface RunStart {
+  request_sha256: string;
+  request: RunRequest;
+  agent_family: string | undefined;
+  agent_scopes: string[];
+  keep_open: boolean;
+}
+
+export interface NewRun extends RunStart {
   tenant_id: string;
   run_id: string;
   agent_id: string;
@@ -26,15 +53,20 @@ export interface NewRun {
   pipeline_instance_id?: string | undefined;
   session_id?: string | undefined;
   user_id?: string | undefined;
-  request_sha256: string;
   trace_id: string;
+  budget_units: number | undefined;
   /** Millisecond precision, so that list cursors (which carry it) are exact. */
   created_at: Date;
 }
 
+type Db = Kysely<DB> | Transaction<DB>;
+
+const unitsText = (units: number | null | undefined) => (units === null || units === undefined ? null : units.toFixed(6));
+
 /**
- * Claims a run id for its first principal. Returns the claimed record, or the existing one
- * (owned by whoever used the id first) when it was already taken.
+ * Claims a run id for its first principal, as a running run its executor holds (`busy`).
+ * Returns the claimed record, or the existing one (owned by whoever used the id first) when it
+ * was already taken.
  */
 export async function claimRun(db: Kysely<DB>, run: NewRun): Promise<{ claimed: boolean; run: RunRecord }> {
   const inserted = await db
@@ -53,6 +85,13 @@ export async function claimRun(db: Kysely<DB>, run: NewRun): Promise<{ claimed: 
       envelope: null,
       created_at: run.created_at,
       updated_at: run.created_at,
+      request: JSON.stringify(run.request),
+      agent_family: run.agent_family ?? null,
+      agent_scopes: run.agent_scopes,
+      budget_units: unitsText(run.budget_units),
+      keep_open: run.keep_open,
+      epoch: 1,
+      busy: true,
     })
     .onConflict((oc) => oc.columns(['tenant_id', 'run_id']).doNothing())
     .returningAll()
@@ -64,13 +103,48 @@ export async function claimRun(db: Kysely<DB>, run: NewRun): Promise<{ claimed: 
 }
 
 /**
+ * A sub-run created by a hand-off, `queued` (or `awaiting_approval` of the hand-off), owned by
+ * the sub-agent, with the lineage and budget the hand-off gives it.
+ */
+export async function insertSubRun(
+  trx: Transaction<DB>,
+  run: RunKey & { agent_id: string; parent_run_id: string; status: 'queued' | 'awaiting_approval'; depth: number; lineage: Attribution[]; budget_units: number; trace_id: string | null; created_at: Date },
+): Promise<RunRecord | undefined> {
+  const row = await trx
+    .insertInto('runs')
+    .values({
+      tenant_id: run.tenant_id,
+      run_id: run.run_id,
+      owner_agent_id: run.agent_id,
+      parent_run_id: run.parent_run_id,
+      pipeline_instance_id: null,
+      session_id: null,
+      user_id: null,
+      status: run.status,
+      request_sha256: null,
+      trace_id: run.trace_id,
+      envelope: null,
+      created_at: run.created_at,
+      updated_at: run.created_at,
+      depth: run.depth,
+      lineage: JSON.stringify(run.lineage),
+      budget_units: unitsText(run.budget_units),
+      busy: false,
+    })
+    .onConflict((oc) => oc.columns(['tenant_id', 'run_id']).doNothing())
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/**
  * Takes a throttled run back to `running` for its owner's identical resubmission. Only one
  * caller wins when several race; the others see `undefined`.
  */
 export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: string; run_id: string; agent_id: string; request_sha256: string }): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
-    .set({ status: 'running', updated_at: sql<Date>`now()` })
+    .set({ status: 'running', busy: true, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .where('owner_agent_id', '=', key.agent_id)
@@ -81,18 +155,213 @@ export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: strin
   return row ? toRecord(row) : undefined;
 }
 
-export async function finishRun(db: Kysely<DB>, tenantId: string, runId: string, httpStatus: number, envelope: RunEnvelope): Promise<void> {
-  await db
+/**
+ * Starts a queued sub-run with its agent's first request; `budget_units` only ever lowers the
+ * hand-off's. Only one caller wins when several race.
+ */
+export async function startQueuedRun(db: Kysely<DB>, key: RunKey & { agent_id: string }, start: RunStart & { budget_units: number | undefined; pipeline_instance_id?: string | undefined; session_id?: string | undefined; user_id?: string | undefined }): Promise<RunRecord | undefined> {
+  const row = await db
     .updateTable('runs')
-    .set({ status: envelope.status, http_status: httpStatus, envelope: JSON.stringify(envelope), updated_at: sql<Date>`now()` })
-    .where('tenant_id', '=', tenantId)
-    .where('run_id', '=', runId)
+    .set({
+      status: 'running',
+      busy: true,
+      epoch: sql<number>`epoch + 1`,
+      request_sha256: start.request_sha256,
+      request: JSON.stringify(start.request),
+      agent_family: start.agent_family ?? null,
+      agent_scopes: start.agent_scopes,
+      keep_open: start.keep_open,
+      pipeline_instance_id: start.pipeline_instance_id ?? null,
+      session_id: start.session_id ?? null,
+      user_id: start.user_id ?? null,
+      ...(start.budget_units !== undefined ? { budget_units: sql<string>`least(budget_units, ${unitsText(start.budget_units)}::numeric)` } : {}),
+      updated_at: sql<Date>`now()`,
+    })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .where('owner_agent_id', '=', key.agent_id)
+    .where('status', '=', 'queued')
+    .where('busy', '=', false)
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/**
+ * Takes an idle run in one of `from` up for an executor: `running`, a new epoch, busy. Only one
+ * caller wins when several race.
+ */
+export async function takeUpRun(db: Db, key: RunKey, from: readonly RunStatus[]): Promise<RunRecord | undefined> {
+  const row = await db
+    .updateTable('runs')
+    .set({ status: 'running', busy: true, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .where('status', 'in', [...from])
+    .where('busy', '=', false)
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/**
+ * An executor letting go of a run: stores where it got to and clears `busy`. With `status`, also
+ * moves the run from `running` to it. Only the executor of the current epoch can do either;
+ * `undefined` when the run moved on without it (its status is then someone else's to set).
+ */
+export async function leaveRun(
+  db: Db,
+  key: RunKey & { epoch: number },
+  change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
+): Promise<RunRecord | undefined> {
+  let update = db
+    .updateTable('runs')
+    .set({
+      ...(change.status !== undefined ? { status: change.status } : {}),
+      http_status: change.httpStatus,
+      envelope: JSON.stringify(change.envelope),
+      busy: false,
+      updated_at: sql<Date>`now()`,
+    })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .where('epoch', '=', key.epoch);
+  if (change.status !== undefined) update = update.where('status', '=', 'running');
+  const row = await update.returningAll().executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/** The part of a run an executor re-reads at every call boundary. */
+export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
+  const row = await db.selectFrom('runs').select(['status', 'epoch', 'stop']).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).executeTakeFirst();
+  return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
+}
+
+/**
+ * Records that a run relies on a grant, unless the grant was revoked meanwhile (then false). The
+ * grant row is share-locked, so a revocation either comes first (and this says so) or waits and
+ * then finds this run to stop.
+ */
+export async function recordGrantUse(db: Kysely<DB>, key: RunKey, grantId: string): Promise<boolean> {
+  return db.transaction().execute(async (trx) => {
+    const grant = await trx.selectFrom('grants').select('revoked_at').where('id', '=', grantId).forShare().executeTakeFirst();
+    if (!grant || grant.revoked_at !== null) return false;
+    await trx
+      .insertInto('run_grant_uses')
+      .values({ grant_id: grantId, tenant_id: key.tenant_id, run_id: key.run_id })
+      .onConflict((oc) => oc.doNothing())
+      .execute();
+    return true;
+  });
+}
+
+export async function findRun(db: Db, tenantId: string, runId: string): Promise<RunRecord | undefined> {
+  const row = await db.selectFrom('runs').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId).executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/**
+ * Locks one run for the rest of the transaction. `FOR NO KEY UPDATE`: rows that reference the
+ * run (grant uses, hand-offs, approvals) can still be added meanwhile.
+ */
+export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRecord | undefined> {
+  const row = await trx.selectFrom('runs').selectAll().where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).forNoKeyUpdate().executeTakeFirst();
+  return row ? toRecord(row) : undefined;
+}
+
+/**
+ * Locks the open runs among `roots` and all their open descendants (sub-runs, transitively), in
+ * one stable order. A hand-off locks its parent before adding a sub-run, so none can slip in.
+ */
+export async function lockOpenRunTrees(trx: Transaction<DB>, roots: RunKey[]): Promise<RunRecord[]> {
+  if (roots.length === 0) return [];
+  const result = await sql<{ tenant_id: string; run_id: string }>`
+    with recursive tree(tenant_id, run_id) as (
+      select r.tenant_id, r.run_id from runs r
+      join unnest(${roots.map((k) => k.tenant_id)}::text[], ${roots.map((k) => k.run_id)}::text[]) as k(t, id)
+        on r.tenant_id = k.t and r.run_id = k.id
+      union
+      select c.tenant_id, c.run_id from runs c join tree p on c.tenant_id = p.tenant_id and c.parent_run_id = p.run_id
+      where c.status = any(${[...OPEN_STATUSES]}::text[])
+    )
+    select tenant_id, run_id from tree
+  `.execute(trx);
+  if (result.rows.length === 0) return [];
+  const rows = await trx
+    .selectFrom('runs')
+    .selectAll()
+    .where((eb) => eb.or(result.rows.map((k) => eb.and([eb('tenant_id', '=', k.tenant_id), eb('run_id', '=', k.run_id)]))))
+    .where('status', 'in', [...OPEN_STATUSES])
+    .orderBy('tenant_id')
+    .orderBy('run_id')
+    .forNoKeyUpdate()
+    .execute();
+  return rows.map(toRecord);
+}
+
+/** Sets what a control or cascade decided for a run it holds locked. */
+export async function writeRunEnd(
+  trx: Transaction<DB>,
+  key: RunKey,
+  end: { status: RunStatus; stop: RunStop | null; httpStatus: number; envelope: RunEnvelope | null },
+): Promise<void> {
+  await trx
+    .updateTable('runs')
+    .set({
+      status: end.status,
+      stop: end.stop === null ? null : JSON.stringify(end.stop),
+      http_status: end.httpStatus,
+      envelope: end.envelope === null ? null : JSON.stringify(end.envelope),
+      updated_at: sql<Date>`now()`,
+    })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
     .execute();
 }
 
-export async function findRun(db: Kysely<DB>, tenantId: string, runId: string): Promise<RunRecord | undefined> {
-  const row = await db.selectFrom('runs').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId).executeTakeFirst();
-  return row ? toRecord(row) : undefined;
+/** Moves an idle or running run to `paused` (a running one's executor stops at its next call). */
+export async function writeRunPaused(trx: Transaction<DB>, key: RunKey, envelope: RunEnvelope | null): Promise<void> {
+  await trx
+    .updateTable('runs')
+    .set({ status: 'paused', ...(envelope ? { envelope: JSON.stringify(envelope), http_status: 202 } : {}), updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .execute();
+}
+
+/** Moves a run that waited for its hand-off's approval to `queued`. */
+export async function releaseApprovedSubRun(trx: Transaction<DB>, key: RunKey): Promise<boolean> {
+  const row = await trx
+    .updateTable('runs')
+    .set({ status: 'queued', updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .where('status', '=', 'awaiting_approval')
+    .where('request_sha256', 'is', null)
+    .returning('run_id')
+    .executeTakeFirst();
+  return row !== undefined;
+}
+
+/** Open runs that relied on any of these grants. */
+export async function findOpenRunsUsingGrants(trx: Transaction<DB>, grantIds: string[]): Promise<RunKey[]> {
+  if (grantIds.length === 0) return [];
+  return trx
+    .selectFrom('run_grant_uses as u')
+    .innerJoin('runs as r', (join) => join.onRef('r.tenant_id', '=', 'u.tenant_id').onRef('r.run_id', '=', 'u.run_id'))
+    .select(['r.tenant_id', 'r.run_id'])
+    .where('u.grant_id', 'in', grantIds)
+    .where('r.status', 'in', [...OPEN_STATUSES])
+    .distinct()
+    .execute();
+}
+
+/** Open runs of one tenant, or of every tenant (`null`). */
+export async function listOpenRuns(trx: Transaction<DB>, tenantId: string | null): Promise<RunRecord[]> {
+  let q = trx.selectFrom('runs').selectAll().where('status', 'in', [...OPEN_STATUSES]);
+  if (tenantId !== null) q = q.where('tenant_id', '=', tenantId);
+  const rows = await q.execute();
+  return rows.map(toRecord);
 }
 
 export interface RunQuery {
@@ -119,8 +388,12 @@ export async function listRuns(db: Kysely<DB>, query: RunQuery): Promise<{ items
   return { items, next: rows.length > query.limit && last ? { created_at: last.created_at, tenant_id: last.tenant_id, run_id: last.run_id } : null };
 }
 
+function parseJson<T>(value: unknown): T | null {
+  if (value === null || value === undefined) return null;
+  return (typeof value === 'string' ? JSON.parse(value) : value) as T;
+}
+
 function toRecord(row: Selectable<RunTable>): RunRecord {
-  const envelope = typeof row.envelope === 'string' ? (JSON.parse(row.envelope) as RunEnvelope) : ((row.envelope as RunEnvelope | null) ?? null);
   return {
     tenant_id: row.tenant_id,
     run_id: row.run_id,
@@ -132,8 +405,18 @@ function toRecord(row: Selectable<RunTable>): RunRecord {
     status: row.status as RunStatus,
     request_sha256: row.request_sha256,
     http_status: row.http_status,
-    envelope,
+    envelope: parseJson<RunEnvelope>(row.envelope),
     created_at: new Date(row.created_at).toISOString(),
     updated_at: new Date(row.updated_at).toISOString(),
+    request: parseJson<RunRequest>(row.request),
+    agent_family: row.agent_family,
+    agent_scopes: row.agent_scopes ?? [],
+    depth: row.depth,
+    lineage: parseJson<Attribution[]>(row.lineage) ?? [],
+    budget_units: row.budget_units === null ? null : Number(row.budget_units),
+    keep_open: row.keep_open,
+    epoch: row.epoch,
+    busy: row.busy,
+    stop: parseJson<RunStop>(row.stop),
   };
 }

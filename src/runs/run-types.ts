@@ -7,6 +7,15 @@ export type RunStatus = (typeof RUN_STATUSES)[number];
 /** Statuses a run never leaves; an identical resubmission of such a run replays its envelope. */
 export const TERMINAL_STATUSES: ReadonlySet<RunStatus> = new Set(['completed', 'failed', 'cancelled', 'killed']);
 
+/** Statuses of a run that is not over: what controls act on and cascades stop. */
+export const OPEN_STATUSES = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled'] as const satisfies readonly RunStatus[];
+export type OpenStatus = (typeof OPEN_STATUSES)[number];
+export type TerminalStatus = Exclude<RunStatus, OpenStatus>;
+
+export function isTerminal(status: RunStatus): status is TerminalStatus {
+  return TERMINAL_STATUSES.has(status);
+}
+
 /** The body of `POST /runs/execute` (SPEC §6), after validation. */
 export interface RunRequest {
   run_id: string;
@@ -18,9 +27,15 @@ export interface RunRequest {
   plan: Array<{ tool_id: string; version?: string | undefined; input: unknown }>;
   budget_units?: number | undefined;
   dry_run?: boolean | undefined;
+  /** The run stays `running` after its plan, until its owner completes it (parents of sub-runs). */
+  keep_open?: boolean | undefined;
 }
 
-export type StepStatus = 'completed' | 'denied' | 'failed' | 'skipped' | 'admissible';
+/**
+ * `awaiting_approval`: held at the approval stage; `pending`: not reached yet, in a run that is
+ * paused or waiting and may go on.
+ */
+export type StepStatus = 'completed' | 'denied' | 'failed' | 'skipped' | 'admissible' | 'awaiting_approval' | 'pending';
 
 export interface StepError {
   code: ErrorCode;
@@ -38,6 +53,8 @@ export interface StepResult {
   cost_units: number;
   duration_ms: number;
   audit_id: string | null;
+  /** The approval this step waits for. */
+  approval_id?: string;
   /** Dry runs only: the verdict of every stage evaluated. */
   verdicts?: StageVerdict[];
 }
@@ -50,6 +67,24 @@ export interface RunEnvelope {
   steps: StepResult[];
   warnings: string[];
   retry_after_seconds?: number;
+}
+
+/**
+ * Why a control or a cascade stopped a run: what a later step, or a resume, is told. `code` is
+ * `run_not_resumable` for controls, the cause's code for cascades (`grant_revoked`,
+ * `grant_expired`, `kill_switch_active`) and `budget_exceeded` for a sub-run's overshoot.
+ */
+export interface RunStop {
+  code: ErrorCode;
+  message: string;
+  details: Record<string, unknown>;
+  audit_id: string | null;
+}
+
+/** One entry of a run's attribution chain (SPEC §6 hand-offs), root first. */
+export interface Attribution {
+  run_id: string;
+  agent_id: string;
 }
 
 /** The run status a denial or failure code leaves the run in. */

@@ -49,6 +49,7 @@ export interface ToolOptions {
   egress?: unknown;
   input_schema?: unknown;
   output_schema?: unknown;
+  requires_approval?: boolean;
 }
 
 export function toolBody(options: ToolOptions): Record<string, unknown> {
@@ -65,7 +66,7 @@ export function toolBody(options: ToolOptions): Record<string, unknown> {
     allowed_agents: options.allowed_agents ?? [],
     required_context: options.required_context ?? [],
     required_scopes: options.required_scopes ?? [],
-    requires_approval: false,
+    requires_approval: options.requires_approval ?? false,
     side_effects: [],
     reads_from: [],
     writes_to: [],

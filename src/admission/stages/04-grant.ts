@@ -1,9 +1,20 @@
+import { narrowestModifiers } from '../../handoffs/authority-envelope.js';
 import { toolOf, type Stage } from '../step.js';
 
-/** 4. A live grant resolves for (tenant, agent, tool) in the run's context. */
+const MESSAGES = {
+  grant_missing: 'no grant gives this agent this tool here',
+  grant_expired: 'every grant for this tool has expired',
+  grant_revoked: 'every grant for this tool was revoked',
+};
+
+/**
+ * 4. A live grant resolves for (tenant, agent, tool) in the run's context. The run is recorded
+ * as relying on it, so that revoking or expiring it stops the run (cascade). In a sub-run the
+ * grant's modifiers are narrowed by the envelope's.
+ */
 export const grantStage: Stage = {
   name: 'grant',
-  async check({ principal, run }, state, { grants }) {
+  async check({ principal, run, dryRun }, state, { grants, grantUses }) {
     const resolved = await grants.resolve({
       tenantId: principal.tenantId,
       agentId: principal.id,
@@ -16,15 +27,14 @@ export const grantStage: Stage = {
         user_id: run.user_id,
       },
     });
-    if (!resolved.ok) {
-      const messages = {
-        grant_missing: 'no grant gives this agent this tool here',
-        grant_expired: 'every grant for this tool has expired',
-        grant_revoked: 'every grant for this tool was revoked',
-      };
-      return { ok: false, code: resolved.code, message: messages[resolved.code] };
+    if (!resolved.ok) return { ok: false, code: resolved.code, message: MESSAGES[resolved.code] };
+    // A revocation that landed after the grant resolved: the run must not rely on it.
+    if (!dryRun && !(await grantUses.record({ tenantId: principal.tenantId, runId: run.run_id, grantId: resolved.grant.id }))) {
+      return { ok: false, code: 'grant_revoked', message: MESSAGES.grant_revoked };
     }
-    state.grant = resolved.grant;
+    state.grant = run.delegation
+      ? { ...resolved.grant, capability_modifiers: narrowestModifiers(resolved.grant.capability_modifiers, run.delegation.capability_modifiers) }
+      : resolved.grant;
     return { ok: true };
   },
 };

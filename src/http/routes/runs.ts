@@ -1,11 +1,16 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
-import { actorOf } from '../../auth/principal.js';
+import { actorOf, type Principal } from '../../auth/principal.js';
+import { readRunAllowance } from '../../budgets/run-allowance.js';
 import type { DB } from '../../db/schema.js';
-import { findRun, listRuns, type RunRecord } from '../../runs/run-repository.js';
-import type { RunExecutor } from '../../runs/run-executor.js';
+import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
+import { APPROVAL_REQUIREMENTS, type Handoff } from '../../handoffs/handoff.js';
+import type { HandoffService } from '../../handoffs/handoff-service.js';
+import type { RunControls } from '../../runs/run-controls.js';
+import type { RunAnswer, RunExecutor } from '../../runs/run-executor.js';
+import { findRun, listRuns, type RunKey, type RunRecord } from '../../runs/run-repository.js';
 import { RUN_STATUSES } from '../../runs/run-types.js';
 import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
@@ -16,6 +21,8 @@ export interface RunRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
   executor: RunExecutor;
+  controls: RunControls;
+  handoffs: HandoffService;
   maxPlanSteps: number;
 }
 
@@ -41,8 +48,26 @@ function executeBody(maxPlanSteps: number) {
       .max(maxPlanSteps, `a plan has at most ${maxPlanSteps} steps; longer plans are refused, never truncated`),
     budget_units: z.number().positive().finite().optional(),
     dry_run: z.boolean().optional(),
+    keep_open: z.boolean().optional(),
   });
 }
+
+const toolId = z.string().max(200).regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/, 'must be a tool id such as web.fetch');
+
+const handoffBody = z.strictObject({
+  sub_agent_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as sophia.retriever'),
+  sub_run_id: id,
+  // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
+  budget_units: z.number().finite(),
+  delegable_tool_ids: z.array(toolId).max(100),
+  max_fanout: z.number().int().min(0).max(1000),
+  capability_modifiers: capabilityModifiersSchema.default({}),
+  approval_requirement: z.enum(APPROVAL_REQUIREMENTS).default('none'),
+});
+
+const controlBody = z.strictObject({ reason: z.string().max(2000).optional() });
+const runParams = z.object({ run_id: id });
+const tenantQuery = z.strictObject({ tenant_id: z.string().min(1).optional() });
 
 const listQuery = z.strictObject({
   tenant_id: z.string().min(1).optional(),
@@ -54,7 +79,10 @@ const listQuery = z.strictObject({
 
 const cursorSchema = z.object({ created_at: z.string(), tenant_id: z.string(), run_id: z.string() });
 
-/** `POST /runs/execute` (agents), `GET /runs/{run_id}` (owner or operators), `GET /runs` (operators). */
+/**
+ * `POST /runs/execute` (agents), `GET /runs/{run_id}` (owner or operators), `GET /runs`
+ * (operators), the run controls, and hand-offs (`/runs/{run_id}/handoffs`).
+ */
 export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promise<void> {
   const body = executeBody(deps.maxPlanSteps);
 
@@ -62,23 +90,64 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
     const runRequest = parseInput(body, request.body, 'body');
-    const answer = await deps.executor.execute(principal, runRequest, request.traceId);
-    if (answer.envelope.retry_after_seconds !== undefined) reply.header('retry-after', String(answer.envelope.retry_after_seconds));
-    if (answer.replayed) reply.header('x-toolgate-replayed', 'true');
-    return reply.code(answer.httpStatus).send(answer.envelope);
+    return sendAnswer(reply, await deps.executor.execute(principal, runRequest, request.traceId));
   });
 
   app.get('/runs/:run_id', { config: { access: 'any' } }, async (request) => {
     const principal = principalOf(request);
-    const { run_id } = parseInput(z.object({ run_id: id }), request.params, 'params');
-    const { tenant_id } = parseInput(z.strictObject({ tenant_id: z.string().min(1).optional() }), request.query, 'query');
-    const tenantId = principal.kind === 'operator' && principal.role === 'platform-operator' ? (tenant_id ?? principal.tenantId) : principal.tenantId;
-    const run = await findRun(deps.db, tenantId, run_id);
+    const run = await findRun(deps.db, ...keyArgs(runKeyOf(request, principal)));
     // Another agent's run, or one of another tenant, does not exist for this caller.
     if (!run || (principal.kind === 'agent' && run.agent_id !== principal.id)) {
-      throw new ApiError('not_found', `run ${run_id} not found`);
+      throw new ApiError('not_found', `run ${(request.params as { run_id: string }).run_id} not found`);
     }
-    return presentRun(run);
+    const budget = run.budget_units === null ? null : await readRunAllowance(deps.db, run.tenant_id, run.run_id, run.budget_units);
+    return { ...presentRun(run), budget };
+  });
+
+  const controller = (request: FastifyRequest) => ({ principal: principalOf(request), traceId: request.traceId });
+
+  app.post('/runs/:run_id/cancel', { config: { access: 'any' } }, async (request) => {
+    const { reason } = parseInput(controlBody, request.body, 'body');
+    return presentRun(await deps.controls.cancel(controller(request), runKeyOf(request, principalOf(request)), reason));
+  });
+
+  app.post('/runs/:run_id/kill', { config: { access: 'operator' } }, async (request) => {
+    const { reason } = parseInput(controlBody, request.body, 'body');
+    return presentRun(await deps.controls.kill(controller(request), runKeyOf(request, principalOf(request)), reason));
+  });
+
+  app.post('/runs/:run_id/pause', { config: { access: 'operator' } }, async (request) => {
+    const { reason } = parseInput(controlBody, request.body, 'body');
+    return presentRun(await deps.controls.pause(controller(request), runKeyOf(request, principalOf(request)), reason));
+  });
+
+  app.post('/runs/:run_id/resume', { config: { access: 'any' } }, async (request, reply) => {
+    parseInput(controlBody, request.body, 'body');
+    return sendAnswer(reply, await deps.controls.resume(controller(request), runKeyOf(request, principalOf(request))));
+  });
+
+  app.post('/runs/:run_id/complete', { config: { access: 'agent' } }, async (request) => {
+    parseInput(controlBody, request.body, 'body');
+    return presentRun(await deps.controls.complete(controller(request), runKeyOf(request, principalOf(request))));
+  });
+
+  app.post('/runs/:run_id/handoffs', { config: { access: 'agent' } }, async (request, reply) => {
+    const principal = principalOf(request);
+    if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
+    const { run_id } = parseInput(runParams, request.params, 'params');
+    const body = parseInput(handoffBody, request.body, 'body');
+    const result = await deps.handoffs.create(principal, run_id, body, request.traceId);
+    if (!result.ok) throw new ApiError(result.code, result.message, result.details ?? {});
+    return reply.code(201).send({ ...presentHandoff(result.handoff), approval_id: result.approvalId });
+  });
+
+  app.get('/runs/:run_id/handoffs', { config: { access: 'any' } }, async (request) => {
+    const principal = principalOf(request);
+    const run = await findRun(deps.db, ...keyArgs(runKeyOf(request, principal)));
+    if (!run || (principal.kind === 'agent' && run.agent_id !== principal.id)) {
+      throw new ApiError('not_found', `run ${(request.params as { run_id: string }).run_id} not found`);
+    }
+    return { items: (await deps.handoffs.list(run.tenant_id, run.run_id)).map(presentHandoff), next_cursor: null };
   });
 
   app.get('/runs', { config: { access: 'operator' } }, async (request) => {
@@ -112,6 +181,32 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
   });
 }
 
+function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
+  if (answer.envelope.retry_after_seconds !== undefined) reply.header('retry-after', String(answer.envelope.retry_after_seconds));
+  if (answer.replayed) reply.header('x-toolgate-replayed', 'true');
+  return reply.code(answer.httpStatus).send(answer.envelope);
+}
+
+/** The run a route names: in the caller's tenant, or for a platform-operator the one it names. */
+function runKeyOf(request: FastifyRequest, principal: Principal): RunKey {
+  const { run_id } = parseInput(runParams, request.params, 'params');
+  const { tenant_id } = parseInput(tenantQuery, request.query, 'query');
+  const platform = principal.kind === 'operator' && principal.role === 'platform-operator';
+  return { tenant_id: platform ? (tenant_id ?? principal.tenantId) : principal.tenantId, run_id };
+}
+
+function keyArgs(key: RunKey): [string, string] {
+  return [key.tenant_id, key.run_id];
+}
+
+function presentHandoff(handoff: Handoff) {
+  return {
+    ...handoff,
+    created_at: handoff.created_at.toISOString(),
+    closed_at: handoff.closed_at === null ? null : handoff.closed_at.toISOString(),
+  };
+}
+
 function presentRun(run: RunRecord) {
   return {
     run_id: run.run_id,
@@ -122,6 +217,9 @@ function presentRun(run: RunRecord) {
     session_id: run.session_id,
     user_id: run.user_id,
     status: run.status,
+    depth: run.depth,
+    keep_open: run.keep_open,
+    budget_units: run.budget_units,
     created_at: run.created_at,
     updated_at: run.updated_at,
     steps: run.envelope?.steps ?? [],

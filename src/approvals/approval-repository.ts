@@ -1,0 +1,124 @@
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import type { ApprovalTable, DB } from '../db/schema.js';
+import type { Approval, ApprovalKind, ApprovalStatus } from './approval.js';
+
+type Db = Kysely<DB> | Transaction<DB>;
+
+export type NewApproval = Omit<Approval, 'status' | 'decided_by' | 'decided_at' | 'rationale'>;
+
+export async function insertApproval(trx: Transaction<DB>, approval: NewApproval): Promise<Approval> {
+  const row = await trx
+    .insertInto('approvals')
+    .values({
+      ...approval,
+      input: approval.input === undefined ? null : JSON.stringify(approval.input),
+      status: 'pending',
+      decided_by: null,
+      decided_at: null,
+      rationale: null,
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  return toApproval(row);
+}
+
+export async function findApproval(db: Db, id: string): Promise<Approval | undefined> {
+  const row = await db.selectFrom('approvals').selectAll().where('id', '=', id).executeTakeFirst();
+  return row ? toApproval(row) : undefined;
+}
+
+export async function lockApproval(trx: Transaction<DB>, id: string): Promise<Approval | undefined> {
+  const row = await trx.selectFrom('approvals').selectAll().where('id', '=', id).forNoKeyUpdate().executeTakeFirst();
+  return row ? toApproval(row) : undefined;
+}
+
+/** The newest approval of a run's step (tool calls) or of a sub-run's hand-off (`stepIndex` null). */
+export async function findLatestApproval(db: Db, tenantId: string, runId: string, stepIndex: number | null): Promise<Approval | undefined> {
+  let q = db.selectFrom('approvals').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId);
+  q = stepIndex === null ? q.where('kind', '=', 'handoff') : q.where('kind', '=', 'tool_call').where('step_index', '=', stepIndex);
+  const row = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(1).executeTakeFirst();
+  return row ? toApproval(row) : undefined;
+}
+
+/** Records a decision on a pending approval; undefined when it was no longer pending. */
+export async function decideApproval(
+  trx: Transaction<DB>,
+  id: string,
+  decision: { status: 'approved' | 'rejected' | 'expired' | 'cancelled'; decidedBy?: string; rationale?: string; at: Date },
+): Promise<Approval | undefined> {
+  const row = await trx
+    .updateTable('approvals')
+    .set({
+      status: decision.status,
+      ...(decision.decidedBy !== undefined ? { decided_by: decision.decidedBy, decided_at: decision.at, rationale: decision.rationale ?? null } : {}),
+    })
+    .where('id', '=', id)
+    .where('status', 'in', decision.status === 'expired' ? ['pending', 'approved'] : ['pending'])
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toApproval(row) : undefined;
+}
+
+/** Withdraws the pending proposals of runs that ended, or of a step proposed anew. */
+export async function cancelPendingApprovals(trx: Transaction<DB>, runs: Array<{ tenant_id: string; run_id: string }>, stepIndex?: number): Promise<Approval[]> {
+  if (runs.length === 0) return [];
+  let q = trx
+    .updateTable('approvals')
+    .set({ status: 'cancelled' })
+    .where('status', '=', 'pending')
+    .where((eb) => eb.or(runs.map((k) => eb.and([eb('tenant_id', '=', k.tenant_id), eb('run_id', '=', k.run_id)]))));
+  if (stepIndex !== undefined) q = q.where('step_index', '=', stepIndex);
+  const rows = await q.returningAll().execute();
+  return rows.map(toApproval);
+}
+
+export interface ApprovalQuery {
+  tenantId?: string | undefined;
+  status?: ApprovalStatus | undefined;
+  runId?: string | undefined;
+  kind?: ApprovalKind | undefined;
+  now: Date;
+  after?: { created_at: string; id: string } | undefined;
+  limit: number;
+}
+
+/** Newest first. `pending` and `expired` are as of `now` (a pending proposal past its time is expired). */
+export async function listApprovals(db: Kysely<DB>, query: ApprovalQuery): Promise<{ items: Approval[]; next: ApprovalQuery['after'] | null }> {
+  let q = db.selectFrom('approvals').selectAll();
+  if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
+  if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
+  if (query.kind !== undefined) q = q.where('kind', '=', query.kind);
+  if (query.status === 'pending') q = q.where('status', '=', 'pending').where('expires_at', '>', query.now);
+  else if (query.status === 'expired') {
+    q = q.where((eb) => eb.or([eb('status', '=', 'expired'), eb.and([eb('status', '=', 'pending'), eb('expires_at', '<=', query.now)])]));
+  } else if (query.status !== undefined) q = q.where('status', '=', query.status);
+  if (query.after) q = q.where(sql<boolean>`(created_at, id) < (${new Date(query.after.created_at)}, ${query.after.id})`);
+  const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const items = rows.slice(0, query.limit).map(toApproval);
+  const last = items[items.length - 1];
+  return { items, next: rows.length > query.limit && last ? { created_at: last.created_at.toISOString(), id: last.id } : null };
+}
+
+function toApproval(row: Selectable<ApprovalTable>): Approval {
+  return {
+    id: row.id,
+    tenant_id: row.tenant_id,
+    kind: row.kind as ApprovalKind,
+    run_id: row.run_id,
+    agent_id: row.agent_id,
+    step_index: row.step_index,
+    tool_id: row.tool_id,
+    tool_version: row.tool_version,
+    // jsonb arrives parsed (pg and PGlite alike); an input may itself be a JSON string.
+    input: row.input,
+    input_sha256: row.input_sha256,
+    handoff_id: row.handoff_id,
+    proposed_by: row.proposed_by,
+    status: row.status as ApprovalStatus,
+    created_at: new Date(row.created_at),
+    expires_at: new Date(row.expires_at),
+    decided_by: row.decided_by,
+    decided_at: row.decided_at === null ? null : new Date(row.decided_at),
+    rationale: row.rationale,
+  };
+}

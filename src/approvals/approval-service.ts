@@ -1,0 +1,164 @@
+import type { Kysely, Transaction } from 'kysely';
+import type { ApprovalPort } from '../admission/ports.js';
+import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import type { OperatorRole } from '../auth/principal.js';
+import type { DB } from '../db/schema.js';
+import { endRunTrees } from '../runs/run-lifecycle.js';
+import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
+import { approvalStatusAt, approvalUsableAt, type Approval } from './approval.js';
+import { decideApproval, findApproval, findLatestApproval, listApprovals, lockApproval, type ApprovalQuery } from './approval-repository.js';
+
+export interface ApprovalServiceDeps {
+  db: Kysely<DB>;
+  now: () => Date;
+}
+
+/** An operator deciding. Agents never reach approvals: the routes are operators'. */
+export interface Approver {
+  actor: string;
+  role: OperatorRole;
+}
+
+export type ApprovalRefusal = {
+  ok: false;
+  code: 'not_found' | 'forbidden' | 'run_not_resumable';
+  message: string;
+  details?: Record<string, unknown>;
+};
+
+/**
+ * Human approvals (SPEC §6 step 8): the proposals stage 8 and hand-offs make, and the decisions
+ * on them. The proposer never decides its own proposal: an agent cannot reach these routes at
+ * all, and an operator whose request made a proposal (resuming a run on its agent's behalf)
+ * cannot approve it. Every decision is audited in the transaction that makes it.
+ */
+export class ApprovalService implements ApprovalPort {
+  constructor(private readonly deps: ApprovalServiceDeps) {}
+
+  async approvedFor(query: Parameters<ApprovalPort['approvedFor']>[0]): Promise<{ approvalId: string } | undefined> {
+    const approval = await findLatestApproval(this.deps.db, query.tenantId, query.runId, query.stepIndex);
+    if (!approval || !approvalUsableAt(approval, this.deps.now())) return undefined;
+    const exact = approval.tool_id === query.toolId && approval.tool_version === query.toolVersion && approval.input_sha256 === query.inputSha256;
+    return exact ? { approvalId: approval.id } : undefined;
+  }
+
+  get(id: string): Promise<Approval | undefined> {
+    return findApproval(this.deps.db, id);
+  }
+
+  list(query: Omit<ApprovalQuery, 'now'>): ReturnType<typeof listApprovals> {
+    return listApprovals(this.deps.db, { ...query, now: this.deps.now() });
+  }
+
+  /**
+   * Approves or rejects a pending proposal, with a rationale. Approving a tool call lets its run
+   * be resumed (every admission stage runs again then); approving a hand-off lets its sub-run
+   * start. Rejecting cancels the run. A proposal past its time expires instead, and so does its run.
+   */
+  async decide(request: { id: string; approve: boolean; approver: Approver; rationale: string; traceId: string }): Promise<{ ok: true; approval: Approval } | ApprovalRefusal> {
+    const seen = await findApproval(this.deps.db, request.id);
+    if (!seen) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` };
+    const now = this.deps.now();
+    return this.deps.db.transaction().execute(async (trx) => {
+      await lockAuditChain(trx);
+      const run = await lockRun(trx, { tenant_id: seen.tenant_id, run_id: seen.run_id });
+      const approval = await lockApproval(trx, request.id);
+      if (!run || !approval) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` } as const;
+      const status = approvalStatusAt(approval, now);
+      const event = approvalEvent(approval, request.approver.actor, request.traceId);
+      if (status === 'expired' && approval.status === 'pending') {
+        await this.expire(trx, approval, request.approver.actor, now, request.traceId);
+        return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} expired at ${approval.expires_at.toISOString()}`, details: { approval_status: 'expired' } } as const;
+      }
+      if (status !== 'pending') {
+        return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} is ${status}`, details: { approval_status: status } } as const;
+      }
+      if (request.approve && approval.proposed_by === request.approver.actor) {
+        await writeAuditEvents(trx, [{ occurredAt: now, event: { ...event, event_type: 'security.self_approval_attempt', status: 'denied', reason_code: 'forbidden' } }]);
+        return { ok: false, code: 'forbidden', message: 'the proposer of an action cannot approve it', details: { proposed_by: approval.proposed_by } } as const;
+      }
+      const decided = await decideApproval(trx, approval.id, {
+        status: request.approve ? 'approved' : 'rejected',
+        decidedBy: request.approver.actor,
+        rationale: request.rationale,
+        at: now,
+      });
+      if (!decided) throw new Error(`approval ${approval.id} changed under its row lock`);
+      await writeAuditEvents(trx, [
+        {
+          occurredAt: now,
+          event: {
+            ...event,
+            event_type: request.approve ? 'approval.approved' : 'approval.rejected',
+            status: decided.status,
+            details: { ...event.details, rationale: request.rationale, actor_role: request.approver.role },
+          },
+        },
+      ]);
+      if (request.approve && approval.kind === 'handoff') await releaseApprovedSubRun(trx, run);
+      if (!request.approve) {
+        await endRunTrees(
+          trx,
+          {
+            roots: [run],
+            status: 'cancelled',
+            stop: { code: 'run_not_resumable', message: `the proposed action was rejected by ${request.approver.actor}`, details: { reason: 'approval_rejected', approval_id: approval.id } },
+            eventType: 'run.cancelled',
+            actor: request.approver.actor,
+            traceId: request.traceId,
+          },
+          now,
+        );
+      }
+      return { ok: true, approval: decided } as const;
+    });
+  }
+
+  /**
+   * A proposal, or an approval, that outlived `expires_at`: it is recorded as expired and its
+   * run is cancelled (waiting on it could never end). Used by decisions and by resume.
+   */
+  async expire(trx: Transaction<DB>, approval: Approval, actor: string, now: Date, traceId: string | null): Promise<void> {
+    const expired = await decideApproval(trx, approval.id, { status: 'expired', at: now });
+    if (!expired) return;
+    await writeAuditEvents(trx, [
+      {
+        occurredAt: now,
+        event: { ...approvalEvent(approval, 'system.expiry', traceId), event_type: 'approval.expired', status: 'expired', details: { ...approvalEvent(approval, actor, traceId).details, noticed_by: actor } },
+      },
+    ]);
+    await endRunTrees(
+      trx,
+      {
+        roots: [{ tenant_id: approval.tenant_id, run_id: approval.run_id }],
+        status: 'cancelled',
+        stop: { code: 'run_not_resumable', message: `approval ${approval.id} expired before it was used`, details: { reason: 'approval_expired', approval_id: approval.id } },
+        eventType: 'run.cancelled',
+        actor: 'system.expiry',
+        traceId,
+      },
+      now,
+    );
+  }
+}
+
+function approvalEvent(approval: Approval, actor: string, traceId: string | null) {
+  return {
+    event_type: 'approval',
+    actor,
+    tenant_id: approval.tenant_id,
+    agent_id: approval.agent_id,
+    run_id: approval.run_id,
+    tool_id: approval.tool_id,
+    tool_version: approval.tool_version,
+    input_sha256: approval.input_sha256,
+    trace_id: traceId,
+    details: {
+      approval_id: approval.id,
+      kind: approval.kind,
+      step_index: approval.step_index,
+      handoff_id: approval.handoff_id,
+      proposed_by: approval.proposed_by,
+    } as Record<string, unknown>,
+  };
+}

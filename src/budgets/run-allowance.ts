@@ -1,0 +1,117 @@
+import type { Kysely, Transaction } from 'kysely';
+import type { DB } from '../db/schema.js';
+import { runCounterKey } from './budget.js';
+import { counterId, lockBudgetCounters, readCounters, writeLedger, type CounterDelta, type CounterRef } from './budget-ledger-repository.js';
+import { periodStart } from './budget-period.js';
+import { fromMicros, toMicros, type Micros } from './budget-units.js';
+import type { CounterLevel } from './budget-verdict.js';
+
+/**
+ * A run's allowance (SPEC §6 hand-offs) lives on its run-total counter, the one the request's
+ * `budget_units` is checked against: its own calls are spent or reserved there, and a sub-run's
+ * budget is *held* there (as reserved units) from the hand-off until the sub-run ends. The
+ * ledger's checks then see a parent's room shrink at the hand-off, exactly and under the same
+ * row locks, and when the sub-run ends the hold becomes what the sub-run really used.
+ */
+
+const EPOCH = new Date(0);
+
+/** The counter a run's own total is kept on. */
+export function runTotalRef(tenantId: string, runId: string): CounterRef {
+  return { key: runCounterKey(tenantId, runId), periodStart: periodStart('total', EPOCH) };
+}
+
+/** What a run with a budget has used and has left. */
+export interface RunAllowance {
+  budget_units: number;
+  spent_units: number;
+  /** Calls in flight and budgets held for open sub-runs. */
+  reserved_units: number;
+  remaining_units: number;
+}
+
+function allowanceOf(budgetUnits: number, level: CounterLevel | undefined): RunAllowance {
+  const spent = level?.spentMicros ?? 0;
+  const reserved = level?.reservedMicros ?? 0;
+  return {
+    budget_units: budgetUnits,
+    spent_units: fromMicros(spent),
+    reserved_units: fromMicros(reserved),
+    remaining_units: fromMicros(Math.max(0, toMicros(budgetUnits) - spent - reserved)),
+  };
+}
+
+/** A run's allowance as it stands (no lock). */
+export async function readRunAllowance(db: Kysely<DB>, tenantId: string, runId: string, budgetUnits: number): Promise<RunAllowance> {
+  const ref = runTotalRef(tenantId, runId);
+  const levels = await readCounters(db, [ref]);
+  return allowanceOf(budgetUnits, levels.get(counterId(ref)));
+}
+
+/** What a run has used so far: spent, plus reserved (in flight or held), counted as used. */
+export async function readRunUsage(db: Kysely<DB>, tenantId: string, runId: string): Promise<number> {
+  const ref = runTotalRef(tenantId, runId);
+  const level = (await readCounters(db, [ref])).get(counterId(ref));
+  return fromMicros((level?.spentMicros ?? 0) + (level?.reservedMicros ?? 0));
+}
+
+const NO_WINDOWS = { day: EPOCH, month: EPOCH, total: EPOCH };
+
+/** A run's allowance, its counter locked for the rest of the transaction (before holding from it). */
+export async function lockRunAllowance(trx: Transaction<DB>, tenantId: string, runId: string, budgetUnits: number): Promise<RunAllowance> {
+  const ref = runTotalRef(tenantId, runId);
+  const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, [ref]);
+  return allowanceOf(budgetUnits, levels.get(counterId(ref)));
+}
+
+/** Holds `units` of a run's allowance for a sub-run; check first with `lockRunAllowance`. */
+export async function holdRunUnits(trx: Transaction<DB>, tenantId: string, runId: string, units: number, at: Date): Promise<void> {
+  await writeLedger(trx, [{ ...runTotalRef(tenantId, runId), spentMicros: 0, reservedMicros: toMicros(units) }], [], at, at);
+}
+
+/** A sub-run that ended, and the budget its parent held for it. */
+export interface EndedAllowance {
+  tenantId: string;
+  parentRunId: string;
+  subRunId: string;
+  heldUnits: number;
+}
+
+/** What became of a held budget: used by the sub-run, returned to the parent, used beyond it. */
+export interface AllowanceReturn {
+  usedUnits: number;
+  returnedUnits: number;
+  overshootUnits: number;
+}
+
+/**
+ * Turns the holds of ended sub-runs into what they used: the parent's counter loses the hold and
+ * is charged the sub-run's use (its own calls and its sub-runs', including what is still in
+ * flight, which is counted as used: a parent is never given back units that may yet be spent).
+ * `ended` must list deeper sub-runs before their parents, so that a parent's use includes its
+ * sub-runs'. Counters are locked in the ledger's global order, so this never deadlocks with it.
+ */
+export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedAllowance[], at: Date): Promise<AllowanceReturn[]> {
+  if (ended.length === 0) return [];
+  const refs = ended.flatMap((e) => [runTotalRef(e.tenantId, e.subRunId), runTotalRef(e.tenantId, e.parentRunId)]);
+  const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, refs);
+  const deltas = new Map<string, CounterDelta>();
+  const add = (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => {
+    const id = counterId(ref);
+    const delta = deltas.get(id) ?? { ...ref, spentMicros: 0, reservedMicros: 0 };
+    delta.spentMicros += spentMicros;
+    delta.reservedMicros += reservedMicros;
+    deltas.set(id, delta);
+    const level = levels.get(id) ?? { spentMicros: 0, reservedMicros: 0 };
+    levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
+  };
+  const results = ended.map((e) => {
+    const sub = levels.get(counterId(runTotalRef(e.tenantId, e.subRunId)));
+    const used = (sub?.spentMicros ?? 0) + (sub?.reservedMicros ?? 0);
+    const held = toMicros(e.heldUnits);
+    add(runTotalRef(e.tenantId, e.parentRunId), used, -held);
+    return { usedUnits: fromMicros(used), returnedUnits: fromMicros(Math.max(0, held - used)), overshootUnits: fromMicros(Math.max(0, used - held)) };
+  });
+  await writeLedger(trx, [...deltas.values()], [], at, at);
+  return results;
+}

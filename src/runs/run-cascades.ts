@@ -1,0 +1,81 @@
+import type { Transaction } from 'kysely';
+import type { DB } from '../db/schema.js';
+import type { Grant } from '../grants/grant.js';
+import { switchMatches } from '../kill-switches/kill-switch-decision.js';
+import type { KillSwitch } from '../kill-switches/kill-switch.js';
+import { endRunTrees } from './run-lifecycle.js';
+import { findOpenRunsUsingGrants, listOpenRuns, type RunRecord } from './run-repository.js';
+
+/** A tool's server-side kill-switch target, from this replica's registry. */
+export type ToolTargetLookup = (toolId: string, range: string | undefined) => { family?: string | null; provider?: string | null; region?: string | null } | null | undefined;
+
+/**
+ * The cascades of SPEC §3–§4, run inside the transaction that pulls the authority: revoking or
+ * expiring a grant stops every open run that relied on it, and arming a kill switch every open
+ * run it would stop at its next call — queued, paused, awaiting approval or mid-plan — with
+ * their sub-runs, transitively. A run that is executing notices at its next call boundary, on
+ * whichever replica it runs (it re-reads its status there); the audit records each stop with its
+ * cascade depth.
+ */
+export class RunCascades {
+  constructor(private readonly toolTarget: ToolTargetLookup) {}
+
+  readonly grantsEnded = async (
+    trx: Transaction<DB>,
+    ended: Grant[],
+    cause: { code: 'grant_revoked' | 'grant_expired'; actor: string; traceId?: string | null | undefined },
+    at: Date,
+  ): Promise<void> => {
+    for (const grant of ended) {
+      const roots = await findOpenRunsUsingGrants(trx, [grant.id]);
+      if (roots.length === 0) continue;
+      await endRunTrees(
+        trx,
+        {
+          roots,
+          status: 'failed',
+          stop: {
+            code: cause.code,
+            message: `grant ${grant.id} for ${grant.tool_id} was ${cause.code === 'grant_revoked' ? 'revoked' : 'expired'}`,
+            details: { cause: cause.code, grant_id: grant.id, tool_id: grant.tool_id },
+          },
+          eventType: 'run.stopped',
+          actor: cause.actor,
+          traceId: cause.traceId,
+        },
+        at,
+      );
+    }
+  };
+
+  readonly killSwitchArmed = async (trx: Transaction<DB>, ks: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date): Promise<void> => {
+    const open = await listOpenRuns(trx, ks.tenant_id);
+    const roots = open.filter((run) => this.stoppedBy(run, ks));
+    if (roots.length === 0) return;
+    await endRunTrees(
+      trx,
+      {
+        roots,
+        status: 'killed',
+        stop: {
+          code: 'kill_switch_active',
+          message: ks.user_visible_status_copy,
+          details: { cause: 'kill_switch', kill_switch_id: ks.id, scope: ks.scope, target: ks.target, platform_wide: ks.tenant_id === null },
+        },
+        eventType: 'run.stopped',
+        actor: cause.actor,
+        traceId: cause.traceId,
+      },
+      at,
+    );
+  };
+
+  /** Whether the switch matches the run itself (tenant, agent, family) or a call it has yet to make. */
+  private stoppedBy(run: RunRecord, ks: KillSwitch): boolean {
+    const who = { tenantId: run.tenant_id, agentId: run.agent_id, family: run.agent_family ?? undefined };
+    if (switchMatches(ks, who)) return true;
+    const done = (run.envelope?.steps ?? []).findIndex((s) => s.status !== 'completed');
+    const remaining = (run.request?.plan ?? []).slice(done === -1 ? (run.envelope?.steps.length ?? 0) : done);
+    return remaining.some((step) => switchMatches(ks, { ...who, toolId: step.tool_id, target: this.toolTarget(step.tool_id, step.version) ?? null }));
+  }
+}

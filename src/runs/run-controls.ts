@@ -1,0 +1,205 @@
+import type { Kysely, Transaction } from 'kysely';
+import type { AgentPrincipal } from '../admission/step.js';
+import { approvalStatusAt, approvalUsableAt } from '../approvals/approval.js';
+import { findLatestApproval } from '../approvals/approval-repository.js';
+import type { ApprovalService } from '../approvals/approval-service.js';
+import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { actorOf, type Principal } from '../auth/principal.js';
+import type { DB } from '../db/schema.js';
+import { ApiError } from '../http/errors.js';
+import type { RunAnswer, RunExecutor } from './run-executor.js';
+import { attributionOf, endRunTrees } from './run-lifecycle.js';
+import { lockRun, takeUpRun, writeRunPaused, type RunKey, type RunRecord } from './run-repository.js';
+import { isTerminal, type RunEnvelope, type RunStatus } from './run-types.js';
+
+export interface RunControlDeps {
+  db: Kysely<DB>;
+  executor: RunExecutor;
+  approvals: ApprovalService;
+  now: () => Date;
+}
+
+/** A control's caller: the run's owning agent or an operator who may reach its tenant. */
+export interface Controller {
+  principal: Principal;
+  traceId: string;
+}
+
+/**
+ * Run controls (SPEC §6): `cancel` (the owning agent or an operator), `kill`, `pause` and
+ * `resume` (operators; the owner also resumes a run it was waiting on an approval or a rate
+ * limit for) and `complete` (the owner, for a run kept open). Each transition is audited in its
+ * transaction; a run that has ended refuses them all with `409 run_not_resumable` — or, when a
+ * cascade stopped it, with the reason it was stopped (`grant_revoked`, `kill_switch_active`…).
+ * A run that is executing notices a change at its next call boundary.
+ */
+export class RunControls {
+  constructor(private readonly deps: RunControlDeps) {}
+
+  cancel(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
+    return this.end(caller, key, 'cancelled', 'run.cancelled', reason);
+  }
+
+  kill(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
+    return this.end(caller, key, 'killed', 'run.killed', reason);
+  }
+
+  /** Ends a run kept open (`keep_open`) whose plan is done; its open sub-runs are cancelled. */
+  complete(caller: Controller, key: RunKey): Promise<RunRecord> {
+    return this.change(caller, key, async (trx, run) => {
+      if (run.status !== 'running' || !run.keep_open || run.busy) {
+        throw new ApiError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
+      }
+      await endRunTrees(trx, this.ending(caller, run, 'completed', 'run.completed', undefined), this.deps.now());
+    });
+  }
+
+  /** Pauses an open run: an executing one stops before its next call, the rest stay put. */
+  pause(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
+    return this.change(caller, key, async (trx, run) => {
+      if (run.status === 'paused') return;
+      await writeRunPaused(trx, run, run.busy ? null : pausedEnvelope(run));
+      await this.record(trx, caller, run, 'run.paused', 'paused', { previous_status: run.status, reason: reason ?? null });
+    });
+  }
+
+  /**
+   * Takes a waiting run up again and executes what is left of it in this request: every stage
+   * runs again for every step, so a grant pulled, a switch armed or a budget spent meanwhile
+   * stops it now. The answer is the run envelope, as `POST /runs/execute` gives it.
+   */
+  async resume(caller: Controller, key: RunKey): Promise<RunAnswer> {
+    const now = this.deps.now();
+    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: ApiError }> => {
+      await lockAuditChain(trx);
+      const run = await this.lockOwned(trx, caller, key);
+      if (isTerminal(run.status)) throw stoppedError(run);
+      const agent = caller.principal.kind === 'agent';
+      switch (run.status) {
+        case 'paused': {
+          if (agent) throw new ApiError('forbidden', 'a paused run is resumed by an operator');
+          if (run.busy) throw new ApiError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' });
+          if (!run.request) {
+            // Never started: back to waiting for its agent (or for its hand-off's approval).
+            const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
+            const status: RunStatus = handoffApproval && approvalStatusAt(handoffApproval, now) === 'pending' ? 'awaiting_approval' : 'queued';
+            await trx.updateTable('runs').set({ status }).where('tenant_id', '=', run.tenant_id).where('run_id', '=', run.run_id).execute();
+            await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
+            return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
+          }
+          break;
+        }
+        case 'awaiting_approval': {
+          if (!run.request) {
+            throw new ApiError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' });
+          }
+          const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
+          const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
+          if (!approval) throw new ApiError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status });
+          const status = approvalStatusAt(approval, now);
+          if (status === 'expired' || (status === 'approved' && !approvalUsableAt(approval, now))) {
+            await this.deps.approvals.expire(trx, approval, actorOf(caller.principal), now, caller.traceId);
+            return { refuse: new ApiError('run_not_resumable', `approval ${approval.id} expired; the run was cancelled`, { approval_id: approval.id, approval_status: 'expired' }) };
+          }
+          if (status !== 'approved') {
+            throw new ApiError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status });
+          }
+          break;
+        }
+        case 'throttled':
+          break;
+        default:
+          throw new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status });
+      }
+      const taken = await takeUpRun(trx, run, [run.status]);
+      if (!taken) throw new ApiError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status });
+      await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
+      return { run: taken };
+    });
+    if ('refuse' in outcome) throw outcome.refuse;
+    if ('answer' in outcome) return outcome.answer;
+    const principal = caller.principal.kind === 'agent' ? caller.principal : ownerOf(outcome.run);
+    return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal));
+  }
+
+  private end(caller: Controller, key: RunKey, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
+    return this.change(caller, key, async (trx, run) => {
+      await endRunTrees(trx, this.ending(caller, run, status, eventType, reason), this.deps.now());
+    });
+  }
+
+  private ending(caller: Controller, run: RunRecord, status: 'cancelled' | 'killed' | 'completed', eventType: string, reason: string | undefined) {
+    const actor = actorOf(caller.principal);
+    const control = eventType.replace('run.', '');
+    return {
+      roots: [run],
+      status,
+      stop: { code: 'run_not_resumable' as const, message: `${control} by ${actor}`, details: { control, by: actor, reason: reason ?? null } },
+      eventType,
+      actor,
+      traceId: caller.traceId,
+    };
+  }
+
+  /** Locks the caller's run, refuses an ended one, applies the change, and answers the run as it is now. */
+  private async change(caller: Controller, key: RunKey, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<void>): Promise<RunRecord> {
+    return this.deps.db.transaction().execute(async (trx) => {
+      await lockAuditChain(trx);
+      const run = await this.lockOwned(trx, caller, key);
+      if (isTerminal(run.status)) throw stoppedError(run);
+      await apply(trx, run);
+      return (await lockRun(trx, key))!;
+    });
+  }
+
+  /** The run, if the caller may act on it: an agent only on its own (others' do not exist for it). */
+  private async lockOwned(trx: Transaction<DB>, caller: Controller, key: RunKey): Promise<RunRecord> {
+    const run = await lockRun(trx, key);
+    if (!run || (caller.principal.kind === 'agent' && run.agent_id !== caller.principal.id)) {
+      throw new ApiError('not_found', `run ${key.run_id} not found`);
+    }
+    return run;
+  }
+
+  private async record(trx: Transaction<DB>, caller: Controller, run: RunRecord, eventType: string, status: string, details: Record<string, unknown>): Promise<void> {
+    await writeAuditEvents(trx, [
+      {
+        occurredAt: this.deps.now(),
+        event: {
+          event_type: eventType,
+          actor: actorOf(caller.principal),
+          tenant_id: run.tenant_id,
+          agent_id: run.agent_id,
+          run_id: run.run_id,
+          trace_id: caller.traceId,
+          status,
+          details: { ...details, run_depth: run.depth, attribution: attributionOf(run) },
+        },
+      },
+    ]);
+  }
+}
+
+/** The owning agent as the run recorded it: who an operator's resume executes as. */
+function ownerOf(run: RunRecord): AgentPrincipal {
+  return { kind: 'agent', id: run.agent_id, tenantId: run.tenant_id, family: run.agent_family ?? undefined, scopes: new Set(run.agent_scopes) };
+}
+
+/** The refusal for a run that has ended: the reason a cascade stopped it, else `run_not_resumable`. */
+function stoppedError(run: RunRecord): ApiError {
+  const stop = run.stop;
+  if (stop && stop.code !== 'run_not_resumable') {
+    return new ApiError(stop.code, stop.message, { ...stop.details, run_id: run.run_id, status: run.status });
+  }
+  return new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}`, { run_id: run.run_id, status: run.status, ...(stop ? { stop: stop.details } : {}) });
+}
+
+/** A run paused while nothing executed it: what it has not completed is pending again. */
+function pausedEnvelope(run: RunRecord): RunEnvelope {
+  const stored = run.envelope?.steps ?? [];
+  const done = stored.findIndex((step) => step.status !== 'completed');
+  const steps = stored.map((step, index) =>
+    done === -1 || index < done ? step : { index: step.index, tool_id: step.tool_id, version: step.version, status: 'pending' as const, cost_units: 0, duration_ms: 0, audit_id: null },
+  );
+  return { run_id: run.run_id, status: 'paused', dry_run: false, steps, warnings: run.envelope?.warnings ?? [] };
+}
