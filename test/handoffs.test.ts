@@ -1,0 +1,288 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// SPEC §6 hand-offs: a running agent hands a sub-agent part of its budget and a narrower authority.
+const T = 'tenant-handoffs';
+const ROOT = 'veritas.orchestrator';
+const SUB = 'sophia.researcher';
+const WRITER = 'isis.writer';
+const CHAIN = ['chain.a0', 'chain.a1', 'chain.a2', 'chain.a3', 'chain.a4', 'chain.a5'];
+const operator = tokens.tenantOperator(T);
+const as = (agentId: string) => tokens.agent(agentId, { tenant: T });
+
+let h: Harness;
+let backend: TestBackend;
+
+const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
+const execute = (agentId: string, body: Record<string, unknown>) => h.client.post('/runs/execute', { token: as(agentId), body: { context: {}, ...body } });
+const handoff = (agentId: string, parentRunId: string, body: Record<string, unknown>) =>
+  h.client.post(`/runs/${parentRunId}/handoffs`, {
+    token: as(agentId),
+    body: { sub_agent_id: SUB, sub_run_id: newRunId('sub'), budget_units: 10, delegable_tool_ids: ['search'], max_fanout: 0, ...body },
+  });
+const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
+const auditOf = async (query: Record<string, string>) => (await h.client.get('/audit', { token: operator, query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
+const allowance = async (runId: string, agentId: string) => (await h.client.get(`/runs/${runId}`, { token: as(agentId) })).body.budget;
+
+/** A root run of ROOT kept open, with a budget and one completed call to `search` (2 units). */
+async function openRoot(budget: number | null = 100, agentId = ROOT): Promise<string> {
+  const runId = newRunId('root');
+  const res = await execute(agentId, { run_id: runId, keep_open: true, ...(budget === null ? {} : { budget_units: budget }), plan: [step('search', 'root work')] });
+  expect(res.status, JSON.stringify(res.body)).toBe(200);
+  expect(res.body.status).toBe('running');
+  return runId;
+}
+
+beforeAll(async () => {
+  h = await startHarness({ TOOLGATE_HANDOFF_MAX_FANOUT: '3' });
+  backend = await new TestBackend().start();
+  const everyone = { allowed_agents: [ROOT, SUB, WRITER, ...CHAIN] };
+  await registerTool(h.client, { id: 'search', backendUrl: `${backend.url}/echo`, cost_units: 2, ...everyone });
+  await registerTool(h.client, { id: 'summarize', backendUrl: `${backend.url}/echo`, cost_units: 1, ...everyone });
+  await registerTool(h.client, { id: 'secret', backendUrl: `${backend.url}/echo`, cost_units: 1, ...everyone });
+  await registerTool(h.client, { id: 'pricey', backendUrl: `${backend.url}/cost/7`, cost_units: 1, ...everyone });
+  for (const tool of ['search', 'summarize', 'pricey']) await grantTool(h.client, { tenant: T, agent: ROOT, tool });
+  for (const tool of ['search', 'summarize', 'secret', 'pricey']) await grantTool(h.client, { tenant: T, agent: SUB, tool });
+  await grantTool(h.client, { tenant: T, agent: WRITER, tool: 'search' });
+  for (const agentId of CHAIN) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search' });
+});
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.close();
+});
+
+describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC order', () => {
+  const reasonOf = (res: { status: number; body: any }) => {
+    expect(res.status, JSON.stringify(res.body)).toBe(403);
+    expect(res.body.error.code).toBe('handoff_rejected');
+    return res.body.error.details.reason as string;
+  };
+
+  it('cycle_detected: the sub-agent is already in the trace', async () => {
+    const root = await openRoot();
+    expect(reasonOf(await handoff(ROOT, root, { sub_agent_id: ROOT }))).toBe('cycle_detected');
+    const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
+    expect(reasonOf(await handoff(SUB, sub, { sub_agent_id: ROOT }))).toBe('cycle_detected');
+  });
+
+  it('depth_cap_exceeded: a trace of five agents hands off no further', async () => {
+    let runId = await openRoot(100, CHAIN[0]);
+    for (let depth = 1; depth <= 4; depth += 1) {
+      const res = await handoff(CHAIN[depth - 1]!, runId, { sub_agent_id: CHAIN[depth], budget_units: 50 - depth * 5, max_fanout: 3 });
+      expect(res.status, JSON.stringify(res.body)).toBe(201);
+      expect(res.body.depth).toBe(depth);
+      runId = res.body.sub_run_id;
+    }
+    const refused = await handoff(CHAIN[4]!, runId, { sub_agent_id: CHAIN[5], budget_units: 1 });
+    expect(reasonOf(refused)).toBe('depth_cap_exceeded');
+    expect(refused.body.error.details).toMatchObject({ depth: 5, max_depth: 5 });
+  });
+
+  it('authority_widening_rejected: tools, fan-out, modifiers or approval wider than the parent’s', async () => {
+    const root = await openRoot();
+    // `secret` is one the root holds no grant for (its sub-agent does, which changes nothing).
+    const tools = await handoff(ROOT, root, { delegable_tool_ids: ['search', 'secret'] });
+    expect(reasonOf(tools)).toBe('authority_widening_rejected');
+    expect(tools.body.error.details).toMatchObject({ field: 'delegable_tool_ids', tool_ids: ['secret'] });
+    expect(reasonOf(await handoff(ROOT, root, { max_fanout: 4 }))).toBe('authority_widening_rejected');
+
+    const narrowed = await handoff(ROOT, root, { capability_modifiers: { max_cost_units: 2 }, max_fanout: 2, approval_requirement: 'operator' });
+    expect(narrowed.status).toBe(201);
+    const sub = narrowed.body.sub_run_id as string;
+    const wider = await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, capability_modifiers: { max_cost_units: 5 }, approval_requirement: 'operator' });
+    expect(reasonOf(wider)).toBe('authority_widening_rejected');
+    expect(wider.body.error.details.field).toBe('capability_modifiers.max_cost_units');
+    expect(reasonOf(await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, approval_requirement: 'operator' }))).toBe('authority_widening_rejected');
+    const weaker = await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, capability_modifiers: { max_cost_units: 1 }, approval_requirement: 'none' });
+    expect(weaker.body.error.details.field).toBe('approval_requirement');
+    expect(reasonOf(await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, max_fanout: 3, capability_modifiers: { max_cost_units: 1 }, approval_requirement: 'operator' }))).toBe('authority_widening_rejected');
+  });
+
+  it('authority_widening_rejected: a hand-off beyond the parent’s fan-out', async () => {
+    const root = await openRoot();
+    for (let i = 0; i < 3; i += 1) expect((await handoff(ROOT, root, { budget_units: 1 })).status).toBe(201);
+    const fourth = await handoff(ROOT, root, { budget_units: 1 });
+    expect(reasonOf(fourth)).toBe('authority_widening_rejected');
+    expect(fourth.body.error.details).toMatchObject({ field: 'fanout', parent_max_fanout: 3, handoffs_made: 3 });
+  });
+
+  it('budget_non_positive, then budget_exceeds_parent', async () => {
+    const root = await openRoot(20);
+    expect(reasonOf(await handoff(ROOT, root, { budget_units: 0 }))).toBe('budget_non_positive');
+    expect(reasonOf(await handoff(ROOT, root, { budget_units: -3 }))).toBe('budget_non_positive');
+    const over = await handoff(ROOT, root, { budget_units: 18.5 });
+    expect(reasonOf(over)).toBe('budget_exceeds_parent');
+    expect(over.body.error.details).toMatchObject({ parent_remaining_units: 18 });
+    expect((await handoff(ROOT, root, { budget_units: 18 })).status).toBe(201);
+    // A run without budget_units has nothing to hand on.
+    expect(reasonOf(await handoff(ROOT, await openRoot(null), { budget_units: 1 }))).toBe('budget_exceeds_parent');
+  });
+
+  it('reports the first reason that applies, and audits each refusal', async () => {
+    const root = await openRoot();
+    const res = await handoff(ROOT, root, { sub_agent_id: ROOT, delegable_tool_ids: ['secret'], budget_units: -1 });
+    expect(reasonOf(res)).toBe('cycle_detected');
+    expect(reasonOf(await handoff(ROOT, root, { delegable_tool_ids: ['secret'], budget_units: -1 }))).toBe('authority_widening_rejected');
+    const events = await auditOf({ run_id: root, event_type: 'handoff.rejected' });
+    expect(events.map((e) => e.details.reason)).toEqual(['authority_widening_rejected', 'cycle_detected']);
+    expect(events[0]).toMatchObject({ status: 'denied', reason_code: 'handoff_rejected', actor: `agent:${ROOT}` });
+  });
+
+  it('is for the agent owning a run that has not ended, and a sub-run id nobody uses', async () => {
+    const root = await openRoot();
+    expect((await handoff(SUB, root, { sub_agent_id: WRITER })).status).toBe(404);
+    expect((await h.client.post(`/runs/${root}/handoffs`, { token: operator, body: {} })).status).toBe(403);
+    const taken = await handoff(ROOT, root, { sub_run_id: root });
+    expect(taken.status).toBe(409);
+    expect(taken.body.error.code).toBe('run_id_conflict');
+    const finished = newRunId();
+    await execute(ROOT, { run_id: finished, budget_units: 10, plan: [step('search', 'done')] });
+    const late = await handoff(ROOT, finished, {});
+    expect(late.status).toBe(409);
+    expect(late.body.error.code).toBe('run_not_resumable');
+  });
+});
+
+describe('a sub-run', () => {
+  it('acts within the intersection of its own grants and the envelope', async () => {
+    const root = await openRoot();
+    const created = await handoff(ROOT, root, { delegable_tool_ids: ['search', 'summarize'] });
+    expect(created.status).toBe(201);
+    expect(created.body).toMatchObject({ id: expect.stringMatching(/^hof_/), parent_run_id: root, sub_agent_id: SUB, status: 'open', depth: 1, approval_id: null });
+    const sub = created.body.sub_run_id as string;
+    const queued = await h.client.get(`/runs/${sub}`, { token: as(SUB) });
+    expect(queued.body).toMatchObject({ status: 'queued', parent_run_id: root, depth: 1, agent_id: SUB });
+
+    // `secret` is granted to the sub-agent itself, but was not handed to this sub-run.
+    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'allowed'), step('secret', 'not in the envelope')] });
+    expect(res.status).toBe(403);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    expect(res.body.steps[1].error).toMatchObject({ code: 'unauthorized_tool_access', details: { reason: 'outside_delegation' } });
+    expect(hitsOf(sub)).toEqual(['allowed']);
+
+    // Within the envelope, a tool its agent holds no grant for is still refused.
+    const writer = (await handoff(ROOT, root, { sub_agent_id: WRITER, delegable_tool_ids: ['search', 'summarize'] })).body.sub_run_id;
+    const ungranted = await execute(WRITER, { run_id: writer, parent_run_id: root, plan: [step('summarize', 'x')] });
+    expect(ungranted.body.steps[0].error.code).toBe('grant_missing');
+  });
+
+  it('is executed only as the hand-off made it: its agent, its parent', async () => {
+    const root = await openRoot();
+    const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
+    expect((await execute(WRITER, { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(409);
+    expect((await execute(SUB, { run_id: sub, plan: [step('search', 'x')] })).status).toBe(409);
+    const invented = await execute(SUB, { run_id: newRunId(), parent_run_id: root, plan: [step('search', 'x')] });
+    expect(invented.status).toBe(403);
+    expect(invented.body.error).toMatchObject({ code: 'handoff_rejected', details: { reason: 'handoff_missing' } });
+    expect(hitsOf(sub)).toEqual([]);
+  });
+
+  it('records its attribution chain on its dispatches and on its end', async () => {
+    const root = await openRoot();
+    const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
+    await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'attributed')] });
+    const chain = [
+      { run_id: root, agent_id: ROOT },
+      { run_id: sub, agent_id: SUB },
+    ];
+    const events = await auditOf({ run_id: sub });
+    const byType = (type: string) => events.find((e) => e.event_type === type);
+    expect(byType('handoff.dispatched')).toMatchObject({ actor: `agent:${ROOT}`, details: { attribution: chain, budget_units: 10 } });
+    expect(byType('run.step.dispatching')).toMatchObject({ details: { attribution: chain } });
+    expect(byType('run.step.completed')).toMatchObject({ details: { attribution: chain } });
+    expect(byType('handoff.closed')).toMatchObject({ status: 'completed', details: { attribution: chain } });
+  });
+
+  it('spends from the budget held for it, and the unused part returns to the parent when it ends', async () => {
+    const root = await openRoot(100);
+    expect(await allowance(root, ROOT)).toMatchObject({ budget_units: 100, spent_units: 2, remaining_units: 98 });
+    const created = await handoff(ROOT, root, { budget_units: 30 });
+    const sub = created.body.sub_run_id as string;
+    expect(await allowance(root, ROOT)).toMatchObject({ reserved_units: 30, remaining_units: 68 });
+    const over = await handoff(ROOT, root, { sub_agent_id: WRITER, budget_units: 69 });
+    expect(over.body.error.details).toMatchObject({ reason: 'budget_exceeds_parent', parent_remaining_units: 68 });
+
+    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'one'), step('search', 'two')] });
+    expect(res.status).toBe(200);
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 6, reserved_units: 0, remaining_units: 94 });
+    const handoffs = await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) });
+    expect(handoffs.body.items).toEqual([expect.objectContaining({ id: created.body.id, status: 'closed', budget_units: 30, spent_units: 4, returned_units: 26 })]);
+    expect((await auditOf({ run_id: sub, event_type: 'handoff.closed' }))[0]).toMatchObject({ cost_units: 4, details: { returned_units: 26, overshoot_units: 0 } });
+    // Now the parent can hand on what came back.
+    expect((await handoff(ROOT, root, { sub_agent_id: WRITER, budget_units: 94 })).status).toBe(201);
+  });
+
+  it('stops at a call its budget cannot pay for: an audited subagent_budget_exceeded', async () => {
+    const root = await openRoot(100);
+    const sub = (await handoff(ROOT, root, { budget_units: 3 })).body.sub_run_id as string;
+    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'fits'), step('search', 'does not fit'), step('search', 'never')] });
+    expect(res.status).toBe(402);
+    expect(res.body.status).toBe('killed');
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+    expect(res.body.steps[1].error).toMatchObject({ code: 'budget_exceeded', details: { reason: 'subagent_budget_exceeded' } });
+    expect(hitsOf(sub)).toEqual(['fits']);
+    const [overshoot] = await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' });
+    expect(overshoot).toMatchObject({ status: 'killed', reason_code: 'budget_exceeded', details: { parent_run_id: root, handed_units: 3 } });
+    expect((await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) })).body.items[0]).toMatchObject({ spent_units: 2, returned_units: 1 });
+  });
+
+  it('stops when a call costs more than its budget after the fact; the parent bears the overshoot', async () => {
+    const root = await openRoot(100);
+    const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['pricey', 'search'] })).body.sub_run_id as string;
+    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('pricey', 'reports 7'), step('search', 'never')] });
+    expect(res.status).toBe(402);
+    expect(res.body.status).toBe('killed');
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'skipped']);
+    expect(res.body.warnings).toContain('subagent_budget_exceeded');
+    const [overshoot] = await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' });
+    expect(overshoot.details).toMatchObject({ used_units: 7, budget_units: 5 });
+    expect((await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) })).body.items[0]).toMatchObject({ spent_units: 7, returned_units: 0 });
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 9, remaining_units: 91 });
+  });
+
+  it('waits for an operator to approve its hand-off when the parent asks for it', async () => {
+    const root = await openRoot();
+    const created = await handoff(ROOT, root, { approval_requirement: 'operator' });
+    expect(created.status).toBe(201);
+    const sub = created.body.sub_run_id as string;
+    expect(created.body.approval_id).toMatch(/^apr_/);
+    expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('awaiting_approval');
+    const early = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] });
+    expect(early.status).toBe(409);
+    expect(early.body.error.code).toBe('run_not_resumable');
+
+    const pending = await h.client.get('/approvals', { token: operator, query: { status: 'pending', kind: 'handoff', run_id: sub } });
+    expect(pending.body.items).toEqual([expect.objectContaining({ id: created.body.approval_id, handoff_id: created.body.id, proposed_by: `agent:${ROOT}`, agent_id: SUB })]);
+    expect((await h.client.post(`/approvals/${created.body.approval_id}/approve`, { token: operator, body: { rationale: 'scope is fine' } })).status).toBe(200);
+    expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('queued');
+    expect((await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'approved start')] })).status).toBe(200);
+  });
+});
+
+describe('a parent kept open', () => {
+  it('stays running after its plan until its owner completes it; open sub-runs are cancelled then', async () => {
+    const root = await openRoot(50);
+    const created = await handoff(ROOT, root, { budget_units: 20 });
+    const sub = created.body.sub_run_id as string;
+    expect((await h.client.post(`/runs/${root}/complete`, { token: as(SUB), body: {} })).status).toBe(404);
+    const done = await h.client.post(`/runs/${root}/complete`, { token: as(ROOT), body: {} });
+    expect(done.status).toBe(200);
+    expect(done.body.status).toBe('completed');
+    expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('cancelled');
+    expect((await h.client.get(`/runs/${root}/handoffs`, { token: operator })).body.items[0]).toMatchObject({ status: 'closed', spent_units: 0, returned_units: 20 });
+    const [stopped] = await auditOf({ run_id: sub, event_type: 'run.stopped' });
+    expect(stopped).toMatchObject({ status: 'cancelled', reason_code: 'run_not_resumable', details: { cascade_depth: 1, via_run_id: root } });
+    expect((await h.client.post(`/runs/${root}/complete`, { token: as(ROOT), body: {} })).status).toBe(409);
+  });
+
+  it('cannot be completed unless it was kept open', async () => {
+    const runId = newRunId();
+    const throttled = await execute(ROOT, { run_id: runId, plan: [step('search', 'x')] });
+    expect(throttled.body.status).toBe('completed');
+    expect((await h.client.post(`/runs/${runId}/complete`, { token: as(ROOT), body: {} })).status).toBe(409);
+  });
+});
