@@ -1,0 +1,252 @@
+import { performance } from 'node:perf_hooks';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { TestBackend } from './helpers/backend.js';
+import { hasPostgresServer } from './helpers/database.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// SPEC §6 run controls, and the cascades of SPEC §3–§4 that stop runs when authority is pulled.
+const T = 'tenant-controls';
+const OTHER_T = 'tenant-controls-b';
+const OWNER = 'control.owner';
+const [A, B, C] = ['cascade.root', 'cascade.middle', 'cascade.leaf'];
+const operator = tokens.tenantOperator(T);
+const as = (agentId: string, tenant = T) => tokens.agent(agentId, { tenant });
+
+let h: Harness;
+let backend: TestBackend;
+
+const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
+const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
+const statusOf = async (client: AppClient, runId: string, tenant = T) => (await client.get(`/runs/${runId}`, { token: tokens.platform(), query: { tenant_id: tenant } })).body.status as string;
+const audit = async (query: Record<string, string>) => (await h.client.get('/audit', { token: tokens.platform(), query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
+
+/** Waits for a background sweep; fails after `boundMs` (a bound on the test, not a speed claim). */
+async function within(boundMs: number, probe: () => Promise<boolean>): Promise<void> {
+  const started = performance.now();
+  while (!(await probe())) {
+    if (performance.now() - started > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+beforeAll(async () => {
+  h = await startHarness({ TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
+  backend = await new TestBackend().start();
+  const everyone = { allowed_agents: [OWNER, A, B, C, 'expiring.agent', 'feeds.agent'] };
+  await registerTool(h.client, { id: 'search', backendUrl: `${backend.url}/echo`, ...everyone });
+  await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, ...everyone });
+  await registerTool(h.client, { id: 'feeds.publish', category: 'draft_write', backendUrl: `${backend.url}/echo`, requires_approval: true, ...everyone });
+  for (const agentId of [OWNER, A, B, C]) for (const tool of ['search', 'held']) await grantTool(h.client, { tenant: T, agent: agentId, tool });
+});
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.close();
+});
+
+describe('run controls', () => {
+  const execute = (body: Record<string, unknown>, agentId = OWNER) => h.client.post('/runs/execute', { token: as(agentId), body: { context: {}, ...body } });
+
+  it('cancel: by the owning agent or an operator; an ended run refuses with 409 run_not_resumable', async () => {
+    const mine = newRunId();
+    await execute({ run_id: mine, keep_open: true, plan: [step('search', 'a')] });
+    expect((await h.client.post(`/runs/${mine}/cancel`, { token: as(A), body: {} })).status).toBe(404);
+    expect((await h.client.post(`/runs/${mine}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status).toBe(404);
+    const cancelled = await h.client.post(`/runs/${mine}/cancel`, { token: as(OWNER), body: { reason: 'changed my mind' } });
+    expect(cancelled.status).toBe(200);
+    expect(cancelled.body.status).toBe('cancelled');
+    const again = await h.client.post(`/runs/${mine}/cancel`, { token: operator, body: {} });
+    expect(again.status).toBe(409);
+    expect(again.body.error.code).toBe('run_not_resumable');
+    for (const control of ['kill', 'pause', 'resume']) {
+      expect((await h.client.post(`/runs/${mine}/${control}`, { token: operator, body: {} })).body.error.code).toBe('run_not_resumable');
+    }
+    const [event] = await audit({ run_id: mine, event_type: 'run.cancelled' });
+    expect(event).toMatchObject({ actor: `agent:${OWNER}`, status: 'cancelled', details: { reason: 'changed my mind', previous_status: 'running', cascade_depth: 0 } });
+
+    const theirs = newRunId();
+    await execute({ run_id: theirs, keep_open: true, plan: [step('search', 'b')] });
+    expect((await h.client.post(`/runs/${theirs}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
+  });
+
+  it('kill and pause are operators’: an agent gets 403 agent_forbidden', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'c')] });
+    for (const control of ['kill', 'pause']) {
+      const res = await h.client.post(`/runs/${runId}/${control}`, { token: as(OWNER), body: {} });
+      expect(res.status).toBe(403);
+      expect(res.body.error.code).toBe('agent_forbidden');
+    }
+    const killed = await h.client.post(`/runs/${runId}/kill`, { token: operator, body: { reason: 'runaway' } });
+    expect(killed.body.status).toBe('killed');
+    expect((await audit({ run_id: runId, event_type: 'run.killed' }))[0]).toMatchObject({ actor: `operator:ops.${T}`, status: 'killed' });
+  });
+
+  it('a cancel reaches an executing run at its next call: the rest is never dispatched', async () => {
+    const runId = newRunId();
+    const gate = backend.hitsOn('/gate').length;
+    const answer = execute({ run_id: runId, plan: [step('held', 'in flight'), step('search', 'never'), step('search', 'never either')] });
+    await backend.waitForHits('/gate', gate + 1);
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
+    backend.openGate();
+    const res = await answer;
+    expect(res.status).toBe(409);
+    expect(res.body.status).toBe('cancelled');
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+    expect(res.body.steps[1].error.code).toBe('run_not_resumable');
+    expect(hitsOf(runId)).toEqual(['in flight']);
+    expect((await h.client.get(`/runs/${runId}`, { token: as(OWNER) })).body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+  });
+
+  it('pause holds a run where it is; an operator’s resume takes it on; resuming twice is refused', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'd')] });
+    const paused = await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} });
+    expect(paused.body.status).toBe('paused');
+    expect((await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
+    const resumed = await h.client.post(`/runs/${runId}/resume`, { token: operator, body: {} });
+    expect(resumed.status).toBe(200);
+    expect(resumed.body.status).toBe('running');
+    const twice = await h.client.post(`/runs/${runId}/resume`, { token: operator, body: {} });
+    expect(twice.status).toBe(409);
+    expect(twice.body.error.code).toBe('run_not_resumable');
+    const types = (await audit({ run_id: runId })).map((e) => e.event_type).reverse();
+    expect(types.slice(-2)).toEqual(['run.paused', 'run.resumed']);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreSQL server)', () => {
+  let database: Database;
+  let second: AppClient;
+
+  beforeAll(async () => {
+    database = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    second = await AppClient.start(database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
+  });
+  afterAll(async () => {
+    await second?.close();
+    await database?.close();
+  });
+
+  it('a revocation at depth 0 stops a depth-2 sub-run mid-plan on another replica, and everything in between', async () => {
+    const rootGrant = await grantTool(h.client, { tenant: T, agent: A, tool: 'search', scope: 'per-session', scope_ref: 'session-cascade' });
+    const root = newRunId('root');
+    const started = await h.client.post('/runs/execute', {
+      token: as(A),
+      body: { run_id: root, session_id: 'session-cascade', keep_open: true, budget_units: 100, context: {}, plan: [step('search', 'root')] },
+    });
+    expect(started.body.status).toBe('running');
+    const handOff = (client: AppClient, agentId: string, parent: string, sub: string, subAgent: string, budget: number) =>
+      client.post(`/runs/${parent}/handoffs`, { token: as(agentId), body: { sub_agent_id: subAgent, sub_run_id: sub, budget_units: budget, delegable_tool_ids: ['search', 'held'], max_fanout: 2 } });
+    // A's grant for `held` is its per-tenant one; the per-session grant is what backs `search`.
+    const middle = newRunId('middle');
+    expect((await handOff(h.client, A, root, middle, B, 50)).status).toBe(201);
+    const queued = newRunId('queued');
+    expect((await handOff(h.client, A, root, queued, C, 5)).status).toBe(201);
+    expect((await second.post('/runs/execute', { token: as(B), body: { run_id: middle, parent_run_id: root, keep_open: true, context: {}, plan: [step('search', 'middle')] } })).body.status).toBe('running');
+    const leaf = newRunId('leaf');
+    expect((await handOff(second, B, middle, leaf, C, 20)).status).toBe(201);
+
+    const gate = backend.hitsOn('/gate').length;
+    const leafRun = second.post('/runs/execute', {
+      token: as(C),
+      body: { run_id: leaf, parent_run_id: middle, context: {}, plan: [step('held', 'leaf in flight'), step('search', 'leaf never')] },
+    });
+    await backend.waitForHits('/gate', gate + 1);
+    const revoked = await h.client.post(`/grants/${rootGrant.id}/revoke`, { token: operator, body: { reason: 'root agent compromised' } });
+    expect(revoked.status).toBe(200);
+    backend.openGate();
+    const res = await leafRun;
+    expect(res.status).toBe(403);
+    expect(res.body.status).toBe('failed');
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    expect(res.body.steps[1].error).toMatchObject({ code: 'grant_revoked', details: { grant_id: rootGrant.id, cascade_depth: 2 } });
+    expect(hitsOf(leaf)).toEqual(['leaf in flight']);
+
+    for (const runId of [root, middle, queued, leaf]) expect(await statusOf(second, runId)).toBe('failed');
+    const stops = await audit({ event_type: 'run.stopped', since: new Date(Date.now() - 60_000).toISOString() });
+    const depthOf = (runId: string) => stops.find((e) => e.run_id === runId)?.details;
+    expect(depthOf(root)).toMatchObject({ cascade_depth: 0, cause: 'grant_revoked', grant_id: rootGrant.id, previous_status: 'running' });
+    expect(depthOf(middle)).toMatchObject({ cascade_depth: 1, via_run_id: root });
+    expect(depthOf(queued)).toMatchObject({ cascade_depth: 1, previous_status: 'queued' });
+    expect(depthOf(leaf)).toMatchObject({ cascade_depth: 2, via_run_id: middle, attribution: [{ run_id: root, agent_id: A }, { run_id: middle, agent_id: B }, { run_id: leaf, agent_id: C }] });
+    for (const runId of [root, middle, queued, leaf]) expect(stops.find((e) => e.run_id === runId)?.actor).toBe(`operator:ops.${T}`);
+  });
+
+  it('stops paused and waiting runs that relied on a revoked grant, not the others', async () => {
+    const grant = await grantTool(h.client, { tenant: T, agent: OWNER, tool: 'search', scope: 'per-session', scope_ref: 'session-idle' });
+    const paused = newRunId('paused');
+    await h.client.post('/runs/execute', { token: as(OWNER), body: { run_id: paused, session_id: 'session-idle', keep_open: true, context: {}, plan: [step('search', 'p')] } });
+    await h.client.post(`/runs/${paused}/pause`, { token: operator, body: {} });
+    // Without the session, the same agent's calls rest on its per-tenant grant instead.
+    const bystander = newRunId('bystander');
+    await h.client.post('/runs/execute', { token: as(OWNER), body: { run_id: bystander, keep_open: true, context: {}, plan: [step('search', 'b')] } });
+    await second.post(`/grants/${grant.id}/revoke`, { token: operator, body: { reason: 'session over' } });
+    expect(await statusOf(h.client, paused)).toBe('failed');
+    expect(await statusOf(h.client, bystander)).toBe('running');
+    const res = await h.client.post(`/runs/${paused}/resume`, { token: operator, body: {} });
+    expect(res.status).toBe(403);
+    expect(res.body.error.code).toBe('grant_revoked');
+  });
+
+  it('an expiry stops the runs that relied on the grant, recorded by system.expiry', async () => {
+    const agentId = 'expiring.agent';
+    await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search', expires_at: new Date(Date.now() + 1_500).toISOString() });
+    const runId = newRunId('expiring');
+    await h.client.post('/runs/execute', { token: as(agentId), body: { run_id: runId, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'e')] } });
+    const sub = newRunId('expiring-sub');
+    expect((await h.client.post(`/runs/${runId}/handoffs`, { token: as(agentId), body: { sub_agent_id: C, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0 } })).status).toBe(201);
+    await within(10_000, async () => (await statusOf(h.client, sub)) === 'failed');
+    expect(await statusOf(h.client, runId)).toBe('failed');
+    const [stop] = await audit({ run_id: sub, event_type: 'run.stopped' });
+    expect(stop).toMatchObject({ actor: 'system.expiry', reason_code: 'grant_expired', details: { cascade_depth: 1 } });
+    expect((await h.client.get(`/runs/${runId}/handoffs`, { token: operator })).body.items[0]).toMatchObject({ status: 'closed', returned_units: 5 });
+  });
+
+  it('a platform-wide tool kill switch stops runs of every tenant; a tenant-scoped one only its tenant’s', async () => {
+    const agentId = 'feeds.agent';
+    for (const tenant of [T, OTHER_T]) await grantTool(h.client, { tenant, agent: agentId, tool: 'feeds.publish' });
+    await grantTool(h.client, { tenant: OTHER_T, agent: agentId, tool: 'search' });
+    const waiting = async (client: AppClient, tenant: string) => {
+      const runId = newRunId(tenant);
+      const res = await client.post('/runs/execute', { token: as(agentId, tenant), body: { run_id: runId, keep_open: true, budget_units: 10, context: {}, plan: [step('feeds.publish', 'news')] } });
+      expect(res.status).toBe(202);
+      return runId;
+    };
+    const ours = await waiting(h.client, T);
+    const theirs = await waiting(second, OTHER_T);
+    const theirSub = newRunId('sub');
+    expect((await second.post(`/runs/${theirs}/handoffs`, { token: as(agentId, OTHER_T), body: { sub_agent_id: C, sub_run_id: theirSub, budget_units: 2, delegable_tool_ids: [], max_fanout: 0 } })).status).toBe(201);
+    const unrelated = newRunId('unrelated');
+    await second.post('/runs/execute', { token: as(agentId, OTHER_T), body: { run_id: unrelated, keep_open: true, context: {}, plan: [step('search', 'other tool')] } });
+
+    const tenantSwitch = await h.client.post('/kill-switches', {
+      token: operator,
+      body: { scope: 'tool', target: 'feeds.publish', reason: 'bad feed in this tenant', user_visible_status_copy: 'Publishing paused here' },
+    });
+    expect(tenantSwitch.status).toBe(201);
+    expect(await statusOf(h.client, ours)).toBe('killed');
+    expect(await statusOf(second, theirs, OTHER_T)).toBe('awaiting_approval');
+
+    const platformSwitch = await second.post('/kill-switches', {
+      token: tokens.platform(),
+      body: { scope: 'tool', target: 'feeds.publish', reason: 'bad feed everywhere', user_visible_status_copy: 'Publishing paused' },
+    });
+    expect(platformSwitch.status).toBe(201);
+    expect(await statusOf(second, theirs, OTHER_T)).toBe('killed');
+    expect(await statusOf(second, theirSub, OTHER_T)).toBe('killed');
+    expect(await statusOf(second, unrelated, OTHER_T)).toBe('running');
+    const [stop] = await audit({ run_id: theirSub, event_type: 'run.stopped' });
+    expect(stop).toMatchObject({ reason_code: 'kill_switch_active', details: { cascade_depth: 1, kill_switch_id: platformSwitch.body.id, platform_wide: true } });
+    const res = await second.post(`/runs/${theirs}/resume`, { token: as(agentId, OTHER_T), body: {} });
+    expect(res.status).toBe(403);
+    expect(res.body.error).toMatchObject({ code: 'kill_switch_active', message: 'Publishing paused' });
+
+    await h.client.post(`/kill-switches/${tenantSwitch.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
+    await h.client.post(`/kill-switches/${platformSwitch.body.id}/disarm`, { token: tokens.platform(), body: { reason: 'over' } });
+  });
+});
