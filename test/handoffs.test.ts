@@ -239,7 +239,7 @@ describe('a sub-run', () => {
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'skipped']);
     expect(res.body.warnings).toContain('subagent_budget_exceeded');
     const [overshoot] = await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' });
-    expect(overshoot.details).toMatchObject({ used_units: 7, budget_units: 5 });
+    expect(overshoot!.details).toMatchObject({ used_units: 7, budget_units: 5 });
     expect((await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) })).body.items[0]).toMatchObject({ spent_units: 7, returned_units: 0 });
     expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 9, remaining_units: 91 });
   });
