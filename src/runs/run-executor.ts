@@ -203,8 +203,10 @@ export class RunExecutor {
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
     // The backend was contacted: the call costs what it reported, else the contract's price.
+    // Settling runs alongside the outcome record: until it lands, the reservation still holds
+    // the units, so budgets only err on the strict side meanwhile.
     const costUnits = result.ok ? (result.reportedCostUnits ?? tool.cost_units) : tool.cost_units;
-    if (reservation) await budgets.settle(reservation, costUnits);
+    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve();
 
     let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
       ? { ok: true, output: result.output }
@@ -216,7 +218,7 @@ export class RunExecutor {
         outcome = { ok: false, code: 'tool_output_schema_invalid', message: 'the backend output does not match the output schema; it was withheld', details: { errors } };
       }
     }
-    const record = await this.deps.audit.append({
+    const outcomeRecord = this.deps.audit.append({
       ...base,
       event_type: outcome.ok ? 'run.step.completed' : 'run.step.failed',
       status: outcome.ok ? 'completed' : 'failed',
@@ -227,6 +229,7 @@ export class RunExecutor {
       cost_units: costUnits,
       details: outcome.ok ? { reported_cost_units: result.ok ? (result.reportedCostUnits ?? null) : null } : { message: outcome.message, ...outcome.details },
     });
+    const [record] = await Promise.all([outcomeRecord, settled]);
     this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
     return outcome.ok
       ? { ok: true, output: outcome.output, costUnits, auditId: record.event_id }
