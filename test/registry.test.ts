@@ -526,3 +526,26 @@ describe('the catalog on the hot path', () => {
     expect(h.client.app.services.catalog.ageMs()).toBeLessThan(5_000);
   });
 });
+
+describe('re-registration and deprecation', () => {
+  it('refuses to change a deprecation through re-registration, but re-seeds a deprecated version unchanged', async () => {
+    await registered({ id: 'reseed.tool' });
+    await h.client.post('/tools/reseed.tool/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2026-01-01T00:00:00Z' } });
+    const reseed = await register({ id: 'reseed.tool' });
+    expect(reseed.status).toBe(200);
+    expect(reseed.body.deprecation).toMatchObject({ deprecated_at: '2026-01-01T00:00:00.000Z' });
+    const sameDeprecation = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00.000Z', replacement_tool_id: null } });
+    expect(sameDeprecation.status).toBe(200);
+    const other = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2027-01-01T00:00:00Z', replacement_tool_id: null } });
+    expect(other.status).toBe(409);
+    expect(other.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['deprecation'] } });
+  });
+
+  it('accepts a deprecation at registration and records it', async () => {
+    const res = await register({ id: 'born.deprecated' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00+02:00', replacement_tool_id: 'born.deprecated' } });
+    expect(res.status).toBe(201);
+    expect(res.body.deprecation).toEqual({ deprecated_at: '2025-12-31T22:00:00.000Z', replacement_tool_id: 'born.deprecated' });
+    const newest = await h.client.get('/tools/born.deprecated', { token: platform });
+    expect(newest.body.error.code).toBe('tool_version_not_found');
+  });
+});

@@ -41,6 +41,7 @@ export class ToolCatalog {
   private closed = false;
   private running: Promise<void> | undefined;
   private queued: Promise<void> | undefined;
+  private failing = false;
 
   constructor(private readonly options: ToolCatalogOptions) {}
 
@@ -251,7 +252,17 @@ export class ToolCatalog {
     if (!this.closed) this.refreshQuietly();
   };
 
+  // Logged once per outage, not on every check.
   private refreshQuietly(): void {
-    this.refresh().catch((error: unknown) => this.options.logger.warn({ err: error }, 'tool catalog refresh failed; keeping the last copy'));
+    this.refresh().then(
+      () => {
+        if (this.failing) this.options.logger.warn({ revision: this.heldRevision }, 'tool catalog refreshed again');
+        this.failing = false;
+      },
+      (error: unknown) => {
+        if (!this.failing) this.options.logger.warn({ err: error }, 'tool catalog refresh failed; serving the last copy');
+        this.failing = true;
+      },
+    );
   }
 }
