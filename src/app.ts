@@ -2,20 +2,35 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import type { Logger } from 'pino';
 import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
+import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
+import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
+import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
 import { installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
+import { budgetRoutes } from './http/routes/budgets.js';
 import { docsRoutes } from './http/routes/docs.js';
+import { grantRoutes } from './http/routes/grants.js';
+import { killSwitchRoutes } from './http/routes/kill-switches.js';
 import { operationsRoutes } from './http/routes/operations.js';
 import { tenantRoutes } from './http/routes/tenants.js';
+import { runRoutes } from './http/routes/runs.js';
 import { toolRoutes } from './http/routes/tools.js';
+import type { AdmissionPorts } from './admission/ports.js';
+import { createEgressExecutor } from './egress/egress-executor.js';
+import type { Resolver } from './egress/resolver.js';
+import { BackendClient } from './proxy/backend-client.js';
+import { RunExecutor } from './runs/run-executor.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
+import { KillSwitchService } from './kill-switches/kill-switch-service.js';
+import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 import { ToolCatalog } from './registry/tool-catalog.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
+import { RateLimiter } from './rate-limits/rate-limiter.js';
 
 export interface AppOptions {
   config: Config;
@@ -23,6 +38,8 @@ export interface AppOptions {
   keys: VerificationKeys;
   logger: Logger;
   now?: () => Date;
+  /** How the egress executor resolves host names (default `dns.lookup`); tests stand in for the internet. */
+  resolver?: Resolver;
 }
 
 /** The services built once by the composition root and shared by every route. */
@@ -34,6 +51,16 @@ export interface Services {
   now: () => Date;
   /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
   catalog: ToolCatalog;
+  /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
+  budgets: BudgetLedger;
+  /** Token buckets per (tenant, agent, tool) (SPEC §5). */
+  rateLimiter: RateLimiter;
+  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  grants: GrantService;
+  /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
+  killSwitches: KillSwitchSnapshot;
+  /** Executes runs: admission, dispatch, audit (SPEC §6). */
+  runs: RunExecutor;
 }
 
 declare module 'fastify' {
@@ -57,7 +84,40 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditCommitBatchSize.observe(batchSize);
   });
   const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
-  const services: Services = { config, database, audit, metrics, now, catalog };
+  const budgets = new BudgetLedger(database.db, {
+    now,
+    registry: metrics.registry,
+    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
+    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+  });
+  const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
+  const grants = new GrantService({ db: database.db, audit, tools: catalog, now });
+  const killSwitches = new KillSwitchSnapshot({
+    db: database.db,
+    listener: database.listener,
+    registry: metrics.registry,
+    logger,
+    ...config.killSwitches,
+  });
+  const expirySweeper = new GrantExpirySweeper({
+    db: database.db,
+    now,
+    intervalMs: config.grants.expirySweepIntervalMs,
+    logger,
+  });
+  const ports: AdmissionPorts = {
+    catalog,
+    grants,
+    killSwitches,
+    budgets,
+    rateLimiter,
+    tenantPolicy: { externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled },
+    egress: createEgressExecutor({ allowCidrs: config.egressAllowCidrs, ...(options.resolver ? { resolver: options.resolver } : {}) }),
+  };
+  const backend = new BackendClient();
+  const runs = new RunExecutor({ db: database.db, audit, ports, backend, metrics, now });
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -95,9 +155,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   app.addHook('onReady', async () => {
     await catalog.start();
+    await killSwitches.start();
+    expirySweeper.start();
   });
   app.addHook('onClose', async () => {
-    await catalog.close();
+    await expirySweeper.stop();
+    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop(), backend.close()]);
     await audit.drain();
   });
 
@@ -107,11 +170,23 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audience: config.jwt.audience,
     audit,
   });
-  await app.register(operationsRoutes, { database, metrics, readinessChecks: [() => catalog.readiness()] });
+  await app.register(operationsRoutes, {
+    database,
+    metrics,
+    readinessChecks: [() => catalog.readiness(), () => killSwitches.readiness()],
+  });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit });
+  await app.register(grantRoutes, { grants, audit, now });
+  await app.register(killSwitchRoutes, {
+    service: new KillSwitchService(database.db, killSwitches, now),
+    snapshot: killSwitches,
+    audit,
+    tools: catalog,
+  });
   await app.register(tenantRoutes, { db: database.db, audit, now });
+  await app.register(runRoutes, { db: database.db, audit, executor: runs, maxPlanSteps: config.maxPlanSteps });
   await app.register(toolRoutes, {
     db: database.db,
     catalog,
@@ -119,5 +194,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     secrets: config.secrets,
     externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled,
   });
+  await app.register(budgetRoutes, { db: database.db, audit, now });
   return app;
 }

@@ -1,7 +1,9 @@
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 
 let h: Harness;
@@ -66,16 +68,15 @@ describe('HTTP conventions', () => {
   });
 });
 
-describe('when the database is unreachable', () => {
-  it('fails closed: /ready and audited routes answer 503 gateway_unavailable', async () => {
-    const database = await openDatabase({
-      databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere',
-      dataDir: '',
-      poolSize: 1,
-      logger: pino({ level: 'silent' }),
-    });
+describe.skipIf(!hasPostgresServer)('when the database goes away (needs a PostgreSQL server)', () => {
+  it('fails closed: /ready and audited routes answer 503 gateway_unavailable, and it recovers', async () => {
+    const server = new URL(h.db.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 2, logger: pino({ level: 'silent' }) });
     const client = await AppClient.start(database);
     try {
+      expect((await client.get('/ready')).status).toBe(200);
+      proxy.cutConnections();
       const ready = await client.get('/ready');
       expect(ready.status).toBe(503);
       expect(ready.body.error.code).toBe('gateway_unavailable');
@@ -86,9 +87,17 @@ describe('when the database is unreachable', () => {
       const escalation = await client.get('/audit', { token: tokens.agent('a.one', { tenant: 't1' }) });
       expect(escalation.status).toBe(503);
       expect((await client.get('/health')).status).toBe(200);
+      proxy.restore();
+      let recovered = 0;
+      for (let i = 0; i < 50 && recovered !== 200; i += 1) {
+        recovered = (await client.get('/audit', { token: tokens.platform() })).status;
+        if (recovered !== 200) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(recovered).toBe(200);
     } finally {
       await client.close();
       await database.close();
+      await proxy.close();
     }
   });
 });

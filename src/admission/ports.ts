@@ -107,8 +107,8 @@ export interface BudgetPort {
     units: number;
     requestLimitUnits?: number | undefined;
   }): Promise<{ ok: true; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] } | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }>;
-  settle(reservation: Reservation, actualUnits: number): Promise<void>;
-  release(reservation: Reservation): Promise<void>;
+  settle(reservation: Reservation, actualUnits: number): Promise<unknown>;
+  release(reservation: Reservation): Promise<unknown>;
 }
 
 export interface RateLimitPort {

@@ -25,6 +25,18 @@ export interface Config {
   registryRefreshMs: number;
   /** The `TOOLGATE_SECRET_*` variables, snapshot at start-up: the only ones backend headers may name. Never log. */
   secrets: Readonly<Record<string, string>>;
+  /** An open budget reservation older than this is presumed abandoned and released. */
+  budgetReservationTtlSeconds: number;
+  killSwitches: {
+    /** How often each replica compares its snapshot's version with the database. */
+    pollIntervalMs: number;
+    /** A snapshot not confirmed for this long fails closed (SPEC §4 hard bound: 5 s). */
+    maxStalenessMs: number;
+  };
+  grants: {
+    /** How often the expiry sweeper looks for grants that lapsed. */
+    expirySweepIntervalMs: number;
+  };
 }
 
 /** Names of the variables tool backends may read secrets from. */
@@ -83,6 +95,10 @@ const environmentSchema = z
     TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
     TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
     TOOLGATE_REGISTRY_REFRESH_MS: intInRange(50, 1_000, 250),
+    TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(60, 86_400, 900),
+    TOOLGATE_KILL_SWITCH_POLL_MS: intInRange(50, 60_000, 1_000),
+    TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: intInRange(500, 60_000, 5_000),
+    TOOLGATE_GRANT_EXPIRY_SWEEP_MS: intInRange(50, 60_000, 1_000),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -100,6 +116,13 @@ const environmentSchema = z
         path: ['TOOLGATE_JWT_PUBLIC_KEY'],
         message:
           'production needs TOOLGATE_JWT_PUBLIC_KEY, TOOLGATE_JWT_JWKS_FILE or TOOLGATE_JWT_SECRET',
+      });
+    }
+    if (env.TOOLGATE_KILL_SWITCH_POLL_MS >= env.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['TOOLGATE_KILL_SWITCH_POLL_MS'],
+        message: 'must be shorter than TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS, or every snapshot goes stale between checks',
       });
     }
   });
@@ -153,6 +176,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         Object.entries(env).filter((entry): entry is [string, string] => SECRET_ENV_PATTERN.test(entry[0]) && typeof entry[1] === 'string'),
       ),
     ),
+    budgetReservationTtlSeconds: e.TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS,
+    killSwitches: {
+      pollIntervalMs: e.TOOLGATE_KILL_SWITCH_POLL_MS,
+      maxStalenessMs: e.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS,
+    },
+    grants: { expirySweepIntervalMs: e.TOOLGATE_GRANT_EXPIRY_SWEEP_MS },
   };
 }
 

@@ -53,6 +53,11 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   });
   // An idle client losing its server must not crash the process; the next query reports it.
   pool.on('error', (error) => logger.warn({ err: error }, 'idle database connection failed'));
+  // pg-pool listens for errors only on idle clients; a checked-out client whose server goes away
+  // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
+  pool.on('connect', (client) => {
+    client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
+  });
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
   const listener = new PgNotificationListener(connectionString, logger);
   return {

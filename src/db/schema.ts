@@ -40,14 +40,115 @@ export interface SchemaMigrationTable {
   applied_at: Generated<Date>;
 }
 
+// Budgets and rate limits (migrations/0005). numeric columns arrive as text.
+export interface BudgetTable {
+  id: string;
+  tenant_id: string;
+  scope: string;
+  agent_id: string | null;
+  run_id: string | null;
+  period: string;
+  limit_units: ColumnType<string, string, string>;
+  warn_ratio: number;
+  grace_units: ColumnType<string, string, string>;
+  created_at: ColumnType<Date, Date, never>;
+  created_by: ColumnType<string, string, never>;
+  updated_at: Date;
+  updated_by: string;
+  removed_at: Date | null;
+  removed_by: string | null;
+}
+
+export interface BudgetCounterTable {
+  counter_key: string;
+  period_start: Date;
+  spent_units: ColumnType<string, string | undefined, string>;
+  reserved_units: ColumnType<string, string | undefined, string>;
+}
+
+export interface BudgetReservationTable {
+  id: string;
+  tenant_id: string;
+  agent_id: string;
+  run_id: string;
+  units: ColumnType<string, string, never>;
+  actual_units: ColumnType<string | null, string | null, string | null>;
+  status: string;
+  charges: ColumnType<Array<{ counter_key: string; period_start: string }>, string, never>;
+  reserved_at: ColumnType<Date, Date, never>;
+  expires_at: ColumnType<Date, Date, never>;
+  closed_at: Date | null;
+}
+
+export interface RateBucketTable {
+  tenant_id: string;
+  agent_id: string;
+  tool_id: string;
+  tokens: number;
+  updated_at: Date;
+}
+
+/** Grants (SPEC §3); migration 0003. */
+export interface GrantTable {
+  id: string;
+  tenant_id: string;
+  agent_id: string;
+  tool_id: string;
+  scope: string;
+  scope_ref: string;
+  capability_modifiers: ColumnType<Record<string, unknown>, string, string>;
+  expires_at: Date;
+  granted_by_actor_id: string;
+  granted_by_actor_role: string;
+  rationale: string;
+  granted_at: Date;
+  revoked_at: Date | null;
+  revoked_by_actor_id: string | null;
+  revoked_by_actor_role: string | null;
+  revocation_reason: string | null;
+  renewed_from: string | null;
+  superseded_by: string | null;
+  expiry_recorded_at: Date | null;
+}
+
+/** Kill switches (SPEC §4); migration 0003. */
+export interface KillSwitchTable {
+  id: string;
+  scope: string;
+  target: string;
+  tenant_id: string | null;
+  reason: string;
+  user_visible_status_copy: string;
+  safe_degradation_mode_id: string | null;
+  armed_by_actor_id: string;
+  armed_by_actor_role: string;
+  armed_at: Date;
+  disarmed_at: Date | null;
+  disarmed_by_actor_id: string | null;
+  disarmed_by_actor_role: string | null;
+  disarm_reason: string | null;
+}
+
+export interface KillSwitchStateTable {
+  id: number;
+  version: ColumnType<number, number, number>;
+}
+
 export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
   schema_migrations: SchemaMigrationTable;
+  grants: GrantTable;
+  kill_switches: KillSwitchTable;
+  kill_switch_state: KillSwitchStateTable;
   runs: RunTable;
   tenant_policies: TenantPolicyTable;
   tool_versions: ToolVersionTable;
   registry_revision: RegistryRevisionTable;
+  budgets: BudgetTable;
+  budget_counters: BudgetCounterTable;
+  budget_reservations: BudgetReservationTable;
+  rate_buckets: RateBucketTable;
 }
 
 export interface RunTable {

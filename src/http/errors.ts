@@ -24,6 +24,7 @@ export const ERROR_CODES = [
   'run_id_conflict',
   'tool_version_conflict',
   'run_not_resumable',
+  'budget_conflict',
   'payload_too_large',
   'tool_input_schema_invalid',
   'rate_limited',
@@ -66,6 +67,7 @@ export function statusForCode(code: ErrorCode): number {
     case 'run_id_conflict':
     case 'tool_version_conflict':
     case 'run_not_resumable':
+    case 'budget_conflict':
       return 409;
     case 'payload_too_large':
       return 413;

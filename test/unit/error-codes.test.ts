@@ -3,14 +3,15 @@ import { describe, expect, it } from 'vitest';
 import { ERROR_CODES, statusForCode } from '../../src/http/errors.js';
 import { openapi } from '../helpers/contract.js';
 
-// SPEC §7, plus `forbidden` (an operator lacking the role a route needs) and `internal`.
+// SPEC §7, plus `forbidden` (an operator lacking the role a route needs), `internal` and
+// `budget_conflict` (a second budget for the same tenant, scope, subject and period).
 const SPEC_STATUS: Record<string, number> = {
   invalid_request: 400, missing_required_context: 400, unauthenticated: 401, budget_exceeded: 402,
   agent_forbidden: 403, forbidden: 403, tool_category_blocked: 403, unauthorized_tool_access: 403,
   grant_missing: 403, grant_expired: 403, grant_revoked: 403, tool_scope_missing: 403,
   kill_switch_active: 403, egress_denied: 403, handoff_rejected: 403, not_found: 404,
   tool_not_registered: 404, tool_version_not_found: 404, run_id_conflict: 409,
-  tool_version_conflict: 409, run_not_resumable: 409, payload_too_large: 413,
+  tool_version_conflict: 409, run_not_resumable: 409, budget_conflict: 409, payload_too_large: 413,
   tool_input_schema_invalid: 422, rate_limited: 429, internal: 500, tool_backend_failed: 502,
   tool_output_schema_invalid: 502, tool_backend_not_configured: 503, gateway_unavailable: 503,
   tool_backend_timeout: 504,

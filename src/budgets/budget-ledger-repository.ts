@@ -1,0 +1,232 @@
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import type { BudgetTable, DB } from '../db/schema.js';
+import type { Budget, ChargeSubject } from './budget.js';
+import { toBudget } from './budget-repository.js';
+import { fromMicros, toMicros, type Micros } from './budget-units.js';
+import type { CounterLevel } from './budget-verdict.js';
+
+/** One counter: a budget's (or a run's) period window. */
+export interface CounterRef {
+  key: string;
+  periodStart: Date;
+}
+
+/** How counters are named in maps: key and window start. */
+export function counterId(ref: CounterRef): string {
+  return `${ref.key}@${ref.periodStart.toISOString()}`;
+}
+
+const microsText = (micros: Micros) => fromMicros(micros).toFixed(6);
+
+/** Live budgets that may apply to any of these subjects (callers filter per subject). */
+export async function findBudgetsFor(db: Kysely<DB>, subjects: ChargeSubject[]): Promise<Budget[]> {
+  if (subjects.length === 0) return [];
+  const tenants = [...new Set(subjects.map((s) => s.tenantId))];
+  const agents = [...new Set(subjects.map((s) => s.agentId))];
+  const runs = [...new Set(subjects.map((s) => s.runId))];
+  const rows = await db
+    .selectFrom('budgets')
+    .selectAll()
+    .where('removed_at', 'is', null)
+    .where('tenant_id', 'in', tenants)
+    .where((eb) =>
+      eb.or([
+        eb('scope', '=', 'tenant'),
+        eb.and([eb('scope', '=', 'agent'), eb('agent_id', 'in', agents)]),
+        eb.and([eb('scope', '=', 'run'), eb('run_id', 'in', runs)]),
+      ]),
+    )
+    .execute();
+  return rows.map(toBudget);
+}
+
+/** The windows a batch decided at one instant charges: today, this month, and all time. */
+export interface Windows {
+  day: Date;
+  month: Date;
+  total: Date;
+}
+
+/**
+ * In one statement: finds the live budgets that may apply to these subjects (callers filter per
+ * subject), and locks the counters of their current windows plus `extra` ones, creating empty
+ * counters as needed. Counters are locked in (counter_key, period_start) order, the order every
+ * writer uses, so concurrent transactions on any replica queue behind each other instead of
+ * deadlocking.
+ */
+export async function lockBudgetCounters(
+  trx: Transaction<DB>,
+  subjects: ChargeSubject[],
+  windows: Windows,
+  extra: CounterRef[],
+): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
+  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
+  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
+    with applicable as (
+      select * from budgets
+      where removed_at is null
+        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
+        and (scope = 'tenant'
+          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
+          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
+    ),
+    wanted as (
+      select id as k,
+             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
+                         else ${windows.total}::timestamptz end as p
+      from applicable
+      union
+      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
+    ),
+    locked as (
+      insert into budget_counters (counter_key, period_start)
+      select k, p from wanted order by k, p
+      on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key
+      returning counter_key, period_start, spent_units, reserved_units
+    )
+    select l.*, a.* from locked l left join applicable a on a.id = l.counter_key
+  `.execute(trx);
+  const budgets = new Map<string, Budget>();
+  for (const row of result.rows) {
+    if (row.id !== null && row.id !== undefined) budgets.set(row.id, toBudget(row as Selectable<BudgetTable>));
+  }
+  return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
+}
+
+/** What the counters hold, without locking them (dry runs and reads). */
+export async function readCounters(db: Kysely<DB>, refs: CounterRef[]): Promise<Map<string, CounterLevel>> {
+  if (refs.length === 0) return new Map();
+  const result = await sql<CounterRow>`
+    select c.counter_key, c.period_start, c.spent_units, c.reserved_units
+    from budget_counters c
+    join unnest(${refs.map((r) => r.key)}::text[], ${refs.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
+      on c.counter_key = t.k and c.period_start = t.p
+  `.execute(db);
+  return levelsOf(result.rows);
+}
+
+interface CounterRow {
+  counter_key: string;
+  period_start: Date;
+  spent_units: string;
+  reserved_units: string;
+}
+
+function levelsOf(rows: CounterRow[]): Map<string, CounterLevel> {
+  return new Map(
+    rows.map((row) => [
+      counterId({ key: row.counter_key, periodStart: new Date(row.period_start) }),
+      { spentMicros: toMicros(row.spent_units), reservedMicros: toMicros(row.reserved_units) },
+    ]),
+  );
+}
+
+export interface CounterDelta extends CounterRef {
+  spentMicros: Micros;
+  reservedMicros: Micros;
+}
+
+export interface NewReservation extends ChargeSubject {
+  id: string;
+  unitsMicros: Micros;
+  charges: CounterRef[];
+}
+
+/**
+ * In one statement: adds the deltas to counters this transaction has locked, and records the
+ * new reservations, all reserved at `reservedAt` and presumed abandoned after `expiresAt`.
+ */
+export async function writeLedger(
+  trx: Transaction<DB>,
+  deltas: CounterDelta[],
+  reservations: NewReservation[],
+  reservedAt: Date,
+  expiresAt: Date,
+): Promise<void> {
+  const changed = deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
+  if (changed.length === 0 && reservations.length === 0) return;
+  await sql`
+    with counters as (
+      update budget_counters c
+      set spent_units = c.spent_units + d.spent, reserved_units = c.reserved_units + d.reserved
+      from unnest(
+        ${changed.map((d) => d.key)}::text[],
+        ${changed.map((d) => d.periodStart)}::timestamptz[],
+        ${changed.map((d) => microsText(d.spentMicros))}::numeric[],
+        ${changed.map((d) => microsText(d.reservedMicros))}::numeric[]
+      ) as d(k, p, spent, reserved)
+      where c.counter_key = d.k and c.period_start = d.p
+      returning 1
+    ),
+    ledger as (
+      insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
+      select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
+      from unnest(
+        ${reservations.map((r) => r.id)}::text[],
+        ${reservations.map((r) => r.tenantId)}::text[],
+        ${reservations.map((r) => r.agentId)}::text[],
+        ${reservations.map((r) => r.runId)}::text[],
+        ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
+        ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
+      ) as r(id, tenant_id, agent_id, run_id, units, charges)
+      returning 1
+    )
+    select (select count(*) from counters) as counters, (select count(*) from ledger) as reservations
+  `.execute(trx);
+}
+
+export type ClosedStatus = 'settled' | 'released' | 'expired';
+
+export interface ReservationClose {
+  id: string;
+  status: ClosedStatus;
+  /** Settled only: what the call actually cost. */
+  actualMicros: Micros | null;
+}
+
+export interface ClosedReservation {
+  id: string;
+  unitsMicros: Micros;
+  charges: CounterRef[];
+}
+
+/**
+ * Closes reservations that are still open and returns them; one already settled, released or
+ * expired is left alone and not returned, so settling twice never counts twice. When one id is
+ * closed twice in the batch, the first close wins.
+ */
+export async function closeReservations(trx: Transaction<DB>, closes: ReservationClose[], at: Date): Promise<ClosedReservation[]> {
+  const first = new Map<string, ReservationClose>();
+  for (const close of closes) if (!first.has(close.id)) first.set(close.id, close);
+  const unique = [...first.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  if (unique.length === 0) return [];
+  const result = await sql<{ id: string; units: string; charges: Array<{ counter_key: string; period_start: string }> }>`
+    update budget_reservations r
+    set status = v.status, actual_units = v.actual, closed_at = ${at}
+    from unnest(
+      ${unique.map((c) => c.id)}::text[],
+      ${unique.map((c) => c.status)}::text[],
+      ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
+    ) as v(id, status, actual)
+    where r.id = v.id and r.status = 'reserved'
+    returning r.id, r.units, r.charges
+  `.execute(trx);
+  return result.rows.map((row) => ({
+    id: row.id,
+    unitsMicros: toMicros(row.units),
+    charges: row.charges.map((c) => ({ key: c.counter_key, periodStart: new Date(c.period_start) })),
+  }));
+}
+
+/** Open reservations whose holder should long have settled them: its process is presumed gone. */
+export async function findExpiredReservations(db: Kysely<DB>, now: Date, limit: number): Promise<string[]> {
+  const rows = await db
+    .selectFrom('budget_reservations')
+    .select('id')
+    .where('status', '=', 'reserved')
+    .where('expires_at', '<=', now)
+    .orderBy('expires_at')
+    .limit(limit)
+    .execute();
+  return rows.map((row) => row.id);
+}

@@ -1,0 +1,200 @@
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import type { BudgetTable, DB } from '../db/schema.js';
+import type { Budget, BudgetScope } from './budget.js';
+import { periodEnd, periodStart, type BudgetPeriod } from './budget-period.js';
+import { fromMicros, toMicros } from './budget-units.js';
+
+/** Units as PostgreSQL numeric text, six places. */
+export function unitsText(units: number): string {
+  return fromMicros(toMicros(units)).toFixed(6);
+}
+
+export function toBudget(row: Selectable<BudgetTable>): Budget {
+  return {
+    id: row.id,
+    tenantId: row.tenant_id,
+    scope: row.scope as BudgetScope,
+    agentId: row.agent_id,
+    runId: row.run_id,
+    period: row.period as BudgetPeriod,
+    limitUnits: fromMicros(toMicros(row.limit_units)),
+    warnRatio: Number(row.warn_ratio),
+    graceUnits: fromMicros(toMicros(row.grace_units)),
+    createdAt: new Date(row.created_at),
+    createdBy: row.created_by,
+    updatedAt: new Date(row.updated_at),
+    updatedBy: row.updated_by,
+    removedAt: row.removed_at === null ? null : new Date(row.removed_at),
+    removedBy: row.removed_by,
+  };
+}
+
+/**
+ * Inserts a budget unless a live one already holds its (tenant, scope, subject, period);
+ * returns undefined then.
+ */
+export async function insertBudget(trx: Transaction<DB>, budget: Budget): Promise<Budget | undefined> {
+  const row = await trx
+    .insertInto('budgets')
+    .values({
+      id: budget.id,
+      tenant_id: budget.tenantId,
+      scope: budget.scope,
+      agent_id: budget.agentId,
+      run_id: budget.runId,
+      period: budget.period,
+      limit_units: unitsText(budget.limitUnits),
+      warn_ratio: budget.warnRatio,
+      grace_units: unitsText(budget.graceUnits),
+      created_at: budget.createdAt,
+      created_by: budget.createdBy,
+      updated_at: budget.updatedAt,
+      updated_by: budget.updatedBy,
+    })
+    .onConflict((oc) =>
+      oc
+        .expression(sql`tenant_id, scope, coalesce(agent_id, ''), coalesce(run_id, ''), period`)
+        .where('removed_at', 'is', null)
+        .doNothing(),
+    )
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toBudget(row) : undefined;
+}
+
+/** The live budget holding a (tenant, scope, subject, period), if any. */
+export async function findLiveBudget(
+  db: Kysely<DB>,
+  key: Pick<Budget, 'tenantId' | 'scope' | 'agentId' | 'runId' | 'period'>,
+): Promise<Budget | undefined> {
+  const row = await db
+    .selectFrom('budgets')
+    .selectAll()
+    .where('tenant_id', '=', key.tenantId)
+    .where('scope', '=', key.scope)
+    .where(sql<string>`coalesce(agent_id, '')`, '=', key.agentId ?? '')
+    .where(sql<string>`coalesce(run_id, '')`, '=', key.runId ?? '')
+    .where('period', '=', key.period)
+    .where('removed_at', 'is', null)
+    .executeTakeFirst();
+  return row ? toBudget(row) : undefined;
+}
+
+/** A budget by id, live or removed. Locks it when given a transaction's `forUpdate`. */
+export async function findBudget(db: Kysely<DB>, id: string, options: { forUpdate?: boolean } = {}): Promise<Budget | undefined> {
+  let query = db.selectFrom('budgets').selectAll().where('id', '=', id);
+  if (options.forUpdate) query = query.forUpdate();
+  const row = await query.executeTakeFirst();
+  return row ? toBudget(row) : undefined;
+}
+
+export interface BudgetLimits {
+  limitUnits: number;
+  warnRatio: number;
+  graceUnits: number;
+}
+
+export async function updateBudgetLimits(trx: Transaction<DB>, id: string, limits: BudgetLimits, at: Date, by: string): Promise<Budget> {
+  const row = await trx
+    .updateTable('budgets')
+    .set({
+      limit_units: unitsText(limits.limitUnits),
+      warn_ratio: limits.warnRatio,
+      grace_units: unitsText(limits.graceUnits),
+      updated_at: at,
+      updated_by: by,
+    })
+    .where('id', '=', id)
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  return toBudget(row);
+}
+
+export async function markBudgetRemoved(trx: Transaction<DB>, id: string, at: Date, by: string): Promise<Budget> {
+  const row = await trx
+    .updateTable('budgets')
+    .set({ removed_at: at, removed_by: by, updated_at: at, updated_by: by })
+    .where('id', '=', id)
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  return toBudget(row);
+}
+
+/**
+ * Starts a new budget's current period from what its subject has already spent in it, so that
+ * a monthly budget created mid-month counts the month so far. Open reservations count at their
+ * reserved amount: they were not charged to this budget, so they will never settle against it.
+ */
+export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, now: Date): Promise<void> {
+  const start = periodStart(budget.period, now);
+  const subject =
+    budget.scope === 'agent'
+      ? sql`and agent_id = ${budget.agentId}`
+      : budget.scope === 'run'
+        ? sql`and run_id = ${budget.runId}`
+        : sql``;
+  await sql`
+    insert into budget_counters (counter_key, period_start, spent_units, reserved_units)
+    select ${budget.id}, ${start},
+           coalesce(sum(case status when 'settled' then actual_units when 'reserved' then units else 0 end), 0),
+           0
+    from budget_reservations
+    where tenant_id = ${budget.tenantId} ${subject} and reserved_at >= ${start}
+    on conflict (counter_key, period_start) do nothing
+  `.execute(trx);
+}
+
+/** Budgets with their current period's spent and reserved units, as of `now`. */
+export async function withUsage(db: Kysely<DB>, budgets: Budget[], now: Date): Promise<Array<{ budget: Budget; periodStart: Date; periodEnd: Date | null; spentUnits: number; reservedUnits: number }>> {
+  const windows = budgets.map((budget) => ({ budget, start: periodStart(budget.period, now) }));
+  const rows =
+    windows.length === 0
+      ? []
+      : await db
+          .selectFrom('budget_counters')
+          .select(['counter_key', 'period_start', 'spent_units', 'reserved_units'])
+          .where((eb) =>
+            eb.or(windows.map((w) => eb.and([eb('counter_key', '=', w.budget.id), eb('period_start', '=', w.start)]))),
+          )
+          .execute();
+  const byKey = new Map(rows.map((row) => [`${row.counter_key}@${new Date(row.period_start).toISOString()}`, row]));
+  return windows.map(({ budget, start }) => {
+    const row = byKey.get(`${budget.id}@${start.toISOString()}`);
+    return {
+      budget,
+      periodStart: start,
+      periodEnd: periodEnd(budget.period, now),
+      spentUnits: row ? fromMicros(toMicros(row.spent_units)) : 0,
+      reservedUnits: row ? fromMicros(toMicros(row.reserved_units)) : 0,
+    };
+  });
+}
+
+export interface BudgetQuery {
+  tenantId?: string | undefined;
+  scope?: BudgetScope | undefined;
+  agentId?: string | undefined;
+  runId?: string | undefined;
+  period?: BudgetPeriod | undefined;
+  /** Continue after this (created_at, id), newest first. */
+  after?: { createdAt: Date; id: string } | undefined;
+  limit: number;
+}
+
+/** Live budgets, newest first, one page; `next` continues the listing when more remain. */
+export async function listBudgets(db: Kysely<DB>, query: BudgetQuery): Promise<{ items: Budget[]; next: { createdAt: Date; id: string } | null }> {
+  let q = db.selectFrom('budgets').selectAll().where('removed_at', 'is', null);
+  if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
+  if (query.scope !== undefined) q = q.where('scope', '=', query.scope);
+  if (query.agentId !== undefined) q = q.where('agent_id', '=', query.agentId);
+  if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
+  if (query.period !== undefined) q = q.where('period', '=', query.period);
+  if (query.after !== undefined) {
+    const { createdAt, id } = query.after;
+    q = q.where((eb) => eb(eb.refTuple('created_at', 'id'), '<', eb.tuple(createdAt, id)));
+  }
+  const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const items = rows.slice(0, query.limit).map(toBudget);
+  const last = items[items.length - 1];
+  return { items, next: rows.length > query.limit && last ? { createdAt: last.createdAt, id: last.id } : null };
+}

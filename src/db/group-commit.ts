@@ -1,0 +1,60 @@
+/**
+ * Group commit for hot rows: requests that arrive while a batch is being committed wait and
+ * go together in the next one, so N concurrent callers cost one transaction, not N. `commit`
+ * answers every request of its batch, in order; if it throws, every request of the batch
+ * rejects with that error (an infrastructure fault: callers fail closed).
+ */
+export class GroupCommit<Request, Result> {
+  private queue: Array<{ request: Request; resolve: (result: Result) => void; reject: (error: unknown) => void }> = [];
+  private flushing: Promise<void> | undefined;
+
+  constructor(
+    private readonly commit: (batch: Request[]) => Promise<Result[]>,
+    private readonly maxBatch = 500,
+  ) {}
+
+  submit(request: Request): Promise<Result> {
+    return new Promise((resolve, reject) => {
+      this.queue.push({ request, resolve, reject });
+      this.flushing ??= this.flush().finally(() => {
+        this.flushing = undefined;
+      });
+    });
+  }
+
+  /** Resolves when everything submitted so far has been committed or has failed. */
+  async drain(): Promise<void> {
+    while (this.flushing) await this.flushing;
+  }
+
+  private async flush(): Promise<void> {
+    // Let the requests submitted in the same tick (a burst, a Promise.all) join the first batch.
+    await Promise.resolve();
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.maxBatch);
+      try {
+        const results = await this.commit(batch.map((pending) => pending.request));
+        batch.forEach((pending, i) => pending.resolve(results[i]!));
+      } catch (error) {
+        for (const pending of batch) pending.reject(error);
+      }
+    }
+  }
+}
+
+const RETRYABLE = new Set(['40P01', '40001']);
+
+/**
+ * Runs a transaction again when PostgreSQL aborted it as a deadlock victim or a serialization
+ * failure: nothing of it was committed, so a retry is safe.
+ */
+export async function retryOnConflict<T>(run: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await run();
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (attempt >= attempts || typeof code !== 'string' || !RETRYABLE.has(code)) throw error;
+    }
+  }
+}

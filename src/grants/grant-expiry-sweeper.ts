@@ -1,0 +1,100 @@
+import type { Kysely } from 'kysely';
+import type { Logger } from 'pino';
+import { writeAuditEvents } from '../audit/audit-repository.js';
+import type { DB } from '../db/schema.js';
+import { claimLapsedGrants } from './grant-repository.js';
+
+/** The audit actor of expiry: time, not an operator, ended the grant. */
+export const EXPIRY_ACTOR = 'system.expiry';
+
+const BATCH = 200;
+
+export interface GrantExpirySweeperOptions {
+  db: Kysely<DB>;
+  now: () => Date;
+  intervalMs: number;
+  logger: Logger;
+}
+
+/**
+ * Expiry is revocation (SPEC §3): resolution already refuses a lapsed grant at its
+ * `expires_at`, and this sweeper puts each lapse on record as one `grant.expired` event (actor
+ * `system.expiry`), at most an interval late. Every replica runs one; claiming the grant and
+ * writing its event share a transaction, so each expiry is recorded exactly once.
+ */
+export class GrantExpirySweeper {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<unknown> | undefined;
+  private stopped = false;
+  private failing = false;
+
+  constructor(private readonly options: GrantExpirySweeperOptions) {}
+
+  start(): void {
+    this.stopped = false;
+    this.schedule();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.running;
+  }
+
+  /** Records every lapse due now; returns how many it recorded. */
+  async sweep(): Promise<number> {
+    let recorded = 0;
+    for (;;) {
+      const now = this.options.now();
+      const count = await this.options.db.transaction().execute(async (trx) => {
+        const lapsed = await claimLapsedGrants(trx, now, BATCH);
+        await writeAuditEvents(
+          trx,
+          lapsed.map((grant) => ({
+            occurredAt: now,
+            event: {
+              event_type: 'grant.expired',
+              actor: EXPIRY_ACTOR,
+              tenant_id: grant.tenant_id,
+              agent_id: grant.agent_id,
+              tool_id: grant.tool_id,
+              status: 'expired',
+              reason_code: 'grant_expired',
+              details: {
+                grant_id: grant.id,
+                scope: grant.scope,
+                scope_ref: grant.scope_ref,
+                expires_at: grant.expires_at.toISOString(),
+                recorded_late_ms: now.getTime() - grant.expires_at.getTime(),
+                cascade_depth: 0,
+              },
+            },
+          })),
+        );
+        return lapsed.length;
+      });
+      recorded += count;
+      if (count < BATCH) return recorded;
+    }
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.running = this.sweep()
+        .then(() => {
+          if (this.failing) this.options.logger.info('grant expiry sweeper recovered');
+          this.failing = false;
+        })
+        .catch((error: unknown) => {
+          if (!this.failing) this.options.logger.warn({ err: error }, 'grant expiry sweep failed; retrying');
+          this.failing = true;
+        })
+        .finally(() => {
+          this.running = undefined;
+          this.schedule();
+        });
+    }, this.options.intervalMs);
+    this.timer.unref();
+  }
+}

@@ -1,0 +1,180 @@
+import type { Kysely, Selectable, Transaction } from 'kysely';
+import type { OperatorRole } from '../auth/principal.js';
+import type { DB, GrantTable } from '../db/schema.js';
+import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type Grant, type GrantScope, type GrantStatus, type OperatorActor } from './grant.js';
+import type { RunContext } from './grant-resolver.js';
+
+export type NewGrant = Omit<Grant, 'revoked_at' | 'revoked_by' | 'revocation_reason' | 'superseded_by'>;
+
+export async function insertGrant(trx: Transaction<DB>, grant: NewGrant): Promise<Grant> {
+  const row = await trx
+    .insertInto('grants')
+    .values({
+      id: grant.id,
+      tenant_id: grant.tenant_id,
+      agent_id: grant.agent_id,
+      tool_id: grant.tool_id,
+      scope: grant.scope,
+      scope_ref: grant.scope_ref,
+      capability_modifiers: JSON.stringify(grant.capability_modifiers),
+      expires_at: grant.expires_at,
+      granted_by_actor_id: grant.granted_by.actor_id,
+      granted_by_actor_role: grant.granted_by.actor_role,
+      rationale: grant.rationale,
+      granted_at: grant.granted_at,
+      renewed_from: grant.renewed_from,
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  return toGrant(row);
+}
+
+/**
+ * Ends a grant that is not already revoked; undefined when it was (or does not exist). The
+ * condition makes concurrent revocations and renewals of one grant take effect once.
+ */
+export async function revokeGrant(
+  trx: Transaction<DB>,
+  change: { id: string; by: OperatorActor; reason: string; at: Date; supersededBy?: string },
+): Promise<Grant | undefined> {
+  const row = await trx
+    .updateTable('grants')
+    .set({
+      revoked_at: change.at,
+      revoked_by_actor_id: change.by.actor_id,
+      revoked_by_actor_role: change.by.actor_role,
+      revocation_reason: change.reason,
+      ...(change.supersededBy !== undefined ? { superseded_by: change.supersededBy } : {}),
+    })
+    .where('id', '=', change.id)
+    .where('revoked_at', 'is', null)
+    .returningAll()
+    .executeTakeFirst();
+  return row ? toGrant(row) : undefined;
+}
+
+/** Locks a grant for the rest of the transaction (renewal reads, then ends, the old grant). */
+export async function lockGrant(trx: Transaction<DB>, id: string): Promise<Grant | undefined> {
+  const row = await trx.selectFrom('grants').selectAll().where('id', '=', id).forUpdate().executeTakeFirst();
+  return row ? toGrant(row) : undefined;
+}
+
+export async function findGrant(db: Kysely<DB>, id: string): Promise<Grant | undefined> {
+  const row = await db.selectFrom('grants').selectAll().where('id', '=', id).executeTakeFirst();
+  return row ? toGrant(row) : undefined;
+}
+
+/**
+ * The grants of (tenant, agent, tool) whose scope_ref matches the run context: the resolver's
+ * candidates, in one indexed query (one probe per scope on `grants_resolution`).
+ */
+export async function findGrantCandidates(
+  db: Kysely<DB>,
+  query: { tenantId: string; agentId: string; toolId: string; context: RunContext },
+): Promise<Grant[]> {
+  const probes = GRANT_SCOPES.flatMap((scope) => {
+    const ref = query.context[GRANT_SCOPE_CONTEXT_KEY[scope]];
+    return ref === undefined ? [] : [{ scope, ref }];
+  });
+  if (probes.length === 0) return [];
+  const rows = await db
+    .selectFrom('grants')
+    .selectAll()
+    .where('tenant_id', '=', query.tenantId)
+    .where('agent_id', '=', query.agentId)
+    .where('tool_id', '=', query.toolId)
+    .where((eb) => eb.or(probes.map((p) => eb.and([eb('scope', '=', p.scope), eb('scope_ref', '=', p.ref)]))))
+    .execute();
+  return rows.map(toGrant);
+}
+
+export interface GrantQuery {
+  tenantId?: string | undefined;
+  agentId?: string | undefined;
+  toolId?: string | undefined;
+  scope?: GrantScope | undefined;
+  scopeRef?: string | undefined;
+  status?: GrantStatus | undefined;
+  /** The instant `status` is judged at. */
+  now: Date;
+  after?: { grantedAt: Date; id: string } | undefined;
+  limit: number;
+}
+
+/** Newest first, one page; `next` continues the listing when more remain. */
+export async function listGrants(
+  db: Kysely<DB>,
+  query: GrantQuery,
+): Promise<{ items: Grant[]; next: { grantedAt: Date; id: string } | null }> {
+  let q = db.selectFrom('grants').selectAll();
+  if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
+  if (query.agentId !== undefined) q = q.where('agent_id', '=', query.agentId);
+  if (query.toolId !== undefined) q = q.where('tool_id', '=', query.toolId);
+  if (query.scope !== undefined) q = q.where('scope', '=', query.scope);
+  if (query.scopeRef !== undefined) q = q.where('scope_ref', '=', query.scopeRef);
+  // The same precedence as grantStatus: revoked first, then expired, else live.
+  if (query.status === 'revoked') q = q.where('revoked_at', 'is not', null);
+  if (query.status === 'expired') q = q.where('revoked_at', 'is', null).where('expires_at', '<=', query.now);
+  if (query.status === 'live') q = q.where('revoked_at', 'is', null).where('expires_at', '>', query.now);
+  if (query.after !== undefined) {
+    const { grantedAt, id } = query.after;
+    q = q.where((eb) => eb.or([eb('granted_at', '<', grantedAt), eb.and([eb('granted_at', '=', grantedAt), eb('id', '<', id)])]));
+  }
+  const rows = await q.orderBy('granted_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const items = rows.slice(0, query.limit).map(toGrant);
+  const last = items[items.length - 1];
+  return { items, next: rows.length > query.limit && last ? { grantedAt: last.granted_at, id: last.id } : null };
+}
+
+/**
+ * Marks grants that lapsed by `now` as having had their expiry recorded, and returns them. Rows
+ * another replica's sweeper holds are skipped, and a marked row never matches again, so each
+ * expiry is returned — and recorded by the caller in this transaction — exactly once.
+ */
+export async function claimLapsedGrants(trx: Transaction<DB>, now: Date, limit: number): Promise<Grant[]> {
+  const rows = await trx
+    .updateTable('grants')
+    .set({ expiry_recorded_at: now })
+    .where('id', 'in', (eb) =>
+      eb
+        .selectFrom('grants')
+        .select('id')
+        .where('expiry_recorded_at', 'is', null)
+        .where('revoked_at', 'is', null)
+        .where('expires_at', '<=', now)
+        .orderBy('expires_at')
+        .limit(limit)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .where('expiry_recorded_at', 'is', null)
+    .where('revoked_at', 'is', null)
+    .returningAll()
+    .execute();
+  return rows.map(toGrant).sort((a, b) => a.expires_at.getTime() - b.expires_at.getTime());
+}
+
+function toGrant(row: Selectable<GrantTable>): Grant {
+  return {
+    id: row.id,
+    tenant_id: row.tenant_id,
+    agent_id: row.agent_id,
+    tool_id: row.tool_id,
+    scope: row.scope as GrantScope,
+    scope_ref: row.scope_ref,
+    capability_modifiers:
+      typeof row.capability_modifiers === 'string' ? JSON.parse(row.capability_modifiers) : row.capability_modifiers,
+    expires_at: new Date(row.expires_at),
+    granted_by: { actor_id: row.granted_by_actor_id, actor_role: row.granted_by_actor_role as OperatorRole },
+    rationale: row.rationale,
+    granted_at: new Date(row.granted_at),
+    revoked_at: row.revoked_at === null ? null : new Date(row.revoked_at),
+    revoked_by:
+      row.revoked_by_actor_id === null
+        ? null
+        : { actor_id: row.revoked_by_actor_id, actor_role: row.revoked_by_actor_role as OperatorRole },
+    revocation_reason: row.revocation_reason,
+    renewed_from: row.renewed_from,
+    superseded_by: row.superseded_by,
+  };
+}

@@ -1,0 +1,293 @@
+import { randomBytes } from 'node:crypto';
+import type { Kysely } from 'kysely';
+import type { AuditLog } from '../audit/audit-log.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
+import type { DB } from '../db/schema.js';
+import { checkModifiersWithinTool } from './capability-modifiers.js';
+import type { CapabilityModifiers, Grant, GrantScope, OperatorActor } from './grant.js';
+import {
+  findGrant,
+  findGrantCandidates,
+  insertGrant,
+  listGrants,
+  lockGrant,
+  revokeGrant,
+  type GrantQuery,
+} from './grant-repository.js';
+import { resolveGrant, type GrantDecision, type RunContext } from './grant-resolver.js';
+import { AGENT_FORBIDDEN_CATEGORIES, type ToolFacts, type ToolFactsLookup } from './tool-facts.js';
+
+export interface GrantServiceDeps {
+  db: Kysely<DB>;
+  audit: AuditLog;
+  tools: ToolFactsLookup;
+  now: () => Date;
+}
+
+export interface CreateGrantRequest {
+  actor: OperatorActor;
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  scope: GrantScope;
+  scopeRef: string;
+  capabilityModifiers: CapabilityModifiers;
+  expiresAt: Date;
+  rationale: string;
+  traceId?: string | undefined;
+}
+
+export interface RenewGrantRequest {
+  actor: OperatorActor;
+  id: string;
+  rationale: string;
+  expiresAt: Date;
+  /** Defaults to the old grant's; checked against the tool as it is now either way. */
+  capabilityModifiers?: CapabilityModifiers | undefined;
+  traceId?: string | undefined;
+}
+
+/** Why a grant change was refused; expected outcomes, not faults. */
+export type GrantRefusal = {
+  ok: false;
+  code: 'invalid_request' | 'not_found' | 'tool_not_registered' | 'tool_category_blocked' | 'grant_revoked';
+  message: string;
+  details?: Record<string, unknown>;
+};
+
+/**
+ * Grants (SPEC §3): the hot-path resolution the admission pipeline calls at every step, and the
+ * operator's changes — grant, revoke, renew — each committed together with its audit event.
+ */
+export class GrantService {
+  constructor(private readonly deps: GrantServiceDeps) {}
+
+  /**
+   * The grant that applies to one call, or why none does. Reads PostgreSQL every time (one
+   * indexed query), so a revocation or expiry acts at the very next call boundary on every
+   * replica — for queued, paused and sub-agent runs alike, since each resolves again per step.
+   */
+  async resolve(query: {
+    tenantId: string;
+    agentId: string;
+    toolId: string;
+    context: Partial<RunContext>;
+  }): Promise<GrantDecision> {
+    // The tenant is the caller's, from its token: a tenant in the context never widens it.
+    const context: RunContext = { ...query.context, tenant_id: query.tenantId };
+    const candidates = await findGrantCandidates(this.deps.db, { ...query, context });
+    return resolveGrant(candidates, context, this.deps.now());
+  }
+
+  async create(request: CreateGrantRequest): Promise<{ ok: true; grant: Grant } | GrantRefusal> {
+    const now = this.deps.now();
+    if (request.scope === 'per-tenant' && request.scopeRef !== request.tenantId) {
+      return invalid('body.scope_ref', 'a per-tenant grant is scoped to its own tenant id');
+    }
+    const checked = await this.checkTerms(request, now);
+    if (!checked.ok) return checked;
+    const grant = await this.deps.db.transaction().execute(async (trx) => {
+      const created = await insertGrant(trx, {
+        id: newGrantId(),
+        tenant_id: request.tenantId,
+        agent_id: request.agentId,
+        tool_id: request.toolId,
+        scope: request.scope,
+        scope_ref: request.scopeRef,
+        capability_modifiers: request.capabilityModifiers,
+        expires_at: request.expiresAt,
+        granted_by: request.actor,
+        rationale: request.rationale,
+        granted_at: now,
+        renewed_from: null,
+      });
+      await writeAuditEvents(trx, [
+        { occurredAt: now, event: { ...grantEvent('grant.created', created, request.actor, checked.tool, request.traceId), status: 'granted' } },
+      ]);
+      return created;
+    });
+    return { ok: true, grant };
+  }
+
+  /**
+   * Ends a grant at once. Revoking a grant that is already revoked changes and records nothing
+   * and returns it as it is.
+   */
+  async revoke(request: {
+    actor: OperatorActor;
+    id: string;
+    reason: string;
+    traceId?: string | undefined;
+  }): Promise<{ ok: true; changed: boolean; grant: Grant } | GrantRefusal> {
+    if (request.reason.trim().length === 0) return invalid('body.reason', 'must not be blank');
+    const at = this.deps.now();
+    const revoked = await this.deps.db.transaction().execute(async (trx) => {
+      const changed = await revokeGrant(trx, { id: request.id, by: request.actor, reason: request.reason, at });
+      if (!changed) return undefined;
+      await writeAuditEvents(trx, [
+        {
+          occurredAt: at,
+          event: {
+            ...grantEvent('grant.revoked', changed, request.actor, undefined, request.traceId),
+            status: 'revoked',
+            reason_code: 'grant_revoked',
+            details: { ...grantDetails(changed), reason: request.reason, cascade_depth: 0 },
+          },
+        },
+      ]);
+      return changed;
+    });
+    if (revoked) return { ok: true, changed: true, grant: revoked };
+    const existing = await findGrant(this.deps.db, request.id);
+    if (!existing) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` };
+    return { ok: true, changed: false, grant: existing };
+  }
+
+  /**
+   * Renewal mints a **new** grant with a fresh rationale and expiry, and ends the old one (it
+   * then resolves as revoked, `superseded_by` the new one). A revoked grant cannot be renewed:
+   * authority that was pulled is granted again, deliberately, with `POST /grants`.
+   */
+  async renew(request: RenewGrantRequest): Promise<{ ok: true; grant: Grant; previous: Grant } | GrantRefusal> {
+    const now = this.deps.now();
+    const old = await findGrant(this.deps.db, request.id);
+    if (!old) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` };
+    if (old.revoked_at !== null) return revokedRefusal(old);
+    const modifiers = request.capabilityModifiers ?? old.capability_modifiers;
+    const checked = await this.checkTerms(
+      { toolId: old.tool_id, expiresAt: request.expiresAt, rationale: request.rationale, capabilityModifiers: modifiers, actor: request.actor, tenantId: old.tenant_id, agentId: old.agent_id, traceId: request.traceId },
+      now,
+    );
+    if (!checked.ok) return checked;
+    return this.deps.db.transaction().execute(async (trx) => {
+      // Locked, then checked again: of two concurrent renewals only one mints a grant.
+      const current = await lockGrant(trx, request.id);
+      if (!current) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` } as const;
+      if (current.revoked_at !== null) return revokedRefusal(current);
+      const grant = await insertGrant(trx, {
+        id: newGrantId(),
+        tenant_id: current.tenant_id,
+        agent_id: current.agent_id,
+        tool_id: current.tool_id,
+        scope: current.scope,
+        scope_ref: current.scope_ref,
+        capability_modifiers: modifiers,
+        expires_at: request.expiresAt,
+        granted_by: request.actor,
+        rationale: request.rationale,
+        granted_at: now,
+        renewed_from: current.id,
+      });
+      const previous = await revokeGrant(trx, {
+        id: current.id,
+        by: request.actor,
+        reason: `renewed as ${grant.id}`,
+        at: now,
+        supersededBy: grant.id,
+      });
+      if (!previous) throw new Error(`grant ${current.id} changed under its row lock`);
+      await writeAuditEvents(trx, [
+        {
+          occurredAt: now,
+          event: {
+            ...grantEvent('grant.renewed', grant, request.actor, checked.tool, request.traceId),
+            status: 'granted',
+            details: {
+              ...grantDetails(grant),
+              renewed_from: previous.id,
+              previous_expires_at: previous.expires_at.toISOString(),
+            },
+          },
+        },
+      ]);
+      return { ok: true, grant, previous } as const;
+    });
+  }
+
+  get(id: string): Promise<Grant | undefined> {
+    return findGrant(this.deps.db, id);
+  }
+
+  list(query: Omit<GrantQuery, 'now'>): ReturnType<typeof listGrants> {
+    return listGrants(this.deps.db, { ...query, now: this.deps.now() });
+  }
+
+  /** The terms every new grant must meet, renewals included. */
+  private async checkTerms(
+    request: Pick<CreateGrantRequest, 'toolId' | 'expiresAt' | 'rationale' | 'capabilityModifiers' | 'actor' | 'tenantId' | 'agentId' | 'traceId'>,
+    now: Date,
+  ): Promise<{ ok: true; tool: ToolFacts } | GrantRefusal> {
+    if (request.rationale.trim().length === 0) return invalid('body.rationale', 'must not be blank');
+    if (request.expiresAt.getTime() <= now.getTime()) return invalid('body.expires_at', 'must be in the future');
+    const found = await this.deps.tools.resolve(request.toolId);
+    if (!found.ok) {
+      return { ok: false, code: 'tool_not_registered', message: `tool ${request.toolId} is not registered`, details: { tool_id: request.toolId } };
+    }
+    const tool = found.tool;
+    if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) {
+      // An operator's power never transfers to an agent (SPEC §1): the attempt is on record.
+      await this.deps.audit.append({
+        event_type: 'security.blocked_category',
+        actor: `operator:${request.actor.actor_id}`,
+        tenant_id: request.tenantId,
+        agent_id: request.agentId,
+        tool_id: tool.id,
+        tool_category: tool.category,
+        trace_id: request.traceId ?? null,
+        status: 'denied',
+        reason_code: 'tool_category_blocked',
+        details: { attempted: 'grant', actor_role: request.actor.actor_role },
+      });
+      return {
+        ok: false,
+        code: 'tool_category_blocked',
+        message: `${tool.category} tools are never granted to agents`,
+        details: { tool_id: tool.id, category: tool.category },
+      };
+    }
+    const modifiers = checkModifiersWithinTool(request.capabilityModifiers, tool);
+    if (!modifiers.ok) return invalid(modifiers.field, modifiers.message);
+    return { ok: true, tool };
+  }
+}
+
+function newGrantId(): string {
+  return `grt_${randomBytes(10).toString('hex')}`;
+}
+
+function invalid(field: string, message: string): GrantRefusal {
+  return { ok: false, code: 'invalid_request', message: `${field}: ${message}`, details: { issues: [{ field, message }] } };
+}
+
+function revokedRefusal(grant: Grant): GrantRefusal {
+  return {
+    ok: false,
+    code: 'grant_revoked',
+    message: `grant ${grant.id} was revoked and cannot be renewed; create a new grant`,
+    details: { grant_id: grant.id, superseded_by: grant.superseded_by },
+  };
+}
+
+function grantDetails(grant: Grant): Record<string, unknown> {
+  return {
+    grant_id: grant.id,
+    scope: grant.scope,
+    scope_ref: grant.scope_ref,
+    expires_at: grant.expires_at.toISOString(),
+    rationale: grant.rationale,
+    capability_modifiers: grant.capability_modifiers,
+  };
+}
+
+function grantEvent(type: string, grant: Grant, actor: OperatorActor, tool: ToolFacts | undefined, traceId: string | undefined) {
+  return {
+    event_type: type,
+    actor: `operator:${actor.actor_id}`,
+    tenant_id: grant.tenant_id,
+    agent_id: grant.agent_id,
+    tool_id: grant.tool_id,
+    tool_category: tool?.category ?? null,
+    trace_id: traceId ?? null,
+    details: { ...grantDetails(grant), actor_role: actor.actor_role },
+  };
+}

@@ -1,0 +1,20 @@
+/**
+ * What the control plane reads of a registered tool: enough to refuse grants for unknown or
+ * agent-forbidden tools, to bound capability modifiers, and to find a tool's kill-switch target.
+ * The registry's catalog (`services.catalog`) satisfies it as is.
+ */
+export interface ToolFacts {
+  id: string;
+  category: string;
+  egress: { allowed_hosts: string[] } | null;
+  target: { family?: string | null; provider?: string | null; region?: string | null } | null;
+}
+
+export type ToolFactsResult = { ok: true; tool: ToolFacts } | { ok: false; code: string };
+
+export interface ToolFactsLookup {
+  resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
+}
+
+/** Tool categories an agent may never hold, whatever an operator grants (SPEC §1, §3). */
+export const AGENT_FORBIDDEN_CATEGORIES: ReadonlySet<string> = new Set(['final_write', 'admin']);

@@ -1,0 +1,221 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Kysely } from 'kysely';
+import { z } from 'zod';
+import type { AuditLog } from '../../audit/audit-log.js';
+import { actorOf } from '../../auth/principal.js';
+import { BUDGET_SCOPES, type BudgetUsage } from '../../budgets/budget.js';
+import { BUDGET_PERIODS } from '../../budgets/budget-period.js';
+import { findBudget, listBudgets, withUsage } from '../../budgets/budget-repository.js';
+import { changeBudgetLimits, createBudget, getBudget, removeBudget, type ChangeContext } from '../../budgets/budget-service.js';
+import { toMicros } from '../../budgets/budget-units.js';
+import type { DB } from '../../db/schema.js';
+import { operatorOf } from '../auth.js';
+import { decodeCursor, encodeCursor } from '../cursor.js';
+import { ApiError } from '../errors.js';
+import { parseInput } from '../validation.js';
+
+export interface BudgetRouteDeps {
+  db: Kysely<DB>;
+  audit: AuditLog;
+  now: () => Date;
+}
+
+const MAX_UNITS = 1e12;
+const subjectId = z.string().min(1).max(200);
+// Units have six decimal places; anything that rounds to zero is not a positive amount.
+const positiveUnits = z
+  .number()
+  .max(MAX_UNITS)
+  .refine((value) => toMicros(value) > 0, 'must be positive (at least 0.000001)');
+const graceUnits = z.number().min(0).max(MAX_UNITS);
+const warnRatio = z.number().gt(0).max(1);
+
+const createBody = z
+  .strictObject({
+    tenant_id: subjectId.optional(),
+    scope: z.enum(BUDGET_SCOPES),
+    agent_id: subjectId.nullable().optional(),
+    run_id: subjectId.nullable().optional(),
+    period: z.enum(BUDGET_PERIODS),
+    limit_units: positiveUnits,
+    warn_ratio: warnRatio.default(0.8),
+    grace_units: graceUnits.default(0),
+  })
+  .superRefine((body, ctx) => {
+    const needs = { agent_id: body.scope === 'agent', run_id: body.scope === 'run' } as const;
+    for (const field of ['agent_id', 'run_id'] as const) {
+      const given = body[field] !== undefined && body[field] !== null;
+      if (needs[field] && !given) ctx.addIssue({ code: 'custom', path: [field], message: `required for ${body.scope} scope` });
+      if (!needs[field] && given) ctx.addIssue({ code: 'custom', path: [field], message: `not allowed for ${body.scope} scope` });
+    }
+  });
+
+const updateBody = z
+  .strictObject({ limit_units: positiveUnits.optional(), warn_ratio: warnRatio.optional(), grace_units: graceUnits.optional() })
+  .refine((body) => Object.keys(body).length > 0, 'give at least one of limit_units, warn_ratio, grace_units');
+
+const idParams = z.strictObject({ id: z.string().min(1).max(200) });
+
+const listQuery = z.strictObject({
+  tenant_id: subjectId.optional(),
+  scope: z.enum(BUDGET_SCOPES).optional(),
+  agent_id: subjectId.optional(),
+  run_id: subjectId.optional(),
+  period: z.enum(BUDGET_PERIODS).optional(),
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().optional(),
+});
+
+const cursorSchema = z.tuple([z.iso.datetime(), z.string().min(1)]);
+
+/** A budget as the API shows it. */
+export function budgetJson(usage: BudgetUsage): Record<string, unknown> {
+  const { budget } = usage;
+  return {
+    id: budget.id,
+    tenant_id: budget.tenantId,
+    scope: budget.scope,
+    agent_id: budget.agentId,
+    run_id: budget.runId,
+    period: budget.period,
+    limit_units: budget.limitUnits,
+    warn_ratio: budget.warnRatio,
+    grace_units: budget.graceUnits,
+    spent_units: usage.spentUnits,
+    reserved_units: usage.reservedUnits,
+    period_start: usage.periodStart.toISOString(),
+    period_end: usage.periodEnd?.toISOString() ?? null,
+    created_at: budget.createdAt.toISOString(),
+    created_by: budget.createdBy,
+    updated_at: budget.updatedAt.toISOString(),
+    updated_by: budget.updatedBy,
+    removed_at: budget.removedAt?.toISOString() ?? null,
+  };
+}
+
+/**
+ * `/budgets`: cost-unit limits per tenant, agent or run (SPEC §5). Tenant-operators manage their
+ * own tenant's; another tenant's budgets are 404 and a `security.cross_tenant_attempt` event.
+ * A platform-operator may name any tenant with `tenant_id`.
+ */
+export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps): Promise<void> {
+  const context = (request: FastifyRequest): ChangeContext => ({
+    actor: actorOf(operatorOf(request)),
+    traceId: request.traceId,
+    now: deps.now(),
+  });
+
+  /** The tenant a request acts on: the operator's own, or for platform-operators the one named. */
+  async function tenantFor(request: FastifyRequest, named: string | undefined, route: string): Promise<string | undefined> {
+    const operator = operatorOf(request);
+    if (operator.role === 'platform-operator') return named;
+    if (named !== undefined && named !== operator.tenantId) {
+      await crossTenantAttempt(request, route, { requested_tenant_id: named });
+      throw new ApiError('not_found', `tenant ${named} not found`);
+    }
+    return operator.tenantId;
+  }
+
+  /** Loads a budget the operator may see, or answers 404 (recording it if another tenant's). */
+  async function visibleBudgetId(request: FastifyRequest, route: string): Promise<string> {
+    const { id } = parseInput(idParams, request.params, 'params');
+    const operator = operatorOf(request);
+    if (operator.role === 'tenant-operator') {
+      const budget = await findBudget(deps.db, id);
+      if (budget && budget.tenantId !== operator.tenantId) {
+        await crossTenantAttempt(request, route, { budget_id: id });
+        throw notFound(id);
+      }
+    }
+    return id;
+  }
+
+  async function crossTenantAttempt(request: FastifyRequest, route: string, details: Record<string, unknown>): Promise<void> {
+    const operator = operatorOf(request);
+    await deps.audit.append({
+      event_type: 'security.cross_tenant_attempt',
+      actor: actorOf(operator),
+      tenant_id: operator.tenantId,
+      trace_id: request.traceId,
+      status: 'denied',
+      reason_code: 'not_found',
+      details: { route, ...details },
+    });
+  }
+
+  app.post('/budgets', { config: { access: 'operator' } }, async (request, reply: FastifyReply) => {
+    const body = parseInput(createBody, request.body, 'body');
+    const tenantId = (await tenantFor(request, body.tenant_id, 'POST /budgets')) ?? operatorOf(request).tenantId;
+    const result = await createBudget(
+      deps.db,
+      {
+        tenantId,
+        scope: body.scope,
+        agentId: body.agent_id ?? null,
+        runId: body.run_id ?? null,
+        period: body.period,
+        limitUnits: body.limit_units,
+        warnRatio: body.warn_ratio,
+        graceUnits: body.grace_units,
+      },
+      context(request),
+    );
+    if (!result.ok) {
+      throw new ApiError('budget_conflict', `budget ${result.existing.budget.id} already limits this ${body.scope} over this period; change it with PUT`, {
+        budget_id: result.existing.budget.id,
+      });
+    }
+    return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
+  });
+
+  app.get('/budgets', { config: { access: 'operator' } }, async (request) => {
+    const query = parseInput(listQuery, request.query, 'query');
+    const tenantId = await tenantFor(request, query.tenant_id, 'GET /budgets');
+    const after = query.cursor === undefined ? undefined : decodeCursor(query.cursor, cursorSchema);
+    const page = await listBudgets(deps.db, {
+      tenantId,
+      scope: query.scope,
+      agentId: query.agent_id,
+      runId: query.run_id,
+      period: query.period,
+      after: after && { createdAt: new Date(after[0]), id: after[1] },
+      limit: query.limit,
+    });
+    const items = await withUsage(deps.db, page.items, deps.now());
+    return {
+      items: items.map(budgetJson),
+      next_cursor: page.next === null ? null : encodeCursor([page.next.createdAt.toISOString(), page.next.id]),
+    };
+  });
+
+  app.get('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
+    const id = await visibleBudgetId(request, 'GET /budgets/{id}');
+    const usage = await getBudget(deps.db, id, deps.now());
+    if (!usage) throw notFound(id);
+    return budgetJson(usage);
+  });
+
+  app.put('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
+    const id = await visibleBudgetId(request, 'PUT /budgets/{id}');
+    const body = parseInput(updateBody, request.body, 'body');
+    const usage = await changeBudgetLimits(
+      deps.db,
+      id,
+      { limitUnits: body.limit_units, warnRatio: body.warn_ratio, graceUnits: body.grace_units },
+      context(request),
+    );
+    if (!usage) throw notFound(id);
+    return budgetJson(usage);
+  });
+
+  app.delete('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
+    const id = await visibleBudgetId(request, 'DELETE /budgets/{id}');
+    const usage = await removeBudget(deps.db, id, context(request));
+    if (!usage) throw notFound(id);
+    return budgetJson(usage);
+  });
+}
+
+function notFound(id: string): ApiError {
+  return new ApiError('not_found', `budget ${id} not found`);
+}

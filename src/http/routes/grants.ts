@@ -1,0 +1,237 @@
+import type { FastifyInstance } from 'fastify';
+import { z } from 'zod';
+import type { AuditLog } from '../../audit/audit-log.js';
+import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
+import { GRANT_SCOPES, GRANT_STATUSES, grantStatus, type Grant } from '../../grants/grant.js';
+import type { GrantCandidate } from '../../grants/grant-resolver.js';
+import type { GrantRefusal, GrantService } from '../../grants/grant-service.js';
+import { operatorOf } from '../auth.js';
+import { decodeCursor, encodeCursor } from '../cursor.js';
+import { ApiError } from '../errors.js';
+import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { parseInput } from '../validation.js';
+
+export interface GrantRouteDeps {
+  grants: GrantService;
+  audit: AuditLog;
+  now: () => Date;
+}
+
+const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an identifier');
+// An agent id as agents' tokens carry it in `sub`; a grant names one agent, so no `family:` form.
+const agentId = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as veritas.fact-checker');
+const toolId = z
+  .string()
+  .max(200)
+  .regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/, 'must be a tool id such as web.fetch');
+const scopeRef = z.string().min(1).max(200);
+const nonBlank = (max: number) =>
+  z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
+const instant = z.iso.datetime({ offset: true });
+
+const createBody = z.strictObject({
+  tenant_id: identifier.optional(),
+  agent_id: agentId,
+  tool_id: toolId,
+  scope: z.enum(GRANT_SCOPES),
+  scope_ref: scopeRef.optional(),
+  capability_modifiers: capabilityModifiersSchema.default({}),
+  expires_at: instant,
+  rationale: nonBlank(2000),
+});
+
+const revokeBody = z.strictObject({ reason: nonBlank(2000) });
+
+const renewBody = z.strictObject({
+  rationale: nonBlank(2000),
+  expires_at: instant,
+  capability_modifiers: capabilityModifiersSchema.optional(),
+});
+
+const listQuery = z.strictObject({
+  tenant_id: identifier.optional(),
+  agent_id: z.string().min(1).optional(),
+  tool_id: z.string().min(1).optional(),
+  scope: z.enum(GRANT_SCOPES).optional(),
+  scope_ref: z.string().min(1).optional(),
+  status: z.enum(GRANT_STATUSES).optional(),
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().optional(),
+});
+
+const resolveQuery = z.strictObject({
+  tenant_id: identifier.optional(),
+  agent_id: agentId,
+  tool_id: toolId,
+  run_id: scopeRef.optional(),
+  pipeline_instance_id: scopeRef.optional(),
+  session_id: scopeRef.optional(),
+  user_id: scopeRef.optional(),
+});
+
+const cursorSchema = z.tuple([z.iso.datetime(), z.string().min(1)]);
+const idParams = z.strictObject({ id: z.string().min(1).max(100) });
+
+/** A grant as the API shows it, with its standing now. */
+export function grantView(grant: Grant, now: Date) {
+  return {
+    id: grant.id,
+    tenant_id: grant.tenant_id,
+    agent_id: grant.agent_id,
+    tool_id: grant.tool_id,
+    scope: grant.scope,
+    scope_ref: grant.scope_ref,
+    capability_modifiers: grant.capability_modifiers,
+    expires_at: grant.expires_at.toISOString(),
+    granted_by: grant.granted_by,
+    rationale: grant.rationale,
+    granted_at: grant.granted_at.toISOString(),
+    revoked_at: grant.revoked_at?.toISOString() ?? null,
+    revoked_by: grant.revoked_by,
+    revocation_reason: grant.revocation_reason,
+    renewed_from: grant.renewed_from,
+    superseded_by: grant.superseded_by,
+    status: grantStatus(grant, now),
+  };
+}
+
+/** `/grants`: give agents tools in a scope, take them back, renew, and explain (SPEC §3). */
+export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): Promise<void> {
+  const { grants, audit, now } = deps;
+
+  /** Loads a grant the operator may see; another tenant's is a recorded 404. */
+  async function grantInReach(request: Parameters<typeof ownsTenant>[0], id: string): Promise<Grant> {
+    const grant = await grants.get(id);
+    if (!grant) throw new ApiError('not_found', `grant ${id} not found`);
+    if (!ownsTenant(request, grant.tenant_id)) {
+      await refuseCrossTenant(request, audit, { grant_id: id }, `grant ${id} not found`);
+    }
+    return grant;
+  }
+
+  app.post('/grants', { config: { access: 'operator' } }, async (request, reply) => {
+    const operator = operatorOf(request);
+    const body = parseInput(createBody, request.body, 'body');
+    const tenantId = (await tenantInReach(request, audit, body.tenant_id)) ?? operator.tenantId;
+    const ref = body.scope_ref ?? (body.scope === 'per-tenant' ? tenantId : undefined);
+    if (ref === undefined) {
+      throw new ApiError('invalid_request', `body.scope_ref: required for a ${body.scope} grant`, {
+        issues: [{ field: 'body.scope_ref', message: 'required' }],
+      });
+    }
+    const result = await grants.create({
+      actor: { actor_id: operator.id, actor_role: operator.role },
+      tenantId,
+      agentId: body.agent_id,
+      toolId: body.tool_id,
+      scope: body.scope,
+      scopeRef: ref,
+      capabilityModifiers: body.capability_modifiers,
+      expiresAt: new Date(body.expires_at),
+      rationale: body.rationale,
+      traceId: request.traceId,
+    });
+    if (!result.ok) throw refusal(result);
+    return reply.code(201).send(grantView(result.grant, now()));
+  });
+
+  app.get('/grants', { config: { access: 'operator' } }, async (request) => {
+    const query = parseInput(listQuery, request.query, 'query');
+    const tenantId = await tenantInReach(request, audit, query.tenant_id);
+    const page = await grants.list({
+      tenantId,
+      agentId: query.agent_id,
+      toolId: query.tool_id,
+      scope: query.scope,
+      scopeRef: query.scope_ref,
+      status: query.status,
+      after: query.cursor === undefined ? undefined : fromCursor(query.cursor),
+      limit: query.limit,
+    });
+    const at = now();
+    return {
+      items: page.items.map((grant) => grantView(grant, at)),
+      next_cursor: page.next === null ? null : encodeCursor([page.next.grantedAt.toISOString(), page.next.id]),
+    };
+  });
+
+  app.get('/grants/resolve', { config: { access: 'operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const query = parseInput(resolveQuery, request.query, 'query');
+    const tenantId = (await tenantInReach(request, audit, query.tenant_id)) ?? operator.tenantId;
+    const context = {
+      tenant_id: tenantId,
+      run_id: query.run_id,
+      pipeline_instance_id: query.pipeline_instance_id,
+      session_id: query.session_id,
+      user_id: query.user_id,
+    };
+    const decision = await grants.resolve({ tenantId, agentId: query.agent_id, toolId: query.tool_id, context });
+    const at = now();
+    const selected = decision.ok ? decision.grant.id : undefined;
+    return {
+      ok: decision.ok,
+      code: decision.ok ? null : decision.code,
+      grant: decision.ok ? grantView(decision.grant, at) : null,
+      candidates: decision.candidates.map((candidate: GrantCandidate) => ({
+        grant: grantView(candidate.grant, at),
+        status: candidate.status,
+        priority: candidate.priority,
+        selected: candidate.grant.id === selected,
+      })),
+      agent_id: query.agent_id,
+      tool_id: query.tool_id,
+      context: Object.fromEntries(Object.entries(context).map(([key, value]) => [key, value ?? null])),
+    };
+  });
+
+  app.get('/grants/:id', { config: { access: 'operator' } }, async (request) => {
+    const { id } = parseInput(idParams, request.params, 'params');
+    return grantView(await grantInReach(request, id), now());
+  });
+
+  app.post('/grants/:id/revoke', { config: { access: 'operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const { id } = parseInput(idParams, request.params, 'params');
+    const body = parseInput(revokeBody, request.body, 'body');
+    await grantInReach(request, id);
+    const result = await grants.revoke({
+      actor: { actor_id: operator.id, actor_role: operator.role },
+      id,
+      reason: body.reason,
+      traceId: request.traceId,
+    });
+    if (!result.ok) throw refusal(result);
+    return grantView(result.grant, now());
+  });
+
+  app.post('/grants/:id/renew', { config: { access: 'operator' } }, async (request, reply) => {
+    const operator = operatorOf(request);
+    const { id } = parseInput(idParams, request.params, 'params');
+    const body = parseInput(renewBody, request.body, 'body');
+    await grantInReach(request, id);
+    const result = await grants.renew({
+      actor: { actor_id: operator.id, actor_role: operator.role },
+      id,
+      rationale: body.rationale,
+      expiresAt: new Date(body.expires_at),
+      capabilityModifiers: body.capability_modifiers,
+      traceId: request.traceId,
+    });
+    if (!result.ok) throw refusal(result);
+    return reply.code(201).send(grantView(result.grant, now()));
+  });
+}
+
+function refusal(result: GrantRefusal): ApiError {
+  return new ApiError(result.code, result.message, result.details ?? {});
+}
+
+function fromCursor(cursor: string): { grantedAt: Date; id: string } {
+  const [grantedAt, id] = decodeCursor(cursor, cursorSchema);
+  return { grantedAt: new Date(grantedAt), id };
+}

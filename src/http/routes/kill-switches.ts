@@ -1,0 +1,222 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import type { AuditLog } from '../../audit/audit-log.js';
+import { actorOf } from '../../auth/principal.js';
+import type { ToolFactsLookup } from '../../grants/tool-facts.js';
+import {
+  GLOBAL_TARGET,
+  KILL_SWITCH_SCOPES,
+  PLATFORM_ONLY_SCOPES,
+  type KillSwitch,
+} from '../../kill-switches/kill-switch.js';
+import type { KillSwitchRefusal, KillSwitchService } from '../../kill-switches/kill-switch-service.js';
+import type { KillSwitchSnapshot } from '../../kill-switches/kill-switch-snapshot.js';
+import { operatorOf } from '../auth.js';
+import { decodeCursor, encodeCursor } from '../cursor.js';
+import { ApiError } from '../errors.js';
+import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { parseInput } from '../validation.js';
+
+export interface KillSwitchRouteDeps {
+  service: KillSwitchService;
+  snapshot: KillSwitchSnapshot;
+  audit: AuditLog;
+  /** Where a tool's server-side `{family, provider, region}` target comes from. */
+  tools: ToolFactsLookup;
+}
+
+const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an identifier');
+const nonBlank = (max: number) =>
+  z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
+
+const armBody = z.strictObject({
+  scope: z.enum(KILL_SWITCH_SCOPES),
+  target: z.union([identifier, z.literal(GLOBAL_TARGET)]).optional(),
+  tenant_id: identifier.nullable().optional(),
+  reason: nonBlank(2000),
+  user_visible_status_copy: nonBlank(1000),
+  safe_degradation_mode_id: identifier.nullable().optional(),
+});
+
+const disarmBody = z.strictObject({ reason: nonBlank(2000) });
+
+const listQuery = z.strictObject({
+  state: z.enum(['armed', 'disarmed']).optional(),
+  scope: z.enum(KILL_SWITCH_SCOPES).optional(),
+  target: z.string().min(1).optional(),
+  tenant_id: identifier.optional(),
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().optional(),
+});
+
+const cursorSchema = z.tuple([z.iso.datetime(), z.string().min(1)]);
+
+const decideQuery = z.strictObject({
+  tenant_id: identifier.optional(),
+  agent_id: identifier.optional(),
+  family: identifier.optional(),
+  tool_id: identifier.optional(),
+});
+
+const idParams = z.strictObject({ id: z.string().min(1).max(100) });
+
+/** A kill switch as the API shows it. */
+export function killSwitchView(ks: KillSwitch) {
+  return {
+    id: ks.id,
+    scope: ks.scope,
+    target: ks.target,
+    tenant_id: ks.tenant_id,
+    state: ks.disarmed_at === null ? 'armed' : 'disarmed',
+    reason: ks.reason,
+    user_visible_status_copy: ks.user_visible_status_copy,
+    safe_degradation_mode_id: ks.safe_degradation_mode_id,
+    armed_by: ks.armed_by,
+    armed_at: ks.armed_at.toISOString(),
+    disarmed_by: ks.disarmed_by,
+    disarmed_at: ks.disarmed_at?.toISOString() ?? null,
+    disarm_reason: ks.disarm_reason,
+  };
+}
+
+/** `/kill-switches`: arm, disarm, list, read, and explain which switches stop a call (SPEC §4). */
+export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRouteDeps): Promise<void> {
+  const { service, snapshot, audit } = deps;
+
+  app.post('/kill-switches', { config: { access: 'operator' } }, async (request, reply) => {
+    const operator = operatorOf(request);
+    const body = parseInput(armBody, request.body, 'body');
+    if (body.target === undefined && body.scope !== 'global') {
+      throw new ApiError('invalid_request', 'body.target: required', { issues: [{ field: 'body.target', message: 'required' }] });
+    }
+    const target = body.target ?? GLOBAL_TARGET;
+    // A tenant switch names its tenant in `target`; the others may name it in `tenant_id`.
+    const named = body.scope === 'tenant' ? target : (body.tenant_id ?? undefined);
+    const reach = await tenantInReach(request, audit, named);
+    // What was asked for goes to the service, which refuses what this operator may not arm.
+    let tenantId: string | null;
+    if (body.scope === 'tenant') tenantId = body.tenant_id ?? target;
+    else if (PLATFORM_ONLY_SCOPES.has(body.scope) || body.tenant_id === null) tenantId = body.tenant_id ?? null;
+    else tenantId = reach ?? null;
+    const result = await service.arm({
+      actor: { actor_id: operator.id, actor_role: operator.role },
+      scope: body.scope,
+      target,
+      tenantId,
+      reason: body.reason,
+      userVisibleStatusCopy: body.user_visible_status_copy,
+      safeDegradationModeId: body.safe_degradation_mode_id ?? null,
+      traceId: request.traceId,
+    });
+    if (!result.ok) return refuse(request, audit, result);
+    return reply.code(result.created ? 201 : 200).send(killSwitchView(result.killSwitch));
+  });
+
+  app.get('/kill-switches', { config: { access: 'operator' } }, async (request) => {
+    const query = parseInput(listQuery, request.query, 'query');
+    const tenantId = await tenantInReach(request, audit, query.tenant_id);
+    const page = await service.list({
+      tenantId,
+      includePlatformWide: true,
+      state: query.state,
+      scope: query.scope,
+      target: query.target,
+      after: query.cursor === undefined ? undefined : fromCursor(query.cursor),
+      limit: query.limit,
+    });
+    return {
+      items: page.items.map(killSwitchView),
+      next_cursor: page.next === null ? null : encodeCursor([page.next.armedAt.toISOString(), page.next.id]),
+    };
+  });
+
+  app.get('/kill-switches/decide', { config: { access: 'operator' } }, async (request, reply) => {
+    const operator = operatorOf(request);
+    const query = parseInput(decideQuery, request.query, 'query');
+    const tenantId = (await tenantInReach(request, audit, query.tenant_id)) ?? operator.tenantId;
+    let toolTarget: { family?: string | null; provider?: string | null; region?: string | null } | null = null;
+    if (query.tool_id !== undefined) {
+      const found = await deps.tools.resolve(query.tool_id);
+      if (found.ok) toolTarget = found.tool.target;
+    }
+    const decision = snapshot.decide({
+      tenantId,
+      agentId: query.agent_id,
+      family: query.family,
+      toolId: query.tool_id,
+      target: toolTarget,
+    });
+    if (!decision.ok && decision.code === 'gateway_unavailable') {
+      throw new ApiError('gateway_unavailable', 'this replica cannot confirm its kill-switch state is fresh', {
+        snapshot_age_ms: Number.isFinite(decision.age_ms) ? Math.round(decision.age_ms) : null,
+      });
+    }
+    const state = snapshot.state();
+    return reply.send({
+      ok: decision.ok,
+      code: decision.ok ? null : decision.code,
+      blamed: decision.ok ? null : killSwitchView(decision.blamed),
+      matches: decision.ok ? [] : decision.matches.map(killSwitchView),
+      call: {
+        tenant_id: tenantId,
+        agent_id: query.agent_id ?? null,
+        family: query.family ?? null,
+        tool_id: query.tool_id ?? null,
+        tool_target: toolTarget,
+      },
+      snapshot: { version: state.version, age_ms: Math.round(state.age_ms) },
+    });
+  });
+
+  app.get('/kill-switches/:id', { config: { access: 'operator' } }, async (request) => {
+    const { id } = parseInput(idParams, request.params, 'params');
+    const ks = await service.get(id);
+    if (!ks) throw new ApiError('not_found', `kill switch ${id} not found`);
+    if (!ownsTenant(request, ks.tenant_id)) {
+      await refuseCrossTenant(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
+    }
+    return killSwitchView(ks);
+  });
+
+  app.post('/kill-switches/:id/disarm', { config: { access: 'operator' } }, async (request) => {
+    const operator = operatorOf(request);
+    const { id } = parseInput(idParams, request.params, 'params');
+    const body = parseInput(disarmBody, request.body, 'body');
+    const ks = await service.get(id);
+    if (!ks) throw new ApiError('not_found', `kill switch ${id} not found`);
+    if (!ownsTenant(request, ks.tenant_id)) {
+      await refuseCrossTenant(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
+    }
+    const result = await service.disarm({
+      actor: { actor_id: operator.id, actor_role: operator.role },
+      id,
+      reason: body.reason,
+      traceId: request.traceId,
+    });
+    if (!result.ok) return refuse(request, audit, result);
+    return killSwitchView(result.killSwitch);
+  });
+}
+
+function fromCursor(cursor: string): { armedAt: Date; id: string } {
+  const [armedAt, id] = decodeCursor(cursor, cursorSchema);
+  return { armedAt: new Date(armedAt), id };
+}
+
+// A tenant-operator reaching for platform powers is a security event, like an agent on an
+// operator route; the other refusals are plain client errors.
+async function refuse(request: FastifyRequest, audit: AuditLog, refusal: KillSwitchRefusal): Promise<never> {
+  if (refusal.code === 'forbidden') {
+    const operator = operatorOf(request);
+    await audit.append({
+      event_type: 'security.escalation_attempt',
+      actor: actorOf(operator),
+      tenant_id: operator.tenantId,
+      trace_id: request.traceId,
+      status: 'denied',
+      reason_code: 'forbidden',
+      details: { route: `${request.method} ${request.routeOptions.url ?? request.url}`, message: refusal.message },
+    });
+  }
+  throw new ApiError(refusal.code, refusal.message, refusal.details ?? {});
+}

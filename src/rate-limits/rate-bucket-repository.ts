@@ -1,0 +1,81 @@
+import { sql, type Kysely, type Transaction } from 'kysely';
+import type { DB } from '../db/schema.js';
+import type { BucketState } from './token-bucket.js';
+
+/** Whose bucket: one per (tenant, agent, tool). */
+export interface BucketKey {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+}
+
+export function bucketId(key: BucketKey): string {
+  return JSON.stringify([key.tenantId, key.agentId, key.toolId]);
+}
+
+interface BucketRow {
+  tenant_id: string;
+  agent_id: string;
+  tool_id: string;
+  tokens: number;
+  updated_at: Date;
+}
+
+function toState(row: BucketRow): BucketState {
+  return { tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() };
+}
+
+/**
+ * Locks the buckets, creating missing ones in the state given, and returns their levels. Rows
+ * are locked in key order, the order every replica uses, so batches queue instead of deadlocking.
+ */
+export async function lockBuckets(
+  trx: Transaction<DB>,
+  buckets: Array<{ key: BucketKey; initial: BucketState }>,
+): Promise<Map<string, BucketState>> {
+  const unique = [...new Map(buckets.map((b) => [bucketId(b.key), b])).values()];
+  if (unique.length === 0) return new Map();
+  const result = await sql<BucketRow>`
+    insert into rate_buckets (tenant_id, agent_id, tool_id, tokens, updated_at)
+    select t, a, k, n, u
+    from unnest(
+      ${unique.map((b) => b.key.tenantId)}::text[],
+      ${unique.map((b) => b.key.agentId)}::text[],
+      ${unique.map((b) => b.key.toolId)}::text[],
+      ${unique.map((b) => b.initial.tokens)}::float8[],
+      ${unique.map((b) => new Date(b.initial.updatedAtMs))}::timestamptz[]
+    ) as v(t, a, k, n, u)
+    order by t, a, k
+    on conflict (tenant_id, agent_id, tool_id) do update set tokens = rate_buckets.tokens
+    returning tenant_id, agent_id, tool_id, tokens, updated_at
+  `.execute(trx);
+  return new Map(result.rows.map((row) => [bucketId({ tenantId: row.tenant_id, agentId: row.agent_id, toolId: row.tool_id }), toState(row)]));
+}
+
+/** A bucket's stored level without locking it; undefined if it was never used. */
+export async function readBucket(db: Kysely<DB>, key: BucketKey): Promise<BucketState | undefined> {
+  const row = await db
+    .selectFrom('rate_buckets')
+    .selectAll()
+    .where('tenant_id', '=', key.tenantId)
+    .where('agent_id', '=', key.agentId)
+    .where('tool_id', '=', key.toolId)
+    .executeTakeFirst();
+  return row ? toState(row) : undefined;
+}
+
+/** Stores new levels of buckets this transaction has locked. */
+export async function storeBuckets(trx: Transaction<DB>, buckets: Array<{ key: BucketKey; state: BucketState }>): Promise<void> {
+  if (buckets.length === 0) return;
+  await sql`
+    update rate_buckets b set tokens = v.n, updated_at = v.u
+    from unnest(
+      ${buckets.map((b) => b.key.tenantId)}::text[],
+      ${buckets.map((b) => b.key.agentId)}::text[],
+      ${buckets.map((b) => b.key.toolId)}::text[],
+      ${buckets.map((b) => b.state.tokens)}::float8[],
+      ${buckets.map((b) => new Date(b.state.updatedAtMs))}::timestamptz[]
+    ) as v(t, a, k, n, u)
+    where b.tenant_id = v.t and b.agent_id = v.a and b.tool_id = v.k
+  `.execute(trx);
+}

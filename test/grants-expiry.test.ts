@@ -1,0 +1,132 @@
+import { performance } from 'node:perf_hooks';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { GrantExpirySweeper } from '../src/grants/grant-expiry-sweeper.js';
+import { startControlPlaneApp } from './helpers/control-plane.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import type { AppClient } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+
+// Expiry is revocation: each lapse is one `grant.expired` event, even with several replicas.
+const T = 'tenant-expiry';
+const operator = tokens.tenantOperator(T, 'dora');
+const platform = tokens.platform();
+
+async function within(boundMs: number, probe: () => Promise<boolean>, stepMs = 50): Promise<void> {
+  const started = performance.now();
+  while (!(await probe())) {
+    if (performance.now() - started > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, stepMs));
+  }
+}
+
+describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances running (needs a PostgreSQL server)', () => {
+  let db: TestDatabase;
+  let otherDb: Database;
+  let a: AppClient;
+  let b: AppClient;
+
+  beforeAll(async () => {
+    db = await createTestDatabase();
+    otherDb = await openDatabase({ databaseUrl: db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    a = await startControlPlaneApp(db.database);
+    b = await startControlPlaneApp(otherDb);
+  });
+  afterAll(async () => {
+    await a?.close();
+    await b?.close();
+    await otherDb?.close();
+    await db?.drop();
+  });
+
+  async function expiredEvents(): Promise<Array<Record<string, any>>> {
+    const res = await a.get('/audit', { token: platform, query: { event_type: 'grant.expired', limit: 500 } });
+    return res.body.items;
+  }
+
+  it('records each lapse exactly once, seconds late at most, as system.expiry', async () => {
+    const expiresAt = new Date(Date.now() + 1_500);
+    const ids: string[] = [];
+    for (let i = 0; i < 6; i += 1) {
+      const res = await (i % 2 === 0 ? a : b).post('/grants', {
+        token: operator,
+        body: {
+          agent_id: `sweep.agent${i}`,
+          tool_id: 'scf.read',
+          scope: 'per-session',
+          scope_ref: `session-${i}`,
+          expires_at: expiresAt.toISOString(),
+          rationale: 'short task',
+        },
+      });
+      expect(res.status).toBe(201);
+      ids.push(res.body.id);
+    }
+    // A revoked grant has ended already: its expiry is not recorded again.
+    await a.post(`/grants/${ids[5]}/revoke`, { token: operator, body: { reason: 'done early' } });
+    const lapsing = ids.slice(0, 5);
+
+    // Besides the two apps' own sweepers, four more race them from both connections pools.
+    const racers = [db.database, otherDb, db.database, otherDb].map(
+      (database) => new GrantExpirySweeper({ db: database.db, now: () => new Date(), intervalMs: 60_000, logger: pino({ level: 'silent' }) }),
+    );
+    await within(5_000, async () => {
+      await Promise.all(racers.map((racer) => racer.sweep()));
+      const seen = new Set((await expiredEvents()).map((e) => e.details.grant_id));
+      return lapsing.every((id) => seen.has(id));
+    });
+    // Let every sweeper have another go, then count.
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    await Promise.all(racers.map((racer) => racer.sweep()));
+
+    const events = await expiredEvents();
+    const perGrant = new Map<string, number>();
+    for (const e of events) perGrant.set(e.details.grant_id, (perGrant.get(e.details.grant_id) ?? 0) + 1);
+    expect(Object.fromEntries(perGrant)).toEqual(Object.fromEntries(lapsing.map((id) => [id, 1])));
+    for (const e of events) {
+      expect(e).toMatchObject({ actor: 'system.expiry', tenant_id: T, tool_id: 'scf.read', status: 'expired', reason_code: 'grant_expired' });
+      expect(new Date(e.occurred_at).getTime()).toBeGreaterThanOrEqual(expiresAt.getTime());
+      expect(e.details.recorded_late_ms).toBeLessThan(5_000);
+    }
+    const chain = await a.get('/audit/verify', { token: platform });
+    expect(chain.body.ok).toBe(true);
+  });
+});
+
+describe('the grant expiry sweeper on one instance', () => {
+  let db: TestDatabase;
+  let client: AppClient;
+  beforeAll(async () => {
+    db = await createTestDatabase();
+    client = await startControlPlaneApp(db.database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
+  });
+  afterAll(async () => {
+    await client?.close();
+    await db?.drop();
+  });
+
+  it('records a lapse once by itself, and leaves live and renewed grants alone', async () => {
+    const body = (i: number, ms: number) => ({
+      agent_id: `solo.agent${i}`,
+      tool_id: 'scf.read',
+      scope: 'per-tenant',
+      expires_at: new Date(Date.now() + ms).toISOString(),
+      rationale: 'test',
+    });
+    const lapsing = await client.post('/grants', { token: operator, body: body(1, 300) });
+    const live = await client.post('/grants', { token: operator, body: body(2, 3_600_000) });
+    const renewed = await client.post('/grants', { token: operator, body: body(3, 300) });
+    await client.post(`/grants/${renewed.body.id}/renew`, {
+      token: operator,
+      body: { rationale: 'longer', expires_at: new Date(Date.now() + 3_600_000).toISOString() },
+    });
+    const expired = async () =>
+      (await client.get('/audit', { token: platform, query: { event_type: 'grant.expired', limit: 500 } })).body.items as Array<Record<string, any>>;
+    await within(3_000, async () => (await expired()).length > 0);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const ids = (await expired()).map((e) => e.details.grant_id);
+    expect(ids).toEqual([lapsing.body.id]);
+    expect(ids).not.toContain(live.body.id);
+  });
+});

@@ -1,0 +1,144 @@
+import { performance } from 'node:perf_hooks';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { hasPostgresServer } from './helpers/database.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
+import { tokens } from './helpers/tokens.js';
+
+// Several gateway instances on one PostgreSQL server: this file needs a real server.
+const T = 'tenant-replicas';
+const operator = tokens.tenantOperator(T, 'carol');
+const platform = tokens.platform();
+
+/** Polls `probe` until it returns true or `boundMs` passes; returns the milliseconds it took. */
+async function within(boundMs: number, probe: () => Promise<boolean>, stepMs = 10): Promise<number> {
+  const started = performance.now();
+  for (;;) {
+    if (await probe()) return performance.now() - started;
+    const elapsed = performance.now() - started;
+    if (elapsed > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, stepMs));
+  }
+}
+
+async function decision(client: AppClient, query: Record<string, string>) {
+  const res = await client.get('/kill-switches/decide', { token: operator, query });
+  return res;
+}
+
+describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a PostgreSQL server)', () => {
+  let h: Harness;
+  let dbB: Database;
+  let b: AppClient;
+
+  beforeAll(async () => {
+    h = await startHarness();
+    dbB = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    b = await AppClient.start(dbB);
+  });
+  afterAll(async () => {
+    await b?.close();
+    await dbB?.close();
+    await h?.close();
+  });
+
+  it('a switch armed through instance A denies on instance B within a second, and disarming lifts it', async () => {
+    const a = h.client;
+    expect((await decision(b, { agent_id: 'spreading.agent' })).body.ok).toBe(true);
+    const armed = await a.post('/kill-switches', {
+      token: operator,
+      body: { scope: 'agent', target: 'spreading.agent', reason: 'loops', user_visible_status_copy: 'Paused' },
+    });
+    expect(armed.status).toBe(201);
+    await within(1_000, async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === false);
+    const onB = await decision(b, { agent_id: 'spreading.agent' });
+    expect(onB.body).toMatchObject({ code: 'kill_switch_active', blamed: { id: armed.body.id } });
+
+    await a.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'fixed' } });
+    await within(1_000, async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === true);
+  });
+
+  it('propagates the other way too, for every arm and disarm of a quick sequence', async () => {
+    for (let i = 0; i < 5; i += 1) {
+      const armed = await b.post('/kill-switches', {
+        token: platform,
+        body: { scope: 'tool', target: `flap.tool${i}`, reason: 'flap', user_visible_status_copy: 'Paused' },
+      });
+      await within(1_000, async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === false);
+      await b.post(`/kill-switches/${armed.body.id}/disarm`, { token: platform, body: { reason: 'unflap' } });
+      await within(1_000, async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === true);
+    }
+  });
+
+  it('arming one target from two instances at once makes one switch', async () => {
+    const body = { scope: 'family', target: 'twin', reason: 'race', user_visible_status_copy: 'Paused' };
+    const [fromA, fromB] = await Promise.all([
+      h.client.post('/kill-switches', { token: operator, body }),
+      b.post('/kill-switches', { token: operator, body }),
+    ]);
+    expect(fromA.body.id).toBe(fromB.body.id);
+    expect([fromA.status, fromB.status].sort()).toEqual([200, 201]);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a PostgreSQL server)', () => {
+  let h: Harness;
+  let proxy: TcpProxy;
+  let dbC: Database;
+  let c: AppClient;
+
+  beforeAll(async () => {
+    h = await startHarness();
+    const url = new URL(h.db.url!);
+    proxy = await new TcpProxy(url.hostname, Number(url.port || 5432)).start();
+    dbC = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    c = await AppClient.start(dbC);
+  });
+  afterAll(async () => {
+    await c?.close();
+    await dbC?.close();
+    await proxy?.close();
+    await h?.close();
+  });
+
+  it('stops admitting within 5 s (503 gateway_unavailable, /ready 503) and comes back by itself', async () => {
+    expect((await decision(c, { tool_id: 'any.tool' })).status).toBe(200);
+    expect((await c.get('/ready')).status).toBe(200);
+
+    proxy.cutConnections();
+    // The hard bound is 5 s from the last confirmation, which came before the cut; the slack is
+    // for a loaded machine's timers, not for the gateway.
+    await within(5_500, async () => (await decision(c, { tool_id: 'any.tool' })).status === 503);
+    const refused = await decision(c, { tool_id: 'any.tool' });
+    expect(refused.body.error.code).toBe('gateway_unavailable');
+    const ready = await c.get('/ready');
+    expect(ready.status).toBe(503);
+    expect(ready.body.error.code).toBe('gateway_unavailable');
+    expect(c.app.services.killSwitches.decide({ tenantId: T, toolId: 'any.tool' })).toMatchObject({
+      ok: false,
+      code: 'gateway_unavailable',
+    });
+    const metrics = await c.get('/metrics');
+    const age = Number(/^toolgate_kill_switch_snapshot_age_seconds (\S+)$/m.exec(metrics.text)![1]);
+    expect(age).toBeGreaterThan(5);
+
+    // While C is cut off, a switch is armed through the healthy instance: C must not come back
+    // with its old picture of the world.
+    const armed = await h.client.post('/kill-switches', {
+      token: operator,
+      body: { scope: 'tool', target: 'armed.while.away', reason: 'outage', user_visible_status_copy: 'Paused' },
+    });
+    expect(armed.status).toBe(201);
+
+    proxy.restore();
+    await within(15_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200, 50);
+    expect((await decision(c, { tool_id: 'armed.while.away' })).body).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
+    await within(5_000, async () => (await c.get('/ready')).status === 200, 50);
+
+    // And its listener is back: a disarm reaches it by notification, well inside the poll bound.
+    await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
+    await within(1_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true);
+  });
+});

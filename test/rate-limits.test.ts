@@ -1,0 +1,194 @@
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase } from '../src/db/database.js';
+import { isDatabaseUnavailable } from '../src/db/unavailable.js';
+import { RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { ManualClock } from './helpers/manual-clock.js';
+
+// app.services.rateLimiter: token buckets per (tenant, agent, tool), shared by every replica.
+let testDb: TestDatabase;
+let limiter: RateLimiter;
+let registry: Registry;
+const clock = new ManualClock('2030-01-15T12:00:00.000Z');
+let seq = 0;
+
+beforeAll(async () => {
+  testDb = await createTestDatabase();
+  registry = new Registry();
+  limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry });
+});
+afterAll(async () => {
+  await limiter.close();
+  await testDb.drop();
+});
+
+/** A bucket of its own for each test. */
+function bucket(capacity: number, refillPerSecond: number): TakeRequest {
+  seq += 1;
+  return { tenantId: `rl-t${seq}`, agentId: 'agent.one', toolId: 'web.fetch', capacity, refillPerSecond };
+}
+
+const admittedCount = (decisions: RateDecision[]) => decisions.filter((d) => d.ok).length;
+
+describe('take', () => {
+  it('admits a full bucket’s capacity, then refuses with the exact Retry-After', async () => {
+    const b = bucket(3, 0.25);
+    const decisions: RateDecision[] = [];
+    for (let i = 0; i < 5; i += 1) decisions.push(await limiter.take(b));
+    expect(decisions).toEqual([
+      { ok: true, remaining: 2 },
+      { ok: true, remaining: 1 },
+      { ok: true, remaining: 0 },
+      // One token at 0.25 per second: 4 seconds.
+      { ok: false, code: 'rate_limited', retryAfterSeconds: 4 },
+      { ok: false, code: 'rate_limited', retryAfterSeconds: 4 },
+    ]);
+  });
+
+  it('admits again exactly when Retry-After has passed, and counts down meanwhile', async () => {
+    const b = bucket(1, 0.5);
+    expect((await limiter.take(b)).ok).toBe(true);
+    expect(await limiter.take(b)).toMatchObject({ ok: false, retryAfterSeconds: 2 });
+    clock.advance(1_500);
+    expect(await limiter.take(b)).toMatchObject({ ok: false, retryAfterSeconds: 1 });
+    clock.advance(499);
+    expect(await limiter.take(b)).toMatchObject({ ok: false, retryAfterSeconds: 1 });
+    clock.advance(1);
+    expect(await limiter.take(b)).toEqual({ ok: true, remaining: 0 });
+  });
+
+  it('refills at the contract’s rate but never past its capacity', async () => {
+    const b = bucket(4, 2);
+    for (let i = 0; i < 4; i += 1) await limiter.take(b);
+    clock.advance(1_000);
+    const afterOneSecond = await Promise.all(Array.from({ length: 5 }, () => limiter.take(b)));
+    expect(admittedCount(afterOneSecond)).toBe(2);
+    clock.advance(3_600_000);
+    const afterAnHour = await Promise.all(Array.from({ length: 10 }, () => limiter.take(b)));
+    expect(admittedCount(afterAnHour)).toBe(4);
+  });
+
+  it('keeps one bucket per tenant, agent and tool', async () => {
+    const b = bucket(1, 0.01);
+    expect((await limiter.take(b)).ok).toBe(true);
+    expect((await limiter.take(b)).ok).toBe(false);
+    expect((await limiter.take({ ...b, agentId: 'agent.two' })).ok).toBe(true);
+    expect((await limiter.take({ ...b, toolId: 'web.search' })).ok).toBe(true);
+    expect((await limiter.take({ ...b, tenantId: `${b.tenantId}-other` })).ok).toBe(true);
+  });
+
+  it('follows a contract whose capacity shrinks', async () => {
+    const b = bucket(10, 0.01);
+    expect((await limiter.take(b)).ok).toBe(true);
+    // 9 tokens left, but the new contract holds at most 2.
+    const shrunk = { ...b, capacity: 2 };
+    const decisions = await Promise.all(Array.from({ length: 4 }, () => limiter.take(shrunk)));
+    expect(admittedCount(decisions)).toBe(2);
+  });
+
+  it('counts refusals in the metrics', async () => {
+    const b = bucket(1, 0.01);
+    const count = async () =>
+      (await registry.getSingleMetric('toolgate_rate_limit_denials_total')!.get()).values.find((v) => v.labels.tool_id === 'web.fetch')?.value ?? 0;
+    const before = await count();
+    await Promise.all(Array.from({ length: 4 }, () => limiter.take(b)));
+    expect(await count()).toBe(before + 3);
+  });
+
+  it('refuses contracts no bucket can honour', async () => {
+    await expect(limiter.take(bucket(0, 1))).rejects.toThrow(RangeError);
+    await expect(limiter.take(bucket(1, 0))).rejects.toThrow(RangeError);
+  });
+});
+
+describe('peek', () => {
+  it('answers what take would, consuming nothing', async () => {
+    const b = bucket(2, 0.5);
+    for (let i = 0; i < 5; i += 1) expect(await limiter.peek(b)).toEqual({ ok: true, remaining: 2 });
+    await limiter.take(b);
+    expect(await limiter.peek(b)).toEqual({ ok: true, remaining: 1 });
+    await limiter.take(b);
+    const peeked = await limiter.peek(b);
+    expect(peeked).toEqual({ ok: false, code: 'rate_limited', retryAfterSeconds: 2 });
+    expect(await limiter.take(b)).toEqual(peeked);
+    clock.advance(2_000);
+    expect(await limiter.peek(b)).toEqual({ ok: true, remaining: 1 });
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (needs a PostgreSQL server)', () => {
+  let databases: Awaited<ReturnType<typeof openDatabase>>[];
+
+  beforeAll(async () => {
+    databases = await Promise.all(
+      [0, 1, 2].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+    );
+  });
+  afterAll(async () => {
+    await Promise.all(databases.map((d) => d.close()));
+  });
+
+  const instances = (now: () => Date) => databases.map((d) => new RateLimiter(d.db, { now, registry: new Registry() }));
+
+  it('admit exactly the tokens there are, and give every refusal the same exact Retry-After', async () => {
+    const limiters = instances(clock.now);
+    const b = bucket(37, 0.25);
+    const burst = () => Promise.all(Array.from({ length: 200 }, (_, i) => limiters[i % 3]!.take(b)));
+    const first = await burst();
+    expect(admittedCount(first)).toBe(37);
+    expect(new Set(first.filter((d) => !d.ok).map((d) => (d.ok ? 0 : d.retryAfterSeconds)))).toEqual(new Set([4]));
+    // 10 s at 0.25/s: 2.5 tokens, so exactly 2 calls, and the half token left needs 2 s more.
+    clock.advance(10_000);
+    const second = await burst();
+    expect(admittedCount(second)).toBe(2);
+    expect(new Set(second.filter((d) => !d.ok).map((d) => (d.ok ? 0 : d.retryAfterSeconds)))).toEqual(new Set([2]));
+    await Promise.all(limiters.map((l) => l.close()));
+  });
+
+  it('admit no more than capacity + refill × elapsed on the real clock', async () => {
+    const limiters = instances(() => new Date());
+    const b = bucket(10, 40);
+    let admitted = 0;
+    let refused = 0;
+    const started = performance.now();
+    const until = started + 1_500;
+    // Twenty callers per instance, each taking again as soon as it is answered.
+    await Promise.all(
+      limiters.flatMap((l) =>
+        Array.from({ length: 20 }, async () => {
+          while (performance.now() < until) {
+            const decision = await l.take(b);
+            if (decision.ok) admitted += 1;
+            else {
+              refused += 1;
+              expect(decision.retryAfterSeconds).toBe(1);
+            }
+          }
+        }),
+      ),
+    );
+    const elapsedSeconds = (performance.now() - started) / 1000;
+    expect(admitted).toBeLessThanOrEqual(Math.floor(10 + 40 * elapsedSeconds));
+    // The bucket started full: at least its capacity went through, and the callers did outrun it.
+    expect(admitted).toBeGreaterThanOrEqual(10);
+    expect(refused).toBeGreaterThan(0);
+    await Promise.all(limiters.map((l) => l.close()));
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL server)', () => {
+  it('fails closed: take and peek throw, nothing is admitted', async () => {
+    const unreachable = await openDatabase({ databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere', dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const cut = new RateLimiter(unreachable.db, { now: clock.now, registry: new Registry() });
+    try {
+      const attempts = [cut.take(bucket(5, 1)), cut.peek(bucket(5, 1))];
+      const errors = await Promise.all(attempts.map((attempt) => attempt.then(() => 'admitted', (e: unknown) => e)));
+      for (const error of errors) expect(isDatabaseUnavailable(error)).toBe(true);
+    } finally {
+      await cut.close();
+      await unreachable.close();
+    }
+  });
+});
