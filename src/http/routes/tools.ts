@@ -80,8 +80,9 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
       throw new ApiError('invalid_request', `${missing.field}: ${missing.name} is not set on this gateway`, { field: missing.field });
     }
     const result = await registerToolVersion(deps.db, registration, by(request, operator));
+    // Even a conflict saw a version this replica may not hold yet: catch up before answering.
+    if (result.ok || result.code === 'tool_version_conflict') await deps.catalog.refresh();
     if (!result.ok) throw new ApiError(result.code, result.message, result.details);
-    await deps.catalog.refresh();
     return reply.code(result.created ? 201 : 200).send(operatorViewOf(result.tool));
   });
 
