@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import { AppClient } from './helpers/harness.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { toolBody } from './helpers/world.js';
 
@@ -98,5 +99,36 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     });
     // The revision check runs every second here; allow it one period plus the load.
     expect(await within(2000, () => a.app.services.catalog.resolve('silent.tool').ok && b.app.services.catalog.resolve('silent.tool').ok)).toBe(true);
+  });
+
+  it('starts without its database, serves its last copy while cut off, and catches up when the database returns', async () => {
+    const server = new URL(testDb.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    proxy.cutConnections();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(testDb.url!), dataDir: '', poolSize: 2, logger: pino({ level: 'silent' }) });
+    const c = await AppClient.start(database, { TOOLGATE_REGISTRY_REFRESH_MS: '200' });
+    try {
+      const catalog = c.app.services.catalog;
+      expect(catalog.readiness().ok).toBe(false);
+      expect(catalog.resolve('fresh.tool').ok).toBe(false);
+
+      proxy.restore();
+      expect(await within(5000, () => catalog.resolve('fresh.tool').ok)).toBe(true);
+      expect(catalog.readiness().ok).toBe(true);
+
+      proxy.cutConnections();
+      const res = await a.post('/tools', { token: platform, body: toolBody({ id: 'while.away' }) });
+      expect(res.status).toBe(201);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(catalog.resolve('fresh.tool').ok).toBe(true);
+      expect(catalog.resolve('while.away').ok).toBe(false);
+
+      proxy.restore();
+      expect(await within(5000, () => catalog.resolve('while.away').ok)).toBe(true);
+    } finally {
+      await c.close();
+      await database.close();
+      await proxy.close();
+    }
   });
 });

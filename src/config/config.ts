@@ -184,3 +184,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     grants: { expirySweepIntervalMs: e.TOOLGATE_GRANT_EXPIRY_SWEEP_MS },
   };
 }
+
+/** Where command-line clients (`npm run seed:example`) send requests: `TOOLGATE_URL`, `TOOLGATE_TOKEN`. */
+export function loadClientTarget(env: NodeJS.ProcessEnv = process.env): { url: string | undefined; token: string | undefined } {
+  return { url: env.TOOLGATE_URL || undefined, token: env.TOOLGATE_TOKEN || undefined };
+}
