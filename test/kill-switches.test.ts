@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
+import { registerTool } from './helpers/world.js';
 
 const A = 'tenant-ks-a';
 const B = 'tenant-ks-b';
@@ -283,6 +284,30 @@ describe('GET /kill-switches/decide', () => {
     expect((await decide(opA, { tool_id: 'only.in.a' })).body.ok).toBe(false);
     expect((await decide(opB, { tool_id: 'only.in.a' })).body.ok).toBe(true);
     expect((await decide(platform, { tool_id: 'only.in.a', tenant_id: B })).body.ok).toBe(true);
+  });
+
+  it("matches region, provider and family switches on the registered tool's target", async () => {
+    await registerTool(h.client, { id: 'geo.tool', target: { family: 'retrieval', provider: 'acme-llm', region: 'eu-central' } });
+    await registerTool(h.client, { id: 'elsewhere.tool', target: { family: 'ranking', provider: 'other-llm', region: 'us-west' } });
+    const region = await arm(platform, { scope: 'region', target: 'eu-central' });
+    const provider = await arm(platform, { scope: 'provider', target: 'acme-llm' });
+    const family = await arm(opA, { scope: 'family', target: 'retrieval' });
+
+    const geo = await decide(opA, { tool_id: 'geo.tool', agent_id: 'any.agent', family: 'unrelated' });
+    expect(geo.body.call.tool_target).toEqual({ family: 'retrieval', provider: 'acme-llm', region: 'eu-central' });
+    expect(geo.body.blamed.id).toBe(region.body.id);
+    expect(geo.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id, family.body.id]);
+    // The family switch is tenant A's: in tenant B only the platform-wide ones match.
+    const inB = await decide(opB, { tool_id: 'geo.tool' });
+    expect(inB.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id]);
+    expect((await decide(opA, { tool_id: 'elsewhere.tool' })).body.ok).toBe(true);
+    // A tool the registry does not know has no target: only its id can match.
+    expect((await decide(opA, { tool_id: 'unknown.tool' })).body).toMatchObject({ ok: true, call: { tool_target: null } });
+
+    for (const ks of [region, provider]) {
+      await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
+    }
+    await h.client.post(`/kill-switches/${family.body.id}/disarm`, { token: opA, body: { reason: 'done' } });
   });
 
   it('answers 404 to a tenant-operator asking about another tenant', async () => {
