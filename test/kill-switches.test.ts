@@ -1,4 +1,9 @@
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase } from '../src/db/database.js';
+import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { registerTool } from './helpers/world.js';
@@ -327,5 +332,61 @@ describe('the snapshot in operations', () => {
     const armed = /^toolgate_kill_switches_armed (\S+)$/m.exec(metrics.text);
     const listed = await h.client.get('/kill-switches', { token: platform, query: { state: 'armed', limit: 500 } });
     expect(Number(armed![1])).toBe(listed.body.items.length);
+  });
+});
+
+describe('snapshot freshness, on an injected clock', () => {
+  function snapshotOn(database: typeof h.db.database, clock: () => number) {
+    return new KillSwitchSnapshot({
+      db: database.db,
+      listener: database.listener,
+      registry: new Registry(),
+      logger: pino({ level: 'silent' }),
+      pollIntervalMs: 1_000,
+      maxStalenessMs: 5_000,
+      clock,
+    });
+  }
+
+  it('fails closed before its first load and once 5 s pass without a confirmation, until it reloads', async () => {
+    let now = 1_000_000;
+    const snapshot = snapshotOn(h.db.database, () => now);
+    const call = { tenantId: A, toolId: 'fresh.tool' };
+    expect(snapshot.decide(call)).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+    expect(snapshot.readiness()).toMatchObject({ ok: false, reason: expect.stringContaining('never loaded') });
+
+    await snapshot.refresh();
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    now += 5_000;
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    expect(snapshot.readiness()).toEqual({ ok: true });
+    now += 1;
+    expect(snapshot.decide(call)).toMatchObject({ ok: false, code: 'gateway_unavailable', age_ms: 5_001 });
+    expect(snapshot.readiness().ok).toBe(false);
+
+    await snapshot.refresh();
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    await snapshot.stop();
+  });
+
+  it.skipIf(!hasPostgresServer)('stays stale when its database cannot be read (needs a PostgreSQL server)', async () => {
+    let now = 0;
+    const database = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const snapshot = snapshotOn(database, () => now);
+    await snapshot.refresh();
+    await database.close();
+    now += 6_000;
+    await expect(snapshot.refresh()).rejects.toThrow();
+    expect(snapshot.decide({ tenantId: A })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+    await snapshot.stop();
+  });
+
+  it('loads what was armed before it started', async () => {
+    const armed = await arm(opA, { scope: 'tool', target: 'preexisting.tool' });
+    const snapshot = snapshotOn(h.db.database, () => 0);
+    await snapshot.refresh();
+    expect(snapshot.decide({ tenantId: A, toolId: 'preexisting.tool' })).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
+    expect(snapshot.state().version).toBe(h.client.app.services.killSwitches.state().version);
+    await snapshot.stop();
   });
 });
