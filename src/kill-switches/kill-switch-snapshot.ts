@@ -11,6 +11,7 @@ import { KILL_SWITCH_CHANNEL, readArmedKillSwitches, readKillSwitchVersion } fro
 /** A kill-switch verdict, or a refusal because this replica cannot vouch for its switch state. */
 export type SnapshotDecision = KillSwitchDecision | { ok: false; code: 'gateway_unavailable'; age_ms: number };
 
+/** What a snapshot is built from, by the composition root. */
 export interface KillSwitchSnapshotOptions {
   db: Kysely<DB>;
   listener: NotificationListener;

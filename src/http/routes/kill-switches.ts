@@ -17,6 +17,7 @@ import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
+/** What the kill-switch routes are given by the composition root. */
 export interface KillSwitchRouteDeps {
   service: KillSwitchService;
   snapshot: KillSwitchSnapshot;
