@@ -142,7 +142,8 @@ describe('kill switches: who may arm what', () => {
   it("answers 404 to a tenant-operator arming in another tenant, and records the attempt", async () => {
     const viaTenantId = await arm(opA, { scope: 'agent', target: 'victim.agent', tenant_id: B });
     const viaTenantScope = await arm(opA, { scope: 'tenant', target: B });
-    for (const res of [viaTenantId, viaTenantScope]) {
+    const viaBoth = await arm(opA, { scope: 'tenant', target: A, tenant_id: B });
+    for (const res of [viaTenantId, viaTenantScope, viaBoth]) {
       expect(res.status).toBe(404);
       expect(res.body.error.code).toBe('not_found');
     }
