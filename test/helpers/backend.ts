@@ -11,12 +11,14 @@ export interface BackendHit {
 /**
  * A real HTTP tool backend on loopback, recording every request it receives. Paths:
  * `/echo` answers `{echo: <body>}`; `/hang` never answers; `/status/500`; `/html`; `/big`
- * (10 MB of JSON); `/wrong-shape` (`{unexpected: true}`); `/cost/<n>` reports its cost in a header.
+ * (10 MB of JSON); `/wrong-shape` (`{unexpected: true}`); `/cost/<n>` reports its cost in a header;
+ * `/gate` holds every request until `openGate()`.
  */
 export class TestBackend {
   readonly hits: BackendHit[] = [];
   private server: Server | undefined;
   private readonly hanging = new Set<import('node:http').ServerResponse>();
+  private gated: Array<() => void> = [];
   url = '';
 
   async start(): Promise<this> {
@@ -52,6 +54,10 @@ export class TestBackend {
       this.hanging.add(res);
       return;
     }
+    if (path === '/gate') {
+      this.gated.push(() => json(200, { echo: body }));
+      return;
+    }
     if (path === '/status/500') return json(500, { error: 'boom' });
     if (path === '/html') {
       res.writeHead(200, { 'content-type': 'text/html' });
@@ -67,6 +73,20 @@ export class TestBackend {
     const cost = /^\/cost\/(\d+(?:\.\d+)?)$/.exec(path);
     if (cost) return json(200, { echo: body }, { 'x-toolgate-cost-units': cost[1]! });
     return json(404, { error: 'no such path' });
+  }
+
+  /** Answers every request waiting at `/gate`. */
+  openGate(): void {
+    for (const answer of this.gated.splice(0)) answer();
+  }
+
+  /** Resolves once `count` requests have reached `path`. */
+  async waitForHits(path: string, count: number, timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.hitsOn(path).length < count) {
+      if (Date.now() > deadline) throw new Error(`fewer than ${count} hits on ${path}`);
+      await new Promise((r) => setTimeout(r, 10));
+    }
   }
 
   hitsOn(path: string): BackendHit[] {

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
-import { buildApp } from '../../src/app.js';
+import { buildApp, type AppOptions } from '../../src/app.js';
 import { loadVerificationKeys } from '../../src/auth/jwt-keys.js';
 import { loadConfig, type Config } from '../../src/config/config.js';
 import type { Database } from '../../src/db/database.js';
@@ -34,13 +34,14 @@ export function testConfig(env: Record<string, string> = {}): Config {
 export class AppClient {
   constructor(readonly app: FastifyInstance) {}
 
-  static async start(database: Database, env: Record<string, string> = {}): Promise<AppClient> {
+  static async start(database: Database, env: Record<string, string> = {}, options: Pick<AppOptions, 'resolver' | 'now'> = {}): Promise<AppClient> {
     const config = testConfig(env);
     const app = await buildApp({
       config,
       database,
       keys: await loadVerificationKeys(config),
       logger: pino({ level: 'silent' }),
+      ...options,
     });
     await app.ready();
     return new AppClient(app);
@@ -86,9 +87,9 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(env: Record<string, string> = {}): Promise<Harness> {
+export async function startHarness(env: Record<string, string> = {}, options: Pick<AppOptions, 'resolver' | 'now'> = {}): Promise<Harness> {
   const db = await createTestDatabase();
-  const client = await AppClient.start(db.database, env);
+  const client = await AppClient.start(db.database, env, options);
   return {
     db,
     client,

@@ -18,6 +18,20 @@ export const echoSchemas = {
   },
 };
 
+/** The input and output of `external_call` tools (SPEC §9). */
+export const egressSchemas = {
+  input_schema: {
+    type: 'object',
+    properties: { url: { type: 'string' }, method: { type: 'string' }, headers: { type: 'object' }, body: {} },
+    required: ['url'],
+  },
+  output_schema: {
+    type: 'object',
+    properties: { status: { type: 'integer' }, headers: { type: 'object' }, body: {} },
+    required: ['status', 'headers', 'body'],
+  },
+};
+
 export interface ToolOptions {
   id: string;
   version?: string;
@@ -33,6 +47,7 @@ export interface ToolOptions {
   required_scopes?: Array<{ scope: string; required: boolean; rationale: string }>;
   target?: { family?: string; provider?: string; region?: string };
   egress?: unknown;
+  input_schema?: unknown;
   output_schema?: unknown;
 }
 
@@ -45,6 +60,7 @@ export function toolBody(options: ToolOptions): Record<string, unknown> {
     category: options.category ?? 'read_only',
     risk_level: options.risk_level ?? 'low',
     ...echoSchemas,
+    ...(options.input_schema !== undefined ? { input_schema: options.input_schema } : {}),
     ...(options.output_schema !== undefined ? { output_schema: options.output_schema } : {}),
     allowed_agents: options.allowed_agents ?? [],
     required_context: options.required_context ?? [],

@@ -14,6 +14,7 @@ import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { parseInput } from '../validation.js';
 
+/** What the budget routes need from the composition root. */
 export interface BudgetRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
@@ -161,8 +162,9 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
       context(request),
     );
     if (!result.ok) {
-      throw new ApiError('budget_conflict', `budget ${result.existing.budget.id} already limits this ${body.scope} over this period; change it with PUT`, {
-        budget_id: result.existing.budget.id,
+      const existing = result.existing.budget.id;
+      throw new ApiError('budget_conflict', `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`, {
+        budget_id: existing,
       });
     }
     return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
