@@ -17,6 +17,7 @@ import {
 import { resolveGrant, type GrantDecision, type RunContext } from './grant-resolver.js';
 import { AGENT_FORBIDDEN_CATEGORIES, type ToolFacts, type ToolFactsLookup } from './tool-facts.js';
 
+/** What the grants service is built from, by the composition root. */
 export interface GrantServiceDeps {
   db: Kysely<DB>;
   audit: AuditLog;
@@ -24,6 +25,7 @@ export interface GrantServiceDeps {
   now: () => Date;
 }
 
+/** A new grant as asked for; the tenant is already the one the operator may act in. */
 export interface CreateGrantRequest {
   actor: OperatorActor;
   tenantId: string;
@@ -37,6 +39,7 @@ export interface CreateGrantRequest {
   traceId?: string | undefined;
 }
 
+/** A renewal: fresh rationale and expiry for the grant `id`. */
 export interface RenewGrantRequest {
   actor: OperatorActor;
   id: string;

@@ -18,6 +18,7 @@ import {
 } from './kill-switch-repository.js';
 import type { KillSwitchSnapshot } from './kill-switch-snapshot.js';
 
+/** A switch as an operator asks for it. */
 export interface ArmRequest {
   actor: KillSwitchActor;
   scope: KillSwitchScope;
@@ -30,6 +31,7 @@ export interface ArmRequest {
   traceId?: string | undefined;
 }
 
+/** Why an arm or disarm was refused; expected outcomes, not faults. */
 export type KillSwitchRefusal = {
   ok: false;
   code: 'forbidden' | 'invalid_request' | 'not_found';
