@@ -191,6 +191,15 @@ export class RunExecutor {
       const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256 });
       return { ok: false, code: 'tool_backend_not_configured', message: `tool ${tool.id}@${tool.version} has no backend configured`, details: {}, costUnits: 0, auditId: record.event_id };
     }
+    let headers: Record<string, string> = {};
+    try {
+      if (tool.backend) headers = this.deps.ports.catalog.backendHeaders(tool);
+    } catch (error) {
+      // A secret the backend needs is not set on this replica: nothing can be sent.
+      if (reservation) await budgets.release(reservation);
+      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256 });
+      return { ok: false, code: 'tool_backend_not_configured', message: (error as Error).message, details: {}, costUnits: 0, auditId: record.event_id };
+    }
     try {
       await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units });
     } catch (error) {
@@ -198,7 +207,7 @@ export class RunExecutor {
       throw error;
     }
     const backendStarted = performance.now();
-    const result = await this.callBackend(call, tool, input, base.tool_call_id!, grantModifiers);
+    const result = await this.callBackend(call, tool, input, base.tool_call_id!, grantModifiers, headers);
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
@@ -237,7 +246,14 @@ export class RunExecutor {
   }
 
   /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
-  private async callBackend(call: CallContext, tool: AdmissibleTool, input: unknown, toolCallId: string, grantModifiers: Record<string, unknown>): Promise<CallResult> {
+  private async callBackend(
+    call: CallContext,
+    tool: AdmissibleTool,
+    input: unknown,
+    toolCallId: string,
+    grantModifiers: Record<string, unknown>,
+    headers: Record<string, string>,
+  ): Promise<CallResult> {
     if (tool.category === 'external_call') {
       if (!tool.egress) return { ok: false, code: 'tool_backend_not_configured', message: 'the tool has no egress policy', details: {} };
       const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
@@ -246,7 +262,7 @@ export class RunExecutor {
     }
     const backend = tool.backend!;
     return this.deps.backend.call(
-      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers: this.deps.ports.catalog.backendHeaders(tool) },
+      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers },
       input,
       { runId: call.request.run_id, tenantId: call.principal.tenantId, agentId: call.principal.id, toolCallId, traceId: call.traceId },
     );
