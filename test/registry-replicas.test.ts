@@ -65,6 +65,8 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     const loser = answers.find((r) => r.status === 409)!;
     expect(loser.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['cost_units'] } });
     const winner = answers.find((r) => r.status === 201)!;
+    // B's copy may be up to a refresh behind A's commit.
+    expect(await within(1000, () => b.app.services.catalog.resolve('race.different').ok)).toBe(true);
     const stored = await b.get('/tools/race.different', { token: platform });
     expect(stored.body.cost_units).toBe(winner.body.cost_units);
     expect(await registrations('race.different')).toBe(1);
