@@ -31,10 +31,18 @@ afterAll(async () => {
   await testDb.drop();
 });
 
-async function budget(tenantId: string, fields: { scope: 'tenant' | 'agent'; agentId?: string; limitUnits: number; warnRatio: number; graceUnits: number }) {
+interface BudgetFields {
+  scope: 'tenant' | 'agent';
+  agentId?: string;
+  limitUnits: number;
+  warnRatio: number;
+  graceUnits: number;
+}
+
+async function budget(tenantId: string, { scope, agentId, limitUnits, warnRatio, graceUnits }: BudgetFields) {
   const result = await createBudget(
     testDb.database.db,
-    { tenantId, scope: fields.scope, agentId: fields.agentId ?? null, runId: null, period: 'month', limitUnits: fields.limitUnits, warnRatio: fields.warnRatio, graceUnits: fields.graceUnits },
+    { tenantId, scope, agentId: agentId ?? null, runId: null, period: 'month', limitUnits, warnRatio, graceUnits },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
   if (!result.ok) throw new Error('budget conflict');

@@ -100,12 +100,16 @@ describe('POST /budgets', () => {
   });
 
   it('accepts warn_ratio 1 and grace_units 0 at the edges', async () => {
-    const res = await h.client.post('/budgets', { token: opsA, body: { scope: 'agent', agent_id: 'a.edge', period: 'day', limit_units: 0.000001, warn_ratio: 1, grace_units: 0 } });
+    const res = await h.client.post('/budgets', {
+      token: opsA,
+      body: { scope: 'agent', agent_id: 'a.edge', period: 'day', limit_units: 0.000001, warn_ratio: 1, grace_units: 0 },
+    });
     expect(res.status).toBe(201);
   });
 
   it('lets a platform-operator create a budget in any tenant it names', async () => {
-    const res = await h.client.post('/budgets', { token: platform, body: { tenant_id: 'tenant-c', scope: 'tenant', period: 'total', limit_units: 9 } });
+    const body = { tenant_id: 'tenant-c', scope: 'tenant', period: 'total', limit_units: 9 };
+    const res = await h.client.post('/budgets', { token: platform, body });
     expect(res.status).toBe(201);
     expect(res.body.tenant_id).toBe('tenant-c');
   });
@@ -120,11 +124,16 @@ describe('POST /budgets', () => {
     const listed = await h.client.get('/budgets', { token: platform, query: { tenant_id: 'tenant-b', scope: 'tenant', period: 'day' } });
     expect(listed.body.items).toEqual([]);
     const [event] = await auditEvents({ event_type: 'security.cross_tenant_attempt' });
-    expect(event).toMatchObject({ actor: 'operator:mallory', tenant_id: 'tenant-a', details: { route: 'POST /budgets', requested_tenant_id: 'tenant-b' } });
+    expect(event).toMatchObject({
+      actor: 'operator:mallory',
+      tenant_id: 'tenant-a',
+      details: { route: 'POST /budgets', requested_tenant_id: 'tenant-b' },
+    });
   });
 
   it('refuses agents with 403 agent_forbidden', async () => {
-    const res = await h.client.post('/budgets', { token: tokens.agent('a.sneaky', { tenant: 'tenant-a' }), body: { scope: 'tenant', period: 'day', limit_units: 1e9 } });
+    const agent = tokens.agent('a.sneaky', { tenant: 'tenant-a' });
+    const res = await h.client.post('/budgets', { token: agent, body: { scope: 'tenant', period: 'day', limit_units: 1e9 } });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('agent_forbidden');
   });

@@ -1,16 +1,23 @@
+import { createServer, connect, type AddressInfo, type Server, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
+import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js';
 import { hasPostgresServer } from './helpers/database.js';
+import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
 
 // Several gateway instances on one PostgreSQL server: this file needs a real server.
 const T = 'tenant-replicas';
 const operator = tokens.tenantOperator(T, 'carol');
 const platform = tokens.platform();
+const AGENT = 'replica.worker';
+const agent = tokens.agent(AGENT, { tenant: T, family: 'workers' });
 
 /** Polls `probe` until it returns true or `boundMs` passes; returns the milliseconds it took. */
 async function within(boundMs: number, probe: () => Promise<boolean>, stepMs = 10): Promise<number> {
@@ -28,20 +35,77 @@ async function decision(client: AppClient, query: Record<string, string>) {
   return res;
 }
 
+/** One run of one step of `tool` by the test agent, on `client`. */
+function run(client: AppClient, tool: string) {
+  return client.post('/runs/execute', {
+    token: agent,
+    body: { run_id: newRunId('replica'), context: {}, plan: [{ tool_id: tool, input: { q: 'hi' } }] },
+  });
+}
+
 describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a PostgreSQL server)', () => {
   let h: Harness;
   let dbB: Database;
   let b: AppClient;
+  let backend: TestBackend;
 
   beforeAll(async () => {
     h = await startHarness();
     dbB = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
     b = await AppClient.start(dbB);
+    backend = await new TestBackend().start();
+    await registerTool(h.client, { id: 'replica.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo' });
+    // B's catalog follows A's registration within its refresh bound.
+    await within(2_000, async () => (await run(b, 'replica.echo')).status === 200, 50);
   });
   afterAll(async () => {
+    await backend?.close();
     await b?.close();
     await dbB?.close();
     await h?.close();
+  });
+
+  it("stops B's runs at the next step once A arms a switch (403 kill_switch_active, run killed), and lets them through once disarmed", async () => {
+    const armed = await h.client.post('/kill-switches', {
+      token: operator,
+      body: { scope: 'family', target: 'workers', reason: 'runaway loop', user_visible_status_copy: 'Workers are paused for maintenance' },
+    });
+    await within(1_000, async () => (await run(b, 'replica.echo')).status === 403);
+    const killed = await run(b, 'replica.echo');
+    expect(killed.body).toMatchObject({ status: 'killed', steps: [{ status: 'denied', error: { code: 'kill_switch_active' } }] });
+    expect(JSON.stringify(killed.body)).toContain('Workers are paused for maintenance');
+    const dispatchedBefore = backend.hits.length;
+    await run(b, 'replica.echo');
+    expect(backend.hits.length).toBe(dispatchedBefore);
+
+    await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'loop fixed' } });
+    await within(1_000, async () => (await run(b, 'replica.echo')).status === 200);
+  });
+
+  it("refuses B's next run once A revokes the grant (grant_revoked); a revoked grant cannot be renewed, only granted anew", async () => {
+    const granted = await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo', scope: 'per-user', scope_ref: 'u-1' });
+    const withUser = () =>
+      b.post('/runs/execute', {
+        token: agent,
+        body: { run_id: newRunId('replica'), user_id: 'u-1', context: {}, plan: [{ tool_id: 'replica.echo', input: { q: 'hi' } }] },
+      });
+    expect((await withUser()).status).toBe(200);
+    // Leave only the per-user grant in force: revoke the tenant-wide one from beforeAll.
+    const tenantWide = await h.client.get('/grants', { token: operator, query: { agent_id: AGENT, scope: 'per-tenant', status: 'live' } });
+    for (const g of tenantWide.body.items) await h.client.post(`/grants/${g.id}/revoke`, { token: operator, body: { reason: 'narrowing' } });
+    await h.client.post(`/grants/${granted.id}/revoke`, { token: operator, body: { reason: 'pulled' } });
+    const refused = await withUser();
+    expect(refused.status).toBe(403);
+    expect(refused.body.steps[0].error.code).toBe('grant_revoked');
+
+    const renewedFromOld = await h.client.post(`/grants/${granted.id}/renew`, {
+      token: operator,
+      body: { rationale: 'again', expires_at: new Date(Date.now() + 3600_000).toISOString() },
+    });
+    expect(renewedFromOld.body.error.code).toBe('grant_revoked');
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo' });
+    expect((await withUser()).status).toBe(200);
   });
 
   it('a switch armed through instance A denies on instance B within a second, and disarming lifts it', async () => {
@@ -88,6 +152,7 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
   let proxy: TcpProxy;
   let dbC: Database;
   let c: AppClient;
+  let backend: TestBackend;
 
   beforeAll(async () => {
     h = await startHarness();
@@ -95,8 +160,13 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     proxy = await new TcpProxy(url.hostname, Number(url.port || 5432)).start();
     dbC = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
     c = await AppClient.start(dbC);
+    backend = await new TestBackend().start();
+    await registerTool(h.client, { id: 'cut.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'cut.echo' });
+    await within(2_000, async () => (await run(c, 'cut.echo')).status === 200, 50);
   });
   afterAll(async () => {
+    await backend?.close();
     await c?.close();
     await dbC?.close();
     await proxy?.close();
@@ -113,6 +183,10 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     await within(5_500, async () => (await decision(c, { tool_id: 'any.tool' })).status === 503);
     const refused = await decision(c, { tool_id: 'any.tool' });
     expect(refused.body.error.code).toBe('gateway_unavailable');
+    const hits = backend.hits.length;
+    const cutRun = await run(c, 'cut.echo');
+    expect(cutRun.status).toBe(503);
+    expect(backend.hits.length).toBe(hits);
     const ready = await c.get('/ready');
     expect(ready.status).toBe(503);
     expect(ready.body.error.code).toBe('gateway_unavailable');
@@ -136,9 +210,99 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     await within(15_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200, 50);
     expect((await decision(c, { tool_id: 'armed.while.away' })).body).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
     await within(5_000, async () => (await c.get('/ready')).status === 200, 50);
+    expect((await run(c, 'cut.echo')).status).toBe(200);
 
     // And its listener is back: a disarm reaches it by notification, well inside the poll bound.
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
     await within(1_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true);
+  });
+});
+
+/**
+ * A TCP proxy whose connections can be frozen: traffic stops but nothing is closed, as when the
+ * database host vanishes behind a partition. Frozen connections stay frozen; connections made
+ * after `thaw` work.
+ */
+class FreezingProxy {
+  private server: Server | undefined;
+  private readonly links: Array<[Socket, Socket]> = [];
+  port = 0;
+
+  constructor(private readonly target: URL) {}
+
+  async start(): Promise<this> {
+    this.server = createServer((client) => {
+      const upstream = connect(Number(this.target.port || 5432), this.target.hostname);
+      for (const socket of [client, upstream]) socket.on('error', () => socket.destroy());
+      client.pipe(upstream).pipe(client);
+      this.links.push([client, upstream]);
+    });
+    await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
+    this.port = (this.server.address() as AddressInfo).port;
+    return this;
+  }
+
+  url(): string {
+    const url = new URL(this.target);
+    url.hostname = '127.0.0.1';
+    url.port = String(this.port);
+    return url.toString();
+  }
+
+  freezeAll(): void {
+    for (const [client, upstream] of this.links.splice(0)) {
+      client.unpipe(upstream);
+      upstream.unpipe(client);
+      client.pause();
+      upstream.pause();
+      this.frozen.push(client, upstream);
+    }
+  }
+
+  private readonly frozen: Socket[] = [];
+
+  async close(): Promise<void> {
+    for (const socket of [...this.frozen, ...this.links.flat()]) socket.destroy();
+    await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
+  }
+}
+
+describe.skipIf(!hasPostgresServer)('a replica whose database connection hangs (needs a PostgreSQL server)', () => {
+  let h: Harness;
+  let proxy: FreezingProxy;
+  let database: Database;
+
+  beforeAll(async () => {
+    h = await startHarness();
+    proxy = await new FreezingProxy(new URL(h.db.url!)).start();
+    database = await openDatabase({ databaseUrl: proxy.url(), dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) });
+  });
+  afterAll(async () => {
+    await proxy?.close();
+    await database?.close().catch(() => undefined);
+    await h?.close();
+  });
+
+  it('stops waiting on a read that never answers, so it recovers as soon as new connections work', async () => {
+    const snapshot = new KillSwitchSnapshot({
+      db: database.db,
+      listener: database.listener,
+      registry: new Registry(),
+      logger: pino({ level: 'silent' }),
+      pollIntervalMs: 100,
+      maxStalenessMs: 600,
+    });
+    await snapshot.refresh();
+    expect(snapshot.decide({ tenantId: T })).toEqual({ ok: true });
+
+    // Every open connection goes silent, the pooled one included: the next read hangs on it.
+    proxy.freezeAll();
+    await expect(snapshot.refresh()).rejects.toThrow(/unanswered/);
+    expect(snapshot.decide({ tenantId: T })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+
+    // A new connection works; the hung read must not hold the snapshot back.
+    await snapshot.refresh();
+    expect(snapshot.decide({ tenantId: T })).toEqual({ ok: true });
+    await snapshot.stop();
   });
 });

@@ -1,6 +1,12 @@
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase } from '../src/db/database.js';
+import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
+import { registerTool } from './helpers/world.js';
 
 const A = 'tenant-ks-a';
 const B = 'tenant-ks-b';
@@ -136,7 +142,8 @@ describe('kill switches: who may arm what', () => {
   it("answers 404 to a tenant-operator arming in another tenant, and records the attempt", async () => {
     const viaTenantId = await arm(opA, { scope: 'agent', target: 'victim.agent', tenant_id: B });
     const viaTenantScope = await arm(opA, { scope: 'tenant', target: B });
-    for (const res of [viaTenantId, viaTenantScope]) {
+    const viaBoth = await arm(opA, { scope: 'tenant', target: A, tenant_id: B });
+    for (const res of [viaTenantId, viaTenantScope, viaBoth]) {
       expect(res.status).toBe(404);
       expect(res.body.error.code).toBe('not_found');
     }
@@ -285,6 +292,30 @@ describe('GET /kill-switches/decide', () => {
     expect((await decide(platform, { tool_id: 'only.in.a', tenant_id: B })).body.ok).toBe(true);
   });
 
+  it("matches region, provider and family switches on the registered tool's target", async () => {
+    await registerTool(h.client, { id: 'geo.tool', target: { family: 'retrieval', provider: 'acme-llm', region: 'eu-central' } });
+    await registerTool(h.client, { id: 'elsewhere.tool', target: { family: 'ranking', provider: 'other-llm', region: 'us-west' } });
+    const region = await arm(platform, { scope: 'region', target: 'eu-central' });
+    const provider = await arm(platform, { scope: 'provider', target: 'acme-llm' });
+    const family = await arm(opA, { scope: 'family', target: 'retrieval' });
+
+    const geo = await decide(opA, { tool_id: 'geo.tool', agent_id: 'any.agent', family: 'unrelated' });
+    expect(geo.body.call.tool_target).toEqual({ family: 'retrieval', provider: 'acme-llm', region: 'eu-central' });
+    expect(geo.body.blamed.id).toBe(region.body.id);
+    expect(geo.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id, family.body.id]);
+    // The family switch is tenant A's: in tenant B only the platform-wide ones match.
+    const inB = await decide(opB, { tool_id: 'geo.tool' });
+    expect(inB.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id]);
+    expect((await decide(opA, { tool_id: 'elsewhere.tool' })).body.ok).toBe(true);
+    // A tool the registry does not know has no target: only its id can match.
+    expect((await decide(opA, { tool_id: 'unknown.tool' })).body).toMatchObject({ ok: true, call: { tool_target: null } });
+
+    for (const ks of [region, provider]) {
+      await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
+    }
+    await h.client.post(`/kill-switches/${family.body.id}/disarm`, { token: opA, body: { reason: 'done' } });
+  });
+
   it('answers 404 to a tenant-operator asking about another tenant', async () => {
     const res = await decide(opA, { tenant_id: B, tool_id: 'x' });
     expect(res.status).toBe(404);
@@ -302,5 +333,61 @@ describe('the snapshot in operations', () => {
     const armed = /^toolgate_kill_switches_armed (\S+)$/m.exec(metrics.text);
     const listed = await h.client.get('/kill-switches', { token: platform, query: { state: 'armed', limit: 500 } });
     expect(Number(armed![1])).toBe(listed.body.items.length);
+  });
+});
+
+describe('snapshot freshness, on an injected clock', () => {
+  function snapshotOn(database: typeof h.db.database, clock: () => number) {
+    return new KillSwitchSnapshot({
+      db: database.db,
+      listener: database.listener,
+      registry: new Registry(),
+      logger: pino({ level: 'silent' }),
+      pollIntervalMs: 1_000,
+      maxStalenessMs: 5_000,
+      clock,
+    });
+  }
+
+  it('fails closed before its first load and once 5 s pass without a confirmation, until it reloads', async () => {
+    let now = 1_000_000;
+    const snapshot = snapshotOn(h.db.database, () => now);
+    const call = { tenantId: A, toolId: 'fresh.tool' };
+    expect(snapshot.decide(call)).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+    expect(snapshot.readiness()).toMatchObject({ ok: false, reason: expect.stringContaining('never loaded') });
+
+    await snapshot.refresh();
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    now += 5_000;
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    expect(snapshot.readiness()).toEqual({ ok: true });
+    now += 1;
+    expect(snapshot.decide(call)).toMatchObject({ ok: false, code: 'gateway_unavailable', age_ms: 5_001 });
+    expect(snapshot.readiness().ok).toBe(false);
+
+    await snapshot.refresh();
+    expect(snapshot.decide(call)).toEqual({ ok: true });
+    await snapshot.stop();
+  });
+
+  it.skipIf(!hasPostgresServer)('stays stale when its database cannot be read (needs a PostgreSQL server)', async () => {
+    let now = 0;
+    const database = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const snapshot = snapshotOn(database, () => now);
+    await snapshot.refresh();
+    await database.close();
+    now += 6_000;
+    await expect(snapshot.refresh()).rejects.toThrow();
+    expect(snapshot.decide({ tenantId: A })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+    await snapshot.stop();
+  });
+
+  it('loads what was armed before it started', async () => {
+    const armed = await arm(opA, { scope: 'tool', target: 'preexisting.tool' });
+    const snapshot = snapshotOn(h.db.database, () => 0);
+    await snapshot.refresh();
+    expect(snapshot.decide({ tenantId: A, toolId: 'preexisting.tool' })).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
+    expect(snapshot.state().version).toBe(h.client.app.services.killSwitches.state().version);
+    await snapshot.stop();
   });
 });

@@ -180,7 +180,12 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
 
 describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL server)', () => {
   it('fails closed: take and peek throw, nothing is admitted', async () => {
-    const unreachable = await openDatabase({ databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere', dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const unreachable = await openDatabase({
+      databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere',
+      dataDir: '',
+      poolSize: 1,
+      logger: pino({ level: 'silent' }),
+    });
     const cut = new RateLimiter(unreachable.db, { now: clock.now, registry: new Registry() });
     try {
       const attempts = [cut.take(bucket(5, 1)), cut.peek(bucket(5, 1))];

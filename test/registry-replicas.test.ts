@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import { AppClient } from './helpers/harness.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { toolBody } from './helpers/world.js';
 
@@ -64,6 +65,8 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     const loser = answers.find((r) => r.status === 409)!;
     expect(loser.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['cost_units'] } });
     const winner = answers.find((r) => r.status === 201)!;
+    // B's copy may be up to a refresh behind A's commit.
+    expect(await within(1000, () => b.app.services.catalog.resolve('race.different').ok)).toBe(true);
     const stored = await b.get('/tools/race.different', { token: platform });
     expect(stored.body.cost_units).toBe(winner.body.cost_units);
     expect(await registrations('race.different')).toBe(1);
@@ -98,5 +101,36 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     });
     // The revision check runs every second here; allow it one period plus the load.
     expect(await within(2000, () => a.app.services.catalog.resolve('silent.tool').ok && b.app.services.catalog.resolve('silent.tool').ok)).toBe(true);
+  });
+
+  it('starts without its database, serves its last copy while cut off, and catches up when the database returns', async () => {
+    const server = new URL(testDb.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    proxy.cutConnections();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(testDb.url!), dataDir: '', poolSize: 2, logger: pino({ level: 'silent' }) });
+    const c = await AppClient.start(database, { TOOLGATE_REGISTRY_REFRESH_MS: '200' });
+    try {
+      const catalog = c.app.services.catalog;
+      expect(catalog.readiness().ok).toBe(false);
+      expect(catalog.resolve('fresh.tool').ok).toBe(false);
+
+      proxy.restore();
+      expect(await within(5000, () => catalog.resolve('fresh.tool').ok)).toBe(true);
+      expect(catalog.readiness().ok).toBe(true);
+
+      proxy.cutConnections();
+      const res = await a.post('/tools', { token: platform, body: toolBody({ id: 'while.away' }) });
+      expect(res.status).toBe(201);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(catalog.resolve('fresh.tool').ok).toBe(true);
+      expect(catalog.resolve('while.away').ok).toBe(false);
+
+      proxy.restore();
+      expect(await within(5000, () => catalog.resolve('while.away').ok)).toBe(true);
+    } finally {
+      await c.close();
+      await database.close();
+      await proxy.close();
+    }
   });
 });

@@ -469,3 +469,83 @@ describe('dependencies and the deprecation review', () => {
     expect(unknown.body.error.code).toBe('tool_not_registered');
   });
 });
+
+describe('the catalog on the hot path', () => {
+  beforeAll(async () => {
+    await registered(
+      { id: 'validated.tool', version: '1.0.0' },
+      {
+        input_schema: { type: 'object', properties: { due: { type: 'string', format: 'date' }, n: { type: 'integer', minimum: 1 } }, required: ['due'], additionalProperties: false },
+        output_schema: { $id: 'https://schemas.example/shared.json', type: 'object', required: ['ok'] },
+      },
+    );
+    // The same $id in another tool's schema must not collide with the first.
+    await registered({ id: 'validated.other' }, { output_schema: { $id: 'https://schemas.example/shared.json', type: 'array' } });
+  });
+
+  it('validates inputs and outputs with each version’s compiled schemas, formats included', () => {
+    const { catalog } = h.client.app.services;
+    const resolved = catalog.resolve('validated.tool');
+    if (!resolved.ok) throw new Error('not resolved');
+    const { input, output } = catalog.validators(resolved.tool);
+    expect(input({ due: '2026-05-01', n: 2 })).toBe(true);
+    expect(input({ due: 'tomorrow' })).toBe(false);
+    expect(input({ due: '2026-05-01', extra: true })).toBe(false);
+    expect(input({ n: 0, due: '2026-05-01' })).toBe(false);
+    expect(output({ ok: true })).toBe(true);
+    expect(output([])).toBe(false);
+    const other = catalog.resolve('validated.other');
+    if (!other.ok) throw new Error('not resolved');
+    expect(catalog.validators(other.tool).output([])).toBe(true);
+  });
+
+  it('compiles each version once per replica', () => {
+    const { catalog } = h.client.app.services;
+    const resolved = catalog.resolve('validated.tool');
+    if (!resolved.ok) throw new Error('not resolved');
+    expect(catalog.validators(resolved.tool).input).toBe(catalog.validators(resolved.tool).input);
+  });
+
+  it('refuses every payload for a version it does not hold, rather than skipping validation', () => {
+    const { input } = h.client.app.services.catalog.validators({ id: 'validated.tool', version: '9.9.9' });
+    expect(input({ due: '2026-05-01' })).toBe(false);
+  });
+
+  it('lists what an agent may use with agentMayUse and versions()', () => {
+    const { catalog } = h.client.app.services;
+    expect(catalog.versions('versioned.tool').map((t) => t.version)).toEqual(['2.0.0', '1.2.0', '1.1.0', '1.0.0']);
+    expect(catalog.versions('no.such.tool')).toEqual([]);
+    const tool = catalog.versions('versioned.tool')[0]!;
+    expect(catalog.agentMayUse(tool, { agentId: 'scf.analyst', family: undefined })).toBe(true);
+    expect(catalog.agentMayUse(tool, { agentId: 'gap.analyst', family: undefined })).toBe(false);
+  });
+
+  it('reports ready while fresh', async () => {
+    const res = await h.client.get('/ready');
+    expect(res.status).toBe(200);
+    expect(h.client.app.services.catalog.ageMs()).toBeLessThan(5_000);
+  });
+});
+
+describe('re-registration and deprecation', () => {
+  it('refuses to change a deprecation through re-registration, but re-seeds a deprecated version unchanged', async () => {
+    await registered({ id: 'reseed.tool' });
+    await h.client.post('/tools/reseed.tool/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2026-01-01T00:00:00Z' } });
+    const reseed = await register({ id: 'reseed.tool' });
+    expect(reseed.status).toBe(200);
+    expect(reseed.body.deprecation).toMatchObject({ deprecated_at: '2026-01-01T00:00:00.000Z' });
+    const sameDeprecation = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00.000Z', replacement_tool_id: null } });
+    expect(sameDeprecation.status).toBe(200);
+    const other = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2027-01-01T00:00:00Z', replacement_tool_id: null } });
+    expect(other.status).toBe(409);
+    expect(other.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['deprecation'] } });
+  });
+
+  it('accepts a deprecation at registration and records it', async () => {
+    const res = await register({ id: 'born.deprecated' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00+02:00', replacement_tool_id: 'born.deprecated' } });
+    expect(res.status).toBe(201);
+    expect(res.body.deprecation).toEqual({ deprecated_at: '2025-12-31T22:00:00.000Z', replacement_tool_id: 'born.deprecated' });
+    const newest = await h.client.get('/tools/born.deprecated', { token: platform });
+    expect(newest.body.error.code).toBe('tool_version_not_found');
+  });
+});

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
-import { startHarness, type Harness } from './helpers/harness.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
-import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { createBudget, grantTool, newRunId, registerTool, toolBody } from './helpers/world.js';
 
 const T = 'tenant-runs';
 const AGENT = 'veritas.fact-checker';
@@ -19,7 +19,7 @@ async function execute(body: Record<string, unknown>, token = agent) {
 const step = (tool_id: string, input: unknown = { q: 'hello' }, version?: string) => ({ tool_id, input, ...(version ? { version } : {}) });
 
 beforeAll(async () => {
-  h = await startHarness();
+  h = await startHarness({ TOOLGATE_SECRET_ECHO_KEY: 'k-123-secret' });
   backend = await new TestBackend().start();
   const base = { allowed_agents: [AGENT] };
   await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, ...base });
@@ -40,7 +40,12 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'limited', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 2, refill_per_second: 0.01 } });
   await registerTool(h.client, { id: 'switched', backendUrl: `${backend.url}/echo`, ...base });
   await registerTool(h.client, { id: 'expensive', backendUrl: `${backend.url}/echo`, ...base, cost_units: 1000 });
-  for (const tool of ['echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'switched', 'expensive']) {
+  const keyed = await h.client.post('/tools', {
+    token: tokens.platform(),
+    body: { ...toolBody({ id: 'keyed', backendUrl: `${backend.url}/echo`, ...base }), backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 2000, max_response_bytes: 65536, headers: { 'x-api-key': { from_env: 'TOOLGATE_SECRET_ECHO_KEY' } } } },
+  });
+  expect(keyed.status).toBe(201);
+  for (const tool of ['keyed', 'echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'switched', 'expensive']) {
     await grantTool(h.client, { tenant: T, agent: AGENT, tool });
   }
   await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, limit_units: 500, warn_ratio: 0.99 });
@@ -93,6 +98,30 @@ describe('POST /runs/execute: a run that completes', () => {
     expect(outcome.input_sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(outcome.output_sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(JSON.stringify(events.body)).not.toContain('secret-payload');
+  });
+
+  it('sends backend secrets named by the contract, and never records them', async () => {
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('keyed', { q: 'with key' })] });
+    expect(res.status).toBe(200);
+    const hit = backend.hits.find((x) => x.headers['x-toolgate-run-id'] === runId)!;
+    expect(hit.headers['x-api-key']).toBe('k-123-secret');
+    const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
+    expect(events.text).not.toContain('k-123-secret');
+    expect((await h.client.get('/tools/keyed', { token: tokens.platform() })).text).not.toContain('k-123-secret');
+  });
+
+  it('refuses to dispatch on a replica that lacks a backend secret (503, nothing sent)', async () => {
+    const replica = await AppClient.start(h.db.database);
+    try {
+      const runId = newRunId();
+      const res = await replica.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('keyed', { q: 'no key' })] } });
+      expect(res.status).toBe(503);
+      expect(res.body.steps[0].error.code).toBe('tool_backend_not_configured');
+      expect(backend.hits.filter((x) => x.headers['x-toolgate-run-id'] === runId)).toEqual([]);
+    } finally {
+      await replica.close();
+    }
   });
 
   it('charges what the backend reports it cost', async () => {

@@ -51,7 +51,7 @@ describe('npm start on a fresh machine', () => {
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
 
-    const health = await waitFor(`http://127.0.0.1:${port}/health`, 60_000);
+    const health = await waitFor(`http://127.0.0.1:${port}/health`, 150_000);
     expect(health.status).toBe(200);
     const ready = await fetch(`http://127.0.0.1:${port}/ready`);
     expect(ready.status).toBe(200);
@@ -75,15 +75,15 @@ describe('npm start on a fresh machine', () => {
 
     child.kill('SIGTERM');
     expect(await exited).toBe(0);
-  }, 90_000);
+  }, 180_000);
 
-  it('stops at start-up on a bad variable, naming it', () => {
+  it('stops at start-up on a bad variable, naming it', { timeout: 60_000 }, () => {
     const result = spawnSync(tsx, ['src/server.ts'], { cwd: root, env: bareEnv({ PORT: 'eighty' }), encoding: 'utf8' });
     expect(result.status).toBe(2);
     expect(result.stderr).toContain('PORT');
   });
 
-  it('has a token minter that refuses to run without a development secret', () => {
+  it('has a token minter that refuses to run without a development secret', { timeout: 60_000 }, () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-nosecret-'));
     const result = spawnSync(tsx, ['src/cli/token.ts', '--kind', 'operator', '--role', 'platform-operator', '--tenant', 't1'], {
       cwd: root,

@@ -60,6 +60,8 @@ export interface SchemaValidator {
 }
 
 export interface CatalogPort {
+  /** Whether this replica's copy of the registry is loaded and recently confirmed. */
+  readiness(): { ok: boolean; reason?: string };
   resolve(toolId: string, range?: string): { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
   validators(tool: AdmissibleTool): { input: SchemaValidator; output: SchemaValidator };
   /** Resolves backend header values (secrets by env name) for dispatch. */

@@ -1,14 +1,8 @@
 import type { Kysely } from 'kysely';
+import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
 import { writeAuditEvents, type TimedAuditEvent } from './audit-repository.js';
-
-interface Pending extends TimedAuditEvent {
-  resolve: (record: AuditRecord) => void;
-  reject: (error: unknown) => void;
-}
-
-const MAX_BATCH = 500;
 
 /**
  * The append API the rest of toolgate uses. Events that arrive while a commit is in flight
@@ -16,22 +10,22 @@ const MAX_BATCH = 500;
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
 export class AuditLog {
-  private queue: Pending[] = [];
-  private flushing: Promise<void> | undefined;
+  private readonly batches: GroupCommit<TimedAuditEvent, AuditRecord>;
 
   constructor(
-    private readonly db: Kysely<DB>,
+    db: Kysely<DB>,
     private readonly now: () => Date = () => new Date(),
-    private readonly onCommit: (batchSize: number) => void = () => undefined,
-  ) {}
+    onCommit: (batchSize: number) => void = () => undefined,
+  ) {
+    this.batches = new GroupCommit(async (batch) => {
+      const records = await db.transaction().execute((trx) => writeAuditEvents(trx, batch));
+      onCommit(batch.length);
+      return records;
+    });
+  }
 
   append(event: AuditEventInput): Promise<AuditRecord> {
-    return new Promise((resolve, reject) => {
-      this.queue.push({ event, occurredAt: this.now(), resolve, reject });
-      this.flushing ??= this.flush().finally(() => {
-        this.flushing = undefined;
-      });
-    });
+    return this.batches.submit({ event, occurredAt: this.now() });
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {
@@ -39,20 +33,7 @@ export class AuditLog {
   }
 
   /** Resolves when everything appended so far has been committed or has failed. */
-  async drain(): Promise<void> {
-    while (this.flushing) await this.flushing;
-  }
-
-  private async flush(): Promise<void> {
-    while (this.queue.length > 0) {
-      const batch = this.queue.splice(0, MAX_BATCH);
-      try {
-        const records = await this.db.transaction().execute((trx) => writeAuditEvents(trx, batch));
-        this.onCommit(batch.length);
-        batch.forEach((pending, i) => pending.resolve(records[i]!));
-      } catch (error) {
-        for (const pending of batch) pending.reject(error);
-      }
-    }
+  drain(): Promise<void> {
+    return this.batches.drain();
   }
 }

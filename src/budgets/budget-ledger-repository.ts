@@ -121,11 +121,13 @@ function levelsOf(rows: CounterRow[]): Map<string, CounterLevel> {
   );
 }
 
+/** What a batch adds to one counter (negative to give units back). */
 export interface CounterDelta extends CounterRef {
   spentMicros: Micros;
   reservedMicros: Micros;
 }
 
+/** A reservation to record, with the counters it was charged to. */
 export interface NewReservation extends ChargeSubject {
   id: string;
   unitsMicros: Micros;
@@ -175,8 +177,10 @@ export async function writeLedger(
   `.execute(trx);
 }
 
+/** How a reservation ends: settled after a call, released unused, or expired (its holder died). */
 export type ClosedStatus = 'settled' | 'released' | 'expired';
 
+/** A request to close one reservation. */
 export interface ReservationClose {
   id: string;
   status: ClosedStatus;
@@ -184,6 +188,7 @@ export interface ReservationClose {
   actualMicros: Micros | null;
 }
 
+/** A reservation this transaction closed, with what it had reserved and where. */
 export interface ClosedReservation {
   id: string;
   unitsMicros: Micros;

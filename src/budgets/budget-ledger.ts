@@ -51,6 +51,7 @@ export interface BudgetReservation {
   readonly units: number;
 }
 
+/** `reserve`'s answer: admitted with a verdict and warnings, or refused (SPEC §5). */
 export type ReserveResult =
   | { ok: true; reservation: BudgetReservation; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
   | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };
@@ -63,6 +64,7 @@ export type BudgetCheckResult =
 /** `already_closed`: the reservation was settled, released or expired before; nothing changed. */
 export type CloseOutcome = ClosedStatus | 'already_closed';
 
+/** What the composition root gives the ledger. */
 export interface BudgetLedgerOptions {
   now: () => Date;
   registry: Registry;

@@ -1,6 +1,6 @@
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { BudgetTable, DB } from '../db/schema.js';
-import type { Budget, BudgetScope } from './budget.js';
+import type { Budget, BudgetScope, BudgetUsage } from './budget.js';
 import { periodEnd, periodStart, type BudgetPeriod } from './budget-period.js';
 import { fromMicros, toMicros } from './budget-units.js';
 
@@ -9,6 +9,7 @@ export function unitsText(units: number): string {
   return fromMicros(toMicros(units)).toFixed(6);
 }
 
+/** A `budgets` row as the domain type: the one place rows are mapped. */
 export function toBudget(row: Selectable<BudgetTable>): Budget {
   return {
     id: row.id,
@@ -88,12 +89,14 @@ export async function findBudget(db: Kysely<DB>, id: string, options: { forUpdat
   return row ? toBudget(row) : undefined;
 }
 
+/** The limits of a budget an operator may change. */
 export interface BudgetLimits {
   limitUnits: number;
   warnRatio: number;
   graceUnits: number;
 }
 
+/** Sets a budget's limits; the caller holds its row lock and audits the change. */
 export async function updateBudgetLimits(trx: Transaction<DB>, id: string, limits: BudgetLimits, at: Date, by: string): Promise<Budget> {
   const row = await trx
     .updateTable('budgets')
@@ -110,6 +113,7 @@ export async function updateBudgetLimits(trx: Transaction<DB>, id: string, limit
   return toBudget(row);
 }
 
+/** Marks a budget removed; the caller holds its row lock and audits the change. */
 export async function markBudgetRemoved(trx: Transaction<DB>, id: string, at: Date, by: string): Promise<Budget> {
   const row = await trx
     .updateTable('budgets')
@@ -145,7 +149,7 @@ export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, no
 }
 
 /** Budgets with their current period's spent and reserved units, as of `now`. */
-export async function withUsage(db: Kysely<DB>, budgets: Budget[], now: Date): Promise<Array<{ budget: Budget; periodStart: Date; periodEnd: Date | null; spentUnits: number; reservedUnits: number }>> {
+export async function withUsage(db: Kysely<DB>, budgets: Budget[], now: Date): Promise<BudgetUsage[]> {
   const windows = budgets.map((budget) => ({ budget, start: periodStart(budget.period, now) }));
   const rows =
     windows.length === 0
@@ -170,6 +174,7 @@ export async function withUsage(db: Kysely<DB>, budgets: Budget[], now: Date): P
   });
 }
 
+/** Filters and position of one page of `GET /budgets`. */
 export interface BudgetQuery {
   tenantId?: string | undefined;
   scope?: BudgetScope | undefined;

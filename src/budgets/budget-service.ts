@@ -26,6 +26,7 @@ export interface ChangeContext {
   now: Date;
 }
 
+/** Created (or found identical), or a `budget_conflict` with the budget already in place. */
 export type CreateBudgetResult =
   | { ok: true; created: boolean; usage: BudgetUsage }
   | { ok: false; code: 'budget_conflict'; existing: BudgetUsage };

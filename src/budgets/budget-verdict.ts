@@ -28,6 +28,7 @@ export interface CounterLevel {
   reservedMicros: Micros;
 }
 
+/** One limit's verdict for a reservation, with the figures it was decided on. */
 export interface LimitCheck {
   limit: Limit;
   verdict: BudgetVerdict;
@@ -37,6 +38,7 @@ export interface LimitCheck {
   afterMicros: Micros;
 }
 
+/** The worst verdict of every limit, and each limit's own: refused if any is `exceeded`. */
 export type ReservationDecision =
   | { ok: true; verdict: Exclude<BudgetVerdict, 'exceeded'>; checks: LimitCheck[] }
   | { ok: false; verdict: 'exceeded'; checks: LimitCheck[] };
@@ -109,6 +111,7 @@ export type BudgetExceededDetails = {
   exceeded_budget_ids: string[];
 };
 
+/** Builds the `details` of a refusal from a decision's checks. */
 export function exceededDetails(unitsMicros: Micros, checks: readonly LimitCheck[]): BudgetExceededDetails {
   const exceeded = checks.filter((check) => check.verdict === 'exceeded');
   const first = exceeded[0];

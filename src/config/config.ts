@@ -197,3 +197,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
   };
 }
+
+/** Where command-line clients (`npm run seed:example`) send requests: `TOOLGATE_URL`, `TOOLGATE_TOKEN`. */
+export function loadClientTarget(env: NodeJS.ProcessEnv = process.env): { url: string | undefined; token: string | undefined } {
+  return { url: env.TOOLGATE_URL || undefined, token: env.TOOLGATE_TOKEN || undefined };
+}

@@ -50,6 +50,13 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
     connectionTimeoutMillis: 3_000,
     idleTimeoutMillis: 30_000,
     application_name: 'toolgate',
+    // A connection that hangs silently (a partition) must fail in seconds, not minutes, so that
+    // calls fail closed with 503 instead of waiting: the server cancels long statements, the
+    // client gives up on answers that never come, and keep-alive notices dead peers.
+    statement_timeout: 15_000,
+    query_timeout: 20_000,
+    keepAlive: true,
+    keepAliveInitialDelayMillis: 10_000,
   });
   // An idle client losing its server must not crash the process; the next query reports it.
   pool.on('error', (error) => logger.warn({ err: error }, 'idle database connection failed'));
@@ -139,6 +146,7 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
       connectionString: this.connectionString,
       connectionTimeoutMillis: 3_000,
       keepAlive: true,
+      keepAliveInitialDelayMillis: 10_000,
       application_name: 'toolgate-listener',
     });
     client.on('notification', (message) => {

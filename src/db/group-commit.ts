@@ -16,9 +16,7 @@ export class GroupCommit<Request, Result> {
   submit(request: Request): Promise<Result> {
     return new Promise((resolve, reject) => {
       this.queue.push({ request, resolve, reject });
-      this.flushing ??= this.flush().finally(() => {
-        this.flushing = undefined;
-      });
+      this.flushing ??= this.flush();
     });
   }
 
@@ -28,16 +26,22 @@ export class GroupCommit<Request, Result> {
   }
 
   private async flush(): Promise<void> {
-    // Let the requests submitted in the same tick (a burst, a Promise.all) join the first batch.
-    await Promise.resolve();
-    while (this.queue.length > 0) {
-      const batch = this.queue.splice(0, this.maxBatch);
-      try {
-        const results = await this.commit(batch.map((pending) => pending.request));
-        batch.forEach((pending, i) => pending.resolve(results[i]!));
-      } catch (error) {
-        for (const pending of batch) pending.reject(error);
+    try {
+      // Let the requests submitted in the same tick (a burst, a Promise.all) join the first batch.
+      await Promise.resolve();
+      while (this.queue.length > 0) {
+        const batch = this.queue.splice(0, this.maxBatch);
+        try {
+          const results = await this.commit(batch.map((pending) => pending.request));
+          batch.forEach((pending, i) => pending.resolve(results[i]!));
+        } catch (error) {
+          for (const pending of batch) pending.reject(error);
+        }
       }
+    } finally {
+      // Cleared in the same turn as the empty-queue check: a request submitted right after
+      // starts a new flush instead of waiting in a queue nobody drains.
+      this.flushing = undefined;
     }
   }
 }

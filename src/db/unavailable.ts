@@ -9,9 +9,10 @@ export function isDatabaseUnavailable(error: unknown): boolean {
   if (typeof code === 'string') {
     // Node socket errors and PostgreSQL classes 08 (connection), 57P (operator intervention), 53 (resources).
     if (['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN'].includes(code)) return true;
-    if (/^(08|57P|53)/.test(code)) return true;
+    // 57014: a statement cancelled by statement_timeout (an overloaded or wedged server).
+    if (/^(08|57P|53)/.test(code) || code === '57014') return true;
   }
-  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Connection ended unexpectedly|PGlite is closed/i.test(
+  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Connection ended unexpectedly|Query read timeout|PGlite is closed/i.test(
     error.message,
   );
 }

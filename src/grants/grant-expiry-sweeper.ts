@@ -10,6 +10,7 @@ export const EXPIRY_ACTOR = 'system.expiry';
 
 const BATCH = 200;
 
+/** What the sweeper is built from, by the composition root. */
 export interface GrantExpirySweeperOptions {
   db: Kysely<DB>;
   now: () => Date;

@@ -4,8 +4,10 @@ import type { DB, GrantTable } from '../db/schema.js';
 import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type Grant, type GrantScope, type GrantStatus, type OperatorActor } from './grant.js';
 import type { RunContext } from './grant-resolver.js';
 
+/** A grant as first written: nothing about its end yet. */
 export type NewGrant = Omit<Grant, 'revoked_at' | 'revoked_by' | 'revocation_reason' | 'superseded_by'>;
 
+/** Writes a new grant in the caller's transaction (its audit event goes in the same one). */
 export async function insertGrant(trx: Transaction<DB>, grant: NewGrant): Promise<Grant> {
   const row = await trx
     .insertInto('grants')
@@ -59,6 +61,7 @@ export async function lockGrant(trx: Transaction<DB>, id: string): Promise<Grant
   return row ? toGrant(row) : undefined;
 }
 
+/** One grant by id, whatever its standing. */
 export async function findGrant(db: Kysely<DB>, id: string): Promise<Grant | undefined> {
   const row = await db.selectFrom('grants').selectAll().where('id', '=', id).executeTakeFirst();
   return row ? toGrant(row) : undefined;
@@ -88,6 +91,7 @@ export async function findGrantCandidates(
   return rows.map(toGrant);
 }
 
+/** Filters of `GET /grants`; `status` is judged at `now`, as `grantStatus` would. */
 export interface GrantQuery {
   tenantId?: string | undefined;
   agentId?: string | undefined;

@@ -28,6 +28,7 @@ export type GrantsEndedHook = (
   at: Date,
 ) => Promise<void>;
 
+/** What the grants service is built from, by the composition root. */
 export interface GrantServiceDeps {
   db: Kysely<DB>;
   audit: AuditLog;
@@ -36,6 +37,7 @@ export interface GrantServiceDeps {
   onGrantsEnded?: GrantsEndedHook | undefined;
 }
 
+/** A new grant as asked for; the tenant is already the one the operator may act in. */
 export interface CreateGrantRequest {
   actor: OperatorActor;
   tenantId: string;
@@ -49,6 +51,7 @@ export interface CreateGrantRequest {
   traceId?: string | undefined;
 }
 
+/** A renewal: fresh rationale and expiry for the grant `id`. */
 export interface RenewGrantRequest {
   actor: OperatorActor;
   id: string;

@@ -61,6 +61,7 @@ export interface Grant {
   superseded_by: string | null;
 }
 
+/** A grant's standing: in force, lapsed, or pulled (revoked or renewed). */
 export const GRANT_STATUSES = ['live', 'expired', 'revoked'] as const;
 export type GrantStatus = (typeof GRANT_STATUSES)[number];
 

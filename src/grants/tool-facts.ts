@@ -10,8 +10,10 @@ export interface ToolFacts {
   target: { family?: string | null; provider?: string | null; region?: string | null } | null;
 }
 
+/** The registry's answer for a tool id: the newest version callers would get, or why none. */
 export type ToolFactsResult = { ok: true; tool: ToolFacts } | { ok: false; code: string };
 
+/** Where tool facts come from: `services.catalog` in the app. */
 export interface ToolFactsLookup {
   resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
 }

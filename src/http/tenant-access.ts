@@ -23,7 +23,7 @@ export async function refuseCrossTenant(
     trace_id: request.traceId,
     status: 'denied',
     reason_code: 'not_found',
-    details: { route: `${request.method} ${request.routeOptions.url ?? request.url}`, ...details },
+    details: { route: `${request.method} ${(request.routeOptions.url ?? request.url).replace(/:([A-Za-z_]+)/g, '{$1}')}`, ...details },
   });
   throw new ApiError('not_found', message);
 }

@@ -6,6 +6,7 @@ import type { KillSwitch, KillSwitchActor, KillSwitchScope } from './kill-switch
 /** The channel the database announces kill-switch changes on (see migration 0003's trigger). */
 export const KILL_SWITCH_CHANNEL = 'toolgate_kill_switches';
 
+/** A switch as it is armed. */
 export interface NewKillSwitch {
   id: string;
   scope: KillSwitchScope;
@@ -82,11 +83,13 @@ export async function disarmKillSwitch(
   return row ? toKillSwitch(row) : undefined;
 }
 
+/** One switch by id, armed or not. */
 export async function findKillSwitch(db: Kysely<DB>, id: string): Promise<KillSwitch | undefined> {
   const row = await db.selectFrom('kill_switches').selectAll().where('id', '=', id).executeTakeFirst();
   return row ? toKillSwitch(row) : undefined;
 }
 
+/** Filters of `GET /kill-switches`. */
 export interface KillSwitchQuery {
   /** Only switches of this tenant; with `includePlatformWide`, also the platform-wide ones. */
   tenantId?: string | undefined;

@@ -18,6 +18,7 @@ import {
 } from './kill-switch-repository.js';
 import type { KillSwitchSnapshot } from './kill-switch-snapshot.js';
 
+/** A switch as an operator asks for it. */
 export interface ArmRequest {
   actor: KillSwitchActor;
   scope: KillSwitchScope;
@@ -36,6 +37,7 @@ export interface ArmRequest {
  */
 export type KillSwitchArmedHook = (trx: Transaction<DB>, armed: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date) => Promise<void>;
 
+/** Why an arm or disarm was refused; expected outcomes, not faults. */
 export type KillSwitchRefusal = {
   ok: false;
   code: 'forbidden' | 'invalid_request' | 'not_found';

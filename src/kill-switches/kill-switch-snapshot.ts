@@ -11,6 +11,7 @@ import { KILL_SWITCH_CHANNEL, readArmedKillSwitches, readKillSwitchVersion } fro
 /** A kill-switch verdict, or a refusal because this replica cannot vouch for its switch state. */
 export type SnapshotDecision = KillSwitchDecision | { ok: false; code: 'gateway_unavailable'; age_ms: number };
 
+/** What a snapshot is built from, by the composition root. */
 export interface KillSwitchSnapshotOptions {
   db: Kysely<DB>;
   listener: NotificationListener;
@@ -131,7 +132,7 @@ export class KillSwitchSnapshot {
     do {
       this.reloadAgain = false;
       const began = this.clock();
-      const { version, switches } = await readArmedKillSwitches(this.options.db);
+      const { version, switches } = await this.bounded(readArmedKillSwitches(this.options.db));
       // A slower read can finish after a newer one: never step back to an older version.
       if (version >= this.version) {
         this.version = version;
@@ -146,7 +147,7 @@ export class KillSwitchSnapshot {
     this.checking = true;
     try {
       const began = this.clock();
-      const version = await readKillSwitchVersion(this.options.db);
+      const version = await this.bounded(readKillSwitchVersion(this.options.db));
       if (version === this.version) this.confirm(began);
       else await this.refresh();
     } catch (error) {
@@ -157,6 +158,32 @@ export class KillSwitchSnapshot {
     } finally {
       this.checking = false;
     }
+  }
+
+  /**
+   * Gives up waiting on a read after the staleness bound. A connection whose server vanished
+   * without closing it (a network partition) can leave a query pending for minutes; waiting on it
+   * would stall every later reload and check, and the snapshot would stay stale after the
+   * database is back. A read that answers after that is ignored.
+   */
+  private bounded<T>(read: Promise<T>): Promise<T> {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`kill-switch read unanswered after ${this.options.maxStalenessMs} ms`)),
+        this.options.maxStalenessMs,
+      );
+      timer.unref();
+      read.then(
+        (value) => {
+          clearTimeout(timer);
+          resolve(value);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      );
+    });
   }
 
   private confirm(began: number): void {

@@ -21,6 +21,7 @@ export const PLATFORM_ONLY_SCOPES: ReadonlySet<KillSwitchScope> = new Set(['glob
 /** The target of a `global` switch: it matches everything. */
 export const GLOBAL_TARGET = '*';
 
+/** The operator who armed or disarmed a switch. */
 export interface KillSwitchActor {
   actor_id: string;
   actor_role: OperatorRole;

@@ -9,6 +9,7 @@ export interface BucketKey {
   toolId: string;
 }
 
+/** A bucket's key as one string, for maps. */
 export function bucketId(key: BucketKey): string {
   return JSON.stringify([key.tenantId, key.agentId, key.toolId]);
 }

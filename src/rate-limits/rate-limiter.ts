@@ -19,6 +19,7 @@ export type RateDecision =
   | { ok: true; remaining: number }
   | { ok: false; code: 'rate_limited'; retryAfterSeconds: number };
 
+/** What the composition root gives the limiter. */
 export interface RateLimiterOptions {
   now: () => Date;
   registry: Registry;
@@ -88,7 +89,8 @@ export class RateLimiter {
         const decision = take(states.get(id)!, rule, nowMs);
         states.set(id, decision.state);
         changed.set(id, { key: request, state: decision.state });
-        return decision.ok ? { ok: true, remaining: decision.remaining } : { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds };
+        if (decision.ok) return { ok: true, remaining: decision.remaining };
+        return { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds };
       });
       await storeBuckets(trx, [...changed.values()]);
       return decisions;

@@ -14,6 +14,7 @@ export interface BucketState {
   updatedAtMs: number;
 }
 
+/** A take's outcome and the bucket's level after it. */
 export type TakeDecision =
   | { ok: true; state: BucketState; remaining: number }
   | { ok: false; state: BucketState; remaining: 0; retryAfterSeconds: number };

@@ -41,6 +41,7 @@ export class ToolCatalog {
   private closed = false;
   private running: Promise<void> | undefined;
   private queued: Promise<void> | undefined;
+  private failing = false;
 
   constructor(private readonly options: ToolCatalogOptions) {}
 
@@ -54,15 +55,19 @@ export class ToolCatalog {
     return this.syncedAt === undefined ? Infinity : performance.now() - this.syncedAt;
   }
 
-  /** Loads the registry, then follows it. Throws when the first load fails. */
+  /**
+   * Loads the registry, then follows it. A gateway may start while its database is away (it
+   * fails closed and recovers by itself): the first load is then retried on every check, and
+   * until it succeeds the catalog is empty and not ready.
+   */
   async start(): Promise<void> {
     if (this.started) return;
     this.started = true;
     const { listener } = this.options.database;
     listener.on('connected', this.onConnected);
     await listener.subscribe(REGISTRY_CHANNEL, this.onNotification);
-    await this.refresh();
-    this.timer = setInterval(() => this.refreshQuietly(), this.options.refreshIntervalMs);
+    await this.refreshQuietly();
+    this.timer = setInterval(() => void this.refreshQuietly(), this.options.refreshIntervalMs);
     this.timer.unref();
   }
 
@@ -243,15 +248,25 @@ export class ToolCatalog {
   }
 
   private readonly onNotification = (): void => {
-    if (!this.closed) this.refreshQuietly();
+    if (!this.closed) void this.refreshQuietly();
   };
 
   // Notifications sent while the listener was away are lost: catch up by revision.
   private readonly onConnected = (): void => {
-    if (!this.closed) this.refreshQuietly();
+    if (!this.closed) void this.refreshQuietly();
   };
 
-  private refreshQuietly(): void {
-    this.refresh().catch((error: unknown) => this.options.logger.warn({ err: error }, 'tool catalog refresh failed; keeping the last copy'));
+  // Logged once per outage, not on every check.
+  private refreshQuietly(): Promise<void> {
+    return this.refresh().then(
+      () => {
+        if (this.failing) this.options.logger.warn({ revision: this.heldRevision }, 'tool catalog refreshed again');
+        this.failing = false;
+      },
+      (error: unknown) => {
+        if (!this.failing) this.options.logger.warn({ err: error }, 'tool catalog refresh failed; serving the last copy');
+        this.failing = true;
+      },
+    );
   }
 }

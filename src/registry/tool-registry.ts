@@ -54,7 +54,20 @@ export async function registerToolVersion(db: Kysely<DB>, registration: ToolRegi
     const revision = await lockRegistry(trx);
     const existing = await findToolVersion(trx, content.id, content.version);
     if (existing) {
-      if (existing.contentSha256 === sha) return { ok: true, created: false, tool: existing.tool, revision };
+      const stored = existing.tool.deprecation;
+      // A deprecation sent with a re-registration must agree with the stored one: changing it is the
+      // deprecate route's job. Leaving it out (null) is how a catalog is re-seeded unchanged.
+      const deprecationDiffers =
+        deprecation !== null && (stored?.deprecated_at !== deprecation.deprecated_at || stored?.replacement_tool_id !== deprecation.replacement_tool_id);
+      if (existing.contentSha256 === sha && !deprecationDiffers) return { ok: true, created: false, tool: existing.tool, revision };
+      if (existing.contentSha256 === sha) {
+        return {
+          ok: false,
+          code: 'tool_version_conflict',
+          message: `${content.id}@${content.version} is registered with another deprecation; change it with POST /tools/${content.id}/versions/${content.version}/deprecate`,
+          details: { tool_id: content.id, version: content.version, differing_fields: ['deprecation'] },
+        };
+      }
       return {
         ok: false,
         code: 'tool_version_conflict',

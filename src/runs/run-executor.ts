@@ -430,6 +430,15 @@ export class RunExecutor {
       const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256, details });
       return { ok: false, code: 'tool_backend_not_configured', message: `tool ${tool.id}@${tool.version} has no backend configured`, details: {}, costUnits: 0, auditId: record.event_id };
     }
+    let headers: Record<string, string> = {};
+    try {
+      if (tool.backend) headers = this.deps.ports.catalog.backendHeaders(tool);
+    } catch (error) {
+      // A secret the backend needs is not set on this replica: nothing can be sent.
+      if (reservation) await budgets.release(reservation);
+      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256, details });
+      return { ok: false, code: 'tool_backend_not_configured', message: (error as Error).message, details: {}, costUnits: 0, auditId: record.event_id };
+    }
     try {
       await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details });
     } catch (error) {
@@ -437,13 +446,15 @@ export class RunExecutor {
       throw error;
     }
     const backendStarted = performance.now();
-    const result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers);
+    const result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers, headers);
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
     // The backend was contacted: the call costs what it reported, else the contract's price.
+    // Settling runs alongside the outcome record: until it lands, the reservation still holds
+    // the units, so budgets only err on the strict side meanwhile.
     const costUnits = result.ok ? (result.reportedCostUnits ?? tool.cost_units) : tool.cost_units;
-    if (reservation) await budgets.settle(reservation, costUnits);
+    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve();
 
     let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
       ? { ok: true, output: result.output }
@@ -455,7 +466,7 @@ export class RunExecutor {
         outcome = { ok: false, code: 'tool_output_schema_invalid', message: 'the backend output does not match the output schema; it was withheld', details: { errors } };
       }
     }
-    const record = await this.deps.audit.append({
+    const outcomeRecord = this.deps.audit.append({
       ...base,
       event_type: outcome.ok ? 'run.step.completed' : 'run.step.failed',
       status: outcome.ok ? 'completed' : 'failed',
@@ -468,6 +479,7 @@ export class RunExecutor {
         ? { ...details, reported_cost_units: result.ok ? (result.reportedCostUnits ?? null) : null }
         : { ...details, message: outcome.message, ...outcome.details },
     });
+    const [record] = await Promise.all([outcomeRecord, settled]);
     this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
     return outcome.ok
       ? { ok: true, output: outcome.output, costUnits, auditId: record.event_id }
@@ -475,7 +487,14 @@ export class RunExecutor {
   }
 
   /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
-  private async callBackend(exec: Execution, tool: AdmissibleTool, input: unknown, toolCallId: string, grantModifiers: Record<string, unknown>): Promise<CallResult> {
+  private async callBackend(
+    exec: Execution,
+    tool: AdmissibleTool,
+    input: unknown,
+    toolCallId: string,
+    grantModifiers: Record<string, unknown>,
+    headers: Record<string, string>,
+  ): Promise<CallResult> {
     if (tool.category === 'external_call') {
       if (!tool.egress) return { ok: false, code: 'tool_backend_not_configured', message: 'the tool has no egress policy', details: {} };
       const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
@@ -484,7 +503,7 @@ export class RunExecutor {
     }
     const backend = tool.backend!;
     return this.deps.backend.call(
-      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers: this.deps.ports.catalog.backendHeaders(tool) },
+      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers },
       input,
       { runId: exec.request.run_id, tenantId: exec.principal.tenantId, agentId: exec.principal.id, toolCallId, traceId: exec.traceId },
     );

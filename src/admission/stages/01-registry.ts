@@ -1,9 +1,13 @@
 import type { Stage } from '../step.js';
 
-/** 1. The tool and version resolve in the registry. */
+/** 1. The tool and version resolve in this replica's (fresh) copy of the registry. */
 export const registryStage: Stage = {
   name: 'registry',
   check({ step }, state, { catalog }) {
+    // A replica that never loaded the registry, or lost it for long, fails closed rather than
+    // answering "no such tool" from an empty or stale copy.
+    const fresh = catalog.readiness();
+    if (!fresh.ok) return { ok: false, code: 'gateway_unavailable', message: 'the tool registry cannot be confirmed current on this replica', details: { reason: fresh.reason ?? null } };
     const resolved = catalog.resolve(step.tool_id, step.version);
     if (!resolved.ok) {
       return resolved.code === 'tool_not_registered'

@@ -3,11 +3,9 @@ import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.js';
-import { actorOf } from '../../auth/principal.js';
 import type { DB } from '../../db/schema.js';
-import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
-import { ApiError } from '../errors.js';
+import { tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
 export interface AuditRouteDeps {
@@ -30,24 +28,8 @@ const listQuery = z.strictObject({
 /** `GET /audit` and `GET /audit/verify`. Tenant-operators see only their own tenant. */
 export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): Promise<void> {
   app.get('/audit', { config: { access: 'operator' } }, async (request) => {
-    const operator = operatorOf(request);
     const query = parseInput(listQuery, request.query, 'query');
-    let tenantId = query.tenant_id;
-    if (operator.role === 'tenant-operator') {
-      if (tenantId !== undefined && tenantId !== operator.tenantId) {
-        await deps.audit.append({
-          event_type: 'security.cross_tenant_attempt',
-          actor: actorOf(operator),
-          tenant_id: operator.tenantId,
-          trace_id: request.traceId,
-          status: 'denied',
-          reason_code: 'not_found',
-          details: { route: 'GET /audit', requested_tenant_id: tenantId },
-        });
-        throw new ApiError('not_found', `tenant ${tenantId} not found`);
-      }
-      tenantId = operator.tenantId;
-    }
+    const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const page = await listAuditEvents(deps.db, {
       tenantId,
       runId: query.run_id,

@@ -12,8 +12,10 @@ import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
+import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
+/** What the budget routes need from the composition root. */
 export interface BudgetRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
@@ -105,47 +107,22 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     now: deps.now(),
   });
 
-  /** The tenant a request acts on: the operator's own, or for platform-operators the one named. */
-  async function tenantFor(request: FastifyRequest, named: string | undefined, route: string): Promise<string | undefined> {
-    const operator = operatorOf(request);
-    if (operator.role === 'platform-operator') return named;
-    if (named !== undefined && named !== operator.tenantId) {
-      await crossTenantAttempt(request, route, { requested_tenant_id: named });
-      throw new ApiError('not_found', `tenant ${named} not found`);
-    }
-    return operator.tenantId;
-  }
-
   /** Loads a budget the operator may see, or answers 404 (recording it if another tenant's). */
-  async function visibleBudgetId(request: FastifyRequest, route: string): Promise<string> {
+  async function visibleBudgetId(request: FastifyRequest): Promise<string> {
     const { id } = parseInput(idParams, request.params, 'params');
     const operator = operatorOf(request);
     if (operator.role === 'tenant-operator') {
       const budget = await findBudget(deps.db, id);
       if (budget && budget.tenantId !== operator.tenantId) {
-        await crossTenantAttempt(request, route, { budget_id: id });
-        throw notFound(id);
+        await refuseCrossTenant(request, deps.audit, { budget_id: id }, notFound(id).message);
       }
     }
     return id;
   }
 
-  async function crossTenantAttempt(request: FastifyRequest, route: string, details: Record<string, unknown>): Promise<void> {
-    const operator = operatorOf(request);
-    await deps.audit.append({
-      event_type: 'security.cross_tenant_attempt',
-      actor: actorOf(operator),
-      tenant_id: operator.tenantId,
-      trace_id: request.traceId,
-      status: 'denied',
-      reason_code: 'not_found',
-      details: { route, ...details },
-    });
-  }
-
   app.post('/budgets', { config: { access: 'operator' } }, async (request, reply: FastifyReply) => {
     const body = parseInput(createBody, request.body, 'body');
-    const tenantId = (await tenantFor(request, body.tenant_id, 'POST /budgets')) ?? operatorOf(request).tenantId;
+    const tenantId = (await tenantInReach(request, deps.audit, body.tenant_id)) ?? operatorOf(request).tenantId;
     const result = await createBudget(
       deps.db,
       {
@@ -161,8 +138,9 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
       context(request),
     );
     if (!result.ok) {
-      throw new ApiError('budget_conflict', `budget ${result.existing.budget.id} already limits this ${body.scope} over this period; change it with PUT`, {
-        budget_id: result.existing.budget.id,
+      const existing = result.existing.budget.id;
+      throw new ApiError('budget_conflict', `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`, {
+        budget_id: existing,
       });
     }
     return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
@@ -170,7 +148,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
 
   app.get('/budgets', { config: { access: 'operator' } }, async (request) => {
     const query = parseInput(listQuery, request.query, 'query');
-    const tenantId = await tenantFor(request, query.tenant_id, 'GET /budgets');
+    const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const after = query.cursor === undefined ? undefined : decodeCursor(query.cursor, cursorSchema);
     const page = await listBudgets(deps.db, {
       tenantId,
@@ -189,14 +167,14 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
   });
 
   app.get('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
-    const id = await visibleBudgetId(request, 'GET /budgets/{id}');
+    const id = await visibleBudgetId(request);
     const usage = await getBudget(deps.db, id, deps.now());
     if (!usage) throw notFound(id);
     return budgetJson(usage);
   });
 
   app.put('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
-    const id = await visibleBudgetId(request, 'PUT /budgets/{id}');
+    const id = await visibleBudgetId(request);
     const body = parseInput(updateBody, request.body, 'body');
     const usage = await changeBudgetLimits(
       deps.db,
@@ -209,7 +187,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
   });
 
   app.delete('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
-    const id = await visibleBudgetId(request, 'DELETE /budgets/{id}');
+    const id = await visibleBudgetId(request);
     const usage = await removeBudget(deps.db, id, context(request));
     if (!usage) throw notFound(id);
     return budgetJson(usage);

@@ -11,6 +11,7 @@ import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
+/** What the grant routes are given by the composition root. */
 export interface GrantRouteDeps {
   grants: GrantService;
   audit: AuditLog;

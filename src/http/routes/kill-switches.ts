@@ -17,6 +17,7 @@ import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
+/** What the kill-switch routes are given by the composition root. */
 export interface KillSwitchRouteDeps {
   service: KillSwitchService;
   snapshot: KillSwitchSnapshot;
@@ -90,9 +91,9 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
       throw new ApiError('invalid_request', 'body.target: required', { issues: [{ field: 'body.target', message: 'required' }] });
     }
     const target = body.target ?? GLOBAL_TARGET;
-    // A tenant switch names its tenant in `target`; the others may name it in `tenant_id`.
-    const named = body.scope === 'tenant' ? target : (body.tenant_id ?? undefined);
-    const reach = await tenantInReach(request, audit, named);
+    // A tenant is named in `tenant_id`, and a tenant switch names one in `target` too.
+    if (body.scope === 'tenant') await tenantInReach(request, audit, target);
+    const reach = await tenantInReach(request, audit, body.tenant_id ?? undefined);
     // What was asked for goes to the service, which refuses what this operator may not arm.
     let tenantId: string | null;
     if (body.scope === 'tenant') tenantId = body.tenant_id ?? target;

@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
-import { actorOf, type Principal } from '../../auth/principal.js';
+import type { Principal } from '../../auth/principal.js';
 import { readRunAllowance } from '../../budgets/run-allowance.js';
 import type { DB } from '../../db/schema.js';
 import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
@@ -15,6 +15,7 @@ import { RUN_STATUSES } from '../../runs/run-types.js';
 import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
+import { tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
 export interface RunRouteDeps {
@@ -151,25 +152,8 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
   });
 
   app.get('/runs', { config: { access: 'operator' } }, async (request) => {
-    const principal = principalOf(request);
-    if (principal.kind !== 'operator') throw new Error('unreachable: operator route');
     const query = parseInput(listQuery, request.query, 'query');
-    let tenantId = query.tenant_id;
-    if (principal.role === 'tenant-operator') {
-      if (tenantId !== undefined && tenantId !== principal.tenantId) {
-        await deps.audit.append({
-          event_type: 'security.cross_tenant_attempt',
-          actor: actorOf(principal),
-          tenant_id: principal.tenantId,
-          trace_id: request.traceId,
-          status: 'denied',
-          reason_code: 'not_found',
-          details: { route: 'GET /runs', requested_tenant_id: tenantId },
-        });
-        throw new ApiError('not_found', `tenant ${tenantId} not found`);
-      }
-      tenantId = principal.tenantId;
-    }
+    const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const page = await listRuns(deps.db, {
       tenantId,
       agentId: query.agent_id,

@@ -6,7 +6,7 @@ import { actorOf } from '../../auth/principal.js';
 import type { DB } from '../../db/schema.js';
 import { getTenantPolicy, putTenantPolicy } from '../../tenants/tenant-policy.js';
 import { operatorOf } from '../auth.js';
-import { ApiError } from '../errors.js';
+import { tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
 export interface TenantRouteDeps {
@@ -21,20 +21,8 @@ const policyBody = z.strictObject({ external_call_enabled: z.boolean() });
 /** `GET /tenants/{tenant_id}/policy` (operators of the tenant) and `PUT` (platform-operators). */
 export async function tenantRoutes(app: FastifyInstance, deps: TenantRouteDeps): Promise<void> {
   app.get('/tenants/:tenant_id/policy', { config: { access: 'operator' } }, async (request) => {
-    const operator = operatorOf(request);
     const { tenant_id } = parseInput(params, request.params, 'params');
-    if (operator.role === 'tenant-operator' && tenant_id !== operator.tenantId) {
-      await deps.audit.append({
-        event_type: 'security.cross_tenant_attempt',
-        actor: actorOf(operator),
-        tenant_id: operator.tenantId,
-        trace_id: request.traceId,
-        status: 'denied',
-        reason_code: 'not_found',
-        details: { route: 'GET /tenants/{tenant_id}/policy', requested_tenant_id: tenant_id },
-      });
-      throw new ApiError('not_found', `tenant ${tenant_id} not found`);
-    }
+    await tenantInReach(request, deps.audit, tenant_id);
     return getTenantPolicy(deps.db, tenant_id);
   });
 

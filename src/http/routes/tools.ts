@@ -80,8 +80,9 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
       throw new ApiError('invalid_request', `${missing.field}: ${missing.name} is not set on this gateway`, { field: missing.field });
     }
     const result = await registerToolVersion(deps.db, registration, by(request, operator));
+    // Even a conflict saw a version this replica may not hold yet: catch up before answering.
+    if (result.ok || result.code === 'tool_version_conflict') await catchUp();
     if (!result.ok) throw new ApiError(result.code, result.message, result.details);
-    await deps.catalog.refresh();
     return reply.code(result.created ? 201 : 200).send(operatorViewOf(result.tool));
   });
 
@@ -161,7 +162,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
         ? new ApiError(result.code, result.message, result.details)
         : new ApiError(result.code, result.message, { tool_id: id, version });
     }
-    await deps.catalog.refresh();
+    await catchUp();
     return operatorViewOf(result.tool);
   });
 
@@ -180,6 +181,11 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     const tool = versions.find((t) => t.version === version);
     if (!tool) throw notFound('tool_version_not_found', toolId, version);
     return tool;
+  }
+
+  // The change is committed whatever happens here: a failed catch-up is left to the revision check.
+  async function catchUp(): Promise<void> {
+    await deps.catalog.refresh().catch((error: unknown) => app.log.warn({ err: error }, 'tool catalog refresh after a registry change failed'));
   }
 
   function by(request: FastifyRequest, principal: Principal) {

@@ -1,0 +1,51 @@
+import { describe, expect, it } from 'vitest';
+import { GroupCommit } from '../../src/db/group-commit.js';
+
+describe('group commit', () => {
+  it('commits a same-tick burst as one batch, answering each request in order', async () => {
+    const batches: number[][] = [];
+    const group = new GroupCommit<number, number>(async (batch) => {
+      batches.push(batch);
+      return batch.map((n) => n * 10);
+    });
+    const results = await Promise.all([1, 2, 3].map((n) => group.submit(n)));
+    expect(results).toEqual([10, 20, 30]);
+    expect(batches).toEqual([[1, 2, 3]]);
+  });
+
+  it('serves a caller that submits again the moment its previous request is answered', async () => {
+    // A request submitted between the last batch and the end of the flush used to wait forever.
+    const group = new GroupCommit<number, number>(async (batch) => batch);
+    const answers: number[] = [];
+    for (let i = 0; i < 50; i += 1) answers.push(await group.submit(i));
+    expect(answers).toHaveLength(50);
+  });
+
+  it('serves requests that arrive while a batch is in flight in the next batch', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const batches: number[][] = [];
+    const group = new GroupCommit<number, number>(async (batch) => {
+      batches.push(batch);
+      if (batches.length === 1) await gate;
+      return batch;
+    });
+    const first = group.submit(1);
+    await new Promise((r) => setTimeout(r, 0));
+    const later = [group.submit(2), group.submit(3)];
+    release();
+    expect(await Promise.all([first, ...later])).toEqual([1, 2, 3]);
+    expect(batches).toEqual([[1], [2, 3]]);
+  });
+
+  it('rejects every request of a failed batch and recovers for the next', async () => {
+    let fail = true;
+    const group = new GroupCommit<number, number>(async (batch) => {
+      if (fail) throw new Error('database down');
+      return batch;
+    });
+    await expect(Promise.all([group.submit(1), group.submit(2)])).rejects.toThrow('database down');
+    fail = false;
+    expect(await group.submit(3)).toBe(3);
+  });
+});
