@@ -4,8 +4,10 @@ import type { Approval, ApprovalKind, ApprovalStatus } from './approval.js';
 
 type Db = Kysely<DB> | Transaction<DB>;
 
+/** A proposal as it is recorded: pending, undecided. */
 export type NewApproval = Omit<Approval, 'status' | 'decided_by' | 'decided_at' | 'rationale'>;
 
+/** Records a proposal, pending. */
 export async function insertApproval(trx: Transaction<DB>, approval: NewApproval): Promise<Approval> {
   const row = await trx
     .insertInto('approvals')
@@ -22,11 +24,13 @@ export async function insertApproval(trx: Transaction<DB>, approval: NewApproval
   return toApproval(row);
 }
 
+/** An approval by id, unlocked. */
 export async function findApproval(db: Db, id: string): Promise<Approval | undefined> {
   const row = await db.selectFrom('approvals').selectAll().where('id', '=', id).executeTakeFirst();
   return row ? toApproval(row) : undefined;
 }
 
+/** Locks an approval for the rest of the transaction (after its run: see run-lifecycle.ts). */
 export async function lockApproval(trx: Transaction<DB>, id: string): Promise<Approval | undefined> {
   const row = await trx.selectFrom('approvals').selectAll().where('id', '=', id).forNoKeyUpdate().executeTakeFirst();
   return row ? toApproval(row) : undefined;
@@ -72,6 +76,7 @@ export async function cancelPendingApprovals(trx: Transaction<DB>, runs: Array<{
   return rows.map(toApproval);
 }
 
+/** A page of `GET /approvals`. */
 export interface ApprovalQuery {
   tenantId?: string | undefined;
   status?: ApprovalStatus | undefined;

@@ -8,6 +8,7 @@ import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
 import { approvalStatusAt, approvalUsableAt, type Approval } from './approval.js';
 import { decideApproval, findApproval, findLatestApproval, listApprovals, lockApproval, type ApprovalQuery } from './approval-repository.js';
 
+/** What the approval service is built from, by the composition root. */
 export interface ApprovalServiceDeps {
   db: Kysely<DB>;
   now: () => Date;
@@ -19,6 +20,7 @@ export interface Approver {
   role: OperatorRole;
 }
 
+/** Why a decision was not recorded; expected outcomes, not faults. */
 export type ApprovalRefusal = {
   ok: false;
   code: 'not_found' | 'forbidden' | 'run_not_resumable';

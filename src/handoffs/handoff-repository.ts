@@ -4,6 +4,7 @@ import type { ApprovalRequirement, Handoff } from './handoff.js';
 
 type Db = Kysely<DB> | Transaction<DB>;
 
+/** Records a hand-off, open. */
 export async function insertHandoff(trx: Transaction<DB>, handoff: Omit<Handoff, 'status' | 'spent_units' | 'returned_units' | 'closed_at'>): Promise<Handoff> {
   const row = await trx
     .insertInto('handoffs')
@@ -34,11 +35,6 @@ export async function findHandoffOfSubRun(db: Db, tenantId: string, subRunId: st
   return row ? toHandoff(row) : undefined;
 }
 
-export async function findHandoff(db: Db, id: string): Promise<Handoff | undefined> {
-  const row = await db.selectFrom('handoffs').selectAll().where('id', '=', id).executeTakeFirst();
-  return row ? toHandoff(row) : undefined;
-}
-
 /** The hand-offs a run made, oldest first. */
 export async function listHandoffsFrom(db: Db, tenantId: string, parentRunId: string): Promise<Handoff[]> {
   const rows = await db
@@ -65,6 +61,7 @@ export async function findOpenHandoffsOfSubRuns(trx: Transaction<DB>, keys: Arra
   return rows.map(toHandoff);
 }
 
+/** Closes an open hand-off with what its sub-run used and what went back. */
 export async function closeHandoff(trx: Transaction<DB>, id: string, close: { spentUnits: number; returnedUnits: number; at: Date }): Promise<void> {
   await trx
     .updateTable('handoffs')

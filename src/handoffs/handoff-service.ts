@@ -14,6 +14,7 @@ import type { ApprovalRequirement, Handoff, HandoffRequest } from './handoff.js'
 import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from './handoff-repository.js';
 import { checkHandoff, type ParentAuthority } from './handoff-validation.js';
 
+/** What the hand-off service is built from, by the composition root. */
 export interface HandoffServiceDeps {
   db: Kysely<DB>;
   grants: GrantsPort;
@@ -26,6 +27,7 @@ export interface HandoffServiceDeps {
   approvalTtlMs: number;
 }
 
+/** Why a hand-off was not made; expected outcomes, not faults. */
 export type HandoffRefusal = {
   ok: false;
   code: 'not_found' | 'run_not_resumable' | 'handoff_rejected' | 'run_id_conflict';

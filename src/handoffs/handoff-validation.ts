@@ -17,6 +17,7 @@ export interface ParentAuthority {
   remainingUnits: number | null;
 }
 
+/** The verdict on a hand-off: made, or refused with the first reason that applies. */
 export type HandoffCheck =
   | { ok: true }
   | { ok: false; reason: HandoffRejectionReason; message: string; details: Record<string, unknown> };

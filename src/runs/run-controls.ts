@@ -9,9 +9,10 @@ import type { DB } from '../db/schema.js';
 import { ApiError } from '../http/errors.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import { lockRun, takeUpRun, writeRunPaused, type RunKey, type RunRecord } from './run-repository.js';
+import { lockRun, takeUpRun, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
 import { isTerminal, type RunEnvelope, type RunStatus } from './run-types.js';
 
+/** What the run controls are built from, by the composition root. */
 export interface RunControlDeps {
   db: Kysely<DB>;
   executor: RunExecutor;
@@ -83,7 +84,7 @@ export class RunControls {
             // Never started: back to waiting for its agent (or for its hand-off's approval).
             const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
             const status: RunStatus = handoffApproval && approvalStatusAt(handoffApproval, now) === 'pending' ? 'awaiting_approval' : 'queued';
-            await trx.updateTable('runs').set({ status }).where('tenant_id', '=', run.tenant_id).where('run_id', '=', run.run_id).execute();
+            await writeRunStatus(trx, run, status);
             await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
             return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
           }

@@ -20,15 +20,17 @@ import { attributionOf, followRunEnd } from './run-lifecycle.js';
 import {
   claimRun,
   findRun,
+  hasSubRuns,
   leaveRun,
   readRunStanding,
   resumeThrottledRun,
   startQueuedRun,
-  type RunKey,
   type RunRecord,
+  type RunStart,
 } from './run-repository.js';
-import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult } from './run-types.js';
+import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus } from './run-types.js';
 
+/** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
   db: Kysely<DB>;
   audit: AuditLog;
@@ -82,6 +84,9 @@ interface StepOutcome {
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
 class RunMovedOn extends Error {}
 
+/** Thrown inside a transaction to undo it: the run has sub-runs, so it must end under the audit chain's lock. */
+class NeedsTreeLock extends Error {}
+
 /**
  * Executes runs: claims the run id, takes each step through admission, dispatches what is
  * admitted with an intent record committed first, and stores the envelope for replays. At every
@@ -94,7 +99,7 @@ export class RunExecutor {
     if (request.dry_run) return this.dryRun(principal, request, traceId);
 
     const requestSha256 = payloadHash(request);
-    const start = {
+    const start: RunStart = {
       request_sha256: requestSha256,
       request,
       agent_family: principal.family,
@@ -147,7 +152,7 @@ export class RunExecutor {
     principal: AgentPrincipal,
     request: RunRequest,
     run: RunRecord,
-    start: { request_sha256: string; request: RunRequest; agent_family: string | undefined; agent_scopes: string[]; keep_open: boolean },
+    start: RunStart,
   ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
     if (run.agent_id !== principal.id) {
       throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
@@ -370,10 +375,11 @@ export class RunExecutor {
    */
   private async leave(exec: Execution, httpStatus: number, envelope: RunEnvelope): Promise<RunAnswer> {
     const { run } = exec;
-    const change = { status: envelope.status, httpStatus, envelope };
-    if (!isTerminal(envelope.status)) {
-      if (await leaveRun(this.deps.db, run, change)) return { httpStatus, envelope, replayed: false };
+    const status = envelope.status;
+    if (!isTerminal(status)) {
+      if (await leaveRun(this.deps.db, run, { status, httpStatus, envelope })) return { httpStatus, envelope, replayed: false };
     } else {
+      const change = { status, httpStatus, envelope };
       const left = await this.leaveTerminal(exec, change, run.depth > 0);
       if (left === 'retry' ? await this.leaveTerminal(exec, change, true) : left) return { httpStatus, envelope, replayed: false };
     }
@@ -383,7 +389,7 @@ export class RunExecutor {
     return this.interrupted(exec, done, envelope.warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
   }
 
-  private async leaveTerminal(exec: Execution, change: { status: RunStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
+  private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
     const { run } = exec;
     const now = this.deps.now();
     try {
@@ -393,15 +399,14 @@ export class RunExecutor {
         if (!left) return false;
         if (!locked) {
           // Most runs have no sub-run and no hand-off: they end without touching the audit chain.
-          const below = await trx.selectFrom('runs').select('run_id').where('tenant_id', '=', run.tenant_id).where('parent_run_id', '=', run.run_id).limit(1).executeTakeFirst();
-          if (below) throw new RunMovedOn();
+          if (await hasSubRuns(trx, run)) throw new NeedsTreeLock();
           return true;
         }
-        await followRunEnd(trx, { ...left, status: change.status as never }, exec.actor, now);
+        await followRunEnd(trx, { ...left, status: change.status }, exec.actor, now);
         return true;
       });
     } catch (error) {
-      if (error instanceof RunMovedOn) return 'retry';
+      if (error instanceof NeedsTreeLock) return 'retry';
       throw error;
     }
   }
@@ -605,4 +610,3 @@ function elapsed(started: number): number {
   return Math.round((performance.now() - started) * 1000) / 1000;
 }
 
-export type { RunKey };

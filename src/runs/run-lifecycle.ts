@@ -32,6 +32,7 @@ export interface RunEnd {
   traceId?: string | null | undefined;
 }
 
+/** A run a control or cascade ended, and how far down the cascade it was. */
 export interface EndedRun extends RunKey {
   agent_id: string;
   status: TerminalStatus;

@@ -2,6 +2,7 @@ import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
 import { OPEN_STATUSES, type Attribution, type RunEnvelope, type RunRequest, type RunStatus, type RunStop } from './run-types.js';
 
+/** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
   tenant_id: string;
   run_id: string;
@@ -45,6 +46,7 @@ export interface RunStart {
   keep_open: boolean;
 }
 
+/** A root run being claimed by its first request. */
 export interface NewRun extends RunStart {
   tenant_id: string;
   run_id: string;
@@ -255,6 +257,7 @@ export async function recordGrantUse(db: Kysely<DB>, key: RunKey, grantId: strin
   });
 }
 
+/** A run by its key, unlocked. */
 export async function findRun(db: Db, tenantId: string, runId: string): Promise<RunRecord | undefined> {
   const row = await db.selectFrom('runs').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId).executeTakeFirst();
   return row ? toRecord(row) : undefined;
@@ -329,6 +332,17 @@ export async function writeRunPaused(trx: Transaction<DB>, key: RunKey, envelope
     .execute();
 }
 
+/** Sets the status of a run the caller holds locked and nothing executes. */
+export async function writeRunStatus(trx: Transaction<DB>, key: RunKey, status: RunStatus): Promise<void> {
+  await trx.updateTable('runs').set({ status, updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
+}
+
+/** Whether any run was ever handed off from this one. */
+export async function hasSubRuns(db: Db, key: RunKey): Promise<boolean> {
+  const row = await db.selectFrom('runs').select('run_id').where('tenant_id', '=', key.tenant_id).where('parent_run_id', '=', key.run_id).limit(1).executeTakeFirst();
+  return row !== undefined;
+}
+
 /** Moves a run that waited for its hand-off's approval to `queued`. */
 export async function releaseApprovedSubRun(trx: Transaction<DB>, key: RunKey): Promise<boolean> {
   const row = await trx
@@ -364,6 +378,7 @@ export async function listOpenRuns(trx: Transaction<DB>, tenantId: string | null
   return rows.map(toRecord);
 }
 
+/** A page of `GET /runs`. */
 export interface RunQuery {
   tenantId?: string | undefined;
   agentId?: string | undefined;

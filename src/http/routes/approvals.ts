@@ -10,6 +10,7 @@ import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
+/** What the approval routes are given by the composition root. */
 export interface ApprovalRouteDeps {
   approvals: ApprovalService;
   audit: AuditLog;
