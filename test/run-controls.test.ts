@@ -39,8 +39,9 @@ beforeAll(async () => {
   const everyone = { allowed_agents: [OWNER, A, B, C, 'expiring.agent', 'feeds.agent'] };
   await registerTool(h.client, { id: 'search', backendUrl: `${backend.url}/echo`, ...everyone });
   await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, ...everyone });
+  await registerTool(h.client, { id: 'trickle', backendUrl: `${backend.url}/echo`, rate_limit: { capacity: 1, refill_per_second: 0.001 }, ...everyone });
   await registerTool(h.client, { id: 'feeds.publish', category: 'draft_write', backendUrl: `${backend.url}/echo`, requires_approval: true, ...everyone });
-  for (const agentId of [OWNER, A, B, C]) for (const tool of ['search', 'held']) await grantTool(h.client, { tenant: T, agent: agentId, tool });
+  for (const agentId of [OWNER, A, B, C]) for (const tool of ['search', 'held', 'trickle']) await grantTool(h.client, { tenant: T, agent: agentId, tool });
 });
 
 afterAll(async () => {
@@ -100,6 +101,18 @@ describe('run controls', () => {
     expect(res.body.steps[1].error.code).toBe('run_not_resumable');
     expect(hitsOf(runId)).toEqual(['in flight']);
     expect((await h.client.get(`/runs/${runId}`, { token: as(OWNER) })).body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+  });
+
+  it('resume continues a throttled run after its completed steps, every stage again', async () => {
+    const runId = newRunId();
+    const throttled = await execute({ run_id: runId, plan: [step('trickle', 'first'), step('trickle', 'second')] });
+    expect(throttled.status).toBe(429);
+    expect(throttled.body.status).toBe('throttled');
+    const again = await h.client.post(`/runs/${runId}/resume`, { token: as(OWNER), body: {} });
+    expect(again.status).toBe(429);
+    expect(again.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    expect(Number(again.headers['retry-after'])).toBeGreaterThan(1);
+    expect(hitsOf(runId)).toEqual(['first']);
   });
 
   it('pause holds a run where it is; an operator’s resume takes it on; resuming twice is refused', async () => {
