@@ -209,8 +209,11 @@ describe('a call that requires approval', () => {
     expect(stopped.body.status).toBe('paused');
     expect(stopped.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'pending']);
 
-    // Only an operator resumes a paused run; the agent cannot.
-    expect((await resume(runId)).status).toBe(403);
+    // Only an operator resumes a paused run; the agent's attempt is an escalation attempt.
+    const byAgent = await resume(runId);
+    expect(byAgent.status).toBe(403);
+    expect(byAgent.body.error.code).toBe('agent_forbidden');
+    expect((await auditOf(runId)).filter((e) => e.event_type === 'security.escalation_attempt')).toHaveLength(1);
     const resumed = await resume(runId, operator);
     expect(resumed.status).toBe(202);
     const approvalId = resumed.body.steps[1].approval_id as string;

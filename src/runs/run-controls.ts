@@ -78,7 +78,11 @@ export class RunControls {
       const agent = caller.principal.kind === 'agent';
       switch (run.status) {
         case 'paused': {
-          if (agent) throw new ApiError('forbidden', 'a paused run is resumed by an operator');
+          if (agent) {
+            // Undoing an operator's pause is an operator's power: the attempt is on record.
+            await this.record(trx, caller, run, 'security.escalation_attempt', 'denied', { control: 'resume', run_status: run.status }, 'agent_forbidden');
+            return { refuse: new ApiError('agent_forbidden', 'a paused run is resumed by an operator', { status: run.status }) };
+          }
           if (run.busy) throw new ApiError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' });
           if (!run.request) {
             // Never started: back to waiting for its agent (or for its hand-off's approval).
@@ -162,7 +166,7 @@ export class RunControls {
     return run;
   }
 
-  private async record(trx: Transaction<DB>, caller: Controller, run: RunRecord, eventType: string, status: string, details: Record<string, unknown>): Promise<void> {
+  private async record(trx: Transaction<DB>, caller: Controller, run: RunRecord, eventType: string, status: string, details: Record<string, unknown>, reasonCode: string | null = null): Promise<void> {
     await writeAuditEvents(trx, [
       {
         occurredAt: this.deps.now(),
@@ -174,6 +178,7 @@ export class RunControls {
           run_id: run.run_id,
           trace_id: caller.traceId,
           status,
+          reason_code: reasonCode,
           details: { ...details, run_depth: run.depth, attribution: attributionOf(run) },
         },
       },
