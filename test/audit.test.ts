@@ -114,6 +114,18 @@ describe('the append-only, hash-chained log', () => {
     expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
   });
 
+  it('keeps one chain when two writers take turns, each holding a stale head', async () => {
+    const first = new AuditLog(h.db.database.db);
+    const second = new AuditLog(h.db.database.db);
+    for (let i = 0; i < 5; i += 1) {
+      const a = await first.append({ event_type: 'turns.test', actor: 'system.first' });
+      const b = await second.append({ event_type: 'turns.test', actor: 'system.second' });
+      expect(b.seq).toBe(a.seq + 1);
+      expect(b.prev_hash).toBe(a.hash);
+    }
+    expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
+  });
+
   it.skipIf(!hasPostgresServer)('keeps one chain when several gateway instances append at once (needs a PostgreSQL server)', async () => {
     const others = await Promise.all(
       [0, 1, 2].map(() => openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
