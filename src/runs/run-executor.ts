@@ -20,7 +20,6 @@ import { attributionOf, followRunEnd } from './run-lifecycle.js';
 import {
   claimRun,
   findRun,
-  hasSubRuns,
   leaveRun,
   readRunStanding,
   resumeThrottledRun,
@@ -84,8 +83,6 @@ interface StepOutcome {
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
 class RunMovedOn extends Error {}
 
-/** Thrown inside a transaction to undo it: the run has sub-runs, so it must end under the audit chain's lock. */
-class NeedsTreeLock extends Error {}
 
 /**
  * Executes runs: claims the run id, takes each step through admission, dispatches what is
@@ -391,24 +388,18 @@ export class RunExecutor {
 
   private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
     const { run } = exec;
-    const now = this.deps.now();
-    try {
-      return await this.deps.db.transaction().execute(async (trx) => {
-        if (locked) await lockAuditChain(trx);
-        const left = await leaveRun(trx, run, change);
-        if (!left) return false;
-        if (!locked) {
-          // Most runs have no sub-run and no hand-off: they end without touching the audit chain.
-          if (await hasSubRuns(trx, run)) throw new NeedsTreeLock();
-          return true;
-        }
-        await followRunEnd(trx, { ...left, status: change.status }, exec.actor, now);
-        return true;
-      });
-    } catch (error) {
-      if (error instanceof NeedsTreeLock) return 'retry';
-      throw error;
+    if (!locked) {
+      // Most runs have no sub-run and no hand-off: they end in one statement, without the audit chain.
+      return (await leaveRun(this.deps.db, run, change, { onlyWithoutSubRuns: true })) ? true : 'retry';
     }
+    const now = this.deps.now();
+    return this.deps.db.transaction().execute(async (trx) => {
+      await lockAuditChain(trx);
+      const left = await leaveRun(trx, run, change);
+      if (!left) return false;
+      await followRunEnd(trx, { ...left, status: change.status }, exec.actor, now);
+      return true;
+    });
   }
 
   /**

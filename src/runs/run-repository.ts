@@ -215,6 +215,8 @@ export async function leaveRun(
   db: Db,
   key: RunKey & { epoch: number },
   change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
+  /** Leave only a run that never handed off (one that did must end under the audit chain's lock). */
+  options: { onlyWithoutSubRuns?: boolean } = {},
 ): Promise<RunRecord | undefined> {
   let update = db
     .updateTable('runs')
@@ -229,6 +231,11 @@ export async function leaveRun(
     .where('run_id', '=', key.run_id)
     .where('epoch', '=', key.epoch);
   if (change.status !== undefined) update = update.where('status', '=', 'running');
+  if (options.onlyWithoutSubRuns) {
+    update = update.where(({ not, exists, selectFrom }) =>
+      not(exists(selectFrom('runs as sub').select('sub.run_id').where('sub.tenant_id', '=', key.tenant_id).where('sub.parent_run_id', '=', key.run_id))),
+    );
+  }
   const row = await update.returningAll().executeTakeFirst();
   return row ? toRecord(row) : undefined;
 }
@@ -245,16 +252,18 @@ export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick
  * then finds this run to stop.
  */
 export async function recordGrantUse(db: Kysely<DB>, key: RunKey, grantId: string): Promise<boolean> {
-  return db.transaction().execute(async (trx) => {
-    const grant = await trx.selectFrom('grants').select('revoked_at').where('id', '=', grantId).forShare().executeTakeFirst();
-    if (!grant || grant.revoked_at !== null) return false;
-    await trx
-      .insertInto('run_grant_uses')
-      .values({ grant_id: grantId, tenant_id: key.tenant_id, run_id: key.run_id })
-      .onConflict((oc) => oc.doNothing())
-      .execute();
-    return true;
-  });
+  // One statement, so one round trip: the share lock and the insert commit together.
+  const result = await sql<{ live: number }>`
+    with live as (
+      select id from grants where id = ${grantId} and revoked_at is null for share
+    ), used as (
+      insert into run_grant_uses (grant_id, tenant_id, run_id)
+      select id, ${key.tenant_id}, ${key.run_id} from live
+      on conflict do nothing
+      returning 1
+    )
+    select count(*)::int as live from live`.execute(db);
+  return Number(result.rows[0]?.live ?? 0) > 0;
 }
 
 /** A run by its key, unlocked. */
@@ -335,12 +344,6 @@ export async function writeRunPaused(trx: Transaction<DB>, key: RunKey, envelope
 /** Sets the status of a run the caller holds locked and nothing executes. */
 export async function writeRunStatus(trx: Transaction<DB>, key: RunKey, status: RunStatus): Promise<void> {
   await trx.updateTable('runs').set({ status, updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
-}
-
-/** Whether any run was ever handed off from this one. */
-export async function hasSubRuns(db: Db, key: RunKey): Promise<boolean> {
-  const row = await db.selectFrom('runs').select('run_id').where('tenant_id', '=', key.tenant_id).where('parent_run_id', '=', key.run_id).limit(1).executeTakeFirst();
-  return row !== undefined;
 }
 
 /** Moves a run that waited for its hand-off's approval to `queued`. */
