@@ -253,6 +253,11 @@ describe('run ownership and replay', () => {
     expect((await h.client.get(`/runs/${runId}`, { token: operator })).status).toBe(200);
     expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('other.agent', { tenant: T }) })).status).toBe(404);
     expect((await h.client.get(`/runs/${runId}`, { token: tokens.tenantOperator('another-tenant') })).status).toBe(404);
+    // Naming the run's tenant does not widen another tenant's operator, and the attempt is recorded.
+    const reach = await h.client.get(`/runs/${runId}`, { token: tokens.tenantOperator('another-tenant', 'mallory.runs'), query: { tenant_id: T } });
+    expect(reach.status).toBe(404);
+    const attempts = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', tenant_id: 'another-tenant' } });
+    expect(attempts.body.items[0]).toMatchObject({ actor: 'operator:mallory.runs', details: { requested_tenant_id: T, run_id: runId } });
     const list = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2 } });
     expect(list.body.items).toHaveLength(2);
     expect(list.body.next_cursor).toEqual(expect.any(String));

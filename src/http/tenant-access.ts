@@ -1,11 +1,11 @@
 import type { FastifyRequest } from 'fastify';
 import type { AuditLog } from '../audit/audit-log.js';
 import { actorOf } from '../auth/principal.js';
-import { operatorOf } from './auth.js';
+import { operatorOf, principalOf } from './auth.js';
 import { ApiError } from './errors.js';
 
 /**
- * Records a tenant-operator reaching for another tenant's objects, then answers exactly as for
+ * Records a tenant-operator (or an agent) reaching for another tenant's objects, then answers exactly as for
  * an object that does not exist (SPEC §1: `404`, never leaked). The event names what was asked
  * for, never what exists.
  */
@@ -15,11 +15,11 @@ export async function refuseCrossTenant(
   details: Record<string, unknown>,
   message: string,
 ): Promise<never> {
-  const operator = operatorOf(request);
+  const caller = principalOf(request);
   await audit.append({
     event_type: 'security.cross_tenant_attempt',
-    actor: actorOf(operator),
-    tenant_id: operator.tenantId,
+    actor: actorOf(caller),
+    tenant_id: caller.tenantId,
     trace_id: request.traceId,
     status: 'denied',
     reason_code: 'not_found',

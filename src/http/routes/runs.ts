@@ -15,7 +15,7 @@ import { RUN_STATUSES } from '../../runs/run-types.js';
 import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { tenantInReach } from '../tenant-access.js';
+import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
 export interface RunRouteDeps {
@@ -96,7 +96,7 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 
   app.get('/runs/:run_id', { config: { access: 'any' } }, async (request) => {
     const principal = principalOf(request);
-    const run = await findRun(deps.db, ...keyArgs(runKeyOf(request, principal)));
+    const run = await findRun(deps.db, ...keyArgs(await runKeyOf(request, principal, deps.audit)));
     // Another agent's run, or one of another tenant, does not exist for this caller.
     if (!run || (principal.kind === 'agent' && run.agent_id !== principal.id)) {
       throw new ApiError('not_found', `run ${(request.params as { run_id: string }).run_id} not found`);
@@ -109,27 +109,27 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 
   app.post('/runs/:run_id/cancel', { config: { access: 'any' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.cancel(controller(request), runKeyOf(request, principalOf(request)), reason));
+    return presentRun(await deps.controls.cancel(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
   });
 
   app.post('/runs/:run_id/kill', { config: { access: 'operator' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.kill(controller(request), runKeyOf(request, principalOf(request)), reason));
+    return presentRun(await deps.controls.kill(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
   });
 
   app.post('/runs/:run_id/pause', { config: { access: 'operator' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.pause(controller(request), runKeyOf(request, principalOf(request)), reason));
+    return presentRun(await deps.controls.pause(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
   });
 
   app.post('/runs/:run_id/resume', { config: { access: 'any' } }, async (request, reply) => {
     parseInput(controlBody, request.body, 'body');
-    return sendAnswer(reply, await deps.controls.resume(controller(request), runKeyOf(request, principalOf(request))));
+    return sendAnswer(reply, await deps.controls.resume(controller(request), await runKeyOf(request, principalOf(request), deps.audit)));
   });
 
   app.post('/runs/:run_id/complete', { config: { access: 'agent' } }, async (request) => {
     parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.complete(controller(request), runKeyOf(request, principalOf(request))));
+    return presentRun(await deps.controls.complete(controller(request), await runKeyOf(request, principalOf(request), deps.audit)));
   });
 
   app.post('/runs/:run_id/handoffs', { config: { access: 'agent' } }, async (request, reply) => {
@@ -144,7 +144,7 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 
   app.get('/runs/:run_id/handoffs', { config: { access: 'any' } }, async (request) => {
     const principal = principalOf(request);
-    const run = await findRun(deps.db, ...keyArgs(runKeyOf(request, principal)));
+    const run = await findRun(deps.db, ...keyArgs(await runKeyOf(request, principal, deps.audit)));
     if (!run || (principal.kind === 'agent' && run.agent_id !== principal.id)) {
       throw new ApiError('not_found', `run ${(request.params as { run_id: string }).run_id} not found`);
     }
@@ -171,12 +171,18 @@ function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
   return reply.code(answer.httpStatus).send(answer.envelope);
 }
 
-/** The run a route names: in the caller's tenant, or for a platform-operator the one it names. */
-function runKeyOf(request: FastifyRequest, principal: Principal): RunKey {
+/**
+ * The run a route names: in the caller's tenant, or for a platform-operator the one it names.
+ * Anyone else naming another tenant gets the 404 of a run that does not exist, and is recorded.
+ */
+async function runKeyOf(request: FastifyRequest, principal: Principal, audit: AuditLog): Promise<RunKey> {
   const { run_id } = parseInput(runParams, request.params, 'params');
   const { tenant_id } = parseInput(tenantQuery, request.query, 'query');
-  const platform = principal.kind === 'operator' && principal.role === 'platform-operator';
-  return { tenant_id: platform ? (tenant_id ?? principal.tenantId) : principal.tenantId, run_id };
+  if (principal.kind === 'operator' && principal.role === 'platform-operator') return { tenant_id: tenant_id ?? principal.tenantId, run_id };
+  if (tenant_id !== undefined && tenant_id !== principal.tenantId) {
+    await refuseCrossTenant(request, audit, { requested_tenant_id: tenant_id, run_id }, `run ${run_id} not found`);
+  }
+  return { tenant_id: principal.tenantId, run_id };
 }
 
 function keyArgs(key: RunKey): [string, string] {
