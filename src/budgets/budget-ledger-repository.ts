@@ -127,6 +127,27 @@ export interface CounterDelta extends CounterRef {
   reservedMicros: Micros;
 }
 
+/**
+ * Accumulates a batch's changes per counter, keeping `levels` (the locked counters' values) up
+ * to date, so that later decisions in the same batch see the earlier ones.
+ */
+export function counterChanges(levels: Map<string, CounterLevel>): {
+  deltas: Map<string, CounterDelta>;
+  add: (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => void;
+} {
+  const deltas = new Map<string, CounterDelta>();
+  const add = (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => {
+    const id = counterId(ref);
+    const delta = deltas.get(id) ?? { ...ref, spentMicros: 0, reservedMicros: 0 };
+    delta.spentMicros += spentMicros;
+    delta.reservedMicros += reservedMicros;
+    deltas.set(id, delta);
+    const level = levels.get(id) ?? { spentMicros: 0, reservedMicros: 0 };
+    levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
+  };
+  return { deltas, add };
+}
+
 /** A reservation to record, with the counters it was charged to. */
 export interface NewReservation extends ChargeSubject {
   id: string;

@@ -6,6 +6,7 @@ import type { DB } from '../db/schema.js';
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
 import {
   closeReservations,
+  counterChanges,
   counterId,
   findBudgetsFor,
   findExpiredReservations,
@@ -13,7 +14,6 @@ import {
   readCounters,
   writeLedger,
   type ClosedStatus,
-  type CounterDelta,
   type CounterRef,
   type NewReservation,
   type ReservationClose,
@@ -183,16 +183,7 @@ export class BudgetLedger {
       ]);
       const plans = reserves.map((op) => ({ op, ...limitsFor(op.request, op.requestLimitMicros, budgets, now) }));
 
-      const deltas = new Map<string, CounterDelta>();
-      const add = (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => {
-        const id = counterId(ref);
-        const delta = deltas.get(id) ?? { ...ref, spentMicros: 0, reservedMicros: 0 };
-        delta.spentMicros += spentMicros;
-        delta.reservedMicros += reservedMicros;
-        deltas.set(id, delta);
-        const level = levels.get(id) ?? { spentMicros: 0, reservedMicros: 0 };
-        levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
-      };
+      const { deltas, add } = counterChanges(levels);
 
       // The first close of an id in the batch is the one that happened; later ones were too late.
       const closedNow = new Map(closed.map((reservation) => [reservation.id, reservation]));

@@ -1,9 +1,9 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
 import { runCounterKey } from './budget.js';
-import { counterId, lockBudgetCounters, readCounters, writeLedger, type CounterDelta, type CounterRef } from './budget-ledger-repository.js';
+import { counterChanges, counterId, lockBudgetCounters, readCounters, writeLedger, type CounterRef } from './budget-ledger-repository.js';
 import { periodStart } from './budget-period.js';
-import { fromMicros, toMicros, type Micros } from './budget-units.js';
+import { fromMicros, toMicros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';
 
 /**
@@ -95,16 +95,7 @@ export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedA
   if (ended.length === 0) return [];
   const refs = ended.flatMap((e) => [runTotalRef(e.tenantId, e.subRunId), runTotalRef(e.tenantId, e.parentRunId)]);
   const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, refs);
-  const deltas = new Map<string, CounterDelta>();
-  const add = (ref: CounterRef, spentMicros: Micros, reservedMicros: Micros) => {
-    const id = counterId(ref);
-    const delta = deltas.get(id) ?? { ...ref, spentMicros: 0, reservedMicros: 0 };
-    delta.spentMicros += spentMicros;
-    delta.reservedMicros += reservedMicros;
-    deltas.set(id, delta);
-    const level = levels.get(id) ?? { spentMicros: 0, reservedMicros: 0 };
-    levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
-  };
+  const { deltas, add } = counterChanges(levels);
   const results = ended.map((e) => {
     const sub = levels.get(counterId(runTotalRef(e.tenantId, e.subRunId)));
     const used = (sub?.spentMicros ?? 0) + (sub?.reservedMicros ?? 0);
