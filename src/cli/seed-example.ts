@@ -2,7 +2,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { signDevelopmentToken } from '../auth/dev-token.js';
 import { developmentSecret } from '../auth/jwt-keys.js';
-import { ConfigError, loadClientTarget, loadConfig } from '../config/config.js';
+import { loadClientTarget } from '../config/config.js';
+import { command, type Command } from './command.js';
 import { readCatalogFile, seedCatalog } from './seed-catalog.js';
 
 const defaultFile = fileURLToPath(new URL('../../examples/scf-catalog.json', import.meta.url));
@@ -15,19 +16,12 @@ const usage = `usage: npm run seed:example -- [options]
   --backend-base URL   give tools without a backend <URL>/<tool id> as their backend
 Registers every tool through POST /tools; running it again changes nothing.`;
 
-function fail(message: string): never {
-  process.stderr.write(`seed:example: ${message}\n${usage}\n`);
-  process.exit(2);
-}
+const cli = command('seed:example', usage);
+// Annotated, so that TypeScript narrows after a call that never returns.
+const fail: Command['fail'] = cli.fail;
 
 async function main(): Promise<void> {
-  let config;
-  try {
-    config = loadConfig();
-  } catch (error) {
-    if (error instanceof ConfigError) fail(error.message);
-    throw error;
-  }
+  const config = cli.config();
   const { values } = parseArgs({
     options: {
       url: { type: 'string' },

@@ -2,7 +2,7 @@ import { parseArgs } from 'node:util';
 import { developmentSecret } from '../auth/jwt-keys.js';
 import { signDevelopmentToken } from '../auth/dev-token.js';
 import { OPERATOR_ROLES, type OperatorRole } from '../auth/principal.js';
-import { ConfigError, loadConfig } from '../config/config.js';
+import { command, type Command } from './command.js';
 
 const usage = `usage: npm run token -- --kind agent|operator --tenant TENANT [options]
   --sub ID          principal id (default: dev.operator / dev.agent)
@@ -12,19 +12,12 @@ const usage = `usage: npm run token -- --kind agent|operator --tenant TENANT [op
   --ttl SECONDS     lifetime (default 3600)
 Signs with TOOLGATE_JWT_SECRET, or the development secret that \`npm start\` keeps in TOOLGATE_DATA_DIR.`;
 
-function fail(message: string): never {
-  process.stderr.write(`token: ${message}\n${usage}\n`);
-  process.exit(2);
-}
+const cli = command('token', usage);
+// Annotated, so that TypeScript narrows after a call that never returns.
+const fail: Command['fail'] = cli.fail;
 
 async function main(): Promise<void> {
-  let config;
-  try {
-    config = loadConfig();
-  } catch (error) {
-    if (error instanceof ConfigError) fail(error.message);
-    throw error;
-  }
+  const config = cli.config();
   const { values } = parseArgs({
     options: {
       kind: { type: 'string' },
