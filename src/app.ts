@@ -8,7 +8,7 @@ import type { Database } from './db/database.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
-import { installErrorHandlers } from './http/error-handler.js';
+import { frameworkErrors, installErrorHandlers } from './http/error-handler.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { budgetRoutes } from './http/routes/budgets.js';
@@ -154,6 +154,9 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       parent.child({ ...bindings, trace_id: traceIdOf(raw) }, childOptions),
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false } },
     return503OnClosing: true,
+    // Identifiers are at most 200 characters; longer path segments are refused as invalid_request.
+    routerOptions: { maxParamLength: 256 },
+    frameworkErrors,
   });
   app.decorate('services', services);
   app.decorate('registeredRoutes', [] as string[]);

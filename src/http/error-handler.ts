@@ -1,4 +1,4 @@
-import type { FastifyError, FastifyInstance } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { isDatabaseUnavailable } from '../db/unavailable.js';
 import { ApiError, errorBody, statusForCode } from './errors.js';
 
@@ -18,6 +18,12 @@ export function installErrorHandlers(app: FastifyInstance): void {
         .code(statusForCode('gateway_unavailable'))
         .send(errorBody('gateway_unavailable', 'the gateway cannot reach its database; nothing was done'));
     }
+    if (isDataException(error)) {
+      // PostgreSQL could not take a value as given (a NUL byte, an impossible number…): the
+      // request's fault, whichever route let it through.
+      request.log.info({ err: error }, 'value refused by the database');
+      return reply.code(400).send(errorBody('invalid_request', 'a value in the request cannot be used', { reason: 'data_exception' }));
+    }
     const status = typeof error.statusCode === 'number' ? error.statusCode : 500;
     if (status === 413) {
       return reply.code(413).send(errorBody('payload_too_large', 'the request body is larger than the gateway accepts'));
@@ -35,4 +41,20 @@ export function installErrorHandlers(app: FastifyInstance): void {
   app.setNotFoundHandler((request, reply) => {
     reply.code(404).send(errorBody('not_found', `no route ${request.method} ${request.url.split('?')[0]}`));
   });
+}
+
+/**
+ * Fastify's own refusals made before routing (a malformed URL, a path parameter over
+ * `maxParamLength`) answer in the same error envelope as everything else.
+ */
+export function frameworkErrors(error: FastifyError, _request: FastifyRequest, reply: FastifyReply): void {
+  reply
+    .code(400)
+    .send(errorBody('invalid_request', 'the URL is malformed or a path segment is too long', { reason: error.code ?? 'bad_url' }));
+}
+
+/** A PostgreSQL class 22 error: the data, not the database, was at fault. */
+function isDataException(error: unknown): boolean {
+  const code = (error as { code?: unknown }).code;
+  return typeof code === 'string' && /^22[0-9A-Z]{3}$/.test(code);
 }
