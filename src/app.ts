@@ -1,5 +1,6 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
+import { Gauge } from 'prom-client';
 import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
 import { BudgetLedger } from './budgets/budget-ledger.js';
@@ -96,6 +97,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     metrics.auditCommitBatchSize.observe(batchSize);
   });
   const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
+  new Gauge({
+    name: 'toolgate_registry_catalog_age_seconds',
+    help: "Time since this replica's copy of the tool registry was last confirmed current",
+    registers: [metrics.registry],
+    collect() {
+      const age = catalog.ageMs();
+      this.set(Number.isFinite(age) ? age / 1000 : -1);
+    },
+  });
   const budgets = new BudgetLedger(database.db, {
     now,
     registry: metrics.registry,

@@ -65,6 +65,8 @@ describe('HTTP conventions', () => {
     expect(res.text).toContain('toolgate_http_request_duration_seconds_bucket');
     expect(res.text).toContain('route="/health"');
     expect(res.text).toContain('toolgate_audit_events_committed_total');
+    expect(res.text).toMatch(/toolgate_registry_catalog_age_seconds \d/);
+    expect(res.text).toMatch(/toolgate_kill_switch_snapshot_age_seconds \d/);
   });
 });
 
