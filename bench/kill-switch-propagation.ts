@@ -16,14 +16,13 @@
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_TRANSITIONS (arm+disarm pairs, default 200).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { fileURLToPath } from 'node:url';
+import { startGateway } from './gateway-process.js';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
 
-const root = fileURLToPath(new URL('..', import.meta.url));
 const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const pairs = Number(process.env.BENCH_TRANSITIONS ?? 200);
 const secret = randomBytes(32).toString('base64url');
@@ -35,31 +34,6 @@ const POLL_PAUSE_MS = 1;
 function percentile(sorted: number[], p: number): number {
   if (sorted.length === 0) return NaN;
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
-}
-
-async function startGateway(databaseUrl: string, port: number): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
-    cwd: root,
-    env: {
-      ...process.env,
-      DATABASE_URL: databaseUrl,
-      PORT: String(port),
-      TOOLGATE_JWT_SECRET: secret,
-      TOOLGATE_DB_POOL_SIZE: '5',
-      LOG_LEVEL: 'warn',
-    },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
-  for (let i = 0; i < 300; i += 1) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/ready`)).ok) return child;
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  child.kill('SIGTERM');
-  throw new Error(`gateway on ${port} did not become ready`);
 }
 
 interface Sample {
@@ -109,8 +83,8 @@ async function main(): Promise<void> {
   try {
     const basePort = 19000 + Math.floor(Math.random() * 1000);
     // The first start applies the migrations; the other two then start side by side.
-    gateways.push(await startGateway(dbUrl.toString(), basePort));
-    gateways.push(...(await Promise.all([1, 2].map((i) => startGateway(dbUrl.toString(), basePort + i)))));
+    gateways.push(await startGateway({ databaseUrl: dbUrl.toString(), port: basePort, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }));
+    gateways.push(...(await Promise.all([1, 2].map((i) => startGateway({ databaseUrl: dbUrl.toString(), port: basePort + i, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } })))));
     for (let i = 0; i < 3; i += 1) pools.push(new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 4 }));
     const [changer, ...observers] = pools as [Pool, Pool, Pool];
 

@@ -10,17 +10,16 @@
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (default "1,2").
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { fileURLToPath } from 'node:url';
+import { startGateway } from './gateway-process.js';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
 
-const root = fileURLToPath(new URL('..', import.meta.url));
 const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
 const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').map(Number);
@@ -80,23 +79,6 @@ async function startBackend(): Promise<{ url: string; close: () => Promise<void>
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise((r) => server.close(() => r())) };
 }
 
-async function startGateway(databaseUrl: string, port: number): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
-    cwd: root,
-    env: { ...process.env, DATABASE_URL: databaseUrl, PORT: String(port), TOOLGATE_JWT_SECRET: secret, LOG_LEVEL: 'warn' },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
-  for (let i = 0; i < 200; i += 1) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/ready`)).ok) return child;
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`gateway on ${port} did not become ready`);
-}
-
 function peakRssMb(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const kb = Number(/VmHWM:\s+(\d+)/.exec(status)?.[1] ?? NaN);
@@ -115,7 +97,7 @@ async function main(): Promise<void> {
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
     const maxGateways = Math.max(...gatewayCounts);
-    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway(dbUrl.toString(), basePort + i));
+    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway({ databaseUrl: dbUrl.toString(), port: basePort + i, secret }));
 
     const platform = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });
     const agent = signDevelopmentToken(secret, { kind: 'agent', sub: agentId, tenantId: tenant, ttlSeconds: 3600 });

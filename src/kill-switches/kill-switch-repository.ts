@@ -6,18 +6,8 @@ import type { KillSwitch, KillSwitchActor, KillSwitchScope } from './kill-switch
 /** The channel the database announces kill-switch changes on (see migration 0003's trigger). */
 export const KILL_SWITCH_CHANNEL = 'toolgate_kill_switches';
 
-/** A switch as it is armed. */
-export interface NewKillSwitch {
-  id: string;
-  scope: KillSwitchScope;
-  target: string;
-  tenant_id: string | null;
-  reason: string;
-  user_visible_status_copy: string;
-  safe_degradation_mode_id: string | null;
-  armed_by: KillSwitchActor;
-  armed_at: Date;
-}
+/** A switch as it is armed: everything but its disarming. */
+export type NewKillSwitch = Omit<KillSwitch, 'disarmed_by' | 'disarmed_at' | 'disarm_reason'>;
 
 /**
  * Inserts an armed switch unless one is already armed on the same (scope, target, tenant), which
