@@ -13,7 +13,9 @@ export async function startGateway(options: {
   secret: string;
   env?: Record<string, string>;
 }): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+  // BENCH_NODE_ARGS: extra Node flags for the gateway, e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof".
+  const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean);
+  const child = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', 'src/server.ts'], {
     cwd: root,
     env: {
       ...process.env,

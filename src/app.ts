@@ -6,6 +6,7 @@ import type { VerificationKeys } from './auth/jwt-keys.js';
 import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
+import { GroupCommit } from './db/group-commit.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
@@ -27,7 +28,7 @@ import { BackendClient } from './proxy/backend-client.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
-import { recordGrantUse } from './runs/run-repository.js';
+import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
 import { ApprovalService } from './approvals/approval-service.js';
 import { HandoffService } from './handoffs/handoff-service.js';
 import { approvalRoutes } from './http/routes/approvals.js';
@@ -135,7 +136,9 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     onGrantsEnded: cascades.grantsEnded,
   });
   const approvals = new ApprovalService({ db: database.db, now });
-  const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => recordGrantUse(database.db, { tenant_id: use.tenantId, run_id: use.runId }, use.grantId) };
+  // Uses recorded at the same moment share one statement (group commit).
+  const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.db, uses));
+  const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }) };
   const ports: AdmissionPorts = {
     catalog,
     grants,

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { EventEmitter } from 'node:events';
 import { Kysely, PostgresDialect, sql } from 'kysely';
@@ -64,6 +65,7 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
   pool.on('connect', (client) => {
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
+    prepareRepeatedStatements(client);
   });
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
   const listener = new PgNotificationListener(connectionString, logger);
@@ -78,6 +80,37 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
       await listener.close();
       await db.destroy();
     },
+  };
+}
+
+/** Statement texts named so far, and the bound on how many get a name. */
+const statementNames = new Map<string, string>();
+const MAX_NAMED_STATEMENTS = 500;
+
+function statementName(text: string, parameterCount: number): string | undefined {
+  let name = statementNames.get(text);
+  // A text with a long parameter list is usually one of many (an IN list of varying length).
+  if (name === undefined && statementNames.size < MAX_NAMED_STATEMENTS && parameterCount <= 64) {
+    name = `tg_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+    statementNames.set(text, name);
+  }
+  return name;
+}
+
+/**
+ * Sends every parameterised statement as a named prepared statement: each connection parses it
+ * once and afterwards only binds and executes it, instead of parsing and planning it again for
+ * every call. The hot path's statements repeat for every call, so this saves most of the
+ * server's work per statement. Statements without parameters (begin, commit) stay simple queries.
+ */
+function prepareRepeatedStatements(client: pg.PoolClient): void {
+  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  (client as unknown as { query: (...args: unknown[]) => unknown }).query = (config: unknown, values?: unknown, callback?: unknown) => {
+    if (typeof config === 'string' && Array.isArray(values) && values.length > 0 && callback === undefined) {
+      const name = statementName(config, values.length);
+      if (name !== undefined) return query({ name, text: config, values });
+    }
+    return query(config, values, callback);
   };
 }
 

@@ -1,8 +1,9 @@
 /**
  * Group commit for hot rows: requests that arrive while a batch is being committed wait and
- * go together in the next one, so N concurrent callers cost one transaction, not N. `commit`
- * answers every request of its batch, in order; if it throws, every request of the batch
- * rejects with that error (an infrastructure fault: callers fail closed).
+ * go together in the next one, so N concurrent callers cost one transaction, not N. Reads on
+ * the hot path use it too: N concurrent lookups cost one round trip. `commit` answers every
+ * request of its batch, in order; if it throws, every request of the batch rejects with that
+ * error (an infrastructure fault: callers fail closed).
  */
 export class GroupCommit<Request, Result> {
   private queue: Array<{ request: Request; resolve: (result: Result) => void; reject: (error: unknown) => void }> = [];

@@ -1,4 +1,4 @@
-import type { Kysely, Selectable, Transaction } from 'kysely';
+import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { OperatorRole } from '../auth/principal.js';
 import type { DB, GrantTable } from '../db/schema.js';
 import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type Grant, type GrantScope, type GrantStatus, type OperatorActor } from './grant.js';
@@ -67,28 +67,41 @@ export async function findGrant(db: Kysely<DB>, id: string): Promise<Grant | und
   return row ? toGrant(row) : undefined;
 }
 
+/** One resolution's question: the grants of (tenant, agent, tool) that could apply in `context`. */
+export interface GrantCandidateQuery {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  context: RunContext;
+}
+
 /**
  * The grants of (tenant, agent, tool) whose scope_ref matches the run context: the resolver's
- * candidates, in one indexed query (one probe per scope on `grants_resolution`).
+ * candidates, for many resolutions in one indexed query (one probe per scope and question on
+ * `grants_resolution`). The answer for each question is in the question's position.
  */
-export async function findGrantCandidates(
-  db: Kysely<DB>,
-  query: { tenantId: string; agentId: string; toolId: string; context: RunContext },
-): Promise<Grant[]> {
-  const probes = GRANT_SCOPES.flatMap((scope) => {
-    const ref = query.context[GRANT_SCOPE_CONTEXT_KEY[scope]];
-    return ref === undefined ? [] : [{ scope, ref }];
-  });
-  if (probes.length === 0) return [];
-  const rows = await db
-    .selectFrom('grants')
-    .selectAll()
-    .where('tenant_id', '=', query.tenantId)
-    .where('agent_id', '=', query.agentId)
-    .where('tool_id', '=', query.toolId)
-    .where((eb) => eb.or(probes.map((p) => eb.and([eb('scope', '=', p.scope), eb('scope_ref', '=', p.ref)]))))
-    .execute();
-  return rows.map(toGrant);
+export async function findGrantCandidates(db: Kysely<DB>, queries: GrantCandidateQuery[]): Promise<Grant[][]> {
+  const probes = queries.flatMap((query, ord) =>
+    GRANT_SCOPES.flatMap((scope) => {
+      const ref = query.context[GRANT_SCOPE_CONTEXT_KEY[scope]];
+      return ref === undefined ? [] : [{ ord, query, scope, ref }];
+    }),
+  );
+  const answers: Grant[][] = queries.map(() => []);
+  if (probes.length === 0) return answers;
+  const rows = await sql<Selectable<GrantTable> & { ord: number }>`
+    select p.ord, g.* from unnest(
+      ${probes.map((p) => p.ord)}::int[],
+      ${probes.map((p) => p.query.tenantId)}::text[],
+      ${probes.map((p) => p.query.agentId)}::text[],
+      ${probes.map((p) => p.query.toolId)}::text[],
+      ${probes.map((p) => p.scope)}::text[],
+      ${probes.map((p) => p.ref)}::text[]
+    ) as p(ord, tenant_id, agent_id, tool_id, scope, scope_ref)
+    join grants g on g.tenant_id = p.tenant_id and g.agent_id = p.agent_id and g.tool_id = p.tool_id
+      and g.scope = p.scope and g.scope_ref = p.scope_ref`.execute(db);
+  for (const { ord, ...row } of rows.rows) answers[ord]!.push(toGrant(row));
+  return answers;
 }
 
 /** Filters of `GET /grants`; `status` is judged at `now`, as `grantStatus` would. */

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Kysely, Transaction } from 'kysely';
 import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
+import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { checkModifiersWithinTool } from './capability-modifiers.js';
 import type { CapabilityModifiers, Grant, GrantScope, OperatorActor } from './grant.js';
@@ -9,6 +10,7 @@ import {
   findGrant,
   findGrantCandidates,
   insertGrant,
+  type GrantCandidateQuery,
   listGrants,
   lockGrant,
   revokeGrant,
@@ -75,12 +77,18 @@ export type GrantRefusal = {
  * operator's changes — grant, revoke, renew — each committed together with its audit event.
  */
 export class GrantService {
-  constructor(private readonly deps: GrantServiceDeps) {}
+  /** Resolutions asked for while a read is in flight go together in the next one. */
+  private readonly candidateReads: GroupCommit<GrantCandidateQuery, Grant[]>;
+
+  constructor(private readonly deps: GrantServiceDeps) {
+    this.candidateReads = new GroupCommit((queries) => findGrantCandidates(deps.db, queries));
+  }
 
   /**
    * The grant that applies to one call, or why none does. Reads PostgreSQL every time (one
-   * indexed query), so a revocation or expiry acts at the very next call boundary on every
-   * replica — for queued, paused and sub-agent runs alike, since each resolves again per step.
+   * indexed query, shared by the calls resolving at the same moment), so a revocation or expiry
+   * acts at the very next call boundary on every replica — for queued, paused and sub-agent runs
+   * alike, since each resolves again per step.
    */
   async resolve(query: {
     tenantId: string;
@@ -90,7 +98,7 @@ export class GrantService {
   }): Promise<GrantDecision> {
     // The tenant is the caller's, from its token: a tenant in the context never widens it.
     const context: RunContext = { ...query.context, tenant_id: query.tenantId };
-    const candidates = await findGrantCandidates(this.deps.db, { ...query, context });
+    const candidates = await this.candidateReads.submit({ ...query, context });
     return resolveGrant(candidates, context, this.deps.now());
   }
 

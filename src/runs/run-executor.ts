@@ -10,6 +10,7 @@ import type { AuditLog } from '../audit/audit-log.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
+import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import type { Handoff } from '../handoffs/handoff.js';
 import { findHandoffOfSubRun } from '../handoffs/handoff-repository.js';
@@ -18,12 +19,15 @@ import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf, followRunEnd } from './run-lifecycle.js';
 import {
-  claimRun,
+  claimRuns,
   findRun,
   leaveRun,
+  leaveRuns,
   readRunStanding,
   resumeThrottledRun,
   startQueuedRun,
+  type NewRun,
+  type RunLeave,
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
@@ -90,7 +94,14 @@ class RunMovedOn extends Error {}
  * call boundary it re-reads the run, so a control or cascade from any replica stops it there.
  */
 export class RunExecutor {
-  constructor(private readonly deps: RunExecutorDeps) {}
+  /** Claims and ends of runs that happen at the same moment share one statement (group commit). */
+  private readonly claims: GroupCommit<NewRun, RunRecord | undefined>;
+  private readonly ends: GroupCommit<RunLeave, boolean>;
+
+  constructor(private readonly deps: RunExecutorDeps) {
+    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(deps.db, runs)));
+    this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(deps.db, leaves)));
+  }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
     if (request.dry_run) return this.dryRun(principal, request, traceId);
@@ -112,7 +123,7 @@ export class RunExecutor {
       }
       run = existing;
     } else {
-      const claim = await claimRun(this.deps.db, {
+      const claimed = await this.claims.submit({
         ...start,
         tenant_id: principal.tenantId,
         run_id: request.run_id,
@@ -124,8 +135,10 @@ export class RunExecutor {
         budget_units: request.budget_units,
         created_at: this.deps.now(),
       });
-      if (claim.claimed) return this.runFrom(await this.execution(claim.run, principal, request, traceId, actorOf(principal)), []);
-      run = claim.run;
+      if (claimed) return this.runFrom(await this.execution(claimed, principal, request, traceId, actorOf(principal)), [], true);
+      const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+      if (!existing) throw new Error(`run ${request.run_id} vanished while being claimed`);
+      run = existing;
     }
     const prior = await this.priorRun(principal, request, run, start);
     if ('replay' in prior) return prior.replay;
@@ -182,12 +195,16 @@ export class RunExecutor {
     return { principal, request, traceId, run, delegation, actor };
   }
 
-  private async runFrom(exec: Execution, completedBefore: StepResult[]): Promise<RunAnswer> {
+  /**
+   * Takes the run through its remaining steps. Before each call it re-reads the run, except
+   * before the first call of a run it has just claimed: the claim itself is that reading.
+   */
+  private async runFrom(exec: Execution, completedBefore: StepResult[], justClaimed = false): Promise<RunAnswer> {
     const { request } = exec;
     const steps: StepResult[] = [...completedBefore];
     const warnings: string[] = [];
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
-      const standing = await readRunStanding(this.deps.db, exec.run);
+      const standing = justClaimed && index === completedBefore.length ? exec.run : await readRunStanding(this.deps.db, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
@@ -389,8 +406,9 @@ export class RunExecutor {
   private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
     const { run } = exec;
     if (!locked) {
-      // Most runs have no sub-run and no hand-off: they end in one statement, without the audit chain.
-      return (await leaveRun(this.deps.db, run, change, { onlyWithoutSubRuns: true })) ? true : 'retry';
+      // Most runs have no sub-run and no hand-off: they end without the audit chain, in one
+      // statement shared with the runs ending at the same moment.
+      return (await this.ends.submit({ tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, ...change })) ? true : 'retry';
     }
     const now = this.deps.now();
     return this.deps.db.transaction().execute(async (trx) => {

@@ -66,14 +66,16 @@ type Db = Kysely<DB> | Transaction<DB>;
 const unitsText = (units: number | null | undefined) => (units === null || units === undefined ? null : units.toFixed(6));
 
 /**
- * Claims a run id for its first principal, as a running run its executor holds (`busy`).
- * Returns the claimed record, or the existing one (owned by whoever used the id first) when it
- * was already taken.
+ * Claims run ids for their first principal, as running runs their executors hold (`busy`), many
+ * at once in one statement: for each new run, in order, its claimed record, or undefined when
+ * its id was already taken (also by an earlier run of the same batch). Rows go in key order, so two replicas' batches wait for each other in one order.
  */
-export async function claimRun(db: Kysely<DB>, run: NewRun): Promise<{ claimed: boolean; run: RunRecord }> {
-  const inserted = await db
-    .insertInto('runs')
-    .values({
+export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<RunRecord | undefined>> {
+  if (runs.length === 0) return [];
+  const rows = [...runs]
+    .sort((a, b) => (a.tenant_id === b.tenant_id ? compare(a.run_id, b.run_id) : compare(a.tenant_id, b.tenant_id)))
+    .map((run, ord) => ({
+      ord,
       tenant_id: run.tenant_id,
       run_id: run.run_id,
       owner_agent_id: run.agent_id,
@@ -81,27 +83,41 @@ export async function claimRun(db: Kysely<DB>, run: NewRun): Promise<{ claimed: 
       pipeline_instance_id: run.pipeline_instance_id ?? null,
       session_id: run.session_id ?? null,
       user_id: run.user_id ?? null,
-      status: 'running',
       request_sha256: run.request_sha256,
       trace_id: run.trace_id,
-      envelope: null,
-      created_at: run.created_at,
-      updated_at: run.created_at,
-      request: JSON.stringify(run.request),
+      created_at: run.created_at.toISOString(),
+      request: run.request,
       agent_family: run.agent_family ?? null,
       agent_scopes: run.agent_scopes,
       budget_units: unitsText(run.budget_units),
       keep_open: run.keep_open,
-      epoch: 1,
-      busy: true,
-    })
-    .onConflict((oc) => oc.columns(['tenant_id', 'run_id']).doNothing())
-    .returningAll()
-    .executeTakeFirst();
-  if (inserted) return { claimed: true, run: toRecord(inserted) };
-  const existing = await findRun(db, run.tenant_id, run.run_id);
-  if (!existing) throw new Error(`run ${run.run_id} vanished while being claimed`);
-  return { claimed: false, run: existing };
+    }));
+  const inserted = await sql<Selectable<RunTable>>`
+    insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
+                      request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
+                      budget_units, keep_open, epoch, busy)
+    select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, 'running',
+           request_sha256, trace_id, null, created_at, created_at, request, agent_family, agent_scopes,
+           budget_units, keep_open, 1, true
+    from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
+      ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text, session_id text,
+      user_id text, request_sha256 text, trace_id text, created_at timestamptz, request jsonb, agent_family text,
+      agent_scopes text[], budget_units numeric, keep_open boolean)
+    order by ord
+    on conflict (tenant_id, run_id) do nothing
+    returning *`.execute(db);
+  const claimed = new Map(inserted.rows.map((row) => [`${row.tenant_id}\u0000${row.run_id}`, row]));
+  return runs.map((run) => {
+    const key = `${run.tenant_id}\u0000${run.run_id}`;
+    const row = claimed.get(key);
+    // One claim per id: a second request for the same id in this batch finds it taken.
+    claimed.delete(key);
+    return row ? toRecord(row) : undefined;
+  });
+}
+
+function compare(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 /**
@@ -215,8 +231,6 @@ export async function leaveRun(
   db: Db,
   key: RunKey & { epoch: number },
   change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
-  /** Leave only a run that never handed off (one that did must end under the audit chain's lock). */
-  options: { onlyWithoutSubRuns?: boolean } = {},
 ): Promise<RunRecord | undefined> {
   let update = db
     .updateTable('runs')
@@ -231,13 +245,43 @@ export async function leaveRun(
     .where('run_id', '=', key.run_id)
     .where('epoch', '=', key.epoch);
   if (change.status !== undefined) update = update.where('status', '=', 'running');
-  if (options.onlyWithoutSubRuns) {
-    update = update.where(({ not, exists, selectFrom }) =>
-      not(exists(selectFrom('runs as sub').select('sub.run_id').where('sub.tenant_id', '=', key.tenant_id).where('sub.parent_run_id', '=', key.run_id))),
-    );
-  }
   const row = await update.returningAll().executeTakeFirst();
   return row ? toRecord(row) : undefined;
+}
+
+/** An executor ending a run it holds (see `leaveRun`). */
+export interface RunLeave extends RunKey {
+  epoch: number;
+  status: RunStatus;
+  httpStatus: number;
+  envelope: RunEnvelope;
+}
+
+/**
+ * Ends many runs that never handed off, in one statement: for each, whether it ended (false when
+ * the run moved on without its executor, or has a sub-run and must end under the audit chain's
+ * lock). The runs are locked in key order first, as controls and cascades lock them.
+ */
+export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
+  if (leaves.length === 0) return [];
+  const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
+  const result = await sql<{ tenant_id: string; run_id: string }>`
+    with v as materialized (
+      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
+        as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
+    ), locked as materialized (
+      select r.tenant_id, r.run_id from runs r join v on r.tenant_id = v.tenant_id and r.run_id = v.run_id
+      order by r.tenant_id, r.run_id
+      for no key update of r
+    )
+    update runs r
+    set status = v.status, http_status = v.http_status, envelope = v.envelope, busy = false, updated_at = now()
+    from v join locked l on l.tenant_id = v.tenant_id and l.run_id = v.run_id
+    where r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.epoch = v.epoch and r.status = 'running'
+      and not exists (select 1 from runs sub where sub.tenant_id = v.tenant_id and sub.parent_run_id = v.run_id)
+    returning r.tenant_id, r.run_id`.execute(db);
+  const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}`));
+  return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}`));
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
@@ -246,24 +290,38 @@ export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick
   return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
 }
 
+/** That a run relies on a grant. */
+export interface GrantUse {
+  tenant_id: string;
+  run_id: string;
+  grant_id: string;
+}
+
 /**
- * Records that a run relies on a grant, unless the grant was revoked meanwhile (then false). The
- * grant row is share-locked, so a revocation either comes first (and this says so) or waits and
- * then finds this run to stop.
+ * Records that runs rely on grants, unless a grant was revoked meanwhile: for each use, false
+ * when its grant is no longer live. The grant rows are share-locked, so a revocation either
+ * comes first (and this says so) or waits and then finds these runs to stop. One statement for
+ * the whole batch: the share locks and the inserts commit together.
  */
-export async function recordGrantUse(db: Kysely<DB>, key: RunKey, grantId: string): Promise<boolean> {
-  // One statement, so one round trip: the share lock and the insert commit together.
-  const result = await sql<{ live: number }>`
-    with live as (
-      select id from grants where id = ${grantId} and revoked_at is null for share
+export async function recordGrantUses(db: Kysely<DB>, uses: GrantUse[]): Promise<boolean[]> {
+  if (uses.length === 0) return [];
+  const result = await sql<{ id: string }>`
+    with wanted as (
+      select * from unnest(${uses.map((u) => u.grant_id)}::text[], ${uses.map((u) => u.tenant_id)}::text[], ${uses.map((u) => u.run_id)}::text[])
+        as w(grant_id, tenant_id, run_id)
+    ), live as (
+      select id from grants where id in (select grant_id from wanted) and revoked_at is null
+      order by id for share
     ), used as (
       insert into run_grant_uses (grant_id, tenant_id, run_id)
-      select id, ${key.tenant_id}, ${key.run_id} from live
+      select distinct w.grant_id, w.tenant_id, w.run_id from wanted w join live l on l.id = w.grant_id
+      order by 1, 2, 3
       on conflict do nothing
       returning 1
     )
-    select count(*)::int as live from live`.execute(db);
-  return Number(result.rows[0]?.live ?? 0) > 0;
+    select id from live`.execute(db);
+  const live = new Set(result.rows.map((row) => row.id));
+  return uses.map((use) => live.has(use.grant_id));
 }
 
 /** A run by its key, unlocked. */
