@@ -26,12 +26,15 @@ function toState(row: BucketRow): BucketState {
   return { tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() };
 }
 
+type Db = Kysely<DB> | Transaction<DB>;
+
 /**
  * Locks the buckets, creating missing ones in the state given, and returns their levels. Rows
  * are locked in key order, the order every replica uses, so batches queue instead of deadlocking.
+ * Outside a transaction it only reads the levels (creating missing buckets).
  */
 export async function lockBuckets(
-  trx: Transaction<DB>,
+  trx: Db,
   buckets: Array<{ key: BucketKey; initial: BucketState }>,
 ): Promise<Map<string, BucketState>> {
   const unique = [...new Map(buckets.map((b) => [bucketId(b.key), b])).values()];
@@ -63,6 +66,24 @@ export async function readBucket(db: Kysely<DB>, key: BucketKey): Promise<Bucket
     .where('tool_id', '=', key.toolId)
     .executeTakeFirst();
   return row ? toState(row) : undefined;
+}
+
+/**
+ * Stores a bucket's new level only if it still holds `expected` (compare and set): true when it
+ * did. One statement, so a replica that knows the level decides and stores in one round trip; a
+ * change by anyone else since makes it false, and nothing is stored.
+ */
+export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: BucketState, next: BucketState): Promise<boolean> {
+  const result = await db
+    .updateTable('rate_buckets')
+    .set({ tokens: next.tokens, updated_at: new Date(next.updatedAtMs) })
+    .where('tenant_id', '=', key.tenantId)
+    .where('agent_id', '=', key.agentId)
+    .where('tool_id', '=', key.toolId)
+    .where('tokens', '=', expected.tokens)
+    .where('updated_at', '=', new Date(expected.updatedAtMs))
+    .executeTakeFirst();
+  return Number(result.numUpdatedRows) === 1;
 }
 
 /** Stores new levels of buckets this transaction has locked. */

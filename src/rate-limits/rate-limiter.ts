@@ -2,7 +2,7 @@ import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { bucketId, lockBuckets, readBucket, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
+import { bucketId, lockBuckets, readBucket, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
 import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from './token-bucket.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
@@ -27,16 +27,21 @@ export interface RateLimiterOptions {
 
 /**
  * Token buckets per (tenant, agent, tool), shared by every replica and exact under
- * concurrency: each take is decided against the bucket's stored level under a row lock, so
- * all replicas together admit at most `capacity + refill × elapsed` calls, and a refusal's
- * `Retry-After` is computed from the true level. Takes arriving together are committed
- * together (group commit). Tokens are deliberately not leased to replicas in chunks: tokens
- * parked in one replica would make another refuse with a `Retry-After` that is not true.
+ * concurrency: each take is decided against the bucket's stored level, and stored only if that
+ * level is still the stored one (compare and set), so all replicas together admit at most
+ * `capacity + refill × elapsed` calls, and a refusal's `Retry-After` is computed from the true
+ * level. Takes arriving together are committed together (group commit). A replica remembers
+ * the level it last stored, so a batch costs one statement while no other replica uses the
+ * bucket; when one did, it reads the level again and retries, and under heavy contention falls
+ * back to deciding under a row lock. Tokens are deliberately not leased to replicas in chunks:
+ * tokens parked in one replica would make another refuse with a `Retry-After` that is not true.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class RateLimiter {
   private readonly batches: GroupCommit<TakeRequest, RateDecision>;
   private readonly denials: Counter<'tool_id'>;
+  /** The level this replica last read or stored, per bucket: a guess that the store checks. */
+  private readonly known = new Map<string, BucketState>();
 
   constructor(
     private readonly db: Kysely<DB>,
@@ -74,26 +79,74 @@ export class RateLimiter {
     await this.batches.drain();
   }
 
-  /** One batch, one transaction: takes decided in arrival order against the locked buckets. */
+  /** One batch: each bucket's takes decided in arrival order, bucket by bucket (they are independent). */
   private async commit(requests: TakeRequest[]): Promise<RateDecision[]> {
     const nowMs = this.options.now().getTime();
-    return this.db.transaction().execute(async (trx) => {
-      const states = await lockBuckets(
-        trx,
-        requests.map((request) => ({ key: request, initial: fullBucket(request, nowMs) })),
-      );
-      const changed = new Map<string, { key: BucketKey; state: BucketState }>();
-      const decisions = requests.map((request): RateDecision => {
-        const id = bucketId(request);
-        const rule: BucketRule = request;
-        const decision = take(states.get(id)!, rule, nowMs);
-        states.set(id, decision.state);
-        changed.set(id, { key: request, state: decision.state });
-        if (decision.ok) return { ok: true, remaining: decision.remaining };
-        return { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds };
-      });
-      await storeBuckets(trx, [...changed.values()]);
-      return decisions;
+    // Positions, not requests, identify the takes: one request object may be submitted twice.
+    const byBucket = new Map<string, number[]>();
+    requests.forEach((request, position) => {
+      const id = bucketId(request);
+      const list = byBucket.get(id);
+      if (list) list.push(position);
+      else byBucket.set(id, [position]);
     });
+    const decided: RateDecision[] = new Array(requests.length);
+    await Promise.all(
+      [...byBucket].map(async ([id, positions]) => {
+        const decisions = await this.commitBucket(id, positions.map((position) => requests[position]!), nowMs);
+        positions.forEach((position, i) => (decided[position] = decisions[i]!));
+      }),
+    );
+    return decided;
   }
+
+  /**
+   * One bucket's takes: decided against the level this replica knows and stored if it is still
+   * the stored one; else read again and retried; after three misses, decided under a row lock.
+   */
+  private async commitBucket(id: string, takes: TakeRequest[], nowMs: number): Promise<RateDecision[]> {
+    const key = takes[0]!;
+    for (let attempt = 0; attempt < 3; attempt += 1) {
+      const before = this.known.get(id) ?? (await this.readLevel(key, nowMs));
+      const { decisions, after } = decideTakes(before, takes, nowMs);
+      if (await storeBucketIf(this.db, key, before, after)) {
+        this.remember(id, after);
+        return decisions;
+      }
+      this.known.delete(id);
+    }
+    const decisions = await this.db.transaction().execute(async (trx) => {
+      const states = await lockBuckets(trx, [{ key, initial: fullBucket(key, nowMs) }]);
+      const { decisions: locked, after } = decideTakes(states.get(id)!, takes, nowMs);
+      await storeBuckets(trx, [{ key, state: after }]);
+      return { locked, after };
+    });
+    this.remember(id, decisions.after);
+    return decisions.locked;
+  }
+
+  /** The bucket's stored level, creating it full if it was never used. */
+  private async readLevel(key: TakeRequest, nowMs: number): Promise<BucketState> {
+    const states = await lockBuckets(this.db, [{ key, initial: fullBucket(key, nowMs) }]);
+    return states.get(bucketId(key))!;
+  }
+
+  private remember(id: string, state: BucketState): void {
+    // A guess per bucket is small, but buckets are many: forget them all now and then.
+    if (this.known.size >= 10_000 && !this.known.has(id)) this.known.clear();
+    this.known.set(id, state);
+  }
+}
+
+/** Takes decided in arrival order from one bucket's level; the level they leave it at. */
+function decideTakes(level: BucketState, takes: TakeRequest[], nowMs: number): { decisions: RateDecision[]; after: BucketState } {
+  let state = level;
+  const decisions = takes.map((request): RateDecision => {
+    const rule: BucketRule = request;
+    const decision = take(state, rule, nowMs);
+    state = decision.state;
+    if (decision.ok) return { ok: true, remaining: decision.remaining };
+    return { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds };
+  });
+  return { decisions, after: state };
 }
