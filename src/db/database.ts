@@ -65,6 +65,10 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
   pool.on('connect', (client) => {
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
+    // Prepared statements are parsed once, but planned for each execution with its own values
+    // and the tables as they are now: a plan cached while a table was small would keep scanning
+    // it whole after it grew (until the next ANALYZE). The client sends this before any query.
+    client.query('SET plan_cache_mode = force_custom_plan').catch((error: unknown) => logger.warn({ err: error }, 'could not set plan_cache_mode'));
     prepareRepeatedStatements(client);
   });
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
