@@ -93,6 +93,179 @@ export async function lockBudgetCounters(
   return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
 }
 
+/**
+ * `lockBudgetCounters` without the locks: the live budgets that may apply to these subjects and
+ * the levels of their current windows' counters plus `extra` ones, creating missing counters
+ * empty. A counter another writer creates at the same moment may be missing from the answer;
+ * `writeLedgerIf` then finds it changed.
+ */
+export async function readBudgetCounters(
+  db: Kysely<DB>,
+  subjects: ChargeSubject[],
+  windows: Windows,
+  extra: CounterRef[],
+): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
+  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
+  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
+    with applicable as (
+      select * from budgets
+      where removed_at is null
+        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
+        and (scope = 'tenant'
+          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
+          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
+    ),
+    wanted as (
+      select id as k,
+             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
+                         else ${windows.total}::timestamptz end as p
+      from applicable
+      union
+      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
+    ),
+    created as (
+      insert into budget_counters (counter_key, period_start)
+      select k, p from wanted order by k, p
+      on conflict (counter_key, period_start) do nothing
+      returning counter_key, period_start, spent_units, reserved_units
+    ),
+    levels as (
+      select counter_key, period_start, spent_units, reserved_units from created
+      union all
+      select c.counter_key, c.period_start, c.spent_units, c.reserved_units
+      from budget_counters c join wanted w on c.counter_key = w.k and c.period_start = w.p
+      -- Keeps the probe on the primary key, however many rows the planner guesses "wanted" has.
+      where c.counter_key = any(array(select k from wanted))
+    )
+    select l.*, a.* from levels l left join applicable a on a.id = l.counter_key
+  `.execute(db);
+  const budgets = new Map<string, Budget>();
+  for (const row of result.rows) {
+    if (row.id !== null && row.id !== undefined) budgets.set(row.id, toBudget(row as Selectable<BudgetTable>));
+  }
+  return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
+}
+
+/**
+ * `writeLedger` if, and only if, every changed counter still holds the level it was decided
+ * against (compare and set), in one statement: the counters are locked in key order, compared,
+ * and only then changed and the reservations recorded — all of it or nothing. False when any
+ * counter had moved; nothing was written then.
+ */
+export async function writeLedgerIf(
+  db: Kysely<DB>,
+  expected: ReadonlyMap<string, CounterLevel>,
+  deltas: CounterDelta[],
+  reservations: NewReservation[],
+  reservedAt: Date,
+  expiresAt: Date,
+): Promise<boolean> {
+  const changed = deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
+  if (changed.length === 0 && reservations.length === 0) return true;
+  const level = (d: CounterDelta) => expected.get(counterId(d)) ?? { spentMicros: 0, reservedMicros: 0 };
+  const result = await sql<{ ok: boolean }>`
+    with expected as (
+      select * from unnest(
+        ${changed.map((d) => d.key)}::text[],
+        ${changed.map((d) => d.periodStart)}::timestamptz[],
+        ${changed.map((d) => microsText(level(d).spentMicros))}::numeric[],
+        ${changed.map((d) => microsText(level(d).reservedMicros))}::numeric[],
+        ${changed.map((d) => microsText(d.spentMicros))}::numeric[],
+        ${changed.map((d) => microsText(d.reservedMicros))}::numeric[]
+      ) as e(k, p, spent, reserved, add_spent, add_reserved)
+    ),
+    current as materialized (
+      select c.counter_key, c.period_start, c.spent_units, c.reserved_units
+      from budget_counters c join expected e on c.counter_key = e.k and c.period_start = e.p
+      where c.counter_key = any(${changed.map((d) => d.key)}::text[])
+      order by c.counter_key, c.period_start
+      for no key update of c
+    ),
+    unchanged as materialized (
+      select count(*) = ${changed.length} as ok
+      from current c join expected e on c.counter_key = e.k and c.period_start = e.p
+      where c.spent_units = e.spent and c.reserved_units = e.reserved
+    ),
+    counters as (
+      update budget_counters c
+      set spent_units = c.spent_units + e.add_spent, reserved_units = c.reserved_units + e.add_reserved
+      from expected e, unchanged u
+      where u.ok and c.counter_key = e.k and c.period_start = e.p and c.counter_key = any(${changed.map((d) => d.key)}::text[])
+      returning 1
+    ),
+    ledger as (
+      insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
+      select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
+      from unnest(
+        ${reservations.map((r) => r.id)}::text[],
+        ${reservations.map((r) => r.tenantId)}::text[],
+        ${reservations.map((r) => r.agentId)}::text[],
+        ${reservations.map((r) => r.runId)}::text[],
+        ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
+        ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
+      ) as r(id, tenant_id, agent_id, run_id, units, charges), unchanged u
+      where u.ok
+      returning 1
+    )
+    select u.ok, (select count(*) from counters) as counters, (select count(*) from ledger) as reservations from unchanged u
+  `.execute(db);
+  return result.rows[0]?.ok === true;
+}
+
+/**
+ * Closes reservations that are still open and gives their counters back what they held (and
+ * charges what a settled call cost), all in one statement; returns the ids it closed. One
+ * already settled, released or expired is left alone, so settling twice never counts twice.
+ * When one id is closed twice in the batch, the first close wins. Counters are locked in key
+ * order, as every writer does.
+ */
+export async function closeAndUncharge(db: Kysely<DB>, closes: ReservationClose[], at: Date): Promise<Set<string>> {
+  const unique = firstCloses(closes);
+  if (unique.length === 0) return new Set();
+  const result = await sql<{ id: string | null }>`
+    with closed as (
+      update budget_reservations r
+      set status = v.status, actual_units = v.actual, closed_at = ${at}
+      from unnest(
+        ${unique.map((c) => c.id)}::text[],
+        ${unique.map((c) => c.status)}::text[],
+        ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
+      ) as v(id, status, actual)
+      where r.id = v.id and r.status = 'reserved'
+      returning r.id, r.units, r.charges, v.actual
+    ),
+    given_back as (
+      select c ->> 'counter_key' as k, (c ->> 'period_start')::timestamptz as p,
+             sum(coalesce(closed.actual, 0)) as add_spent, -sum(closed.units) as add_reserved
+      from closed cross join lateral jsonb_array_elements(closed.charges) as c
+      group by 1, 2
+    ),
+    locked as materialized (
+      select c.counter_key, c.period_start
+      from budget_counters c join given_back g on c.counter_key = g.k and c.period_start = g.p
+      where c.counter_key = any(array(select k from given_back))
+      order by c.counter_key, c.period_start
+      for no key update of c
+    ),
+    counters as (
+      update budget_counters c
+      set spent_units = c.spent_units + g.add_spent, reserved_units = c.reserved_units + g.add_reserved
+      from given_back g join locked l on l.counter_key = g.k and l.period_start = g.p
+      where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from given_back))
+      returning 1
+    )
+    select id, (select count(*) from counters) as counters from closed
+  `.execute(db);
+  return new Set(result.rows.map((row) => row.id!));
+}
+
+/** The first close of each id, in id order (the order rows are locked in). */
+function firstCloses(closes: ReservationClose[]): ReservationClose[] {
+  const first = new Map<string, ReservationClose>();
+  for (const close of closes) if (!first.has(close.id)) first.set(close.id, close);
+  return [...first.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+}
+
 /** What the counters hold, without locking them (dry runs and reads). */
 export async function readCounters(db: Kysely<DB>, refs: CounterRef[]): Promise<Map<string, CounterLevel>> {
   if (refs.length === 0) return new Map();
@@ -101,6 +274,7 @@ export async function readCounters(db: Kysely<DB>, refs: CounterRef[]): Promise<
     from budget_counters c
     join unnest(${refs.map((r) => r.key)}::text[], ${refs.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
       on c.counter_key = t.k and c.period_start = t.p
+    where c.counter_key = any(${refs.map((r) => r.key)}::text[])
   `.execute(db);
   return levelsOf(result.rows);
 }
@@ -207,41 +381,6 @@ export interface ReservationClose {
   status: ClosedStatus;
   /** Settled only: what the call actually cost. */
   actualMicros: Micros | null;
-}
-
-/** A reservation this transaction closed, with what it had reserved and where. */
-export interface ClosedReservation {
-  id: string;
-  unitsMicros: Micros;
-  charges: CounterRef[];
-}
-
-/**
- * Closes reservations that are still open and returns them; one already settled, released or
- * expired is left alone and not returned, so settling twice never counts twice. When one id is
- * closed twice in the batch, the first close wins.
- */
-export async function closeReservations(trx: Transaction<DB>, closes: ReservationClose[], at: Date): Promise<ClosedReservation[]> {
-  const first = new Map<string, ReservationClose>();
-  for (const close of closes) if (!first.has(close.id)) first.set(close.id, close);
-  const unique = [...first.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-  if (unique.length === 0) return [];
-  const result = await sql<{ id: string; units: string; charges: Array<{ counter_key: string; period_start: string }> }>`
-    update budget_reservations r
-    set status = v.status, actual_units = v.actual, closed_at = ${at}
-    from unnest(
-      ${unique.map((c) => c.id)}::text[],
-      ${unique.map((c) => c.status)}::text[],
-      ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
-    ) as v(id, status, actual)
-    where r.id = v.id and r.status = 'reserved'
-    returning r.id, r.units, r.charges
-  `.execute(trx);
-  return result.rows.map((row) => ({
-    id: row.id,
-    unitsMicros: toMicros(row.units),
-    charges: row.charges.map((c) => ({ key: c.counter_key, periodStart: new Date(c.period_start) })),
-  }));
 }
 
 /** Open reservations whose holder should long have settled them: its process is presumed gone. */

@@ -5,15 +5,18 @@ import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
 import {
-  closeReservations,
+  closeAndUncharge,
   counterChanges,
   counterId,
   findBudgetsFor,
   findExpiredReservations,
   lockBudgetCounters,
+  readBudgetCounters,
   readCounters,
   writeLedger,
+  writeLedgerIf,
   type ClosedStatus,
+  type CounterDelta,
   type CounterRef,
   type NewReservation,
   type ReservationClose,
@@ -84,10 +87,12 @@ type LedgerOpResult = ReserveResult | CloseOutcome;
 
 /**
  * Budget admission, shared by every replica and exact under concurrency. Each decision is made
- * against the counters as they stand under a row lock, so N replicas together never admit past
- * a budget's limit + grace, and never refuse while room remains. Reservations and settlements
- * arriving together are committed together (group commit): one transaction per batch, not per
- * call. Chunks of budget are deliberately not leased to replicas: units parked in one replica's
+ * against the counters as they stand, and written only if they still stand so (compare and set
+ * under row locks, in one statement; or, once replicas meet on the same counters, decided under
+ * the row locks themselves), so N replicas together never admit past a budget's limit + grace,
+ * and never refuse while room remains. Reservations and settlements arriving together are
+ * committed together (group commit): a batch of settlements is one statement, a batch of
+ * reservations two (read, then compare and set), not one transaction per call. Chunks of budget are deliberately not leased to replicas: units parked in one replica's
  * lease would make another refuse calls the budget still allows and skew warn/grace verdicts.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
@@ -95,12 +100,14 @@ export class BudgetLedger {
   private readonly batches: GroupCommit<LedgerOp, LedgerOpResult>;
   private readonly reservations: Counter<'verdict'>;
   private readonly sweeper: NodeJS.Timeout | undefined;
+  /** Batches still to decide under row locks since the last lost optimistic write. */
+  private lockedBatchesLeft = 0;
 
   constructor(
     private readonly db: Kysely<DB>,
     private readonly options: BudgetLedgerOptions,
   ) {
-    this.batches = new GroupCommit((ops) => retryOnConflict(() => this.commit(ops)));
+    this.batches = new GroupCommit((ops) => this.commit(ops));
     this.reservations = new Counter({
       name: 'toolgate_budget_reservations_total',
       help: 'Budget reservations by verdict (exceeded: refused)',
@@ -167,64 +174,88 @@ export class BudgetLedger {
   }
 
   /**
-   * One batch, one transaction: closes first (they free units), then reservations in arrival
+   * One batch: closes first (they free units), in one statement; then reservations in arrival
    * order, each decided against the counters as the earlier ones left them.
    */
   private async commit(ops: LedgerOp[]): Promise<LedgerOpResult[]> {
     const now = this.options.now();
-    return this.db.transaction().execute(async (trx) => {
-      const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
-      const closed = await closeReservations(trx, closes, now);
-      const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
-      const subjects = reserves.map((op) => op.request);
-      const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), [
-        ...closed.flatMap((c) => c.charges),
-        ...subjects.map(runTotalCounter),
-      ]);
-      const plans = reserves.map((op) => ({ op, ...limitsFor(op.request, op.requestLimitMicros, budgets, now) }));
-
-      const { deltas, add } = counterChanges(levels);
-
+    const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
+    const closed = closes.length > 0 ? await retryOnConflict(() => closeAndUncharge(this.db, closes, now)) : new Set<string>();
+    const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
+    const reserved = reserves.length > 0 ? await this.reserveAll(reserves, now) : [];
+    let next = 0;
+    return ops.map((op) => {
+      if (op.kind === 'reserve') return reserved[next++]!;
       // The first close of an id in the batch is the one that happened; later ones were too late.
-      const closedNow = new Map(closed.map((reservation) => [reservation.id, reservation]));
-      const closeOutcomes = new Map<LedgerOp, ClosedStatus>();
-      for (const op of ops) {
-        if (op.kind !== 'close') continue;
-        const reservation = closedNow.get(op.close.id);
-        if (!reservation) continue;
-        closedNow.delete(op.close.id);
-        for (const charge of reservation.charges) add(charge, op.close.actualMicros ?? 0, -reservation.unitsMicros);
-        closeOutcomes.set(op, op.close.status);
-      }
-
-      const created: NewReservation[] = [];
-      const reserveResults = new Map<LedgerOp, ReserveResult>();
-      for (const plan of plans) {
-        const { request, unitsMicros } = plan.op;
-        const decision = decideReservation(unitsMicros, plan.limits, levels as ReadonlyMap<string, CounterLevel>);
-        if (!decision.ok) {
-          reserveResults.set(plan.op, { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) });
-          continue;
-        }
-        for (const charge of plan.charges) add(charge, 0, unitsMicros);
-        const reservation: BudgetReservation = {
-          id: `bres_${randomBytes(12).toString('base64url')}`,
-          tenantId: request.tenantId,
-          agentId: request.agentId,
-          runId: request.runId,
-          units: fromMicros(unitsMicros),
-        };
-        created.push({ ...reservation, unitsMicros, charges: plan.charges });
-        reserveResults.set(plan.op, { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) });
-      }
-
-      await writeLedger(trx, [...deltas.values()], created, now, new Date(now.getTime() + this.options.reservationTtlMs));
-      // Freeze the answers only once every write of the batch has succeeded.
-      return ops.map((op) =>
-        op.kind === 'reserve' ? reserveResults.get(op)! : (closeOutcomes.get(op) ?? 'already_closed'),
-      );
+      if (!closed.delete(op.close.id)) return 'already_closed';
+      return op.close.status;
     });
   }
+
+  /**
+   * Decides reservations against the counters as read, and writes them only if no counter moved
+   * meanwhile (one read, one write, no transaction held open). When another replica moved one,
+   * decides again under row locks — and keeps doing so for the next batches, since replicas
+   * that share counters will keep meeting there.
+   */
+  private async reserveAll(reserves: ReserveOp[], now: Date): Promise<ReserveResult[]> {
+    const subjects = reserves.map((op) => op.request);
+    const expiresAt = new Date(now.getTime() + this.options.reservationTtlMs);
+    if (this.lockedBatchesLeft === 0) {
+      const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
+      const expected = new Map(levels);
+      const plan = decideBatch(reserves, budgets, levels, now);
+      if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) return plan.results;
+      this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
+    } else {
+      this.lockedBatchesLeft -= 1;
+    }
+    return retryOnConflict(() =>
+      this.db.transaction().execute(async (trx) => {
+        const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), subjects.map(runTotalCounter));
+        const plan = decideBatch(reserves, budgets, levels, now);
+        await writeLedger(trx, plan.deltas, plan.created, now, expiresAt);
+        // Freeze the answers only once every write of the batch has succeeded.
+        return plan.results;
+      }),
+    );
+  }
+}
+
+/** How many batches decide under row locks after an optimistic write lost a race. */
+const LOCKED_BATCHES_AFTER_CONFLICT = 50;
+
+type ReserveOp = Extract<LedgerOp, { kind: 'reserve' }>;
+
+/**
+ * Reservations decided in arrival order against `levels` (which it updates as it goes): each
+ * one's answer, the counter changes, and the reservations to record.
+ */
+function decideBatch(
+  reserves: ReserveOp[],
+  budgets: Budget[],
+  levels: Map<string, CounterLevel>,
+  now: Date,
+): { results: ReserveResult[]; deltas: CounterDelta[]; created: NewReservation[] } {
+  const { deltas, add } = counterChanges(levels);
+  const created: NewReservation[] = [];
+  const results = reserves.map((op): ReserveResult => {
+    const { request, unitsMicros } = op;
+    const { limits, charges } = limitsFor(request, op.requestLimitMicros, budgets, now);
+    const decision = decideReservation(unitsMicros, limits, levels);
+    if (!decision.ok) return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
+    for (const charge of charges) add(charge, 0, unitsMicros);
+    const reservation: BudgetReservation = {
+      id: `bres_${randomBytes(12).toString('base64url')}`,
+      tenantId: request.tenantId,
+      agentId: request.agentId,
+      runId: request.runId,
+      units: fromMicros(unitsMicros),
+    };
+    created.push({ ...reservation, unitsMicros, charges });
+    return { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) };
+  });
+  return { results, deltas: [...deltas.values()], created };
 }
 
 /**

@@ -99,7 +99,11 @@ export async function findGrantCandidates(db: Kysely<DB>, queries: GrantCandidat
       ${probes.map((p) => p.ref)}::text[]
     ) as p(ord, tenant_id, agent_id, tool_id, scope, scope_ref)
     join grants g on g.tenant_id = p.tenant_id and g.agent_id = p.agent_id and g.tool_id = p.tool_id
-      and g.scope = p.scope and g.scope_ref = p.scope_ref`.execute(db);
+      and g.scope = p.scope and g.scope_ref = p.scope_ref
+    -- The key lists keep the probes on grants_resolution, however many rows the planner guesses.
+    where g.tenant_id = any(${[...new Set(queries.map((q) => q.tenantId))]}::text[])
+      and g.agent_id = any(${[...new Set(queries.map((q) => q.agentId))]}::text[])
+      and g.tool_id = any(${[...new Set(queries.map((q) => q.toolId))]}::text[])`.execute(db);
   for (const { ord, ...row } of rows.rows) answers[ord]!.push(toGrant(row));
   return answers;
 }

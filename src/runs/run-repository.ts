@@ -265,20 +265,29 @@ export interface RunLeave extends RunKey {
 export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
   if (leaves.length === 0) return [];
   const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
+  // The key lists let every probe of runs use its primary key (or runs_parent), however many
+  // rows the planner guesses the batch has.
+  const tenants = [...new Set(leaves.map((l) => l.tenant_id))];
+  const runIds = [...new Set(leaves.map((l) => l.run_id))];
   const result = await sql<{ tenant_id: string; run_id: string }>`
     with v as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
     ), locked as materialized (
       select r.tenant_id, r.run_id from runs r join v on r.tenant_id = v.tenant_id and r.run_id = v.run_id
+      where r.tenant_id = any(${tenants}::text[]) and r.run_id = any(${runIds}::text[])
       order by r.tenant_id, r.run_id
       for no key update of r
+    ), parents as materialized (
+      select distinct sub.tenant_id, sub.parent_run_id from runs sub
+      where sub.tenant_id = any(${tenants}::text[]) and sub.parent_run_id = any(${runIds}::text[])
     )
     update runs r
     set status = v.status, http_status = v.http_status, envelope = v.envelope, busy = false, updated_at = now()
     from v join locked l on l.tenant_id = v.tenant_id and l.run_id = v.run_id
-    where r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.epoch = v.epoch and r.status = 'running'
-      and not exists (select 1 from runs sub where sub.tenant_id = v.tenant_id and sub.parent_run_id = v.run_id)
+    where r.tenant_id = any(${tenants}::text[]) and r.run_id = any(${runIds}::text[])
+      and r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.epoch = v.epoch and r.status = 'running'
+      and not exists (select 1 from parents p where p.tenant_id = v.tenant_id and p.parent_run_id = v.run_id)
     returning r.tenant_id, r.run_id`.execute(db);
   const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}`));
   return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}`));
@@ -310,7 +319,7 @@ export async function recordGrantUses(db: Kysely<DB>, uses: GrantUse[]): Promise
       select * from unnest(${uses.map((u) => u.grant_id)}::text[], ${uses.map((u) => u.tenant_id)}::text[], ${uses.map((u) => u.run_id)}::text[])
         as w(grant_id, tenant_id, run_id)
     ), live as (
-      select id from grants where id in (select grant_id from wanted) and revoked_at is null
+      select id from grants where id = any(${[...new Set(uses.map((u) => u.grant_id))]}::text[]) and revoked_at is null
       order by id for share
     ), used as (
       insert into run_grant_uses (grant_id, tenant_id, run_id)
