@@ -99,6 +99,7 @@ type LedgerOpResult = ReserveResult | CloseOutcome;
 export class BudgetLedger {
   private readonly batches: GroupCommit<LedgerOp, LedgerOpResult>;
   private readonly reservations: Counter<'verdict'>;
+  private readonly conflicts: Counter;
   private readonly sweeper: NodeJS.Timeout | undefined;
   /** Batches still to decide under row locks since the last lost optimistic write. */
   private lockedBatchesLeft = 0;
@@ -112,6 +113,11 @@ export class BudgetLedger {
       name: 'toolgate_budget_reservations_total',
       help: 'Budget reservations by verdict (exceeded: refused)',
       labelNames: ['verdict'],
+      registers: [options.registry],
+    });
+    this.conflicts = new Counter({
+      name: 'toolgate_budget_write_conflicts_total',
+      help: 'Reservation batches whose compare-and-set found a counter moved by another replica (decided again under row locks)',
       registers: [options.registry],
     });
     if (options.sweepIntervalMs > 0) {
@@ -206,6 +212,7 @@ export class BudgetLedger {
       const expected = new Map(levels);
       const plan = decideBatch(reserves, budgets, levels, now);
       if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) return plan.results;
+      this.conflicts.inc();
       this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
     } else {
       this.lockedBatchesLeft -= 1;

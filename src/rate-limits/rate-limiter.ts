@@ -40,6 +40,7 @@ export interface RateLimiterOptions {
 export class RateLimiter {
   private readonly batches: GroupCommit<TakeRequest, RateDecision>;
   private readonly denials: Counter<'tool_id'>;
+  private readonly conflicts: Counter;
   /** The level this replica last read or stored, per bucket: a guess that the store checks. */
   private readonly known = new Map<string, BucketState>();
 
@@ -52,6 +53,11 @@ export class RateLimiter {
       name: 'toolgate_rate_limit_denials_total',
       help: 'Calls refused by a rate limit (429 rate_limited), by tool',
       labelNames: ['tool_id'],
+      registers: [options.registry],
+    });
+    this.conflicts = new Counter({
+      name: 'toolgate_rate_limit_write_conflicts_total',
+      help: 'Bucket compare-and-sets that found the level moved by another replica (read again and retried)',
       registers: [options.registry],
     });
   }
@@ -113,6 +119,7 @@ export class RateLimiter {
         this.remember(id, after);
         return decisions;
       }
+      this.conflicts.inc();
       this.known.delete(id);
     }
     const decisions = await this.db.transaction().execute(async (trx) => {
