@@ -4,6 +4,9 @@ import type { DB } from '../db/schema.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
 import { appendIfHead, readChainHead, writeAuditEvents, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
 
+/** How many batches append under the chain's lock after the head moved under this replica. */
+const LOCKED_BATCHES_AFTER_CONFLICT = 50;
+
 /**
  * The append API the rest of toolgate uses. Events that arrive while a commit is in flight
  * are committed together in the next one (group commit); `append` resolves only once its
@@ -12,6 +15,8 @@ import { appendIfHead, readChainHead, writeAuditEvents, type ChainHead, type Tim
 export class AuditLog {
   private readonly batches: GroupCommit<TimedAuditEvent, AuditRecord>;
   private head: ChainHead | undefined;
+  /** Batches still to append under the chain's lock since another writer last moved the head. */
+  private lockedBatchesLeft = 0;
 
   constructor(
     db: Kysely<DB>,
@@ -27,18 +32,24 @@ export class AuditLog {
 
   /**
    * Appends against the head this replica last wrote, in one statement; when another writer
-   * moved the head meanwhile, reads it again and retries, and under heavy contention falls
-   * back to the locking transaction.
+   * moved the head meanwhile, reads it again and retries once, then appends under the chain's
+   * lock — and keeps doing so for the next batches, since replicas writing at the same time
+   * keep moving the head under each other.
    */
   private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<AuditRecord[]> {
-    for (let attempt = 0; attempt < 3; attempt += 1) {
-      const head = this.head ?? (await readChainHead(db));
-      const appended = await appendIfHead(db, head, batch);
-      if (appended) {
-        this.head = appended.last;
-        return appended.records;
+    if (this.lockedBatchesLeft > 0) {
+      this.lockedBatchesLeft -= 1;
+    } else {
+      for (let attempt = 0; attempt < 2; attempt += 1) {
+        const head = this.head ?? (await readChainHead(db));
+        const appended = await appendIfHead(db, head, batch);
+        if (appended) {
+          this.head = appended.last;
+          return appended.records;
+        }
+        this.head = undefined;
       }
-      this.head = undefined;
+      this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
     }
     const records = await db.transaction().execute((trx) => writeAuditEvents(trx, batch));
     const last = records[records.length - 1];

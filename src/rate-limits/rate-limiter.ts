@@ -43,6 +43,8 @@ export class RateLimiter {
   private readonly conflicts: Counter;
   /** The level this replica last read or stored, per bucket: a guess that the store checks. */
   private readonly known = new Map<string, BucketState>();
+  /** Buckets' batches still to decide under the row lock since another replica last moved them. */
+  private readonly lockedBatchesLeft = new Map<string, number>();
 
   constructor(
     private readonly db: Kysely<DB>,
@@ -108,19 +110,28 @@ export class RateLimiter {
 
   /**
    * One bucket's takes: decided against the level this replica knows and stored if it is still
-   * the stored one; else read again and retried; after three misses, decided under a row lock.
+   * the stored one; else read again and retried once; then decided under the row lock — and so
+   * for the bucket's next batches too, since replicas sharing a bucket keep meeting there.
    */
   private async commitBucket(id: string, takes: TakeRequest[], nowMs: number): Promise<RateDecision[]> {
     const key = takes[0]!;
-    for (let attempt = 0; attempt < 3; attempt += 1) {
-      const before = this.known.get(id) ?? (await this.readLevel(key, nowMs));
-      const { decisions, after } = decideTakes(before, takes, nowMs);
-      if (await storeBucketIf(this.db, key, before, after)) {
-        this.remember(id, after);
-        return decisions;
+    const lockedLeft = this.lockedBatchesLeft.get(id) ?? 0;
+    if (lockedLeft > 0) {
+      if (lockedLeft === 1) this.lockedBatchesLeft.delete(id);
+      else this.lockedBatchesLeft.set(id, lockedLeft - 1);
+    } else {
+      for (let attempt = 0; attempt < 2; attempt += 1) {
+        const before = this.known.get(id) ?? (await this.readLevel(key, nowMs));
+        const { decisions, after } = decideTakes(before, takes, nowMs);
+        if (await storeBucketIf(this.db, key, before, after)) {
+          this.remember(id, after);
+          return decisions;
+        }
+        this.conflicts.inc();
+        this.known.delete(id);
       }
-      this.conflicts.inc();
-      this.known.delete(id);
+      if (this.lockedBatchesLeft.size >= 10_000) this.lockedBatchesLeft.clear();
+      this.lockedBatchesLeft.set(id, LOCKED_BATCHES_AFTER_CONFLICT);
     }
     const decisions = await this.db.transaction().execute(async (trx) => {
       const states = await lockBuckets(trx, [{ key, initial: fullBucket(key, nowMs) }]);
@@ -144,6 +155,9 @@ export class RateLimiter {
     this.known.set(id, state);
   }
 }
+
+/** How many of a bucket's batches are decided under its row lock after a lost compare-and-set. */
+const LOCKED_BATCHES_AFTER_CONFLICT = 50;
 
 /** Takes decided in arrival order from one bucket's level; the level they leave it at. */
 function decideTakes(level: BucketState, takes: TakeRequest[], nowMs: number): { decisions: RateDecision[]; after: BucketState } {
