@@ -42,6 +42,9 @@ export const authPlugin = fp<AuthOptions>(
       requiredClaims: ['exp', ...(options.issuer ? ['iss'] : []), ...(options.audience ? ['aud'] : [])],
       ...(options.issuer ? { allowedIss: options.issuer } : {}),
       ...(options.audience ? { allowedAud: options.audience } : {}),
+      // Agents send the same token with every call: a verified token is remembered (never past
+      // its own expiry) instead of checking its signature again. Keys are fixed at start-up.
+      cache: 1000,
     };
     if (keys.kind === 'secret') {
       await app.register(fastifyJwt, { secret: keys.secret, verify } as never);
