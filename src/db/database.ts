@@ -87,8 +87,8 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   };
 }
 
-/** Statement texts named so far, and the bound on how many get a name. */
-const statementNames = new Map<string, string>();
+/** Statement texts named so far (null: never again), and the bound on how many get a name. */
+const statementNames = new Map<string, string | null>();
 const MAX_NAMED_STATEMENTS = 500;
 
 function statementName(text: string, parameterCount: number): string | undefined {
@@ -98,21 +98,35 @@ function statementName(text: string, parameterCount: number): string | undefined
     name = `tg_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
     statementNames.set(text, name);
   }
-  return name;
+  return name ?? undefined;
+}
+
+/**
+ * A prepared statement whose result columns changed under it (a migration added a column to a
+ * table it selects with `*`) fails on every connection that prepared it, for good.
+ */
+function isStalePlan(error: unknown): boolean {
+  return (error as { code?: unknown }).code === '0A000' && /cached plan must not change result type/.test(String((error as Error).message));
 }
 
 /**
  * Sends every parameterised statement as a named prepared statement: each connection parses it
- * once and afterwards only binds and executes it, instead of parsing and planning it again for
- * every call. The hot path's statements repeat for every call, so this saves most of the
- * server's work per statement. Statements without parameters (begin, commit) stay simple queries.
+ * once and afterwards only binds and executes it, instead of parsing it again for every call.
+ * The hot path's statements repeat for every call. Statements without parameters (begin,
+ * commit) stay simple queries. A statement whose result columns a migration changed fails once
+ * and is never prepared again (by any connection).
  */
 function prepareRepeatedStatements(client: pg.PoolClient): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   (client as unknown as { query: (...args: unknown[]) => unknown }).query = (config: unknown, values?: unknown, callback?: unknown) => {
     if (typeof config === 'string' && Array.isArray(values) && values.length > 0 && callback === undefined) {
       const name = statementName(config, values.length);
-      if (name !== undefined) return query({ name, text: config, values });
+      if (name !== undefined) {
+        return (query({ name, text: config, values }) as Promise<unknown>).catch((error: unknown) => {
+          if (isStalePlan(error)) statementNames.set(config, null);
+          throw error;
+        });
+      }
     }
     return query(config, values, callback);
   };
