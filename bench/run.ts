@@ -4,8 +4,8 @@
  * Starts a trivial JSON backend on loopback and gateway processes on a fresh PostgreSQL database,
  * then, at fixed concurrency, calls the backend directly and through the gateway (a granted agent,
  * a budget and a rate limit in force, every call audited). Prints req/s, p50 and p99 for both and
- * their ratios, the gateway's peak RSS, and checks that the audit log holds exactly one outcome
- * record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
+ * their ratios, the statements sent to PostgreSQL per call, the gateway's peak RSS, and checks
+ * that the audit log holds exactly one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (default "1,2").
@@ -151,18 +151,35 @@ async function main(): Promise<void> {
       return res.statusCode === 200;
     };
 
+    // Statements the gateways sent to PostgreSQL (toolgate_db_statements_total): round trips per call.
+    const statementsSent = async () => {
+      let total = 0;
+      for (let i = 0; i < gateways.length; i += 1) {
+        const text = await (await fetch(`http://127.0.0.1:${basePort + i}/metrics`)).text();
+        total += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
+      }
+      return total;
+    };
+    const perCall: Array<[string, number]> = [];
+    const gatewayPhase = async (label: string, concurrency: number, count: number) => {
+      const before = await statementsSent();
+      const phase = await load('gateway', concurrency, seconds, callGateway(count));
+      perCall.push([label, ((await statementsSent()) - before) / phase.requests]);
+      return summary(phase);
+    };
+
     await load('warm-up', 8, 2, callDirect);
     await load('warm-up', 8, 2, callGateway(1));
     const rows: Array<[string, ReturnType<typeof summary>]> = [];
     const moderate = 8;
     const heavy = 64;
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
-    const g8 = summary(await load('gateway', moderate, seconds, callGateway(1)));
+    const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, moderate, 1);
     rows.push([`direct, concurrency ${moderate}`, d8], [`gateway x1, concurrency ${moderate}`, g8]);
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
     for (const count of gatewayCounts) {
-      rows.push([`gateway x${count}, concurrency ${heavy}`, summary(await load('gateway', heavy, seconds, callGateway(count)))]);
+      rows.push([`gateway x${count}, concurrency ${heavy}`, await gatewayPhase(`gateway x${count}, concurrency ${heavy}`, heavy, count)]);
     }
 
     const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
@@ -173,6 +190,7 @@ async function main(): Promise<void> {
     for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.includes(`${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
     }
+    for (const [label, n] of perCall) console.log(`${label}: ${fmt(n)} PostgreSQL statements per call (all gateways, group commit shared)`);
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
 
     await direct.close();

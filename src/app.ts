@@ -1,6 +1,6 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
-import { Gauge } from 'prom-client';
+import { Counter, Gauge } from 'prom-client';
 import { AuditLog } from './audit/audit-log.js';
 import type { VerificationKeys } from './auth/jwt-keys.js';
 import { BudgetLedger } from './budgets/budget-ledger.js';
@@ -113,6 +113,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+  });
+  new Counter({
+    name: 'toolgate_db_statements_total',
+    help: 'Statements this instance sent to PostgreSQL (each a round trip)',
+    registers: [metrics.registry],
+    collect() {
+      this.reset();
+      this.inc(database.statementsSent());
+    },
   });
   const rateLimiter = new RateLimiter(database.db, { now, registry: metrics.registry });
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).

@@ -67,6 +67,12 @@ describe('HTTP conventions', () => {
     expect(res.text).toContain('toolgate_audit_events_committed_total');
     expect(res.text).toMatch(/toolgate_registry_catalog_age_seconds \d/);
     expect(res.text).toMatch(/toolgate_kill_switch_snapshot_age_seconds \d/);
+    // Every statement sent counts: the requests above read the database.
+    const statements = Number(/toolgate_db_statements_total (\d+)/.exec(res.text)?.[1]);
+    expect(statements).toBeGreaterThan(0);
+    await h.client.get('/ready');
+    const after = Number(/toolgate_db_statements_total (\d+)/.exec((await h.client.get('/metrics')).text)?.[1]);
+    expect(after).toBeGreaterThan(statements);
   });
 });
 

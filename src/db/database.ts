@@ -25,6 +25,8 @@ export interface Database {
   readonly kind: 'postgres' | 'pglite';
   readonly db: Kysely<DB>;
   readonly listener: NotificationListener;
+  /** Statements sent to the server so far (round trips; the hot path's cost, see /metrics). */
+  statementsSent(): number;
   ping(): Promise<void>;
   close(): Promise<void>;
 }
@@ -63,13 +65,14 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   pool.on('error', (error) => logger.warn({ err: error }, 'idle database connection failed'));
   // pg-pool listens for errors only on idle clients; a checked-out client whose server goes away
   // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
+  const sent = { count: 0 };
   pool.on('connect', (client) => {
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
     // Prepared statements are parsed once, but planned for each execution with its own values
     // and the tables as they are now: a plan cached while a table was small would keep scanning
     // it whole after it grew (until the next ANALYZE). The client sends this before any query.
     client.query('SET plan_cache_mode = force_custom_plan').catch((error: unknown) => logger.warn({ err: error }, 'could not set plan_cache_mode'));
-    prepareRepeatedStatements(client);
+    prepareRepeatedStatements(client, sent);
   });
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
   const listener = new PgNotificationListener(connectionString, logger);
@@ -77,6 +80,7 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
     kind: 'postgres',
     db,
     listener,
+    statementsSent: () => sent.count,
     ping: async () => {
       await sql`select 1`.execute(db);
     },
@@ -116,9 +120,10 @@ function isStalePlan(error: unknown): boolean {
  * commit) stay simple queries. A statement whose result columns a migration changed fails once
  * and is never prepared again (by any connection).
  */
-function prepareRepeatedStatements(client: pg.PoolClient): void {
+function prepareRepeatedStatements(client: pg.PoolClient, sent: { count: number }): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   (client as unknown as { query: (...args: unknown[]) => unknown }).query = (config: unknown, values?: unknown, callback?: unknown) => {
+    sent.count += 1;
     if (typeof config === 'string' && Array.isArray(values) && values.length > 0 && callback === undefined) {
       const name = statementName(config, values.length);
       if (name !== undefined) {
@@ -137,12 +142,14 @@ async function openPGlite(dataDir: string): Promise<Database> {
   // `memory://` keeps the database in memory (tests); anything else is a folder.
   if (!dataDir.startsWith('memory://')) await mkdir(dataDir, { recursive: true });
   const pglite = await PGlite.create(dataDir);
-  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: new PGlitePool(pglite) }) });
+  const pool = new PGlitePool(pglite);
+  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
   const listener = new PGliteNotificationListener(pglite);
   return {
     kind: 'pglite',
     db,
     listener,
+    statementsSent: () => pool.statementsSent,
     ping: async () => {
       await sql`select 1`.execute(db);
     },

@@ -8,6 +8,8 @@ import type { PostgresPool, PostgresPoolClient } from 'kysely';
  */
 export class PGlitePool implements PostgresPool {
   private tail: Promise<void> = Promise.resolve();
+  /** Statements run so far. */
+  statementsSent = 0;
 
   constructor(private readonly pglite: PGlite) {}
 
@@ -19,9 +21,11 @@ export class PGlitePool implements PostgresPool {
     });
     await previous;
     const pglite = this.pglite;
+    const counted = () => (this.statementsSent += 1);
     let released = false;
     return {
       async query(sql: string, parameters: ReadonlyArray<unknown>) {
+        counted();
         const command = sql.trimStart().split(/\s+/, 1)[0]?.toUpperCase() ?? '';
         if (parameters.length === 0 && sql.includes(';')) {
           // Multi-statement scripts (migrations) need the simple protocol.
