@@ -1,0 +1,211 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import { createBudget, getBudget } from '../src/budgets/budget-service.js';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { ManualClock } from './helpers/manual-clock.js';
+
+// A ledger decides a batch against the counters as it read them and writes with a compare and
+// set. When another replica moved a counter in between, it must see so, count it
+// (toolgate_budget_write_conflicts_total) and decide again under the row locks, exactly.
+let testDb: TestDatabase;
+const clock = new ManualClock('2030-07-01T08:00:00.000Z');
+let seq = 0;
+
+beforeAll(async () => {
+  testDb = await createTestDatabase();
+});
+afterAll(async () => {
+  await testDb.drop();
+});
+
+function freshTenant(): string {
+  seq += 1;
+  return `conflicts-t${seq}`;
+}
+
+async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0): Promise<string> {
+  const result = await createBudget(
+    testDb.database.db,
+    { tenantId, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits, warnRatio: 1, graceUnits },
+    { actor: 'operator:test', traceId: null, now: clock.now() },
+  );
+  if (!result.ok) throw new Error('budget conflict');
+  return result.usage.budget.id;
+}
+
+const usage = async (id: string) => {
+  const u = (await getBudget(testDb.database.db, id, clock.now()))!;
+  return { spent: u.spentUnits, reserved: u.reservedUnits };
+};
+
+const newLedger = (db: Database['db'], registry: Registry) =>
+  new BudgetLedger(db, { now: clock.now, registry, reservationTtlMs: 900_000, sweepIntervalMs: 0 });
+
+async function conflicts(registry: Registry): Promise<number> {
+  return (await registry.getSingleMetric('toolgate_budget_write_conflicts_total')!.get()).values[0]?.value ?? 0;
+}
+
+const reservationsOf = async (tenantId: string) =>
+  Number(
+    (await testDb.database.db.selectFrom('budget_reservations').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenantId).executeTakeFirstOrThrow()).n,
+  );
+
+/** Waits until some statement on the test database waits for a row lock. */
+async function someoneWaitsForALock(): Promise<void> {
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const { rows } = await sql<{ n: number }>`
+      select count(*)::int as n from pg_stat_activity
+      where datname = current_database() and wait_event_type = 'Lock'`.execute(testDb.database.db);
+    if (rows[0]!.n > 0) return;
+    if (Date.now() > deadline) throw new Error('no statement ever waited for the lock');
+    await sleep(10);
+  }
+}
+
+describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (needs a PostgreSQL server)', () => {
+  let other: pg.Client;
+
+  beforeAll(async () => {
+    other = new pg.Client({ connectionString: testDb.url });
+    await other.connect();
+  });
+  afterAll(async () => {
+    await other.end();
+  });
+
+  /**
+   * Reserves `units` while another replica holds the budget's counter locked, and lets that
+   * replica add `movedUnits` to the counter (and commit) while the ledger's write waits for the
+   * lock: the ledger read the counter before the move and writes after it.
+   */
+  async function reserveAcrossAMove(ledger: BudgetLedger, tenantId: string, budgetId: string, units: number, movedUnits: number) {
+    await other.query('begin');
+    try {
+      await other.query('select * from budget_counters where counter_key = $1 for update', [budgetId]);
+      const pending = ledger.reserve({ tenantId, agentId: 'agent.one', runId: 'run-moved', units });
+      await someoneWaitsForALock();
+      await other.query('update budget_counters set reserved_units = reserved_units + $2 where counter_key = $1', [budgetId, movedUnits]);
+      await other.query('commit');
+      return await pending;
+    } catch (error) {
+      await other.query('rollback');
+      throw error;
+    }
+  }
+
+  it('refuses a call the moved counter no longer has room for, counting the conflict', async () => {
+    const tenant = freshTenant();
+    const budget = await totalBudget(tenant, 10);
+    const registry = new Registry();
+    const ledger = newLedger(testDb.database.db, registry);
+    try {
+      // As read, the counter had room for 5 (0 of 10); as it stands when written, only 2.
+      const result = await reserveAcrossAMove(ledger, tenant, budget, 5, 8);
+      expect(result).toMatchObject({
+        ok: false,
+        code: 'budget_exceeded',
+        details: { budget_id: budget, limit_units: 10, consumed_units: 8, requested_units: 5 },
+      });
+      expect(await conflicts(registry)).toBe(1);
+      expect(await usage(budget)).toEqual({ spent: 0, reserved: 8 });
+      expect(await reservationsOf(tenant)).toBe(0);
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it('admits a call that still fits, on top of the move, with the verdict of the true level', async () => {
+    const tenant = freshTenant();
+    const budget = await createBudget(
+      testDb.database.db,
+      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits: 10, warnRatio: 0.75, graceUnits: 0 },
+      { actor: 'operator:test', traceId: null, now: clock.now() },
+    );
+    if (!budget.ok) throw new Error('budget conflict');
+    const id = budget.usage.budget.id;
+    const registry = new Registry();
+    const ledger = newLedger(testDb.database.db, registry);
+    try {
+      // As read: 0 + 5 of 10, ok. As it stands: 3 + 5 = 8, past 0.75 × 10: warn.
+      const result = await reserveAcrossAMove(ledger, tenant, id, 5, 3);
+      expect(result).toMatchObject({ ok: true, verdict: 'warn' });
+      expect(await conflicts(registry)).toBe(1);
+      // Both the move and the reservation count; neither overwrote the other.
+      expect(await usage(id)).toEqual({ spent: 0, reserved: 8 });
+      expect(await reservationsOf(tenant)).toBe(1);
+      // The rest of the budget, exactly, is still there to take.
+      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 2 })).ok).toBe(true);
+      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 0.000001 })).ok).toBe(false);
+      expect(await usage(id)).toEqual({ spent: 0, reserved: 10 });
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it('counts no conflict when nobody else moved the counter', async () => {
+    const tenant = freshTenant();
+    const budget = await totalBudget(tenant, 10);
+    const registry = new Registry();
+    const ledger = newLedger(testDb.database.db, registry);
+    try {
+      for (let i = 0; i < 3; i += 1) expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${i}`, units: 3 })).ok).toBe(true);
+      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-x', units: 2 })).ok).toBe(false);
+      expect(await conflicts(registry)).toBe(0);
+      expect(await usage(budget)).toEqual({ spent: 0, reserved: 9 });
+    } finally {
+      await ledger.close();
+    }
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('three replicas meeting on one counter (needs a PostgreSQL server)', () => {
+  let databases: Database[];
+
+  beforeAll(async () => {
+    databases = await Promise.all(
+      [0, 1, 2].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+    );
+    await Promise.all(databases.map((d) => d.ping()));
+  });
+  afterAll(async () => {
+    await Promise.all(databases.map((d) => d.close()));
+  });
+
+  it('admit exactly what the budget allows, and count the races they lost', async () => {
+    const tenant = freshTenant();
+    const budget = await totalBudget(tenant, 60, 4);
+    const registries = databases.map(() => new Registry());
+    const ledgers = databases.map((d, i) => newLedger(d.db, registries[i]!));
+    try {
+      // Ten callers per replica, each reserving again as soon as it is answered, until 300 calls
+      // were made: many small batches from three replicas, interleaving on one counter.
+      let next = 0;
+      let admitted = 0;
+      await Promise.all(
+        ledgers.flatMap((ledger) =>
+          Array.from({ length: 10 }, async () => {
+            while (next < 300) {
+              next += 1;
+              const result = await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${next}`, units: 1 });
+              if (result.ok) admitted += 1;
+            }
+          }),
+        ),
+      );
+      expect(admitted).toBe(64);
+      expect(await usage(budget)).toEqual({ spent: 0, reserved: 64 });
+      expect(await reservationsOf(tenant)).toBe(64);
+      const lost = await Promise.all(registries.map(conflicts));
+      expect(lost.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
+    } finally {
+      await Promise.all(ledgers.map((l) => l.close()));
+    }
+  });
+});

@@ -1,0 +1,680 @@
+import { sql, type Kysely } from 'kysely';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCounterKey } from '../src/budgets/budget.js';
+import { BudgetLedger, type BudgetReservation, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import { closeAndUncharge, counterId, readCounters, writeLedgerIf, type CounterRef } from '../src/budgets/budget-ledger-repository.js';
+import { periodStart } from '../src/budgets/budget-period.js';
+import { createBudget, getBudget } from '../src/budgets/budget-service.js';
+import type { DB } from '../src/db/schema.js';
+import type { Grant, GrantScope } from '../src/grants/grant.js';
+import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
+import { claimRuns, findRun, insertSubRun, leaveRuns, recordGrantUses, type NewRun, type RunLeave } from '../src/runs/run-repository.js';
+import type { RunEnvelope } from '../src/runs/run-types.js';
+import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { ManualClock } from './helpers/manual-clock.js';
+
+// The statements the hot path of POST /runs/execute group-commits: many callers, one statement.
+// Each is called directly here, with batches that mix every case, against a real database.
+let testDb: TestDatabase;
+let db: Kysely<DB>;
+const clock = new ManualClock('2030-04-08T10:00:00.000Z');
+let seq = 0;
+
+beforeAll(async () => {
+  testDb = await createTestDatabase();
+  db = testDb.database.db;
+});
+afterAll(async () => {
+  await testDb.drop();
+});
+
+/** A name of its own for each use, so that tests never meet. */
+function fresh(prefix: string): string {
+  seq += 1;
+  return `${prefix}-${seq}`;
+}
+
+function newRun(tenant: string, runId: string, extra: Partial<NewRun> = {}): NewRun {
+  return {
+    tenant_id: tenant,
+    run_id: runId,
+    agent_id: 'agent.batch',
+    trace_id: `trace-${runId}`,
+    request_sha256: `sha-${runId}`,
+    request: { run_id: runId, context: { why: runId }, plan: [{ tool_id: 'echo', input: { q: runId } }] },
+    agent_family: 'batchers',
+    agent_scopes: ['scf:read'],
+    keep_open: false,
+    budget_units: undefined,
+    created_at: new Date('2030-04-08T10:00:00.123Z'),
+    ...extra,
+  };
+}
+
+const envelope = (runId: string, status: RunEnvelope['status']): RunEnvelope => ({ run_id: runId, status, dry_run: false, steps: [], warnings: [`ended ${status}`] });
+
+async function claimOne(tenant: string, runId: string): Promise<void> {
+  const [claimed] = await claimRuns(db, [newRun(tenant, runId)]);
+  expect(claimed).toBeDefined();
+}
+
+describe('claimRuns', () => {
+  it('answers each position: new ids claimed, a repeat in the batch and an id taken before refused', async () => {
+    const tenant = fresh('claim-t');
+    await claimOne(tenant, 'taken-before');
+    const batch = [
+      newRun(tenant, 'zeta', { agent_id: 'agent.first' }),
+      newRun(tenant, 'alpha'),
+      newRun(tenant, 'taken-before', { agent_id: 'agent.late' }),
+      // The same id again, by another agent: the first in the batch owns it.
+      newRun(tenant, 'zeta', { agent_id: 'agent.second' }),
+      newRun(tenant, 'mid'),
+      newRun(tenant, 'zeta', { agent_id: 'agent.third' }),
+    ];
+    const answers = await claimRuns(db, batch);
+    expect(answers.map((a) => (a ? `${a.run_id}:${a.agent_id}` : undefined))).toEqual([
+      'zeta:agent.first',
+      'alpha:agent.batch',
+      undefined,
+      undefined,
+      'mid:agent.batch',
+      undefined,
+    ]);
+    // What is stored agrees with the answers: the first claimant owns the repeated id, and the
+    // id taken before keeps its first owner.
+    expect((await findRun(db, tenant, 'zeta'))!.agent_id).toBe('agent.first');
+    expect((await findRun(db, tenant, 'taken-before'))!.agent_id).toBe('agent.batch');
+    const count = await db.selectFrom('runs').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenant).executeTakeFirstOrThrow();
+    expect(Number(count.n)).toBe(4);
+  });
+
+  it('stores a claimed run running, busy, at epoch 1, with what the request gave', async () => {
+    const tenant = fresh('claim-t');
+    const input = newRun(tenant, 'stored', {
+      session_id: 'sess-9',
+      user_id: 'user-9',
+      pipeline_instance_id: 'pipe-9',
+      budget_units: 12.5,
+      keep_open: true,
+      agent_scopes: ['scf:read', 'scf:write'],
+      created_at: new Date('2030-04-08T10:00:00.987Z'),
+    });
+    const [claimed] = await claimRuns(db, [input]);
+    const stored = await findRun(db, tenant, 'stored');
+    for (const record of [claimed, stored]) {
+      expect(record).toMatchObject({
+        tenant_id: tenant,
+        run_id: 'stored',
+        agent_id: 'agent.batch',
+        parent_run_id: null,
+        pipeline_instance_id: 'pipe-9',
+        session_id: 'sess-9',
+        user_id: 'user-9',
+        status: 'running',
+        busy: true,
+        epoch: 1,
+        depth: 0,
+        request_sha256: 'sha-stored',
+        request: input.request,
+        agent_family: 'batchers',
+        agent_scopes: ['scf:read', 'scf:write'],
+        budget_units: 12.5,
+        keep_open: true,
+        envelope: null,
+        http_status: null,
+        stop: null,
+        // Milliseconds survive, so list cursors carrying created_at are exact.
+        created_at: '2030-04-08T10:00:00.987Z',
+        updated_at: '2030-04-08T10:00:00.987Z',
+      });
+    }
+    const row = await db.selectFrom('runs').select(['trace_id', 'owner_agent_id']).where('tenant_id', '=', tenant).where('run_id', '=', 'stored').executeTakeFirstOrThrow();
+    expect(row).toEqual({ trace_id: 'trace-stored', owner_agent_id: 'agent.batch' });
+  });
+
+  it('keeps run ids per tenant: the same id in two tenants is claimed twice, in one batch', async () => {
+    const a = fresh('claim-a');
+    const b = fresh('claim-b');
+    const answers = await claimRuns(db, [newRun(b, 'shared', { agent_id: 'agent.b' }), newRun(a, 'shared', { agent_id: 'agent.a' })]);
+    expect(answers.map((r) => r && [r.tenant_id, r.agent_id])).toEqual([
+      [b, 'agent.b'],
+      [a, 'agent.a'],
+    ]);
+    expect((await findRun(db, a, 'shared'))!.agent_id).toBe('agent.a');
+    expect((await findRun(db, b, 'shared'))!.agent_id).toBe('agent.b');
+  });
+
+  it('answers an empty batch with nothing', async () => {
+    expect(await claimRuns(db, [])).toEqual([]);
+  });
+});
+
+describe('leaveRuns', () => {
+  const leave = (tenant: string, runId: string, epoch = 1, status: RunLeave['status'] = 'completed', httpStatus = 200): RunLeave => ({
+    tenant_id: tenant,
+    run_id: runId,
+    epoch,
+    status,
+    httpStatus,
+    envelope: envelope(runId, status),
+  });
+
+  const rowOf = async (tenant: string, runId: string) => {
+    const run = (await findRun(db, tenant, runId))!;
+    return { status: run.status, busy: run.busy, epoch: run.epoch, http_status: run.http_status, envelope: run.envelope, updated_at: run.updated_at };
+  };
+
+  it('ends a running run of its epoch: status, http status and envelope stored, no longer busy', async () => {
+    const tenant = fresh('leave-t');
+    await claimOne(tenant, 'ends');
+    expect(await leaveRuns(db, [leave(tenant, 'ends', 1, 'failed', 502)])).toEqual([true]);
+    expect(await rowOf(tenant, 'ends')).toMatchObject({ status: 'failed', busy: false, epoch: 1, http_status: 502, envelope: envelope('ends', 'failed') });
+  });
+
+  it('leaves a run of another epoch alone', async () => {
+    const tenant = fresh('leave-t');
+    await claimOne(tenant, 'epoch');
+    const before = await rowOf(tenant, 'epoch');
+    expect(await leaveRuns(db, [leave(tenant, 'epoch', 2)])).toEqual([false]);
+    expect(await rowOf(tenant, 'epoch')).toEqual(before);
+  });
+
+  it('leaves a run that is no longer running alone', async () => {
+    const tenant = fresh('leave-t');
+    await claimOne(tenant, 'killed');
+    await db.updateTable('runs').set({ status: 'killed' }).where('tenant_id', '=', tenant).where('run_id', '=', 'killed').execute();
+    const before = await rowOf(tenant, 'killed');
+    expect(before.status).toBe('killed');
+    expect(await leaveRuns(db, [leave(tenant, 'killed')])).toEqual([false]);
+    expect(await rowOf(tenant, 'killed')).toEqual(before);
+  });
+
+  it('does not end a run that has a sub-run (that end goes under the audit chain’s lock)', async () => {
+    const tenant = fresh('leave-t');
+    await claimOne(tenant, 'parent');
+    await db.transaction().execute(async (trx) => {
+      const sub = await insertSubRun(trx, {
+        tenant_id: tenant,
+        run_id: 'parent.sub',
+        agent_id: 'agent.sub',
+        parent_run_id: 'parent',
+        status: 'queued',
+        depth: 1,
+        lineage: [{ run_id: 'parent', agent_id: 'agent.batch' }],
+        budget_units: 3,
+        trace_id: null,
+        created_at: clock.now(),
+      });
+      expect(sub).toBeDefined();
+    });
+    const before = await rowOf(tenant, 'parent');
+    expect(await leaveRuns(db, [leave(tenant, 'parent')])).toEqual([false]);
+    expect(await rowOf(tenant, 'parent')).toEqual(before);
+  });
+
+  it('is not held back by a sub-run of a same-named run in another tenant', async () => {
+    const tenant = fresh('leave-t');
+    const other = fresh('leave-other');
+    await claimOne(tenant, 'same-name');
+    await claimOne(other, 'same-name');
+    await db.transaction().execute(async (trx) => {
+      await insertSubRun(trx, {
+        tenant_id: other,
+        run_id: 'same-name.sub',
+        agent_id: 'agent.sub',
+        parent_run_id: 'same-name',
+        status: 'queued',
+        depth: 1,
+        lineage: [{ run_id: 'same-name', agent_id: 'agent.batch' }],
+        budget_units: 3,
+        trace_id: null,
+        created_at: clock.now(),
+      });
+    });
+    expect(await leaveRuns(db, [leave(other, 'same-name'), leave(tenant, 'same-name')])).toEqual([false, true]);
+    expect((await rowOf(tenant, 'same-name')).status).toBe('completed');
+    expect((await rowOf(other, 'same-name')).status).toBe('running');
+  });
+
+  it('answers each position of a mixed batch', async () => {
+    const tenant = fresh('leave-t');
+    for (const id of ['m-ok-1', 'm-epoch', 'm-paused', 'm-parent', 'm-ok-2']) await claimOne(tenant, id);
+    await db.updateTable('runs').set({ status: 'paused' }).where('tenant_id', '=', tenant).where('run_id', '=', 'm-paused').execute();
+    await db.transaction().execute(async (trx) => {
+      await insertSubRun(trx, {
+        tenant_id: tenant,
+        run_id: 'm-parent.sub',
+        agent_id: 'agent.sub',
+        parent_run_id: 'm-parent',
+        status: 'awaiting_approval',
+        depth: 1,
+        lineage: [{ run_id: 'm-parent', agent_id: 'agent.batch' }],
+        budget_units: 1,
+        trace_id: null,
+        created_at: clock.now(),
+      });
+    });
+    const answers = await leaveRuns(db, [
+      leave(tenant, 'm-ok-2', 1, 'failed', 500),
+      leave(tenant, 'm-epoch', 7),
+      leave(tenant, 'm-parent'),
+      leave(tenant, 'm-missing'),
+      leave(tenant, 'm-paused'),
+      leave(tenant, 'm-ok-1', 1, 'killed', 402),
+    ]);
+    expect(answers).toEqual([true, false, false, false, false, true]);
+    expect(await rowOf(tenant, 'm-ok-1')).toMatchObject({ status: 'killed', http_status: 402, busy: false });
+    expect(await rowOf(tenant, 'm-ok-2')).toMatchObject({ status: 'failed', http_status: 500, busy: false });
+    expect(await rowOf(tenant, 'm-epoch')).toMatchObject({ status: 'running', busy: true, envelope: null });
+    expect(await rowOf(tenant, 'm-parent')).toMatchObject({ status: 'running', busy: true, envelope: null });
+    expect(await rowOf(tenant, 'm-paused')).toMatchObject({ status: 'paused', envelope: null });
+    expect(await findRun(db, tenant, 'm-missing')).toBeUndefined();
+  });
+
+  it('answers a stale executor false even when the current one ends the same run in the same batch', async () => {
+    // Two executors of one run (the old one from before a pause and resume, epoch 1; the new
+    // one, epoch 2) let go at the same moment, so their leaves share a batch. Only the current
+    // epoch's leave ends the run; the stale one must hear false, as it would alone.
+    const tenant = fresh('leave-t');
+    await claimOne(tenant, 'twice');
+    await db.updateTable('runs').set({ epoch: 2 }).where('tenant_id', '=', tenant).where('run_id', '=', 'twice').execute();
+    const answers = await leaveRuns(db, [leave(tenant, 'twice', 1, 'failed', 500), leave(tenant, 'twice', 2, 'completed', 200)]);
+    expect(await rowOf(tenant, 'twice')).toMatchObject({ status: 'completed', http_status: 200, epoch: 2 });
+    expect(answers).toEqual([false, true]);
+  });
+});
+
+interface GrantFields {
+  tenant: string;
+  agent?: string;
+  tool?: string;
+  scope: GrantScope;
+  ref: string;
+}
+
+async function grant({ tenant, agent = 'agent.batch', tool = 'echo', scope, ref }: GrantFields): Promise<Grant> {
+  return db.transaction().execute((trx) =>
+    insertGrant(trx, {
+      id: fresh('grt_batch'),
+      tenant_id: tenant,
+      agent_id: agent,
+      tool_id: tool,
+      scope,
+      scope_ref: ref,
+      capability_modifiers: {},
+      expires_at: new Date('2031-01-01T00:00:00.000Z'),
+      granted_by: { actor_id: 'alice', actor_role: 'tenant-operator' },
+      rationale: 'batched statements under test',
+      granted_at: clock.now(),
+      renewed_from: null,
+    }),
+  );
+}
+
+async function revoke(id: string): Promise<void> {
+  const revoked = await db.transaction().execute((trx) =>
+    revokeGrant(trx, { id, by: { actor_id: 'alice', actor_role: 'tenant-operator' }, reason: 'pulled', at: clock.now() }),
+  );
+  expect(revoked).toBeDefined();
+}
+
+describe('recordGrantUses', () => {
+  const usesOf = async (tenant: string) =>
+    (await db.selectFrom('run_grant_uses').select(['grant_id', 'run_id']).where('tenant_id', '=', tenant).orderBy('grant_id').orderBy('run_id').execute()).map(
+      (u) => `${u.grant_id}/${u.run_id}`,
+    );
+
+  it('records uses of live grants, refuses revoked ones without recording them, and takes repeats', async () => {
+    const tenant = fresh('uses-t');
+    await claimOne(tenant, 'run-a');
+    await claimOne(tenant, 'run-b');
+    const live = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    const other = await grant({ tenant, tool: 'search', scope: 'per-tenant', ref: tenant });
+    const pulled = await grant({ tenant, scope: 'per-run', ref: 'run-b' });
+    await revoke(pulled.id);
+    const answers = await recordGrantUses(db, [
+      { tenant_id: tenant, run_id: 'run-a', grant_id: live.id },
+      { tenant_id: tenant, run_id: 'run-b', grant_id: pulled.id },
+      { tenant_id: tenant, run_id: 'run-a', grant_id: live.id },
+      { tenant_id: tenant, run_id: 'run-b', grant_id: live.id },
+      { tenant_id: tenant, run_id: 'run-b', grant_id: other.id },
+      { tenant_id: tenant, run_id: 'run-a', grant_id: pulled.id },
+    ]);
+    expect(answers).toEqual([true, false, true, true, true, false]);
+    expect(await usesOf(tenant)).toEqual([`${live.id}/run-a`, `${live.id}/run-b`, `${other.id}/run-b`].sort());
+  });
+
+  it('answers true again for a use already recorded, keeping one row', async () => {
+    const tenant = fresh('uses-t');
+    await claimOne(tenant, 'again');
+    const live = await grant({ tenant, scope: 'per-run', ref: 'again' });
+    const use = { tenant_id: tenant, run_id: 'again', grant_id: live.id };
+    expect(await recordGrantUses(db, [use])).toEqual([true]);
+    expect(await recordGrantUses(db, [use, use])).toEqual([true, true]);
+    expect(await usesOf(tenant)).toEqual([`${live.id}/again`]);
+    // Revoked afterwards: later uses are refused, the recorded one stays (the cascade needs it).
+    await revoke(live.id);
+    expect(await recordGrantUses(db, [use])).toEqual([false]);
+    expect(await usesOf(tenant)).toEqual([`${live.id}/again`]);
+  });
+});
+
+describe('findGrantCandidates', () => {
+  it('answers each question in its position with exactly the grants its context matches', async () => {
+    const t1 = fresh('cand-t');
+    const t2 = fresh('cand-t');
+    const g = {
+      run1: await grant({ tenant: t1, scope: 'per-run', ref: 'run-1' }),
+      run1Revoked: await grant({ tenant: t1, scope: 'per-run', ref: 'run-1' }),
+      run2: await grant({ tenant: t1, scope: 'per-run', ref: 'run-2' }),
+      session: await grant({ tenant: t1, scope: 'per-session', ref: 'sess-1' }),
+      // A scope_ref equal to the run id, under another scope: it names a session, not the run.
+      sessionNamedRun1: await grant({ tenant: t1, scope: 'per-session', ref: 'run-1' }),
+      pipeline: await grant({ tenant: t1, scope: 'per-pipeline-instance', ref: 'pipe-1' }),
+      user: await grant({ tenant: t1, scope: 'per-user', ref: 'user-1' }),
+      tenant1: await grant({ tenant: t1, scope: 'per-tenant', ref: t1 }),
+      otherTool: await grant({ tenant: t1, tool: 'search', scope: 'per-tenant', ref: t1 }),
+      otherAgent: await grant({ tenant: t1, agent: 'agent.other', scope: 'per-tenant', ref: t1 }),
+      tenant2: await grant({ tenant: t2, scope: 'per-tenant', ref: t2 }),
+      tenant2Run1: await grant({ tenant: t2, scope: 'per-run', ref: 'run-1' }),
+    };
+    await revoke(g.run1Revoked.id);
+    const q = (tenant: string, context: Record<string, string>, agent = 'agent.batch', tool = 'echo') => ({
+      tenantId: tenant,
+      agentId: agent,
+      toolId: tool,
+      context: { tenant_id: tenant, ...context },
+    });
+    const answers = await findGrantCandidates(db, [
+      q(t1, { run_id: 'run-1', session_id: 'sess-1' }),
+      q(t1, { run_id: 'run-2', pipeline_instance_id: 'pipe-1', user_id: 'user-1' }),
+      q(t1, { run_id: 'run-1' }, 'agent.batch', 'no.such.tool'),
+      q(t2, { run_id: 'run-1', session_id: 'sess-1' }),
+      q(t1, {}, 'agent.other'),
+      q(t1, { session_id: 'sess-1' }, 'agent.batch', 'search'),
+      q(t1, { run_id: 'run-1', session_id: 'sess-1' }),
+      q(t1, { run_id: 'run-3', session_id: 'sess-3' }, 'agent.nobody'),
+    ]);
+    const ids = (grants: Grant[]) => grants.map((x) => x.id).sort();
+    const expected = (...grants: Grant[]) => ids(grants);
+    expect(answers).toHaveLength(8);
+    // Revoked grants are candidates too: the resolver tells "revoked" from "missing".
+    expect(ids(answers[0]!)).toEqual(expected(g.run1, g.run1Revoked, g.session, g.tenant1));
+    expect(ids(answers[1]!)).toEqual(expected(g.run2, g.pipeline, g.user, g.tenant1));
+    expect(answers[2]).toEqual([]);
+    expect(ids(answers[3]!)).toEqual(expected(g.tenant2, g.tenant2Run1));
+    expect(ids(answers[4]!)).toEqual(expected(g.otherAgent));
+    expect(ids(answers[5]!)).toEqual(expected(g.otherTool));
+    // The same question twice gets the same answer twice.
+    expect(ids(answers[6]!)).toEqual(ids(answers[0]!));
+    expect(answers[7]).toEqual([]);
+    // Each grant comes back whole, as stored.
+    const revoked = answers[0]!.find((x) => x.id === g.run1Revoked.id)!;
+    expect(revoked).toMatchObject({ tenant_id: t1, agent_id: 'agent.batch', tool_id: 'echo', scope: 'per-run', scope_ref: 'run-1', revocation_reason: 'pulled' });
+    expect(revoked.revoked_at).toBeInstanceOf(Date);
+    expect(answers[0]!.find((x) => x.id === g.session.id)).toEqual(g.session);
+  });
+
+  it('answers a question whose context names nothing but its tenant, and no questions at all', async () => {
+    const tenant = fresh('cand-t');
+    const only = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    await grant({ tenant, scope: 'per-run', ref: 'run-x' });
+    const [answer] = await findGrantCandidates(db, [{ tenantId: tenant, agentId: 'agent.batch', toolId: 'echo', context: { tenant_id: tenant } }]);
+    expect(answer!.map((x) => x.id)).toEqual([only.id]);
+    expect(await findGrantCandidates(db, [])).toEqual([]);
+  });
+});
+
+describe('closeAndUncharge', () => {
+  let ledger: BudgetLedger;
+  beforeAll(() => {
+    ledger = new BudgetLedger(db, { now: clock.now, registry: new Registry(), reservationTtlMs: 900_000, sweepIntervalMs: 0 });
+  });
+  afterAll(async () => {
+    await ledger.close();
+  });
+
+  async function monthly(tenant: string, limitUnits: number): Promise<string> {
+    const result = await createBudget(
+      db,
+      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'month', limitUnits, warnRatio: 1, graceUnits: 0 },
+      { actor: 'operator:test', traceId: null, now: clock.now() },
+    );
+    if (!result.ok) throw new Error('budget conflict');
+    return result.usage.budget.id;
+  }
+
+  const usage = async (id: string) => {
+    const u = (await getBudget(db, id, clock.now()))!;
+    return { spent: u.spentUnits, reserved: u.reservedUnits };
+  };
+
+  const runTotal = (tenant: string, runId: string): CounterRef => ({ key: runCounterKey(tenant, runId), periodStart: periodStart('total', clock.now()) });
+
+  async function runTotals(tenant: string, runIds: string[]) {
+    const refs = runIds.map((runId) => runTotal(tenant, runId));
+    const levels = await readCounters(db, refs);
+    return refs.map((ref) => levels.get(counterId(ref)));
+  }
+
+  function admitted(result: ReserveResult): BudgetReservation {
+    if (!result.ok) throw new Error(`expected an admission, got ${JSON.stringify(result)}`);
+    return result.reservation;
+  }
+
+  const reservationRow = (id: string) =>
+    db.selectFrom('budget_reservations').select(['status', 'actual_units', 'closed_at']).where('id', '=', id).executeTakeFirstOrThrow();
+
+  it('closes a mixed batch in one call: units given back, settled costs charged, first close of an id wins', async () => {
+    const tenant = fresh('close-t');
+    const budget = await monthly(tenant, 100);
+    const r1 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 3 }));
+    const r2 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-2', units: 5 }));
+    const r3 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-3', units: 7.25 }));
+    expect(await usage(budget)).toEqual({ spent: 0, reserved: 15.25 });
+
+    const at = new Date('2030-04-08T10:05:00.000Z');
+    const closed = await closeAndUncharge(
+      db,
+      [
+        { id: r1.id, status: 'settled', actualMicros: 2_500_000 },
+        { id: r2.id, status: 'released', actualMicros: null },
+        // A second close of r1: too late, it changes nothing.
+        { id: r1.id, status: 'settled', actualMicros: 9_000_000 },
+        { id: r3.id, status: 'expired', actualMicros: null },
+        { id: 'bres_never_reserved', status: 'settled', actualMicros: 1_000_000 },
+      ],
+      at,
+    );
+    expect(closed).toEqual(new Set([r1.id, r2.id, r3.id]));
+    expect(await usage(budget)).toEqual({ spent: 2.5, reserved: 0 });
+    expect(await runTotals(tenant, ['run-1', 'run-2', 'run-3'])).toEqual([
+      { spentMicros: 2_500_000, reservedMicros: 0 },
+      { spentMicros: 0, reservedMicros: 0 },
+      { spentMicros: 0, reservedMicros: 0 },
+    ]);
+    expect(await reservationRow(r1.id)).toMatchObject({ status: 'settled', actual_units: '2.500000', closed_at: at });
+    expect(await reservationRow(r2.id)).toMatchObject({ status: 'released', actual_units: null, closed_at: at });
+    expect(await reservationRow(r3.id)).toMatchObject({ status: 'expired', actual_units: null, closed_at: at });
+  });
+
+  it('closes nothing twice: an already-closed reservation is not returned and changes no counter', async () => {
+    const tenant = fresh('close-t');
+    const budget = await monthly(tenant, 100);
+    const open = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 4 }));
+    const done = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 6 }));
+    const first = new Date('2030-04-08T10:01:00.000Z');
+    expect(await closeAndUncharge(db, [{ id: done.id, status: 'settled', actualMicros: 6_000_000 }], first)).toEqual(new Set([done.id]));
+    expect(await usage(budget)).toEqual({ spent: 6, reserved: 4 });
+
+    const later = new Date('2030-04-08T10:02:00.000Z');
+    const closed = await closeAndUncharge(
+      db,
+      [
+        { id: done.id, status: 'settled', actualMicros: 6_000_000 },
+        { id: done.id, status: 'released', actualMicros: null },
+        { id: open.id, status: 'released', actualMicros: null },
+      ],
+      later,
+    );
+    expect(closed).toEqual(new Set([open.id]));
+    expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
+    expect(await runTotals(tenant, ['run-1'])).toEqual([{ spentMicros: 6_000_000, reservedMicros: 0 }]);
+    expect(await reservationRow(done.id)).toMatchObject({ status: 'settled', actual_units: '6.000000', closed_at: first });
+
+    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual(new Set());
+    expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
+  });
+
+  it('through the ledger: settles and releases of one batch, the first close of a reservation wins', async () => {
+    const tenant = fresh('close-t');
+    const budget = await monthly(tenant, 50);
+    const [a, b, c] = (
+      await Promise.all([1, 2, 3].map((n) => ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: `run-${n}`, units: 10 })))
+    ).map(admitted);
+    expect(await usage(budget)).toEqual({ spent: 0, reserved: 30 });
+    const outcomes = await Promise.all([ledger.settle(a!, 4), ledger.release(a!), ledger.settle(b!, 10), ledger.release(c!), ledger.settle(c!, 1)]);
+    expect(outcomes).toEqual(['settled', 'already_closed', 'settled', 'released', 'already_closed']);
+    expect(await usage(budget)).toEqual({ spent: 14, reserved: 0 });
+    // Freed units are there to reserve again, exactly: 50 - 14 = 36.
+    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 36 })).ok).toBe(true);
+    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 0.000001 })).ok).toBe(false);
+  });
+});
+
+describe('writeLedgerIf', () => {
+  const total = periodStart('total', new Date(0));
+
+  async function counters(...keys: string[]): Promise<CounterRef[]> {
+    const refs = keys.map((key) => ({ key, periodStart: total }));
+    await db
+      .insertInto('budget_counters')
+      .values(refs.map((ref) => ({ counter_key: ref.key, period_start: ref.periodStart })))
+      .execute();
+    return refs;
+  }
+
+  const levels = (refs: CounterRef[]) => readCounters(db, refs);
+  const reservationCount = async (id: string) =>
+    Number((await db.selectFrom('budget_reservations').select((eb) => eb.fn.countAll<number>().as('n')).where('id', '=', id).executeTakeFirstOrThrow()).n);
+
+  const reservation = (id: string, unitsMicros: number, charges: CounterRef[]) => ({
+    id,
+    tenantId: 'cas-tenant',
+    agentId: 'agent.batch',
+    runId: 'run-cas',
+    unitsMicros,
+    charges,
+  });
+
+  const reservedAt = new Date('2030-04-08T10:00:00.000Z');
+  const expiresAt = new Date('2030-04-08T10:15:00.000Z');
+
+  it('writes every delta and reservation when every counter still holds what was read', async () => {
+    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
+    const expected = await levels([a!, b!]);
+    const id = fresh('bres_cas');
+    const ok = await writeLedgerIf(
+      db,
+      expected,
+      [
+        { ...a!, spentMicros: 0, reservedMicros: 2_000_000 },
+        { ...b!, spentMicros: 1_500_000, reservedMicros: 2_000_000 },
+      ],
+      [reservation(id, 2_000_000, [a!, b!])],
+      reservedAt,
+      expiresAt,
+    );
+    expect(ok).toBe(true);
+    expect(await levels([a!, b!])).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 0, reservedMicros: 2_000_000 }],
+        [counterId(b!), { spentMicros: 1_500_000, reservedMicros: 2_000_000 }],
+      ]),
+    );
+    const row = await db.selectFrom('budget_reservations').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
+    expect(row).toMatchObject({ tenant_id: 'cas-tenant', agent_id: 'agent.batch', run_id: 'run-cas', units: '2.000000', status: 'reserved', reserved_at: reservedAt, expires_at: expiresAt, closed_at: null });
+    expect(row.charges).toEqual([
+      { counter_key: a!.key, period_start: total.toISOString() },
+      { counter_key: b!.key, period_start: total.toISOString() },
+    ]);
+
+    // Read again, written again: the expectation is the level the first write left.
+    const again = await writeLedgerIf(db, await levels([a!, b!]), [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }], [], reservedAt, expiresAt);
+    expect(again).toBe(true);
+    expect((await levels([a!]))!.get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 3_000_000 });
+  });
+
+  it('writes nothing when one of the counters moved after it was read', async () => {
+    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
+    const expected = await levels([a!, b!]);
+    // Another replica reserves on b between this one's read and its write.
+    await sql`update budget_counters set reserved_units = reserved_units + 1 where counter_key = ${b!.key}`.execute(db);
+    const id = fresh('bres_cas');
+    const ok = await writeLedgerIf(
+      db,
+      expected,
+      [
+        { ...a!, spentMicros: 0, reservedMicros: 5_000_000 },
+        { ...b!, spentMicros: 0, reservedMicros: 5_000_000 },
+      ],
+      [reservation(id, 5_000_000, [a!, b!])],
+      reservedAt,
+      expiresAt,
+    );
+    expect(ok).toBe(false);
+    expect(await levels([a!, b!])).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
+        [counterId(b!), { spentMicros: 0, reservedMicros: 1_000_000 }],
+      ]),
+    );
+    expect(await reservationCount(id)).toBe(0);
+  });
+
+  it('writes nothing when a counter it would change does not exist (another writer is creating it)', async () => {
+    const [a] = await counters(fresh('cas-a'));
+    const missing = { key: fresh('cas-missing'), periodStart: total };
+    const id = fresh('bres_cas');
+    const ok = await writeLedgerIf(
+      db,
+      await levels([a!]),
+      [
+        { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
+        { ...missing, spentMicros: 0, reservedMicros: 1_000_000 },
+      ],
+      [reservation(id, 1_000_000, [a!, missing])],
+      reservedAt,
+      expiresAt,
+    );
+    expect(ok).toBe(false);
+    expect((await levels([a!])).get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 0 });
+    expect(await reservationCount(id)).toBe(0);
+  });
+
+  it('compares only the counters it changes', async () => {
+    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
+    const expected = await levels([a!, b!]);
+    await sql`update budget_counters set spent_units = spent_units + 3 where counter_key = ${b!.key}`.execute(db);
+    // b moved, but this write leaves b as it is (a zero delta): nothing it relies on changed.
+    const ok = await writeLedgerIf(
+      db,
+      expected,
+      [
+        { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
+        { ...b!, spentMicros: 0, reservedMicros: 0 },
+      ],
+      [],
+      reservedAt,
+      expiresAt,
+    );
+    expect(ok).toBe(true);
+    expect(await levels([a!, b!])).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 0, reservedMicros: 1_000_000 }],
+        [counterId(b!), { spentMicros: 3_000_000, reservedMicros: 0 }],
+      ]),
+    );
+  });
+});

@@ -1,0 +1,152 @@
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { ManualClock } from './helpers/manual-clock.js';
+
+// A limiter remembers the level it last stored per bucket and stores the next one only if the
+// bucket still holds it (compare and set). Its memory is a guess: whatever else changed the
+// bucket must win, and every take must get the decision of its own place in line.
+let testDb: TestDatabase;
+// The clock stands still unless a test moves it: refill is then exactly 0.
+const clock = new ManualClock('2030-02-20T15:00:00.000Z');
+let seq = 0;
+
+beforeAll(async () => {
+  testDb = await createTestDatabase();
+});
+afterAll(async () => {
+  await testDb.drop();
+});
+
+function bucket(capacity: number, refillPerSecond: number): TakeRequest {
+  seq += 1;
+  return { tenantId: `rlc-t${seq}`, agentId: 'agent.one', toolId: 'web.fetch', capacity, refillPerSecond };
+}
+
+async function conflicts(registry: Registry): Promise<number> {
+  return (await registry.getSingleMetric('toolgate_rate_limit_write_conflicts_total')!.get()).values[0]?.value ?? 0;
+}
+
+const ok = (remaining: number): RateDecision => ({ ok: true, remaining });
+const refused = (retryAfterSeconds: number): RateDecision => ({ ok: false, code: 'rate_limited', retryAfterSeconds });
+
+const setTokens = (b: TakeRequest, tokens: number) =>
+  sql`update rate_buckets set tokens = ${tokens} where tenant_id = ${b.tenantId} and agent_id = ${b.agentId} and tool_id = ${b.toolId}`.execute(
+    testDb.database.db,
+  );
+
+describe('one request object taken several times in one batch', () => {
+  let limiter: RateLimiter;
+  beforeAll(() => {
+    limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+  });
+  afterAll(async () => {
+    await limiter.close();
+  });
+
+  it('gives each take the decision of its place in line', async () => {
+    const b = bucket(3, 0.01);
+    const decisions = await Promise.all(Array.from({ length: 5 }, () => limiter.take(b)));
+    expect(decisions).toEqual([ok(2), ok(1), ok(0), refused(100), refused(100)]);
+  });
+
+  it('keeps the places of takes on two buckets interleaved in one batch', async () => {
+    const b = bucket(2, 0.5);
+    const c = bucket(1, 0.25);
+    const decisions = await Promise.all([b, c, b, c, b, b, c].map((request) => limiter.take(request)));
+    expect(decisions).toEqual([ok(1), ok(0), ok(0), refused(4), refused(2), refused(2), refused(4)]);
+    // Both buckets are stored empty: the next batch starts from there.
+    expect(await Promise.all([limiter.take(b), limiter.take(c)])).toEqual([refused(2), refused(4)]);
+  });
+});
+
+describe('a bucket changed behind the limiter’s back', () => {
+  let limiter: RateLimiter;
+  let registry: Registry;
+  beforeAll(() => {
+    registry = new Registry();
+    limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry });
+  });
+  afterAll(async () => {
+    await limiter.close();
+  });
+
+  it('is respected at the next take when it was emptied', async () => {
+    const b = bucket(5, 0.5);
+    expect(await limiter.take(b)).toEqual(ok(4));
+    const before = await conflicts(registry);
+    await setTokens(b, 0);
+    // The limiter remembers 4 tokens; the bucket holds none. One token at 0.5/s: 2 s.
+    expect(await limiter.take(b)).toEqual(refused(2));
+    expect(await conflicts(registry)).toBe(before + 1);
+    expect(await limiter.take(b)).toEqual(refused(2));
+  });
+
+  it('is respected at the next take when it was refilled', async () => {
+    const b = bucket(5, 0.5);
+    for (const remaining of [4, 3, 2, 1, 0]) expect(await limiter.take(b)).toEqual(ok(remaining));
+    expect(await limiter.take(b)).toEqual(refused(2));
+    await setTokens(b, 5);
+    expect(await Promise.all(Array.from({ length: 6 }, () => limiter.take(b)))).toEqual([ok(4), ok(3), ok(2), ok(1), ok(0), refused(2)]);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (needs a PostgreSQL server)', () => {
+  let databases: Database[];
+
+  beforeAll(async () => {
+    databases = await Promise.all(
+      [0, 1].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) })),
+    );
+  });
+  afterAll(async () => {
+    await Promise.all(databases.map((d) => d.close()));
+  });
+
+  it('admit exactly the capacity, each take deciding on what the other stored, and count the lost races', async () => {
+    const registries = databases.map(() => new Registry());
+    const limiters = databases.map((d, i) => new RateLimiter(d.db, { now: clock.now, registry: registries[i]! }));
+    try {
+      const b = bucket(5, 0.001);
+      const decisions: RateDecision[] = [];
+      for (let i = 0; i < 10; i += 1) decisions.push(await limiters[i % 2]!.take(b));
+      expect(decisions).toEqual([ok(4), ok(3), ok(2), ok(1), ok(0), ...Array.from({ length: 5 }, () => refused(1000))]);
+      // Each replica's memory went stale as soon as the other one took a token.
+      const lost = await Promise.all(registries.map(conflicts));
+      expect(lost[0]).toBeGreaterThan(0);
+      expect(lost[1]).toBeGreaterThan(0);
+
+      // A second later, a thousandth of a token has come back: nothing to admit. After 1000 s,
+      // one token: whichever replica asks first gets it, and only one take does.
+      clock.advance(1_000);
+      expect((await Promise.all(limiters.map((l) => l.take(b)))).filter((d) => d.ok)).toHaveLength(0);
+      clock.advance(999_000);
+      const afterRefill = await Promise.all([limiters[0]!.take(b), limiters[1]!.take(b), limiters[0]!.take(b), limiters[1]!.take(b)]);
+      expect(afterRefill.filter((d) => d.ok)).toEqual([ok(0)]);
+    } finally {
+      await Promise.all(limiters.map((l) => l.close()));
+    }
+  });
+
+  it('admit exactly the capacity when both take at once, many times over', async () => {
+    const registries = databases.map(() => new Registry());
+    const limiters = databases.map((d, i) => new RateLimiter(d.db, { now: clock.now, registry: registries[i]! }));
+    try {
+      const b = bucket(40, 0.001);
+      let admitted = 0;
+      for (let round = 0; round < 20; round += 1) {
+        const decisions = await Promise.all(Array.from({ length: 6 }, (_, i) => limiters[i % 2]!.take(b)));
+        admitted += decisions.filter((d) => d.ok).length;
+      }
+      expect(admitted).toBe(40);
+      const lost = await Promise.all(registries.map(conflicts));
+      expect(lost[0]! + lost[1]!).toBeGreaterThan(0);
+    } finally {
+      await Promise.all(limiters.map((l) => l.close()));
+    }
+  });
+});

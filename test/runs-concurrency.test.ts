@@ -1,0 +1,172 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness, type TestResponse } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// POST /runs/execute under concurrency: claims, grant uses and run ends of calls arriving
+// together share statements (group commit). Sharing must not let a run id execute twice, nor
+// lose or mix up any run's records.
+const T = 'tenant-runs-concurrency';
+const AGENT = 'veritas.concurrent';
+const agent = tokens.agent(AGENT, { tenant: T, family: 'veritas', scope: 'scf:read' });
+
+let h: Harness;
+let backend: TestBackend;
+let echoGrant: string;
+
+beforeAll(async () => {
+  h = await startHarness();
+  backend = await new TestBackend().start();
+  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
+  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, allowed_agents: [AGENT] });
+  echoGrant = (await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'echo' })).id;
+  await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'gated' });
+});
+afterAll(async () => {
+  backend?.openGate();
+  await backend?.close();
+  await h?.close();
+});
+
+const execute = (body: Record<string, unknown>) => h.client.post('/runs/execute', { token: agent, body: { context: {}, ...body } });
+
+const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
+
+async function auditTypes(runIds: string[]): Promise<Map<string, string[]>> {
+  const rows = await h.db.database.db
+    .selectFrom('audit_events')
+    .select(['run_id', 'event_type'])
+    .where('tenant_id', '=', T)
+    .where('run_id', 'in', runIds)
+    .orderBy('seq')
+    .execute();
+  const types = new Map<string, string[]>(runIds.map((id) => [id, []]));
+  for (const row of rows) types.get(row.run_id!)!.push(row.event_type);
+  return types;
+}
+
+function isConflict(res: TestResponse): boolean {
+  return res.status === 409 && res.body.error?.code === 'run_id_conflict';
+}
+
+/**
+ * Of the answers to copies of one request, exactly one ran the run (200, not replayed); every
+ * other one is a 409 run_id_conflict or a replay of that very envelope. Returns the one that ran.
+ */
+function theOneThatRan(answers: TestResponse[]): TestResponse {
+  const ran = answers.filter((res) => res.status === 200 && res.headers['x-toolgate-replayed'] === undefined);
+  expect(ran).toHaveLength(1);
+  const winner = ran[0]!;
+  for (const res of answers) {
+    if (res === winner) continue;
+    if (res.status === 200) {
+      expect(res.headers['x-toolgate-replayed']).toBe('true');
+      expect(res.body).toEqual(winner.body);
+    } else {
+      expect(isConflict(res), res.text).toBe(true);
+    }
+  }
+  return winner;
+}
+
+describe('one run id sent many times at once', () => {
+  it('executes once: one answer runs it, the others are refused or replay its envelope', async () => {
+    const runId = newRunId('same');
+    const body = { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'only once' } }] };
+    const answers = await Promise.all(Array.from({ length: 10 }, () => execute(body)));
+
+    expect(hitsOf(runId)).toHaveLength(1);
+    const winner = theOneThatRan(answers);
+    expect(winner.body).toMatchObject({ run_id: runId, status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'only once' } } }] });
+    expect((await auditTypes([runId])).get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+  });
+
+  it('refuses every copy that arrives while the first is still executing, and replays after', async () => {
+    const runId = newRunId('gated');
+    const body = { run_id: runId, plan: [{ tool_id: 'gated', input: { q: 'held' } }] };
+    const gateHits = backend.hitsOn('/gate').length;
+    const answered: TestResponse[] = [];
+    const pending = Array.from({ length: 10 }, () =>
+      execute(body).then((res) => {
+        answered.push(res);
+        return res;
+      }),
+    );
+    await backend.waitForHits('/gate', gateHits + 1);
+    // Every copy but the one at the backend is answered while it is held there.
+    const deadline = Date.now() + 10_000;
+    while (answered.length < 9 && Date.now() < deadline) await sleep(10);
+    const refused = [...answered];
+    expect(refused).toHaveLength(9);
+    for (const res of refused) expect(isConflict(res), res.text).toBe(true);
+    expect(refused.map((res) => res.body.error.details)).toEqual(Array.from({ length: 9 }, () => ({ status: 'running' })));
+
+    backend.openGate();
+    const all = await Promise.all(pending);
+    const winner = all.find((res) => !refused.includes(res))!;
+    expect(winner.status).toBe(200);
+    expect(winner.body).toMatchObject({ run_id: runId, status: 'completed' });
+    expect(backend.hitsOn('/gate')).toHaveLength(gateHits + 1);
+
+    const again = await execute(body);
+    expect(again.headers['x-toolgate-replayed']).toBe('true');
+    expect(again.body).toEqual(winner.body);
+    expect(hitsOf(runId)).toHaveLength(1);
+    expect((await auditTypes([runId])).get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+  });
+
+  it('executes each of several ids once when every id is sent several times in one burst', async () => {
+    const runIds = Array.from({ length: 6 }, () => newRunId('burst'));
+    const bodies = runIds.flatMap((runId) => Array.from({ length: 4 }, () => ({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }] })));
+    // Interleaved, so that copies of one id are never next to each other in a batch.
+    const order = bodies.map((_, i) => bodies[(i % 6) * 4 + Math.floor(i / 6)]!);
+    const answers = await Promise.all(order.map((body) => execute(body)));
+    const types = await auditTypes(runIds);
+    for (const runId of runIds) {
+      expect(hitsOf(runId)).toHaveLength(1);
+      const winner = theOneThatRan(answers.filter((_, i) => order[i]!.run_id === runId));
+      expect(winner.body).toMatchObject({ run_id: runId, status: 'completed' });
+      expect(winner.body.steps[0].output).toEqual({ echo: { q: runId } });
+      expect(types.get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+    }
+  });
+});
+
+describe('many distinct runs at once', () => {
+  it('all complete, each with its own intent and outcome record, grant use and stored end', async () => {
+    const runIds = Array.from({ length: 25 }, () => newRunId('distinct'));
+    const answers = await Promise.all(
+      runIds.map((runId) => execute({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }, { tool_id: 'echo', input: { q: `${runId}/2` } }] })),
+    );
+    for (const [i, res] of answers.entries()) {
+      expect(res.status, res.text).toBe(200);
+      expect(res.headers['x-toolgate-replayed']).toBeUndefined();
+      expect(res.body).toMatchObject({
+        run_id: runIds[i],
+        status: 'completed',
+        steps: [
+          { status: 'completed', output: { echo: { q: runIds[i] } } },
+          { status: 'completed', output: { echo: { q: `${runIds[i]}/2` } } },
+        ],
+      });
+    }
+    const types = await auditTypes(runIds);
+    for (const runId of runIds) {
+      expect(hitsOf(runId).map((hit) => hit.body)).toEqual([{ q: runId }, { q: `${runId}/2` }]);
+      expect(types.get(runId)).toEqual(['run.step.dispatching', 'run.step.completed', 'run.step.dispatching', 'run.step.completed']);
+    }
+
+    const db = h.db.database.db;
+    const runs = await db.selectFrom('runs').select(['run_id', 'status', 'busy', 'http_status', 'envelope']).where('tenant_id', '=', T).where('run_id', 'in', runIds).execute();
+    expect(runs).toHaveLength(25);
+    for (const run of runs) {
+      expect(run).toMatchObject({ status: 'completed', busy: false, http_status: 200 });
+      expect(run.envelope).toEqual(answers[runIds.indexOf(run.run_id)]!.body);
+    }
+    const uses = await db.selectFrom('run_grant_uses').select(['run_id', 'grant_id']).where('tenant_id', '=', T).where('run_id', 'in', runIds).execute();
+    expect(uses.map((u) => u.run_id).sort()).toEqual([...runIds].sort());
+    for (const use of uses) expect(use.grant_id).toBe(echoGrant);
+  });
+});
