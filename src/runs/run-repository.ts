@@ -269,7 +269,7 @@ export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boo
   // rows the planner guesses the batch has.
   const tenants = [...new Set(leaves.map((l) => l.tenant_id))];
   const runIds = [...new Set(leaves.map((l) => l.run_id))];
-  const result = await sql<{ tenant_id: string; run_id: string }>`
+  const result = await sql<{ tenant_id: string; run_id: string; epoch: number }>`
     with v as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
@@ -288,9 +288,10 @@ export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boo
     where r.tenant_id = any(${tenants}::text[]) and r.run_id = any(${runIds}::text[])
       and r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.epoch = v.epoch and r.status = 'running'
       and not exists (select 1 from parents p where p.tenant_id = v.tenant_id and p.parent_run_id = v.run_id)
-    returning r.tenant_id, r.run_id`.execute(db);
-  const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}`));
-  return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}`));
+    returning r.tenant_id, r.run_id, v.epoch`.execute(db);
+  // Keyed by epoch too: only the executor of the run's current epoch ended it.
+  const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
+  return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
