@@ -1,4 +1,4 @@
-import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { BudgetTable, DB } from '../db/schema.js';
 import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';
@@ -54,43 +54,19 @@ export interface Windows {
  * writer uses, so concurrent transactions on any replica queue behind each other instead of
  * deadlocking.
  */
-export async function lockBudgetCounters(
+export function lockBudgetCounters(
   trx: Transaction<DB>,
   subjects: ChargeSubject[],
   windows: Windows,
   extra: CounterRef[],
 ): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
-  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
-  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
-    with applicable as (
-      select * from budgets
-      where removed_at is null
-        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
-        and (scope = 'tenant'
-          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
-          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
-    ),
-    wanted as (
-      select id as k,
-             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
-                         else ${windows.total}::timestamptz end as p
-      from applicable
-      union
-      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
-    ),
-    locked as (
+  return budgetsAndCounters(trx, subjects, windows, extra, sql`
+    levels as (
       insert into budget_counters (counter_key, period_start)
       select k, p from wanted order by k, p
       on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key
       returning counter_key, period_start, spent_units, reserved_units
-    )
-    select l.*, a.* from locked l left join applicable a on a.id = l.counter_key
-  `.execute(trx);
-  const budgets = new Map<string, Budget>();
-  for (const row of result.rows) {
-    if (row.id !== null && row.id !== undefined) budgets.set(row.id, toBudget(row as Selectable<BudgetTable>));
-  }
-  return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
+    )`);
 }
 
 /**
@@ -99,30 +75,13 @@ export async function lockBudgetCounters(
  * empty. A counter another writer creates at the same moment may be missing from the answer;
  * `writeLedgerIf` then finds it changed.
  */
-export async function readBudgetCounters(
+export function readBudgetCounters(
   db: Kysely<DB>,
   subjects: ChargeSubject[],
   windows: Windows,
   extra: CounterRef[],
 ): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
-  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
-  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
-    with applicable as (
-      select * from budgets
-      where removed_at is null
-        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
-        and (scope = 'tenant'
-          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
-          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
-    ),
-    wanted as (
-      select id as k,
-             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
-                         else ${windows.total}::timestamptz end as p
-      from applicable
-      union
-      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
-    ),
+  return budgetsAndCounters(db, subjects, windows, extra, sql`
     created as (
       insert into budget_counters (counter_key, period_start)
       select k, p from wanted order by k, p
@@ -136,7 +95,39 @@ export async function readBudgetCounters(
       from budget_counters c join wanted w on c.counter_key = w.k and c.period_start = w.p
       -- Keeps the probe on the primary key, however many rows the planner guesses "wanted" has.
       where c.counter_key = any(array(select k from wanted))
-    )
+    )`);
+}
+
+/**
+ * The applicable budgets (`applicable`) and the counters wanted (`wanted`: their current windows
+ * and `extra`), then `levels` as the caller defines it from those, joined back to the budgets.
+ */
+async function budgetsAndCounters(
+  db: Kysely<DB> | Transaction<DB>,
+  subjects: ChargeSubject[],
+  windows: Windows,
+  extra: CounterRef[],
+  levels: RawBuilder<unknown>,
+): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
+  const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
+  const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
+    with applicable as (
+      select * from budgets
+      where removed_at is null
+        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
+        and (scope = 'tenant'
+          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
+          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
+    ),
+    wanted as (
+      select id as k,
+             case period when 'day' then ${windows.day}::timestamptz when 'month' then ${windows.month}::timestamptz
+                         else ${windows.total}::timestamptz end as p
+      from applicable
+      union
+      select k, p from unnest(${unique.map((r) => r.key)}::text[], ${unique.map((r) => r.periodStart)}::timestamptz[]) as t(k, p)
+    ),
+    ${levels}
     select l.*, a.* from levels l left join applicable a on a.id = l.counter_key
   `.execute(db);
   const budgets = new Map<string, Budget>();
