@@ -169,4 +169,25 @@ describe('many distinct runs at once', () => {
     expect(uses.map((u) => u.run_id).sort()).toEqual([...runIds].sort());
     for (const use of uses) expect(use.grant_id).toBe(echoGrant);
   });
+
+  it('fails only the run whose value PostgreSQL refuses when it shares a batch with others', async () => {
+    // A NUL byte cannot be stored (class 22): the batch it lands in is committed one by one.
+    const ids = Array.from({ length: 12 }, () => newRunId('nul'));
+    const bad = 6;
+    const answers = await Promise.all(
+      ids.map((run_id, i) => execute({ run_id, plan: [{ tool_id: 'echo', input: { q: i === bad ? 'a\u0000b' : `ok-${i}` } }] })),
+    );
+    answers.forEach((res, i) => {
+      if (i === bad) {
+        expect(res.status).toBe(400);
+        expect(res.body.error.code).toBe('invalid_request');
+      } else {
+        expect(res.status).toBe(200);
+        expect(res.body.status).toBe('completed');
+      }
+    });
+    expect(hitsOf(ids[bad]!)).toHaveLength(0);
+    const types = await auditTypes(ids);
+    ids.forEach((id, i) => expect(types.get(id)).toEqual(i === bad ? [] : ['run.step.dispatching', 'run.step.completed']));
+  });
 });

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
-import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
+import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
 import {
@@ -183,12 +183,19 @@ export class BudgetLedger {
    * One batch: closes first (they free units), in one statement; then reservations in arrival
    * order, each decided against the counters as the earlier ones left them.
    */
-  private async commit(ops: LedgerOp[]): Promise<LedgerOpResult[]> {
+  private async commit(ops: LedgerOp[]): Promise<Array<LedgerOpResult | Failed>> {
     const now = this.options.now();
     const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
     const closed = closes.length > 0 ? await retryOnConflict(() => closeAndUncharge(this.db, closes, now)) : new Set<string>();
     const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
-    const reserved = reserves.length > 0 ? await this.reserveAll(reserves, now) : [];
+    let reserved: Array<ReserveResult | Failed>;
+    try {
+      reserved = reserves.length > 0 ? await this.reserveAll(reserves, now) : [];
+    } catch (error) {
+      // The closes are committed whatever happens to the reservations: answer them, fail these.
+      if (closes.length === 0) throw error;
+      reserved = reserves.map(() => new Failed(error));
+    }
     let next = 0;
     return ops.map((op) => {
       if (op.kind === 'reserve') return reserved[next++]!;

@@ -1,16 +1,26 @@
+import { isDataException } from './unavailable.js';
+
 /**
  * Group commit for hot rows: requests that arrive while a batch is being committed wait and
  * go together in the next one, so N concurrent callers cost one transaction, not N. Reads on
  * the hot path use it too: N concurrent lookups cost one round trip. `commit` answers every
  * request of its batch, in order; if it throws, every request of the batch rejects with that
- * error (an infrastructure fault: callers fail closed).
+ * error (an infrastructure fault: callers fail closed) — except when PostgreSQL refused a
+ * value (class 22): then each request is committed on its own, so that one caller's bad value
+ * fails only that caller. `commit` must therefore write nothing when it throws; a commit that
+ * wrote part of a batch answers the rest with `Failed`, which rejects those requests only.
  */
+/** An answer that fails its own request only (the rest of the batch was committed). */
+export class Failed {
+  constructor(readonly error: unknown) {}
+}
+
 export class GroupCommit<Request, Result> {
   private queue: Array<{ request: Request; resolve: (result: Result) => void; reject: (error: unknown) => void }> = [];
   private flushing: Promise<void> | undefined;
 
   constructor(
-    private readonly commit: (batch: Request[]) => Promise<Result[]>,
+    private readonly commit: (batch: Request[]) => Promise<Array<Result | Failed>>,
     private readonly maxBatch = 500,
   ) {}
 
@@ -19,6 +29,17 @@ export class GroupCommit<Request, Result> {
       this.queue.push({ request, resolve, reject });
       this.flushing ??= this.flush();
     });
+  }
+
+  private async oneByOne(batch: typeof this.queue): Promise<void> {
+    for (const pending of batch) {
+      try {
+        const [result] = await this.commit([pending.request]);
+        settle(pending, result!);
+      } catch (error) {
+        pending.reject(error);
+      }
+    }
   }
 
   /** Resolves when everything submitted so far has been committed or has failed. */
@@ -34,9 +55,10 @@ export class GroupCommit<Request, Result> {
         const batch = this.queue.splice(0, this.maxBatch);
         try {
           const results = await this.commit(batch.map((pending) => pending.request));
-          batch.forEach((pending, i) => pending.resolve(results[i]!));
+          batch.forEach((pending, i) => settle(pending, results[i]!));
         } catch (error) {
-          for (const pending of batch) pending.reject(error);
+          if (batch.length > 1 && isDataException(error)) await this.oneByOne(batch);
+          else for (const pending of batch) pending.reject(error);
         }
       }
     } finally {
@@ -45,6 +67,11 @@ export class GroupCommit<Request, Result> {
       this.flushing = undefined;
     }
   }
+}
+
+function settle<Result>(pending: { resolve: (result: Result) => void; reject: (error: unknown) => void }, answer: Result | Failed): void {
+  if (answer instanceof Failed) pending.reject(answer.error);
+  else pending.resolve(answer);
 }
 
 const RETRYABLE = new Set(['40P01', '40001']);

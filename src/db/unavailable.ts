@@ -16,3 +16,12 @@ export function isDatabaseUnavailable(error: unknown): boolean {
     error.message,
   );
 }
+
+/**
+ * A PostgreSQL class 22 error: the data, not the database, was at fault (a NUL byte, an
+ * impossible number…). Retrying the same values fails the same way.
+ */
+export function isDataException(error: unknown): boolean {
+  const code = (error as { code?: unknown }).code;
+  return typeof code === 'string' && /^22[0-9A-Z]{3}$/.test(code);
+}

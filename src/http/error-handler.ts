@@ -1,5 +1,5 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { isDatabaseUnavailable } from '../db/unavailable.js';
+import { isDataException, isDatabaseUnavailable } from '../db/unavailable.js';
 import { ApiError, errorBody, statusForCode } from './errors.js';
 
 /**
@@ -51,10 +51,4 @@ export function frameworkErrors(error: FastifyError, _request: FastifyRequest, r
   reply
     .code(400)
     .send(errorBody('invalid_request', 'the URL is malformed or a path segment is too long', { reason: error.code ?? 'bad_url' }));
-}
-
-/** A PostgreSQL class 22 error: the data, not the database, was at fault. */
-function isDataException(error: unknown): boolean {
-  const code = (error as { code?: unknown }).code;
-  return typeof code === 'string' && /^22[0-9A-Z]{3}$/.test(code);
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { GroupCommit } from '../../src/db/group-commit.js';
+import { Failed, GroupCommit } from '../../src/db/group-commit.js';
 
 describe('group commit', () => {
   it('commits a same-tick burst as one batch, answering each request in order', async () => {
@@ -47,5 +47,36 @@ describe('group commit', () => {
     await expect(Promise.all([group.submit(1), group.submit(2)])).rejects.toThrow('database down');
     fail = false;
     expect(await group.submit(3)).toBe(3);
+  });
+
+  it('commits a batch one by one when PostgreSQL refused a value, so only its owner fails', async () => {
+    const batches: number[][] = [];
+    const group = new GroupCommit<number, number>(async (batch) => {
+      batches.push(batch);
+      // 13 stands for a value the database refuses (class 22: a NUL byte, an overflow…).
+      if (batch.includes(13)) throw Object.assign(new Error('invalid byte sequence'), { code: '22021' });
+      return batch.map((n) => n * 2);
+    });
+    const results = await Promise.allSettled([11, 12, 13, 14].map((n) => group.submit(n)));
+    expect(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as { code: string }).code))).toEqual([22, 24, '22021', 28]);
+    expect(batches).toEqual([[11, 12, 13, 14], [11], [12], [13], [14]]);
+  });
+
+  it('does not retry a batch that failed for any other reason', async () => {
+    let calls = 0;
+    const group = new GroupCommit<number, number>(async () => {
+      calls += 1;
+      throw Object.assign(new Error('deadlock'), { code: '40P01' });
+    });
+    const results = await Promise.allSettled([1, 2, 3].map((n) => group.submit(n)));
+    expect(results.every((r) => r.status === 'rejected')).toBe(true);
+    expect(calls).toBe(1);
+  });
+
+  it('rejects only the requests a partly committed batch answers with Failed', async () => {
+    const group = new GroupCommit<number, number>(async (batch) => batch.map((n) => (n === 2 ? new Failed(new Error('not this one')) : n)));
+    const results = await Promise.allSettled([1, 2, 3].map((n) => group.submit(n)));
+    expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((results[1] as PromiseRejectedResult).reason).toMatchObject({ message: 'not this one' });
   });
 });
