@@ -91,7 +91,8 @@ class RunMovedOn extends Error {}
 /**
  * Executes runs: claims the run id, takes each step through admission, dispatches what is
  * admitted with an intent record committed first, and stores the envelope for replays. At every
- * call boundary it re-reads the run, so a control or cascade from any replica stops it there.
+ * call boundary (but the first after its claim) it re-reads the run, so a control or cascade from
+ * any replica stops it there.
  */
 export class RunExecutor {
   /** Claims and ends of runs that happen at the same moment share one statement (group commit). */
