@@ -187,14 +187,7 @@ export async function writeLedgerIf(
     ledger as (
       insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
       select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
-      from unnest(
-        ${reservations.map((r) => r.id)}::text[],
-        ${reservations.map((r) => r.tenantId)}::text[],
-        ${reservations.map((r) => r.agentId)}::text[],
-        ${reservations.map((r) => r.runId)}::text[],
-        ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
-        ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
-      ) as r(id, tenant_id, agent_id, run_id, units, charges), unchanged u
+      from ${reservationRows(reservations)}, unchanged u
       where u.ok
       returning 1
     )
@@ -349,18 +342,23 @@ export async function writeLedger(
     ledger as (
       insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
       select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
-      from unnest(
+      from ${reservationRows(reservations)}
+      returning 1
+    )
+    select (select count(*) from counters) as counters, (select count(*) from ledger) as reservations
+  `.execute(trx);
+}
+
+/** New reservations as rows `r(id, tenant_id, agent_id, run_id, units, charges)`. */
+function reservationRows(reservations: NewReservation[]): RawBuilder<unknown> {
+  return sql`unnest(
         ${reservations.map((r) => r.id)}::text[],
         ${reservations.map((r) => r.tenantId)}::text[],
         ${reservations.map((r) => r.agentId)}::text[],
         ${reservations.map((r) => r.runId)}::text[],
         ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
         ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
-      ) as r(id, tenant_id, agent_id, run_id, units, charges)
-      returning 1
-    )
-    select (select count(*) from counters) as counters, (select count(*) from ledger) as reservations
-  `.execute(trx);
+      ) as r(id, tenant_id, agent_id, run_id, units, charges)`;
 }
 
 /** How a reservation ends: settled after a call, released unused, or expired (its holder died). */
