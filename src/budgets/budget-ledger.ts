@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
-import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
+import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
 import {
@@ -92,8 +92,9 @@ type LedgerOpResult = ReserveResult | CloseOutcome;
  * the row locks themselves), so N replicas together never admit past a budget's limit + grace,
  * and never refuse while room remains. Reservations and settlements arriving together are
  * committed together (group commit): a batch of settlements is one statement, a batch of
- * reservations two (read, then compare and set), not one transaction per call. Chunks of budget are deliberately not leased to replicas: units parked in one replica's
- * lease would make another refuse calls the budget still allows and skew warn/grace verdicts.
+ * reservations two (read, then compare and set), not one transaction per call. Chunks of budget
+ * are deliberately not leased to replicas: units parked in one replica's lease would make
+ * another refuse calls the budget still allows and skew warn/grace verdicts.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class BudgetLedger {
@@ -215,10 +216,15 @@ export class BudgetLedger {
     const subjects = reserves.map((op) => op.request);
     const expiresAt = new Date(now.getTime() + this.options.reservationTtlMs);
     if (this.lockedBatchesLeft === 0) {
-      const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
-      const expected = new Map(levels);
-      const plan = decideBatch(reserves, budgets, levels, now);
-      if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) return plan.results;
+      try {
+        const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
+        const expected = new Map(levels);
+        const plan = decideBatch(reserves, budgets, levels, now);
+        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) return plan.results;
+      } catch (error) {
+        // A deadlock with another replica's batch wrote nothing: a lost race like any other.
+        if (!isConflict(error)) throw error;
+      }
       this.conflicts.inc();
       this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
     } else {

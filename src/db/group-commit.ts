@@ -76,6 +76,12 @@ function settle<Result>(pending: { resolve: (result: Result) => void; reject: (e
 
 const RETRYABLE = new Set(['40P01', '40001']);
 
+/** A deadlock victim or a serialization failure: nothing was committed, so a retry is safe. */
+export function isConflict(error: unknown): boolean {
+  const code = (error as { code?: unknown }).code;
+  return typeof code === 'string' && RETRYABLE.has(code);
+}
+
 /**
  * Runs a transaction again when PostgreSQL aborted it as a deadlock victim or a serialization
  * failure: nothing of it was committed, so a retry is safe.
@@ -85,8 +91,7 @@ export async function retryOnConflict<T>(run: () => Promise<T>, attempts = 3): P
     try {
       return await run();
     } catch (error) {
-      const code = (error as { code?: unknown }).code;
-      if (attempt >= attempts || typeof code !== 'string' || !RETRYABLE.has(code)) throw error;
+      if (attempt >= attempts || !isConflict(error)) throw error;
     }
   }
 }

@@ -1,6 +1,6 @@
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
-import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
+import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { bucketId, lockBuckets, readBucket, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
 import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from './token-bucket.js';
@@ -50,7 +50,7 @@ export class RateLimiter {
     private readonly db: Kysely<DB>,
     private readonly options: RateLimiterOptions,
   ) {
-    this.batches = new GroupCommit((requests) => retryOnConflict(() => this.commit(requests)));
+    this.batches = new GroupCommit((requests) => this.commit(requests));
     this.denials = new Counter({
       name: 'toolgate_rate_limit_denials_total',
       help: 'Calls refused by a rate limit (429 rate_limited), by tool',
@@ -88,7 +88,7 @@ export class RateLimiter {
   }
 
   /** One batch: each bucket's takes decided in arrival order, bucket by bucket (they are independent). */
-  private async commit(requests: TakeRequest[]): Promise<RateDecision[]> {
+  private async commit(requests: TakeRequest[]): Promise<Array<RateDecision | Failed>> {
     const nowMs = this.options.now().getTime();
     // Positions, not requests, identify the takes: one request object may be submitted twice.
     const byBucket = new Map<string, number[]>();
@@ -98,13 +98,22 @@ export class RateLimiter {
       if (list) list.push(position);
       else byBucket.set(id, [position]);
     });
-    const decided: RateDecision[] = new Array(requests.length);
+    const decided: Array<RateDecision | Failed> = new Array(requests.length);
+    const failures: unknown[] = [];
     await Promise.all(
       [...byBucket].map(async ([id, positions]) => {
-        const decisions = await this.commitBucket(id, positions.map((position) => requests[position]!), nowMs);
-        positions.forEach((position, i) => (decided[position] = decisions[i]!));
+        try {
+          const decisions = await this.commitBucket(id, positions.map((position) => requests[position]!), nowMs);
+          positions.forEach((position, i) => (decided[position] = decisions[i]!));
+        } catch (error) {
+          // Buckets are stored independently: one bucket's fault fails only its takes.
+          failures.push(error);
+          for (const position of positions) decided[position] = new Failed(error);
+        }
       }),
     );
+    // Nothing was stored: let the batch fail as a whole.
+    if (failures.length === byBucket.size) throw failures[0];
     return decided;
   }
 
@@ -133,12 +142,14 @@ export class RateLimiter {
       if (this.lockedBatchesLeft.size >= 10_000) this.lockedBatchesLeft.clear();
       this.lockedBatchesLeft.set(id, LOCKED_BATCHES_AFTER_CONFLICT);
     }
-    const decisions = await this.db.transaction().execute(async (trx) => {
-      const states = await lockBuckets(trx, [{ key, initial: fullBucket(key, nowMs) }]);
-      const { decisions: locked, after } = decideTakes(states.get(id)!, takes, nowMs);
-      await storeBuckets(trx, [{ key, state: after }]);
-      return { locked, after };
-    });
+    const decisions = await retryOnConflict(() =>
+      this.db.transaction().execute(async (trx) => {
+        const states = await lockBuckets(trx, [{ key, initial: fullBucket(key, nowMs) }]);
+        const { decisions: locked, after } = decideTakes(states.get(id)!, takes, nowMs);
+        await storeBuckets(trx, [{ key, state: after }]);
+        return { locked, after };
+      }),
+    );
     this.remember(id, decisions.after);
     return decisions.locked;
   }
