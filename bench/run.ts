@@ -4,15 +4,16 @@
  * Starts a trivial JSON backend on loopback and gateway processes on a fresh PostgreSQL database,
  * then, at fixed concurrency, calls the backend directly and through the gateway (a granted agent,
  * a budget and a rate limit in force, every call audited). Prints req/s, p50 and p99 for both and
- * their ratios, the statements sent to PostgreSQL per call, the gateway's peak RSS, and checks
- * that the audit log holds exactly one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
+ * their ratios, the statements sent to PostgreSQL per call and the CPU the gateways and a local
+ * PostgreSQL spent per call, the gateway's peak RSS, and checks that the audit log holds exactly
+ * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (default "1,2").
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { startGateway } from './gateway-process.js';
@@ -77,6 +78,39 @@ async function startBackend(): Promise<{ url: string; close: () => Promise<void>
   server.keepAliveTimeout = 60_000;
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise((r) => server.close(() => r())) };
+}
+
+/** Linux reports process CPU time in clock ticks of 10 ms (USER_HZ = 100). */
+const TICK_MS = 10;
+
+/**
+ * CPU time (user + system, in ticks) of the gateway processes and of every process named
+ * `postgres` on this machine (a local server: the one the bench measures), from /proc. Zeros
+ * where /proc is unreadable.
+ */
+function cpuTicks(gatewayPids: number[]): { gateways: number; postgres: number } {
+  const totals = { gateways: 0, postgres: 0 };
+  let entries: string[] = [];
+  try {
+    entries = readdirSync('/proc').filter((name) => /^\d+$/.test(name));
+  } catch {
+    return totals;
+  }
+  for (const pid of entries) {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    } catch {
+      continue; // gone meanwhile
+    }
+    const match = /^\d+ \((.*)\) (.*)$/s.exec(stat);
+    if (!match) continue;
+    const fields = match[2]!.split(' ');
+    const ticks = Number(fields[11]) + Number(fields[12]);
+    if (gatewayPids.includes(Number(pid))) totals.gateways += ticks;
+    else if (match[1] === 'postgres') totals.postgres += ticks;
+  }
+  return totals;
 }
 
 function peakRssMb(pid: number): number {
@@ -160,11 +194,20 @@ async function main(): Promise<void> {
       }
       return total;
     };
-    const perCall: Array<[string, number]> = [];
+    const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number }]> = [];
     const gatewayPhase = async (label: string, concurrency: number, count: number) => {
       const before = await statementsSent();
+      const cpuBefore = cpuTicks(gateways.slice(0, count).map((g) => g.pid!));
       const phase = await load('gateway', concurrency, seconds, callGateway(count));
-      perCall.push([label, ((await statementsSent()) - before) / phase.requests]);
+      const cpuAfter = cpuTicks(gateways.slice(0, count).map((g) => g.pid!));
+      perCall.push([
+        label,
+        {
+          statements: ((await statementsSent()) - before) / phase.requests,
+          gatewayCpuMs: ((cpuAfter.gateways - cpuBefore.gateways) * TICK_MS) / phase.requests,
+          postgresCpuMs: ((cpuAfter.postgres - cpuBefore.postgres) * TICK_MS) / phase.requests,
+        },
+      ]);
       return summary(phase);
     };
 
@@ -190,7 +233,11 @@ async function main(): Promise<void> {
     for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.includes(`${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
     }
-    for (const [label, n] of perCall) console.log(`${label}: ${fmt(n)} PostgreSQL statements per call (all gateways, group commit shared)`);
+    for (const [label, n] of perCall) {
+      console.log(
+        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled)`,
+      );
+    }
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
 
     await direct.close();
