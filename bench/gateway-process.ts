@@ -1,11 +1,26 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
+let built = false;
 
 /**
- * Starts a real gateway process (`src/server.ts`) on `port` and resolves once `/ready` answers
- * 200; stops it and throws if it never does.
+ * Compiles the gateway (`npm run build`, into `dist/`) once per bench run, so that the processes
+ * measured are what production runs (`node dist/server.js`, as in the Docker image), not the
+ * TypeScript loader.
+ */
+function buildOnce(): void {
+  if (built) return;
+  execFileSync(process.execPath, [fileURLToPath(new URL('../node_modules/typescript/bin/tsc', import.meta.url)), '-p', 'tsconfig.build.json'], {
+    cwd: root,
+    stdio: 'inherit',
+  });
+  built = true;
+}
+
+/**
+ * Starts a real gateway process (`dist/server.js`, built first) on `port` and resolves once
+ * `/ready` answers 200; stops it and throws if it never does.
  */
 export async function startGateway(options: {
   databaseUrl: string;
@@ -15,7 +30,9 @@ export async function startGateway(options: {
 }): Promise<ChildProcess> {
   // BENCH_NODE_ARGS: extra Node flags for the gateway, e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof".
   const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean);
-  const child = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', 'src/server.ts'], {
+  buildOnce();
+  // The flags the Docker image runs the gateway with (see its CMD).
+  const child = spawn(process.execPath, ['--max-semi-space-size=8', ...nodeArgs, 'dist/server.js'], {
     cwd: root,
     env: {
       ...process.env,
