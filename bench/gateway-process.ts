@@ -1,5 +1,7 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
+import pg from 'pg';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 let built = false;
@@ -54,4 +56,21 @@ export async function startGateway(options: {
   }
   child.kill('SIGTERM');
   throw new Error(`gateway on ${options.port} did not become ready`);
+}
+
+/** A fresh database on the server at `serverUrl` for one bench run; `drop` removes it. */
+export async function createBenchDatabase(serverUrl: string): Promise<{ url: string; drop: () => Promise<void> }> {
+  const admin = new pg.Client({ connectionString: serverUrl });
+  await admin.connect();
+  const name = `toolgate_bench_${randomBytes(4).toString('hex')}`;
+  await admin.query(`CREATE DATABASE ${name}`);
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    drop: async () => {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).catch(() => undefined);
+      await admin.end();
+    },
+  };
 }

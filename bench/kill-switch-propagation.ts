@@ -18,7 +18,7 @@
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { startGateway } from './gateway-process.js';
+import { createBenchDatabase, startGateway } from './gateway-process.js';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
@@ -71,20 +71,16 @@ class CommitClock {
 }
 
 async function main(): Promise<void> {
-  const admin = new pg.Client({ connectionString: serverUrl });
-  await admin.connect();
-  const dbName = `toolgate_bench_${randomBytes(4).toString('hex')}`;
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  const dbUrl = new URL(serverUrl);
-  dbUrl.pathname = `/${dbName}`;
+  const database = await createBenchDatabase(serverUrl);
+  const dbUrl = database.url;
   const gateways: ChildProcess[] = [];
   const pools: Pool[] = [];
-  const listener = new pg.Client({ connectionString: dbUrl.toString() });
+  const listener = new pg.Client({ connectionString: dbUrl });
   try {
     const basePort = 19000 + Math.floor(Math.random() * 1000);
     // The first start applies the migrations; the other two then start side by side.
-    gateways.push(await startGateway({ databaseUrl: dbUrl.toString(), port: basePort, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }));
-    gateways.push(...(await Promise.all([1, 2].map((i) => startGateway({ databaseUrl: dbUrl.toString(), port: basePort + i, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } })))));
+    gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }));
+    gateways.push(...(await Promise.all([1, 2].map((i) => startGateway({ databaseUrl: dbUrl, port: basePort + i, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } })))));
     for (let i = 0; i < 3; i += 1) pools.push(new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 4 }));
     const [changer, ...observers] = pools as [Pool, Pool, Pool];
 
@@ -175,8 +171,7 @@ async function main(): Promise<void> {
     for (const pool of pools) await pool.close().catch(() => undefined);
     for (const g of gateways) g.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));
-    await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`).catch(() => undefined);
-    await admin.end();
+    await database.drop();
   }
 }
 

@@ -16,7 +16,7 @@ import { randomBytes } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { startGateway } from './gateway-process.js';
+import { createBenchDatabase, startGateway } from './gateway-process.js';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
@@ -120,18 +120,14 @@ function peakRssMb(pid: number): number {
 }
 
 async function main(): Promise<void> {
-  const admin = new pg.Client({ connectionString: serverUrl });
-  await admin.connect();
-  const dbName = `toolgate_bench_${randomBytes(4).toString('hex')}`;
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  const dbUrl = new URL(serverUrl);
-  dbUrl.pathname = `/${dbName}`;
+  const database = await createBenchDatabase(serverUrl);
+  const dbUrl = database.url;
   const backend = await startBackend();
   const gateways: ChildProcess[] = [];
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
     const maxGateways = Math.max(...gatewayCounts);
-    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway({ databaseUrl: dbUrl.toString(), port: basePort + i, secret }));
+    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort + i, secret }));
 
     const platform = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });
     const agent = signDevelopmentToken(secret, { kind: 'agent', sub: agentId, tenantId: tenant, ttlSeconds: 3600 });
@@ -242,7 +238,7 @@ async function main(): Promise<void> {
 
     await direct.close();
     for (const pool of gatewayPools) await pool.close();
-    const check = new pg.Client({ connectionString: dbUrl.toString() });
+    const check = new pg.Client({ connectionString: dbUrl });
     await check.connect();
     const { rows: counted } = await check.query<{ outcomes: number; intents: number }>(
       `select count(*) filter (where event_type in ('run.step.completed','run.step.failed'))::int as outcomes,
@@ -258,8 +254,7 @@ async function main(): Promise<void> {
     for (const g of gateways) g.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));
     await backend.close();
-    await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`).catch(() => undefined);
-    await admin.end();
+    await database.drop();
   }
 }
 
