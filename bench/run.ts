@@ -9,7 +9,8 @@
  * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
- * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (default "1,2").
+ * BENCH_SECONDS (per phase, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2";
+ * empty: moderate phases only).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -23,7 +24,8 @@ import { signDevelopmentToken } from '../src/auth/dev-token.js';
 
 const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
-const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').map(Number);
+// An empty BENCH_GATEWAYS runs only the moderate phases (one gateway), e.g. for profiling them.
+const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').filter(Boolean).map(Number);
 const secret = randomBytes(32).toString('base64url');
 const tenant = 'bench';
 const agentId = 'bench.agent';
@@ -126,7 +128,7 @@ async function main(): Promise<void> {
   const gateways: ChildProcess[] = [];
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
-    const maxGateways = Math.max(...gatewayCounts);
+    const maxGateways = Math.max(1, ...gatewayCounts);
     for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort + i, secret }));
 
     const platform = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });

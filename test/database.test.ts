@@ -26,6 +26,44 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     }
   });
 
+  it('plans a hot statement once per connection, as index lookups that stay right after the table grew', async () => {
+    const empty = await createEmptyDatabaseUrl();
+    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    try {
+      await sql`create table things (tenant text, id text, created_at timestamptz not null default now(), label text, primary key (tenant, id))`.execute(database.db);
+      await sql`create index things_tenant_created on things (tenant, created_at desc)`.execute(database.db);
+      // The shapes of the per-call statements: a batch of rows joined to a table by its key, and key lists.
+      const joined = (keys: Array<{ tenant: string; id: string }>) =>
+        sql<{ label: string }>`select t.label from jsonb_to_recordset(${JSON.stringify(keys)}::jsonb) as v(tenant text, id text) join things t on t.tenant = v.tenant and t.id = v.id`.execute(database.hot);
+      const listed = (tenants: string[], ids: string[]) => sql<{ label: string }>`select t.label from things t where t.tenant = any(${tenants}::text[]) and t.id = any(${ids}::text[])`.execute(database.hot);
+      // Planned (generic) and kept while the table is empty...
+      expect((await joined([{ tenant: 'a', id: '1' }])).rows).toEqual([]);
+      expect((await listed(['a'], ['1'])).rows).toEqual([]);
+      // ...then the table grows (before any ANALYZE would make the server plan them again).
+      await sql`insert into things (tenant, id, label) select 'a', g::text, 'n' || g from generate_series(1, 20000) g`.execute(database.db);
+      expect((await joined([{ tenant: 'a', id: '7' }])).rows).toEqual([{ label: 'n7' }]);
+      expect((await listed(['a'], ['8'])).rows).toEqual([{ label: 'n8' }]);
+      // The kept plans probe the primary key: neither reads the grown table, or the tenant's rows, whole.
+      const named = await sql<{ name: string; statement: string }>`select name, statement from pg_prepared_statements where statement like ${'%from%things t%'}`.execute(database.hot);
+      expect(named.rows).toHaveLength(2);
+      for (const { name, statement } of named.rows) {
+        const args = statement.includes('jsonb_to_recordset') ? `'[{"tenant":"a","id":"5"}]'` : `'{a}', '{5}'`;
+        const plan = await sql<{ 'QUERY PLAN': string }>`explain execute ${sql.raw(name)}(${sql.raw(args)})`.execute(database.hot);
+        const text = plan.rows.map((row) => row['QUERY PLAN']).join('\n');
+        expect(text).toMatch(/Index (Only )?Scan using things_pkey/);
+        expect(text).not.toMatch(/Seq Scan|Hash Join|Bitmap|things_tenant_created/);
+      }
+      const settings = await sql<{ mode: string; seqscan: string }>`select current_setting('plan_cache_mode') as mode, current_setting('enable_seqscan') as seqscan`.execute(database.hot);
+      expect(settings.rows[0]).toEqual({ mode: 'force_generic_plan', seqscan: 'off' });
+      // The other pool plans each execution with its values (operator queries).
+      const general = await sql<{ mode: string }>`select current_setting('plan_cache_mode') as mode`.execute(database.db);
+      expect(general.rows[0]!.mode).toBe('force_custom_plan');
+    } finally {
+      await database.close();
+      await empty.drop();
+    }
+  });
+
   it('recovers a statement whose result columns a migration changed: it fails once, then works unprepared', async () => {
     const empty = await createEmptyDatabaseUrl();
     const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });

@@ -24,6 +24,15 @@ export interface NotificationListener extends EventEmitter {
 export interface Database {
   readonly kind: 'postgres' | 'pglite';
   readonly db: Kysely<DB>;
+  /**
+   * The connections for the statements every call sends (the group-committed claims, grant
+   * reads, ledger and bucket writes, audit appends, run ends). Each is keyed by primary or
+   * unique keys, so it is planned once per connection, as index lookups joined by nested
+   * loops, and that plan is kept: planning these statements again for every execution cost as
+   * much as running them. Everything else (operator queries, whose best plan depends on their
+   * filters) uses `db`, planned for each execution. On PGlite both are the same.
+   */
+  readonly hot: Kysely<DB>;
   readonly listener: NotificationListener;
   /** Statements sent to the server so far (round trips; the hot path's cost, see /metrics). */
   statementsSent(): number;
@@ -46,13 +55,48 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
   return openPGlite(options.dataDir);
 }
 
+/**
+ * Session settings of the hot pool's connections. A plan is made once per connection (generic)
+ * and kept; since it may be made while the tables are still nearly empty, it must not be one
+ * that is good only for small tables: sequential scans, bitmap scans and hash or merge joins
+ * are ruled out, leaving index lookups joined by nested loops, which is what keyed statements
+ * want at any size. (A statement with no index to use still runs, with a sequential scan.)
+ */
+const HOT_SETTINGS = ['plan_cache_mode=force_generic_plan', 'enable_seqscan=off', 'enable_bitmapscan=off', 'enable_hashjoin=off', 'enable_mergejoin=off'];
+
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
+  const sent = { count: 0 };
+  // Prepared statements elsewhere are parsed once, but planned for each execution with its own
+  // values and the tables as they are now: a plan cached while a table was small would keep
+  // scanning it whole after it grew (until the next ANALYZE).
+  const general = openPool(connectionString, poolSize, logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent);
+  const hotPool = openPool(connectionString, poolSize, logger, 'toolgate-hot', HOT_SETTINGS, sent);
+  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: general }) });
+  const hot = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotPool }) });
+  const listener = new PgNotificationListener(connectionString, logger);
+  return {
+    kind: 'postgres',
+    db,
+    hot,
+    listener,
+    statementsSent: () => sent.count,
+    ping: async () => {
+      await sql`select 1`.execute(db);
+    },
+    close: async () => {
+      await listener.close();
+      await Promise.all([db.destroy(), hot.destroy()]);
+    },
+  };
+}
+
+function openPool(connectionString: string, max: number, logger: Logger, applicationName: string, settings: string[], sent: { count: number }): pg.Pool {
   const pool = new pg.Pool({
     connectionString,
-    max: poolSize,
+    max,
     connectionTimeoutMillis: 3_000,
     idleTimeoutMillis: 30_000,
-    application_name: 'toolgate',
+    application_name: applicationName,
     // A connection that hangs silently (a partition) must fail in seconds, not minutes, so that
     // calls fail closed with 503 instead of waiting: the server cancels long statements, the
     // client gives up on answers that never come, and keep-alive notices dead peers.
@@ -65,30 +109,14 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   pool.on('error', (error) => logger.warn({ err: error }, 'idle database connection failed'));
   // pg-pool listens for errors only on idle clients; a checked-out client whose server goes away
   // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
-  const sent = { count: 0 };
   pool.on('connect', (client) => {
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
-    // Prepared statements are parsed once, but planned for each execution with its own values
-    // and the tables as they are now: a plan cached while a table was small would keep scanning
-    // it whole after it grew (until the next ANALYZE). The client sends this before any query.
-    client.query('SET plan_cache_mode = force_custom_plan').catch((error: unknown) => logger.warn({ err: error }, 'could not set plan_cache_mode'));
+    // Queued before any query the pool hands the client out for.
+    const set = settings.map((setting) => `SET ${setting.replace('=', ' = ')}`).join('; ');
+    client.query(set).catch((error: unknown) => logger.warn({ err: error, settings }, 'could not apply session settings'));
     prepareRepeatedStatements(client, sent);
   });
-  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
-  const listener = new PgNotificationListener(connectionString, logger);
-  return {
-    kind: 'postgres',
-    db,
-    listener,
-    statementsSent: () => sent.count,
-    ping: async () => {
-      await sql`select 1`.execute(db);
-    },
-    close: async () => {
-      await listener.close();
-      await db.destroy();
-    },
-  };
+  return pool;
 }
 
 /** Statement texts named so far (null: never again), and the bound on how many get a name. */
@@ -148,6 +176,7 @@ async function openPGlite(dataDir: string): Promise<Database> {
   return {
     kind: 'pglite',
     db,
+    hot: db,
     listener,
     statementsSent: () => pool.statementsSent,
     ping: async () => {

@@ -33,6 +33,8 @@ export type GrantsEndedHook = (
 /** What the grants service is built from, by the composition root. */
 export interface GrantServiceDeps {
   db: Kysely<DB>;
+  /** Where the per-call candidate reads go (the database's hot pool); `db` when not given. */
+  hot?: Kysely<DB> | undefined;
   audit: AuditLog;
   tools: ToolFactsLookup;
   now: () => Date;
@@ -81,7 +83,7 @@ export class GrantService {
   private readonly candidateReads: GroupCommit<GrantCandidateQuery, Grant[]>;
 
   constructor(private readonly deps: GrantServiceDeps) {
-    this.candidateReads = new GroupCommit((queries) => findGrantCandidates(deps.db, queries));
+    this.candidateReads = new GroupCommit((queries) => findGrantCandidates(deps.hot ?? deps.db, queries));
   }
 
   /**

@@ -36,6 +36,8 @@ import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunSta
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
   db: Kysely<DB>;
+  /** Where the group-committed claims and run ends go (the database's hot pool); `db` when not given. */
+  hot?: Kysely<DB> | undefined;
   audit: AuditLog;
   ports: AdmissionPorts;
   backend: BackendClient;
@@ -100,8 +102,9 @@ export class RunExecutor {
   private readonly ends: GroupCommit<RunLeave, boolean>;
 
   constructor(private readonly deps: RunExecutorDeps) {
-    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(deps.db, runs)));
-    this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(deps.db, leaves)));
+    const hot = deps.hot ?? deps.db;
+    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hot, runs)));
+    this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(hot, leaves)));
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
