@@ -155,7 +155,7 @@ async function main(): Promise<void> {
       tenant_id: tenant, agent_id: agentId, tool_id: 'bench.echo', scope: 'per-tenant', scope_ref: tenant, capability_modifiers: {},
       expires_at: new Date(Date.now() + 3600_000).toISOString(), rationale: 'benchmark',
     });
-    await api('POST', '/budgets', { tenant_id: tenant, scope: 'tenant', period: 'total', limit_units: 1e12, warn_ratio: 1, grace_units: 0 });
+    await api('POST', '/budgets', { tenant_id: tenant, scope: 'tenant', period: 'total', limit_units: 1e9, warn_ratio: 1, grace_units: 0 });
     // Let every replica's caches see the registration before measuring.
     await new Promise((r) => setTimeout(r, 1500));
 

@@ -131,6 +131,36 @@ describe('POST /runs/execute: a run that completes', () => {
   });
 });
 
+describe('reported costs and the bound on units', () => {
+  const T2 = 'tenant-runs-cap';
+  const capAgent = tokens.agent(AGENT, { tenant: T2, family: 'veritas', scope: 'scf:read' });
+
+  it('charges a reported cost above MAX_UNITS as MAX_UNITS, and audits what was reported', async () => {
+    await registerTool(h.client, { id: 'overpriced', backendUrl: `${backend.url}/cost/5000000000`, allowed_agents: [AGENT], cost_units: 1 });
+    await grantTool(h.client, { tenant: T2, agent: AGENT, tool: 'overpriced' });
+    const budget = await createBudget(h.client, { tenant: T2, limit_units: 1_000_000_000, grace_units: 1 });
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('overpriced')] }, capAgent);
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 1_000_000_000 });
+    const events = await h.client.get('/audit', { token: tokens.tenantOperator(T2), query: { run_id: runId } });
+    const outcome = events.body.items.find((e: { event_type: string }) => e.event_type === 'run.step.completed');
+    expect(outcome).toMatchObject({ cost_units: 1_000_000_000, details: { reported_cost_units: 5_000_000_000, reported_cost_capped: true } });
+    const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T2) });
+    expect(shown.body).toMatchObject({ spent_units: 1_000_000_000, reserved_units: 0 });
+  });
+
+  it('refuses amounts above MAX_UNITS with 400 instead of failing to store them', async () => {
+    const run = await execute({ run_id: newRunId(), plan: [step('echo')], budget_units: 1e10 });
+    expect(run.status).toBe(400);
+    expect(run.body.error.code).toBe('invalid_request');
+    const budget = await h.client.post('/budgets', { token: operator, body: { scope: 'tenant', period: 'day', limit_units: 2e9, warn_ratio: 0.8, grace_units: 0 } });
+    expect(budget.status).toBe(400);
+    const grace = await h.client.post('/budgets', { token: operator, body: { scope: 'tenant', period: 'day', limit_units: 10, warn_ratio: 0.8, grace_units: 2e9 } });
+    expect(grace.status).toBe(400);
+  });
+});
+
 describe('POST /runs/execute: each denial stops the run with its status, later steps skipped', () => {
   const cases: Array<[string, () => Record<string, unknown>[], number, string, string]> = [
     ['an unregistered tool', () => [step('nope')], 404, 'tool_not_registered', 'failed'],

@@ -4,6 +4,13 @@
  */
 export type Micros = number;
 
+/**
+ * The most units any one amount may be: a budget's limit or grace, a run's `budget_units`, a
+ * hand-off's, a call's price or its reported cost. In micro-units that is 10^15, so a counter
+ * holding a limit, its grace and one more call stays an exact integer in a double (below 2^53).
+ */
+export const MAX_UNITS = 1_000_000_000;
+
 const SCALE = 1_000_000;
 
 /** Units (a number, or PostgreSQL's numeric text) to micro-units, rounded to six places. */

@@ -1,5 +1,6 @@
 import semver from 'semver';
 import { z } from 'zod';
+import { MAX_UNITS } from '../budgets/budget-units.js';
 import { isHostPattern } from '../egress/host-allowlist.js';
 import {
   AGENT_FORBIDDEN_CATEGORIES,
@@ -158,7 +159,7 @@ export const toolRegistrationSchema = z
     target: z
       .strictObject({ family: nullableLabel, provider: nullableLabel, region: nullableLabel })
       .default({ family: null, provider: null, region: null }),
-    cost_units: z.number().min(0).max(1_000_000_000),
+    cost_units: z.number().min(0).max(MAX_UNITS),
     rate_limit: z
       .strictObject({
         capacity: z.number().int().min(1).max(1_000_000_000),

@@ -10,6 +10,7 @@ import type { AuditLog } from '../audit/audit-log.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
+import { MAX_UNITS } from '../budgets/budget-units.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import type { Handoff } from '../handoffs/handoff.js';
@@ -468,10 +469,12 @@ export class RunExecutor {
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
-    // The backend was contacted: the call costs what it reported, else the contract's price.
-    // Settling runs alongside the outcome record: until it lands, the reservation still holds
-    // the units, so budgets only err on the strict side meanwhile.
-    const costUnits = result.ok ? (result.reportedCostUnits ?? tool.cost_units) : tool.cost_units;
+    // The backend was contacted: the call costs what it reported (at most MAX_UNITS, what any
+    // one amount may be), else the contract's price. Settling runs alongside the outcome record:
+    // until it lands, the reservation still holds the units, so budgets only err on the strict
+    // side meanwhile.
+    const reported = result.ok ? result.reportedCostUnits : undefined;
+    const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, MAX_UNITS);
     const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve();
 
     let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
@@ -494,7 +497,7 @@ export class RunExecutor {
       duration_ms: backendMs,
       cost_units: costUnits,
       details: outcome.ok
-        ? { ...details, reported_cost_units: result.ok ? (result.reportedCostUnits ?? null) : null }
+        ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > MAX_UNITS ? { reported_cost_capped: true } : {}) }
         : { ...details, message: outcome.message, ...outcome.details },
     });
     const [record] = await Promise.all([outcomeRecord, settled]);

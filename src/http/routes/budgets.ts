@@ -7,7 +7,7 @@ import { BUDGET_SCOPES, type BudgetUsage } from '../../budgets/budget.js';
 import { BUDGET_PERIODS } from '../../budgets/budget-period.js';
 import { findBudget, listBudgets, withUsage } from '../../budgets/budget-repository.js';
 import { changeBudgetLimits, createBudget, getBudget, removeBudget, type ChangeContext } from '../../budgets/budget-service.js';
-import { toMicros } from '../../budgets/budget-units.js';
+import { MAX_UNITS, toMicros } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
@@ -22,7 +22,6 @@ export interface BudgetRouteDeps {
   now: () => Date;
 }
 
-const MAX_UNITS = 1e12;
 const subjectId = z.string().min(1).max(200);
 // Units have six decimal places; anything that rounds to zero is not a positive amount.
 const positiveUnits = z

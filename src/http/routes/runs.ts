@@ -4,6 +4,7 @@ import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
 import type { Principal } from '../../auth/principal.js';
 import { readRunAllowance } from '../../budgets/run-allowance.js';
+import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
 import { APPROVAL_REQUIREMENTS, type Handoff } from '../../handoffs/handoff.js';
@@ -47,7 +48,7 @@ function executeBody(maxPlanSteps: number) {
       )
       .min(1, 'a plan has at least one step')
       .max(maxPlanSteps, `a plan has at most ${maxPlanSteps} steps; longer plans are refused, never truncated`),
-    budget_units: z.number().positive().finite().optional(),
+    budget_units: z.number().positive().max(MAX_UNITS).optional(),
     dry_run: z.boolean().optional(),
     keep_open: z.boolean().optional(),
   });
@@ -59,7 +60,7 @@ const handoffBody = z.strictObject({
   sub_agent_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as sophia.retriever'),
   sub_run_id: id,
   // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
-  budget_units: z.number().finite(),
+  budget_units: z.number().finite().max(MAX_UNITS),
   delegable_tool_ids: z.array(toolId).max(100),
   max_fanout: z.number().int().min(0).max(1000),
   capability_modifiers: capabilityModifiersSchema.default({}),
