@@ -9,7 +9,7 @@
  * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
- * BENCH_SECONDS (per phase, default 8), BENCH_WARMUP_SECONDS (calls through the gateway before
+ * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8), BENCH_WARMUP_SECONDS (calls through the gateway before
  * measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2"; empty:
  * moderate phases only).
  */
@@ -26,6 +26,7 @@ import { signDevelopmentToken } from '../src/auth/dev-token.js';
 const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
 const warmupSeconds = Number(process.env.BENCH_WARMUP_SECONDS ?? 8);
+const moderateConcurrency = Number(process.env.BENCH_MODERATE_CONCURRENCY ?? 8);
 // An empty BENCH_GATEWAYS runs only the moderate phases (one gateway), e.g. for profiling them.
 const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').filter(Boolean).map(Number);
 const secret = randomBytes(32).toString('base64url');
@@ -217,7 +218,7 @@ async function main(): Promise<void> {
     // after 15 s 2.0 ms. A gateway is a long-running process; the bench measures it warm.
     await load('warm-up', 8, warmupSeconds, callGateway(1));
     const rows: Array<[string, ReturnType<typeof summary>]> = [];
-    const moderate = 8;
+    const moderate = moderateConcurrency;
     const heavy = 64;
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
     const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, moderate, 1);

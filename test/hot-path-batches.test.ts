@@ -12,6 +12,11 @@ import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/gra
 import { claimRuns, findRun, insertSubRun, leaveRuns, recordGrantUses, type NewRun, type RunLeave } from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
+import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
+import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
+import { AuditLog } from '../src/audit/audit-log.js';
+import { GrantService } from '../src/grants/grant-service.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
 // The statements the hot path of POST /runs/execute group-commits: many callers, one statement.
@@ -676,5 +681,49 @@ describe('writeLedgerIf', () => {
         [counterId(b!), { spentMicros: 3_000_000, reservedMicros: 0 }],
       ]),
     );
+  });
+});
+
+describe('grants read ahead (the first step’s, while its run is claimed)', () => {
+  const grants = () =>
+    new GrantService({
+      db,
+      hot: testDb.database.hot,
+      audit: new AuditLog(testDb.database.hot, () => clock.now()),
+      tools: { resolve: () => ({ ok: false, reason: 'not_registered' }) as never },
+      now: () => clock.now(),
+    });
+  const principal = (tenant: string): AgentPrincipal => ({ kind: 'agent', id: 'agent.batch', tenantId: tenant, family: 'batchers', scopes: new Set(['scf:read']) }) as unknown as AgentPrincipal;
+  const runOf = (runId: string): StepRequest['run'] => ({ run_id: runId, context: {} });
+
+  it('is used by the resolve of its own query, and a grant revoked after the read is still refused at the grant stage', async () => {
+    const tenant = fresh('ahead-t');
+    await claimOne(tenant, 'run-a');
+    const granted = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    const service = grants();
+    const query = grantQueryOf(principal(tenant), runOf('run-a'), 'echo');
+    const ahead = service.prefetch(query);
+    await ahead.candidates;
+    await revoke(granted.id);
+    // The read ahead is what resolve judged (a fresh read finds the revocation)...
+    expect(await service.resolve(query, ahead)).toMatchObject({ ok: true, grant: { id: granted.id } });
+    expect(await service.resolve(query)).toMatchObject({ ok: false, code: 'grant_revoked' });
+    // ...and the stage, which records the run's reliance on the grant, refuses it all the same.
+    const ports = { grants: service, grantUses: { record: async (use: { tenantId: string; runId: string; grantId: string }) => (await recordGrantUses(db, [{ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }]))[0]! } } as unknown as AdmissionPorts;
+    const request: StepRequest = { principal: principal(tenant), run: runOf('run-a'), step: { index: 0, tool_id: 'echo', input: {} }, dryRun: false, prefetchedGrants: ahead };
+    const state: StepState = { tool: { id: 'echo' } as AdmissibleTool, warnings: [] };
+    expect(await grantStage.check(request, state, ports)).toMatchObject({ ok: false, code: 'grant_revoked' });
+    expect(await db.selectFrom('run_grant_uses').select('grant_id').where('tenant_id', '=', tenant).execute()).toEqual([]);
+  });
+
+  it('is ignored by the resolve of any other query', async () => {
+    const tenant = fresh('ahead-t');
+    const other = await grant({ tenant, tool: 'other', scope: 'per-run', ref: 'run-b' });
+    const service = grants();
+    const ahead = service.prefetch(grantQueryOf(principal(tenant), runOf('run-b'), 'echo'));
+    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-b'), 'other'), ahead)).toMatchObject({ ok: true, grant: { id: other.id } });
+    // The same subject in another run reads its own candidates: the per-run grant is not there.
+    const elsewhere = service.prefetch(grantQueryOf(principal(tenant), runOf('run-b'), 'other'));
+    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-c'), 'other'), elsewhere)).toMatchObject({ ok: false, code: 'grant_missing' });
   });
 });

@@ -73,13 +73,28 @@ export interface GrantView {
   capability_modifiers: Record<string, unknown>;
 }
 
+export interface GrantQuery {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  context: RunScopeContext;
+}
+
 export interface GrantsPort {
-  resolve(query: {
-    tenantId: string;
-    agentId: string;
-    toolId: string;
-    context: RunScopeContext;
-  }): Promise<{ ok: true; grant: GrantView } | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }>;
+  /** `prefetched`: the candidates `prefetch` began reading for this very query, if it did. */
+  resolve(query: GrantQuery, prefetched?: GrantPrefetch): Promise<{ ok: true; grant: GrantView } | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }>;
+  /**
+   * Starts reading the grants a query will resolve from, ahead of its turn (the first step's,
+   * while its run is being claimed). Its result is used only by a `resolve` of the same query;
+   * one never used costs a read and nothing else.
+   */
+  prefetch?(query: GrantQuery): GrantPrefetch;
+}
+
+/** Grants being read ahead for one query (opaque to the pipeline). */
+export interface GrantPrefetch {
+  readonly query: unknown;
+  readonly candidates: Promise<unknown>;
 }
 
 export interface RunScopeContext {

@@ -1,6 +1,6 @@
 import type { Principal } from '../auth/principal.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
-import type { AdmissibleTool, AdmissionPorts, GrantView, Reservation, StageDecision } from './ports.js';
+import type { AdmissibleTool, AdmissionPorts, GrantPrefetch, GrantView, Reservation, StageDecision } from './ports.js';
 
 export type AgentPrincipal = Extract<Principal, { kind: 'agent' }>;
 
@@ -20,6 +20,8 @@ export interface StepRequest {
   };
   step: { index: number; tool_id: string; version?: string | undefined; input: unknown };
   dryRun: boolean;
+  /** The grants of this step, read ahead while its run was claimed (the first step only). */
+  prefetchedGrants?: GrantPrefetch | undefined;
 }
 
 /** What earlier stages learned, for later stages and for dispatch. */

@@ -5,7 +5,7 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { checkModifiersWithinTool } from './capability-modifiers.js';
-import type { CapabilityModifiers, Grant, GrantScope, OperatorActor } from './grant.js';
+import { GRANT_SCOPE_CONTEXT_KEY, type CapabilityModifiers, type Grant, type GrantScope, type OperatorActor } from './grant.js';
 import {
   findGrant,
   findGrantCandidates,
@@ -39,6 +39,30 @@ export interface GrantServiceDeps {
   tools: ToolFactsLookup;
   now: () => Date;
   onGrantsEnded?: GrantsEndedHook | undefined;
+}
+
+/** What a grant is resolved for: (tenant, agent, tool) in a run's context. */
+export interface GrantResolveQuery {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  context: Partial<RunContext>;
+}
+
+/** The candidates of one query, being read ahead of its `resolve`. */
+export interface GrantPrefetch {
+  readonly query: GrantResolveQuery;
+  readonly candidates: Promise<unknown>;
+}
+
+/** Whether two queries read the same candidates: the same subject and the same scope references. */
+function sameQuery(a: GrantResolveQuery, b: GrantResolveQuery): boolean {
+  return (
+    a.tenantId === b.tenantId &&
+    a.agentId === b.agentId &&
+    a.toolId === b.toolId &&
+    Object.values(GRANT_SCOPE_CONTEXT_KEY).every((key) => (key === 'tenant_id' ? true : a.context[key] === b.context[key]))
+  );
 }
 
 /** A new grant as asked for; the tenant is already the one the operator may act in. */
@@ -92,16 +116,23 @@ export class GrantService {
    * acts at the very next call boundary on every replica — for queued, paused and sub-agent runs
    * alike, since each resolves again per step.
    */
-  async resolve(query: {
-    tenantId: string;
-    agentId: string;
-    toolId: string;
-    context: Partial<RunContext>;
-  }): Promise<GrantDecision> {
+  async resolve(query: GrantResolveQuery, prefetched?: GrantPrefetch): Promise<GrantDecision> {
     // The tenant is the caller's, from its token: a tenant in the context never widens it.
     const context: RunContext = { ...query.context, tenant_id: query.tenantId };
-    const candidates = await this.candidateReads.submit({ ...query, context });
+    const ahead = prefetched && sameQuery(prefetched.query, query) ? (prefetched.candidates as Promise<Grant[]>) : undefined;
+    const candidates = await (ahead ?? this.candidateReads.submit({ ...query, context }));
     return resolveGrant(candidates, context, this.deps.now());
+  }
+
+  /**
+   * Starts the read `resolve` will need for `query`, so that it overlaps other work (the run's
+   * claim). The resolution itself waits for `resolve`, at the grant stage, judged at that moment.
+   */
+  prefetch(query: GrantResolveQuery): GrantPrefetch {
+    const candidates = this.candidateReads.submit({ ...query, context: { ...query.context, tenant_id: query.tenantId } });
+    // A prefetch nobody resolves (the claim found the run taken) must not be an unhandled rejection.
+    candidates.catch(() => undefined);
+    return { query, candidates };
   }
 
   async create(request: CreateGrantRequest): Promise<{ ok: true; grant: Grant } | GrantRefusal> {

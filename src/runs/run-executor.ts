@@ -1,7 +1,8 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import { admitStep, type Admission } from '../admission/admission-pipeline.js';
-import type { AdmissibleTool, AdmissionPorts, Denial, Hold, Reservation } from '../admission/ports.js';
+import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold, Reservation } from '../admission/ports.js';
+import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import { cancelPendingApprovals, insertApproval } from '../approvals/approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
@@ -78,6 +79,8 @@ interface Execution {
   delegation: Handoff | undefined;
   /** The actor whose request drives this execution: the proposer of any approval it asks for. */
   actor: string;
+  /** The first step's grants, read while the run was claimed; taken by that step. */
+  prefetchedGrants?: GrantPrefetch | undefined;
 }
 
 interface StepOutcome {
@@ -128,6 +131,8 @@ export class RunExecutor {
       }
       run = existing;
     } else {
+      // The first step's grants are read while the run is claimed, instead of after.
+      const prefetched = this.deps.ports.grants.prefetch?.(grantQueryOf(principal, this.stepRequest(principal, request, 0, false, undefined).run, request.plan[0]!.tool_id));
       const claimed = await this.claims.submit({
         ...start,
         tenant_id: principal.tenantId,
@@ -140,7 +145,7 @@ export class RunExecutor {
         budget_units: request.budget_units,
         created_at: this.deps.now(),
       });
-      if (claimed) return this.runFrom(await this.execution(claimed, principal, request, traceId, actorOf(principal)), [], true);
+      if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       if (!existing) throw new Error(`run ${request.run_id} vanished while being claimed`);
       run = existing;
@@ -236,7 +241,10 @@ export class RunExecutor {
     const { request } = exec;
     const planned = request.plan[index]!;
     const started = performance.now();
-    const admission = await admitStep(this.stepRequest(exec.principal, request, index, false, exec), this.deps.ports);
+    const stepRequest = this.stepRequest(exec.principal, request, index, false, exec);
+    if (index === 0 && exec.prefetchedGrants) stepRequest.prefetchedGrants = exec.prefetchedGrants;
+    delete exec.prefetchedGrants;
+    const admission = await admitStep(stepRequest, this.deps.ports);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
     const base = this.auditBase(exec, index, tool);
