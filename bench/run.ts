@@ -9,9 +9,9 @@
  * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
- * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8), BENCH_WARMUP_SECONDS (calls through the gateway before
- * measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2"; empty:
- * moderate phases only).
+ * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8),
+ * BENCH_WARMUP_SECONDS (calls through the gateway before measuring, default 8), BENCH_GATEWAYS
+ * (gateways in the heavy phases, default "1,2"; empty: the moderate phases only).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
