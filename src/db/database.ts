@@ -66,11 +66,10 @@ const HOT_SETTINGS = ['plan_cache_mode=force_generic_plan', 'enable_seqscan=off'
 
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
   const sent = { count: 0 };
-  // Prepared statements elsewhere are parsed once, but planned for each execution with its own
-  // values and the tables as they are now: a plan cached while a table was small would keep
-  // scanning it whole after it grew (until the next ANALYZE).
   // The pool size is the process's: half of it for the per-call statements (each group commit has
   // one batch in flight at a time, so a handful of connections carry them), the rest for the rest.
+  // There, prepared statements are parsed once but planned for each execution, with its values
+  // and the tables as they are now (operator queries: the best plan depends on their filters).
   const hotSize = Math.max(1, Math.floor(poolSize / 2));
   const general = openPool(connectionString, Math.max(1, poolSize - hotSize), logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent);
   const hotPool = openPool(connectionString, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent);
