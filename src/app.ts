@@ -107,7 +107,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       this.set(Number.isFinite(age) ? age / 1000 : -1);
     },
   });
-  const budgets = new BudgetLedger(database.hot, {
+  const budgets = new BudgetLedger(database.hotAsync, {
     now,
     registry: metrics.registry,
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
@@ -123,7 +123,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       this.inc(database.statementsSent());
     },
   });
-  const rateLimiter = new RateLimiter(database.hot, { now, registry: metrics.registry });
+  const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
   const cascades = new RunCascades((toolId, range) => {
     const resolved = catalog.resolve(toolId, range);
@@ -146,7 +146,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   const approvals = new ApprovalService({ db: database.db, now });
   // Uses recorded at the same moment share one statement (group commit).
-  const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.hot, uses));
+  const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.hotAsync, uses));
   const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }) };
   const ports: AdmissionPorts = {
     catalog,
@@ -161,7 +161,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   };
   const backend = new BackendClient();
   const approvalTtlMs = config.approvalTtlSeconds * 1000;
-  const runs = new RunExecutor({ db: database.db, hot: database.hot, audit, ports, backend, metrics, now, approvalTtlMs });
+  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs });
   const runControls = new RunControls({ db: database.db, executor: runs, approvals, now });
   const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
   const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs, runControls, approvals, handoffs };

@@ -58,6 +58,12 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
       // The other pool plans each execution with its values (operator queries).
       const general = await sql<{ mode: string }>`select current_setting('plan_cache_mode') as mode`.execute(database.db);
       expect(general.rows[0]!.mode).toBe('force_custom_plan');
+      // Only the pool for statements a later synchronous commit makes durable skips the wait for the disk.
+      const durability = async (db: typeof database.db) =>
+        (await sql<{ sync: string; mode: string }>`select current_setting('synchronous_commit') as sync, current_setting('plan_cache_mode') as mode`.execute(db)).rows[0];
+      expect(await durability(database.hotAsync)).toEqual({ sync: 'off', mode: 'force_generic_plan' });
+      expect(await durability(database.hot)).toEqual({ sync: 'on', mode: 'force_generic_plan' });
+      expect((await durability(database.db))!.sync).toBe('on');
     } finally {
       await database.close();
       await empty.drop();

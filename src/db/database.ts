@@ -33,6 +33,16 @@ export interface Database {
    * filters) uses `db`, planned for each execution. On PGlite both are the same.
    */
   readonly hot: Kysely<DB>;
+  /**
+   * `hot`, with `synchronous_commit` off: a commit returns before its WAL reaches the disk. For
+   * the per-call statements whose effects stay inside toolgate until a later synchronous commit
+   * on the same server: the run's claim, its grant-use records, budget reservations and
+   * settlements, rate-limit takes. PostgreSQL writes WAL in order, so the synchronous commit of
+   * the call's intent record (before its backend is contacted) and of the run's end (before the
+   * answer) make every earlier commit durable too; a crash before them loses only effects
+   * nobody outside has seen. On PGlite, the same as `db`.
+   */
+  readonly hotAsync: Kysely<DB>;
   readonly listener: NotificationListener;
   /** Statements sent to the server so far (round trips; the hot path's cost, see /metrics). */
   statementsSent(): number;
@@ -66,20 +76,24 @@ const HOT_SETTINGS = ['plan_cache_mode=force_generic_plan', 'enable_seqscan=off'
 
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
   const sent = { count: 0 };
-  // The pool size is the process's: half of it for the per-call statements (each group commit has
-  // one batch in flight at a time, so a handful of connections carry them), the rest for the rest.
-  // There, prepared statements are parsed once but planned for each execution, with its values
-  // and the tables as they are now (operator queries: the best plan depends on their filters).
-  const hotSize = Math.max(1, Math.floor(poolSize / 2));
-  const general = openPool(connectionString, Math.max(1, poolSize - hotSize), logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent);
+  // The pool size is that of the general pool, where prepared statements are parsed once but
+  // planned for each execution, with its values and the tables as they are now (operator
+  // queries: the best plan depends on their filters). The per-call statements have two pools of
+  // a quarter of that size each: each group commit has one batch in flight at a time, so a
+  // handful of connections carry them.
+  const hotSize = Math.max(2, Math.ceil(poolSize / 4));
+  const general = openPool(connectionString, poolSize, logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent);
   const hotPool = openPool(connectionString, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent);
+  const hotAsyncPool = openPool(connectionString, hotSize, logger, 'toolgate-hot-async', [...HOT_SETTINGS, 'synchronous_commit=off'], sent);
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: general }) });
   const hot = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotPool }) });
+  const hotAsync = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotAsyncPool }) });
   const listener = new PgNotificationListener(connectionString, logger);
   return {
     kind: 'postgres',
     db,
     hot,
+    hotAsync,
     listener,
     statementsSent: () => sent.count,
     ping: async () => {
@@ -87,7 +101,7 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
     },
     close: async () => {
       await listener.close();
-      await Promise.all([db.destroy(), hot.destroy()]);
+      await Promise.all([db.destroy(), hot.destroy(), hotAsync.destroy()]);
     },
   };
 }
@@ -179,6 +193,7 @@ async function openPGlite(dataDir: string): Promise<Database> {
     kind: 'pglite',
     db,
     hot: db,
+    hotAsync: db,
     listener,
     statementsSent: () => pool.statementsSent,
     ping: async () => {

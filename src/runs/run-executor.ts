@@ -38,8 +38,13 @@ import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunSta
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
   db: Kysely<DB>;
-  /** Where the group-committed claims and run ends go (the database's hot pool); `db` when not given. */
+  /** Where the group-committed run ends go (the database's hot pool); `db` when not given. */
   hot?: Kysely<DB> | undefined;
+  /**
+   * Where the group-committed claims go (the hot pool without waiting for the disk: the intent
+   * record's commit, before any dispatch, makes a claim durable); `hot` when not given.
+   */
+  hotAsync?: Kysely<DB> | undefined;
   audit: AuditLog;
   ports: AdmissionPorts;
   backend: BackendClient;
@@ -107,7 +112,8 @@ export class RunExecutor {
 
   constructor(private readonly deps: RunExecutorDeps) {
     const hot = deps.hot ?? deps.db;
-    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hot, runs)));
+    const hotAsync = deps.hotAsync ?? hot;
+    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hotAsync, runs)));
     this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(hot, leaves)));
   }
 
