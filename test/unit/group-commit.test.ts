@@ -24,14 +24,21 @@ describe('group commit', () => {
   it('serves requests that arrive while a batch is in flight in the next batch', async () => {
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
+    let started!: () => void;
+    const firstBatchStarted = new Promise<void>((resolve) => (started = resolve));
     const batches: number[][] = [];
     const group = new GroupCommit<number, number>(async (batch) => {
       batches.push(batch);
-      if (batches.length === 1) await gate;
+      if (batches.length === 1) {
+        started();
+        await gate;
+      }
       return batch;
     });
     const first = group.submit(1);
-    await new Promise((r) => setTimeout(r, 0));
+    // Wait for the first batch to be in flight (not for a timer, which may fire before the
+    // flush's own turns of the event loop have passed, and join the first batch).
+    await firstBatchStarted;
     const later = [group.submit(2), group.submit(3)];
     release();
     expect(await Promise.all([first, ...later])).toEqual([1, 2, 3]);
