@@ -209,10 +209,11 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
 
   it('says grant_expired once every match has lapsed, at the next call', async () => {
     const agent = newAgent();
-    const soon = await grant({ agent_id: agent, expires_at: new Date(Date.now() + 400).toISOString() });
+    const expiresAt = Date.now() + 1_500; // room for a slow machine to grant and explain first
+    const soon = await grant({ agent_id: agent, expires_at: new Date(expiresAt).toISOString() });
     expect(soon.status).toBe(201);
     expect((await explain({ agent_id: agent })).body.ok).toBe(true);
-    await new Promise((resolve) => setTimeout(resolve, 450));
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, expiresAt - Date.now()) + 50));
     const res = await explain({ agent_id: agent });
     expect(res.body).toMatchObject({ ok: false, code: 'grant_expired', candidates: [{ status: 'expired' }] });
     const listed = await client.get('/grants', { token: opA, query: { agent_id: agent, status: 'expired' } });
