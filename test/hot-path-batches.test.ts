@@ -492,8 +492,12 @@ describe('closeAndUncharge', () => {
       ],
       at,
     );
-    expect(closed).toEqual(new Set([r1.id, r2.id, r3.id]));
+    expect(closed.closed).toEqual(new Set([r1.id, r2.id, r3.id]));
     expect(await usage(budget)).toEqual({ spent: 2.5, reserved: 0 });
+    // And the levels it left each counter it changed at, as the table now holds them.
+    const counters = [{ key: budget, periodStart: periodStart('month', clock.now()) }, runTotal(tenant, 'run-1'), runTotal(tenant, 'run-2'), runTotal(tenant, 'run-3')];
+    expect(closed.levels).toEqual(await readCounters(db, counters));
+    expect(closed.levels.size).toBe(4);
     expect(await runTotals(tenant, ['run-1', 'run-2', 'run-3'])).toEqual([
       { spentMicros: 2_500_000, reservedMicros: 0 },
       { spentMicros: 0, reservedMicros: 0 },
@@ -510,7 +514,7 @@ describe('closeAndUncharge', () => {
     const open = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 4 }));
     const done = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 6 }));
     const first = new Date('2030-04-08T10:01:00.000Z');
-    expect(await closeAndUncharge(db, [{ id: done.id, status: 'settled', actualMicros: 6_000_000 }], first)).toEqual(new Set([done.id]));
+    expect((await closeAndUncharge(db, [{ id: done.id, status: 'settled', actualMicros: 6_000_000 }], first)).closed).toEqual(new Set([done.id]));
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 4 });
 
     const later = new Date('2030-04-08T10:02:00.000Z');
@@ -523,12 +527,12 @@ describe('closeAndUncharge', () => {
       ],
       later,
     );
-    expect(closed).toEqual(new Set([open.id]));
+    expect(closed.closed).toEqual(new Set([open.id]));
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
     expect(await runTotals(tenant, ['run-1'])).toEqual([{ spentMicros: 6_000_000, reservedMicros: 0 }]);
     expect(await reservationRow(done.id)).toMatchObject({ status: 'settled', actual_units: '6.000000', closed_at: first });
 
-    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual(new Set());
+    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual({ closed: new Set(), levels: new Map() });
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
   });
 
@@ -638,49 +642,77 @@ describe('writeLedgerIf', () => {
     expect(await reservationCount(id)).toBe(0);
   });
 
-  it('writes nothing when a counter it would change does not exist (another writer is creating it)', async () => {
+  it('creates a counter it expects not to exist, with its delta', async () => {
     const [a] = await counters(fresh('cas-a'));
-    const missing = { key: fresh('cas-missing'), periodStart: total };
+    const absent = { key: fresh('cas-new'), periodStart: total };
     const id = fresh('bres_cas');
     const ok = await writeLedgerIf(
       db,
       await levels([a!]),
       [
         { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
-        { ...missing, spentMicros: 0, reservedMicros: 1_000_000 },
+        { ...absent, spentMicros: 0, reservedMicros: 1_000_000 },
       ],
-      [reservation(id, 1_000_000, [a!, missing])],
+      [reservation(id, 1_000_000, [a!, absent])],
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(false);
-    expect((await levels([a!])).get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 0 });
-    expect(await reservationCount(id)).toBe(0);
+    expect(ok).toBe(true);
+    expect(await levels([a!, absent])).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 0, reservedMicros: 1_000_000 }],
+        [counterId(absent), { spentMicros: 0, reservedMicros: 1_000_000 }],
+      ]),
+    );
+    expect(await reservationCount(id)).toBe(1);
   });
 
-  it('compares only the counters it changes', async () => {
-    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
-    const expected = await levels([a!, b!]);
-    await sql`update budget_counters set spent_units = spent_units + 3 where counter_key = ${b!.key}`.execute(db);
-    // b moved, but this write leaves b as it is (a zero delta): nothing it relies on changed.
+  it('writes nothing when a counter it expected not to exist was created meanwhile', async () => {
+    const [a] = await counters(fresh('cas-a'));
+    const expected = await levels([a!]);
+    // Another writer creates the counter between this one's read and its write.
+    const [appeared] = await counters(fresh('cas-appeared'));
+    const id = fresh('bres_cas');
     const ok = await writeLedgerIf(
       db,
       expected,
       [
         { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
-        { ...b!, spentMicros: 0, reservedMicros: 0 },
+        { ...appeared!, spentMicros: 0, reservedMicros: 1_000_000 },
       ],
-      [],
+      [reservation(id, 1_000_000, [a!, appeared!])],
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(true);
+    expect(ok).toBe(false);
+    expect(await levels([a!, appeared!])).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
+        [counterId(appeared!), { spentMicros: 0, reservedMicros: 0 }],
+      ]),
+    );
+    expect(await reservationCount(id)).toBe(0);
+  });
+
+  it('compares every counter it was decided against, changed or not', async () => {
+    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
+    const expected = await levels([a!, b!]);
+    await sql`update budget_counters set spent_units = spent_units + 3 where counter_key = ${b!.key}`.execute(db);
+    // b moved; this write leaves b as it is, but a decision was made from b's level.
+    const changes = [
+      { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
+      { ...b!, spentMicros: 0, reservedMicros: 0 },
+    ];
+    expect(await writeLedgerIf(db, expected, changes, [], reservedAt, expiresAt)).toBe(false);
     expect(await levels([a!, b!])).toEqual(
       new Map([
-        [counterId(a!), { spentMicros: 0, reservedMicros: 1_000_000 }],
+        [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
         [counterId(b!), { spentMicros: 3_000_000, reservedMicros: 0 }],
       ]),
     );
+    // Decided again from what the counters hold now, it is written.
+    expect(await writeLedgerIf(db, await levels([a!, b!]), changes, [], reservedAt, expiresAt)).toBe(true);
+    expect((await levels([a!])).get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 1_000_000 });
   });
 });
 

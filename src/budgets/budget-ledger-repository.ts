@@ -16,6 +16,12 @@ export function counterId(ref: CounterRef): string {
   return `${ref.key}@${ref.periodStart.toISOString()}`;
 }
 
+/** The counter a `counterId` names (the key may hold '@'; the window start never does). */
+export function counterRefOf(id: string): CounterRef {
+  const at = id.lastIndexOf('@');
+  return { key: id.slice(0, at), periodStart: new Date(id.slice(at + 1)) };
+}
+
 const microsText = (micros: Micros) => fromMicros(micros).toFixed(6);
 
 /** Live budgets that may apply to any of these subjects (callers filter per subject). */
@@ -137,11 +143,22 @@ async function budgetsAndCounters(
   return { budgets: [...budgets.values()], levels: levelsOf(result.rows) };
 }
 
+/** The live budgets a batch was decided with, for `writeLedgerIf` to check. */
+export interface ExpectedBudgets {
+  /** Who the batch charges. */
+  subjects: ChargeSubject[];
+  /** Exactly the live budgets that apply to any of them (`budgetApplies`), as the batch saw them. */
+  budgets: Budget[];
+}
+
 /**
- * `writeLedger` if, and only if, every changed counter still holds the level it was decided
- * against (compare and set), in one statement: the counters are locked in key order, compared,
- * and only then changed and the reservations recorded — all of it or nothing. False when any
- * counter had moved; nothing was written then.
+ * `writeLedger` if, and only if, everything the batch was decided against still stands
+ * (compare and set), in one statement: each counter in `expected` still holds its level, each
+ * changed counter missing from `expected` still does not exist (it is created with its delta),
+ * and — when `budgets` is given — the live budgets that apply to the batch's subjects are still
+ * exactly those, with the same limits. The counters are locked in key order, compared, and only
+ * then changed and the reservations recorded — all of it or nothing. False when anything had
+ * moved (or a counter had appeared); nothing was written then.
  */
 export async function writeLedgerIf(
   db: Kysely<DB>,
@@ -150,63 +167,127 @@ export async function writeLedgerIf(
   reservations: NewReservation[],
   reservedAt: Date,
   expiresAt: Date,
+  budgets?: ExpectedBudgets,
 ): Promise<boolean> {
-  const changed = deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
-  if (changed.length === 0 && reservations.length === 0) return true;
-  const level = (d: CounterDelta) => expected.get(counterId(d)) ?? { spentMicros: 0, reservedMicros: 0 };
-  const result = await sql<{ ok: boolean }>`
-    with expected as (
-      select * from unnest(
-        ${changed.map((d) => d.key)}::text[],
-        ${changed.map((d) => d.periodStart)}::timestamptz[],
-        ${changed.map((d) => microsText(level(d).spentMicros))}::numeric[],
-        ${changed.map((d) => microsText(level(d).reservedMicros))}::numeric[],
-        ${changed.map((d) => microsText(d.spentMicros))}::numeric[],
-        ${changed.map((d) => microsText(d.reservedMicros))}::numeric[]
-      ) as e(k, p, spent, reserved, add_spent, add_reserved)
-    ),
-    current as materialized (
-      select c.counter_key, c.period_start, c.spent_units, c.reserved_units
-      from budget_counters c join expected e on c.counter_key = e.k and c.period_start = e.p
-      where c.counter_key = any(${changed.map((d) => d.key)}::text[])
-      order by c.counter_key, c.period_start
-      for no key update of c
-    ),
-    unchanged as materialized (
-      select count(*) = ${changed.length} as ok
-      from current c join expected e on c.counter_key = e.k and c.period_start = e.p
-      where c.spent_units = e.spent and c.reserved_units = e.reserved
-    ),
-    counters as (
-      update budget_counters c
-      set spent_units = c.spent_units + e.add_spent, reserved_units = c.reserved_units + e.add_reserved
-      from expected e, unchanged u
-      where u.ok and c.counter_key = e.k and c.period_start = e.p and c.counter_key = any(${changed.map((d) => d.key)}::text[])
-      returning 1
-    ),
-    ledger as (
-      insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
-      select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
-      from ${reservationRows(reservations)}, unchanged u
-      where u.ok
-      returning 1
-    )
-    select u.ok, (select count(*) from counters) as counters, (select count(*) from ledger) as reservations from unchanged u
-  `.execute(db);
-  return result.rows[0]?.ok === true;
+  const changed = new Map(deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]));
+  if (changed.size === 0 && reservations.length === 0) return true;
+  // Every counter decided against is compared; those it changes are changed by their delta.
+  const known = [...expected].map(([id, level]) => ({ ref: counterRefOf(id), level, delta: changed.get(id) }));
+  const created = [...changed].filter(([id]) => !expected.has(id)).map(([, d]) => d);
+  const keys = known.map((c) => c.ref.key);
+  try {
+    const result = await sql<{ ok: boolean }>`
+      with expected as (
+        select * from unnest(
+          ${keys}::text[],
+          ${known.map((c) => c.ref.periodStart)}::timestamptz[],
+          ${known.map((c) => microsText(c.level.spentMicros))}::numeric[],
+          ${known.map((c) => microsText(c.level.reservedMicros))}::numeric[],
+          ${known.map((c) => microsText(c.delta?.spentMicros ?? 0))}::numeric[],
+          ${known.map((c) => microsText(c.delta?.reservedMicros ?? 0))}::numeric[]
+        ) as e(k, p, spent, reserved, add_spent, add_reserved)
+      ),
+      current as materialized (
+        select c.counter_key, c.period_start, c.spent_units, c.reserved_units
+        from budget_counters c join expected e on c.counter_key = e.k and c.period_start = e.p
+        where c.counter_key = any(${keys}::text[])
+        order by c.counter_key, c.period_start
+        for no key update of c
+      ),${budgets ? applicableBudgets(budgets) : sql``}
+      unchanged as materialized (
+        select count(*) = ${known.length}${budgets ? sameBudgets(budgets) : sql``} as ok
+        from current c join expected e on c.counter_key = e.k and c.period_start = e.p
+        where c.spent_units = e.spent and c.reserved_units = e.reserved
+      ),
+      counters as (
+        update budget_counters c
+        set spent_units = c.spent_units + e.add_spent, reserved_units = c.reserved_units + e.add_reserved
+        from expected e, unchanged u
+        where u.ok and (e.add_spent <> 0 or e.add_reserved <> 0)
+          and c.counter_key = e.k and c.period_start = e.p and c.counter_key = any(${keys}::text[])
+        returning 1
+      ),
+      created as (
+        -- A plain insert: a counter another writer created meanwhile fails the whole statement.
+        insert into budget_counters (counter_key, period_start, spent_units, reserved_units)
+        select n.k, n.p, n.spent, n.reserved
+        from unnest(
+          ${created.map((d) => d.key)}::text[],
+          ${created.map((d) => d.periodStart)}::timestamptz[],
+          ${created.map((d) => microsText(d.spentMicros))}::numeric[],
+          ${created.map((d) => microsText(d.reservedMicros))}::numeric[]
+        ) as n(k, p, spent, reserved), unchanged u
+        where u.ok
+        returning 1
+      ),
+      ledger as (
+        insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
+        select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
+        from ${reservationRows(reservations)}, unchanged u
+        where u.ok
+        returning 1
+      )
+      select u.ok, (select count(*) from counters) as counters, (select count(*) from created) as created,
+             (select count(*) from ledger) as reservations
+      from unchanged u
+    `.execute(db);
+    return result.rows[0]?.ok === true;
+  } catch (error) {
+    if (isCounterCreatedMeanwhile(error)) return false;
+    throw error;
+  }
+}
+
+/** `applicable`: the live budgets that apply to any of the subjects, subject by subject. */
+function applicableBudgets({ subjects }: ExpectedBudgets): RawBuilder<unknown> {
+  return sql`
+      applicable as (
+        select distinct b.id, b.period, b.limit_units, b.grace_units, b.warn_ratio
+        from budgets b
+        join unnest(${subjects.map((s) => s.tenantId)}::text[], ${subjects.map((s) => s.agentId)}::text[], ${subjects.map((s) => s.runId)}::text[]) as s(t, a, r)
+          on b.tenant_id = s.t
+        where b.removed_at is null
+          and (b.scope = 'tenant' or (b.scope = 'agent' and b.agent_id = s.a) or (b.scope = 'run' and b.run_id = s.r))
+      ),`;
+}
+
+/** True when `applicable` holds exactly the expected budgets, each with its expected limits. */
+function sameBudgets({ budgets }: ExpectedBudgets): RawBuilder<unknown> {
+  return sql`
+          and (select count(*) from applicable) = ${budgets.length}
+          and (select count(*) from applicable a
+               join unnest(
+                 ${budgets.map((b) => b.id)}::text[],
+                 ${budgets.map((b) => b.period)}::text[],
+                 ${budgets.map((b) => microsText(toMicros(b.limitUnits)))}::numeric[],
+                 ${budgets.map((b) => microsText(toMicros(b.graceUnits)))}::numeric[],
+                 ${budgets.map((b) => b.warnRatio)}::float8[]
+               ) as x(id, period, limit_units, grace_units, warn_ratio)
+                 on a.id = x.id and a.period = x.period and a.limit_units = x.limit_units
+                and a.grace_units = x.grace_units and a.warn_ratio = x.warn_ratio) = ${budgets.length}`;
+}
+
+/** A unique violation on a counter's key: another writer created the counter first. */
+function isCounterCreatedMeanwhile(error: unknown): boolean {
+  const e = error as { code?: unknown; constraint?: unknown };
+  return e.code === '23505' && e.constraint === 'budget_counters_pkey';
 }
 
 /**
  * Closes reservations that are still open and gives their counters back what they held (and
- * charges what a settled call cost), all in one statement; returns the ids it closed. One
- * already settled, released or expired is left alone, so settling twice never counts twice.
- * When one id is closed twice in the batch, the first close wins. Counters are locked in key
- * order, as every writer does.
+ * charges what a settled call cost), all in one statement; returns the ids it closed and the
+ * levels it left the counters it changed at. One already settled, released or expired is left
+ * alone, so settling twice never counts twice. When one id is closed twice in the batch, the
+ * first close wins. Counters are locked in key order, as every writer does.
  */
-export async function closeAndUncharge(db: Kysely<DB>, closes: ReservationClose[], at: Date): Promise<Set<string>> {
+export async function closeAndUncharge(
+  db: Kysely<DB>,
+  closes: ReservationClose[],
+  at: Date,
+): Promise<{ closed: Set<string>; levels: Map<string, CounterLevel> }> {
   const unique = firstCloses(closes);
-  if (unique.length === 0) return new Set();
-  const result = await sql<{ id: string | null }>`
+  if (unique.length === 0) return { closed: new Set(), levels: new Map() };
+  const result = await sql<{ id: string | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
     with closed as (
       update budget_reservations r
       set status = v.status, actual_units = v.actual, closed_at = ${at}
@@ -236,11 +317,20 @@ export async function closeAndUncharge(db: Kysely<DB>, closes: ReservationClose[
       set spent_units = c.spent_units + g.add_spent, reserved_units = c.reserved_units + g.add_reserved
       from given_back g join locked l on l.counter_key = g.k and l.period_start = g.p
       where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from given_back))
-      returning 1
+      returning c.counter_key, c.period_start, c.spent_units, c.reserved_units
     )
-    select id, (select count(*) from counters) as counters from closed
+    select id, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
+    from closed
+    union all
+    select null, counter_key, period_start, spent_units, reserved_units from counters
   `.execute(db);
-  return new Set(result.rows.map((row) => row.id!));
+  const closed = new Set<string>();
+  const levels: CounterRow[] = [];
+  for (const row of result.rows) {
+    if (row.id !== null) closed.add(row.id);
+    else levels.push(row as CounterRow);
+  }
+  return { closed, levels: levelsOf(levels) };
 }
 
 /** The first close of each id, in id order (the order rows are locked in). */

@@ -3,7 +3,7 @@ import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
+import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
 import {
   closeAndUncharge,
   counterChanges,
@@ -23,6 +23,7 @@ import {
   type Windows,
 } from './budget-ledger-repository.js';
 import { periodStart } from './budget-period.js';
+import { KnownLedger, runTotalCounter } from './known-ledger.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
 import {
   decideReservation,
@@ -104,6 +105,8 @@ export class BudgetLedger {
   private readonly sweeper: NodeJS.Timeout | undefined;
   /** Batches still to decide under row locks since the last lost optimistic write. */
   private lockedBatchesLeft = 0;
+  /** What this replica last saw of budgets and counters: guesses its writes check. */
+  private readonly known = new KnownLedger();
 
   constructor(
     private readonly db: Kysely<DB>,
@@ -187,7 +190,12 @@ export class BudgetLedger {
   private async commit(ops: LedgerOp[]): Promise<Array<LedgerOpResult | Failed>> {
     const now = this.options.now();
     const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
-    const closed = closes.length > 0 ? await retryOnConflict(() => closeAndUncharge(this.db, closes, now)) : new Set<string>();
+    let closed = new Set<string>();
+    if (closes.length > 0) {
+      const result = await retryOnConflict(() => closeAndUncharge(this.db, closes, now));
+      closed = result.closed;
+      this.known.rememberLevels(result.levels);
+    }
     const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
     let reserved: Array<ReserveResult | Failed>;
     try {
@@ -207,20 +215,40 @@ export class BudgetLedger {
   }
 
   /**
-   * Decides reservations against the counters as read, and writes them only if no counter moved
-   * meanwhile (one read, one write, no transaction held open). When another replica moved one,
-   * decides again under row locks — and keeps doing so for the next batches, since replicas
-   * that share counters will keep meeting there.
+   * Decides reservations against what this replica knows of the budgets and counters, and writes
+   * them only if all of it still stands (one statement). When it does not know enough, or what
+   * it knew had moved, reads the budgets and counters and tries once more (one read, one write,
+   * no transaction held open). When another replica moved a counter meanwhile, decides again
+   * under row locks — and keeps doing so for the next batches, since replicas that share
+   * counters will keep meeting there.
    */
   private async reserveAll(reserves: ReserveOp[], now: Date): Promise<ReserveResult[]> {
     const subjects = reserves.map((op) => op.request);
     const expiresAt = new Date(now.getTime() + this.options.reservationTtlMs);
     if (this.lockedBatchesLeft === 0) {
       try {
+        const guess = this.known.guess(subjects, now);
+        if (guess) {
+          const expected = new Map(guess.levels);
+          const plan = decideBatch(reserves, guess.budgets, guess.levels, now);
+          // A refusal decided from a guess is not trusted: it is decided again from a fresh read.
+          if (plan.results.every((result) => result.ok)) {
+            const budgets = { subjects, budgets: guess.budgets };
+            if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, budgets)) {
+              this.known.rememberLevels(guess.levels);
+              return plan.results;
+            }
+          }
+          this.known.forget(subjects, expected.keys());
+        }
         const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
         const expected = new Map(levels);
         const plan = decideBatch(reserves, budgets, levels, now);
-        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) return plan.results;
+        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) {
+          this.known.remember(subjects, budgets, levels);
+          return plan.results;
+        }
+        this.known.forget(subjects, expected.keys());
       } catch (error) {
         // A deadlock with another replica's batch wrote nothing: a lost race like any other.
         if (!isConflict(error)) throw error;
@@ -230,15 +258,17 @@ export class BudgetLedger {
     } else {
       this.lockedBatchesLeft -= 1;
     }
-    return retryOnConflict(() =>
+    const locked = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
         const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), subjects.map(runTotalCounter));
         const plan = decideBatch(reserves, budgets, levels, now);
         await writeLedger(trx, plan.deltas, plan.created, now, expiresAt);
         // Freeze the answers only once every write of the batch has succeeded.
-        return plan.results;
+        return { plan, budgets, levels };
       }),
     );
+    this.known.remember(subjects, locked.budgets, locked.levels);
+    return locked.plan.results;
   }
 }
 
@@ -310,10 +340,6 @@ function limitsFor(
     limits.push({ counter: counterId(runTotal), limitMicros: requestLimitMicros, graceMicros: 0, warnRatio: null, label: { source: 'request' } });
   }
   return { limits, charges };
-}
-
-function runTotalCounter(subject: ChargeSubject): CounterRef {
-  return { key: runCounterKey(subject.tenantId, subject.runId), periodStart: periodStart('total', new Date(0)) };
 }
 
 function windowsAt(now: Date): Windows {
