@@ -93,7 +93,8 @@ type LedgerOpResult = ReserveResult | CloseOutcome;
  * the row locks themselves), so N replicas together never admit past a budget's limit + grace,
  * and never refuse while room remains. Reservations and settlements arriving together are
  * committed together (group commit): a batch of settlements is one statement, a batch of
- * reservations two (read, then compare and set), not one transaction per call. Chunks of budget
+ * reservations one (a compare and set against the budgets and levels this replica last saw) or,
+ * when those were unknown or had moved, two (read, then compare and set). Chunks of budget
  * are deliberately not leased to replicas: units parked in one replica's lease would make
  * another refuse calls the budget still allows and skew warn/grace verdicts.
  * A database fault throws (the pipeline answers 503 and admits nothing).
