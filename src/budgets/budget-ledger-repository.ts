@@ -118,12 +118,7 @@ async function budgetsAndCounters(
   const unique = [...new Map(extra.map((ref) => [counterId(ref), ref])).values()];
   const result = await sql<CounterRow & Partial<Selectable<BudgetTable>>>`
     with applicable as (
-      select * from budgets
-      where removed_at is null
-        and tenant_id = any(${[...new Set(subjects.map((s) => s.tenantId))]}::text[])
-        and (scope = 'tenant'
-          or (scope = 'agent' and agent_id = any(${[...new Set(subjects.map((s) => s.agentId))]}::text[]))
-          or (scope = 'run' and run_id = any(${[...new Set(subjects.map((s) => s.runId))]}::text[])))
+      select distinct on (b.id) b.* from ${liveBudgetsOf(subjects)}
     ),
     wanted as (
       select id as k,
@@ -242,13 +237,29 @@ export async function writeLedgerIf(
 function applicableBudgets({ subjects }: ExpectedBudgets): RawBuilder<unknown> {
   return sql`
       applicable as (
-        select distinct b.id, b.period, b.limit_units, b.grace_units, b.warn_ratio
-        from budgets b
-        join unnest(${subjects.map((s) => s.tenantId)}::text[], ${subjects.map((s) => s.agentId)}::text[], ${subjects.map((s) => s.runId)}::text[]) as s(t, a, r)
-          on b.tenant_id = s.t
-        where b.removed_at is null
-          and (b.scope = 'tenant' or (b.scope = 'agent' and b.agent_id = s.a) or (b.scope = 'run' and b.run_id = s.r))
+        select distinct b.id, b.period, b.limit_units, b.grace_units, b.warn_ratio from ${liveBudgetsOf(subjects)}
       ),`;
+}
+
+/**
+ * `b`: the live budgets of each subject — its tenant's, its agent's and its run's — each found
+ * by its key in `budgets_one_live_per_subject`, subject by subject (a lateral subquery the
+ * planner cannot turn around). A plan kept on a hot connection is made while the tables may be
+ * empty: it must not be one that reads every live budget (one did, for every reservation).
+ * (A budget's subject columns other than its own are null: the table checks it.)
+ */
+function liveBudgetsOf(subjects: ChargeSubject[]): RawBuilder<unknown> {
+  return sql`unnest(${subjects.map((s) => s.tenantId)}::text[], ${subjects.map((s) => s.agentId)}::text[], ${subjects.map((s) => s.runId)}::text[]) as s(t, a, r)
+        cross join lateral (
+          select * from budgets
+          where removed_at is null and tenant_id = s.t and scope = 'tenant' and coalesce(agent_id, '') = '' and coalesce(run_id, '') = ''
+          union all
+          select * from budgets
+          where removed_at is null and tenant_id = s.t and scope = 'agent' and coalesce(agent_id, '') = s.a and coalesce(run_id, '') = ''
+          union all
+          select * from budgets
+          where removed_at is null and tenant_id = s.t and scope = 'run' and coalesce(agent_id, '') = '' and coalesce(run_id, '') = s.r
+        ) b`;
 }
 
 /** True when `applicable` holds exactly the expected budgets, each with its expected limits. */
@@ -279,6 +290,12 @@ function isCounterCreatedMeanwhile(error: unknown): boolean {
  * levels it left the counters it changed at. One already settled, released or expired is left
  * alone, so settling twice never counts twice. When one id is closed twice in the batch, the
  * first close wins. Counters are locked in key order, as every writer does.
+ *
+ * Each reservation is reached by its id from the batch (a lateral subquery the planner cannot
+ * turn around, probing the primary key: the plan a hot connection keeps is made while the tables
+ * may be empty, and once walked every open reservation) and updated through the row version this
+ * statement's snapshot holds; only a close changes a reservation, so one changed meanwhile is
+ * closed already and left alone.
  */
 export async function closeAndUncharge(
   db: Kysely<DB>,
@@ -296,7 +313,8 @@ export async function closeAndUncharge(
         ${unique.map((c) => c.status)}::text[],
         ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
       ) as v(id, status, actual)
-      where r.id = v.id and r.status = 'reserved'
+      cross join lateral (select b.ctid as row_version from budget_reservations b where b.id = v.id limit 1) open
+      where r.ctid = open.row_version and r.status = 'reserved'
       returning r.id, r.units, r.charges, v.actual
     ),
     given_back as (

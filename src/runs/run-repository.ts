@@ -261,37 +261,46 @@ export interface RunLeave extends RunKey {
  * Ends many runs that never handed off, in one statement: for each, whether it ended (false when
  * the run moved on without its executor, or has a sub-run and must end under the audit chain's
  * lock). The runs are locked in key order first, as controls and cascades lock them.
+ *
+ * Every row is reached by its key from the batch, one probe per run (a lateral subquery the
+ * planner cannot turn around), and updated through the row version it locked: the plan this
+ * statement keeps on a hot connection is made while the tables may still be empty, and must not
+ * be one that reads a tenant's runs whole (it once did, through `runs_tenant_created`, and a run
+ * end cost more the more runs its tenant had). A row another transaction changed after this
+ * statement's snapshot is not ended here; the caller then ends it under the lock.
  */
 export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
   if (leaves.length === 0) return [];
-  const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
-  // The key lists let every probe of runs use its primary key (or runs_parent), however many
-  // rows the planner guesses the batch has.
-  const tenants = [...new Set(leaves.map((l) => l.tenant_id))];
-  const runIds = [...new Set(leaves.map((l) => l.run_id))];
+  const rows = leaves
+    .map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }))
+    .sort((a, b) => compareKeys(a, b));
   const result = await sql<{ tenant_id: string; run_id: string; epoch: number }>`
     with v as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
     ), locked as materialized (
-      select r.tenant_id, r.run_id from runs r join v on r.tenant_id = v.tenant_id and r.run_id = v.run_id
-      where r.tenant_id = any(${tenants}::text[]) and r.run_id = any(${runIds}::text[])
-      order by r.tenant_id, r.run_id
-      for no key update of r
-    ), parents as materialized (
-      select distinct sub.tenant_id, sub.parent_run_id from runs sub
-      where sub.tenant_id = any(${tenants}::text[]) and sub.parent_run_id = any(${runIds}::text[])
+      select l.row_version, v.* from v
+      cross join lateral (
+        select r.ctid as row_version from runs r
+        where r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.status = 'running' and r.epoch = v.epoch
+        limit 1
+        for no key update
+      ) l
+      where not exists (select 1 from runs sub where sub.tenant_id = v.tenant_id and sub.parent_run_id = v.run_id)
     )
     update runs r
-    set status = v.status, http_status = v.http_status, envelope = v.envelope, busy = false, updated_at = now()
-    from v join locked l on l.tenant_id = v.tenant_id and l.run_id = v.run_id
-    where r.tenant_id = any(${tenants}::text[]) and r.run_id = any(${runIds}::text[])
-      and r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.epoch = v.epoch and r.status = 'running'
-      and not exists (select 1 from parents p where p.tenant_id = v.tenant_id and p.parent_run_id = v.run_id)
-    returning r.tenant_id, r.run_id, v.epoch`.execute(db);
+    set status = l.status, http_status = l.http_status, envelope = l.envelope, busy = false, updated_at = now()
+    from locked l
+    where r.ctid = l.row_version and r.status = 'running' and r.epoch = l.epoch
+    returning r.tenant_id, r.run_id, l.epoch`.execute(db);
   // Keyed by epoch too: only the executor of the run's current epoch ended it.
   const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
   return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
+}
+
+function compareKeys(a: RunKey, b: RunKey): number {
+  if (a.tenant_id !== b.tenant_id) return a.tenant_id < b.tenant_id ? -1 : 1;
+  return a.run_id < b.run_id ? -1 : a.run_id > b.run_id ? 1 : 0;
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
