@@ -66,19 +66,23 @@ function unkeyedScans(plan: string): string[] {
     // The scan's own lines run to the next plan node.
     const next = lines.findIndex((other, j) => j > i && other.includes('->'));
     const own = lines.slice(i + 1, next === -1 ? undefined : next).find((other) => /^\s*Index Cond:/.test(other));
-    const missing = required.filter((column) => !own || !new RegExp(`(?<!\\w)${escape(column)}[^=()]*\\)? = `).test(own));
+    const missing = required.filter((column) => !own || !new RegExp(`(?<!\\w)${escapeRegExp(column)}[^=()]*\\)? = `).test(own));
     if (missing.length > 0) problems.push(`${index} probed without ${missing.join(', ')}: ${own?.trim() ?? 'no index condition'}`);
   });
   return problems;
 }
 
-function escape(text: string): string {
+function escapeRegExp(text: string): string {
   return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }
 
-/** The plans each connection of a pool keeps, holding `size` connections at once to reach all of them. */
-async function keptPlans(db: Kysely<DB>, size: number): Promise<Map<string, string>> {
-  const plans = new Map<string, string>();
+/**
+ * The plan each connection of a pool keeps for each statement it prepared, as [statement, plan]
+ * (connections plan at different moments, so one statement may have several), holding `size`
+ * connections at once to reach all of them.
+ */
+async function keptPlans(db: Kysely<DB>, size: number): Promise<Array<[string, string]>> {
+  const plans: Array<[string, string]> = [];
   let entered = 0;
   let release!: () => void;
   const allIn = new Promise<void>((resolve) => (release = resolve));
@@ -88,13 +92,13 @@ async function keptPlans(db: Kysely<DB>, size: number): Promise<Map<string, stri
         entered += 1;
         if (entered === size) release();
         await allIn;
-        const named = await sql<{ name: string; statement: string; parameter_types: string[] | string }>`
-          select name, statement, parameter_types::text[] as parameter_types from pg_prepared_statements`.execute(conn);
-        for (const { name, statement, parameter_types } of named.rows) {
-          const count = Array.isArray(parameter_types) ? parameter_types.length : parameter_types.replace(/[{}]/g, '').split(',').filter(Boolean).length;
-          const args = count === 0 ? '' : `(${Array.from({ length: count }, () => 'null').join(', ')})`;
+        const named = await sql<{ name: string; statement: string; parameters: number }>`
+          select name, statement, cardinality(parameter_types) as parameters from pg_prepared_statements`.execute(conn);
+        for (const { name, statement, parameters } of named.rows) {
+          // The kept (generic) plan, whatever the values: nulls will do, nothing is executed.
+          const args = parameters === 0 ? '' : `(${Array.from({ length: parameters }, () => 'null').join(', ')})`;
           const plan = await sql<{ 'QUERY PLAN': string }>`explain (costs off) execute ${sql.raw(name)}${sql.raw(args)}`.execute(conn);
-          plans.set(statement.replace(/\s+/g, ' ').trim(), plan.rows.map((row) => row['QUERY PLAN']).join('\n'));
+          plans.push([statement.replace(/\s+/g, ' ').trim(), plan.rows.map((row) => row['QUERY PLAN']).join('\n')]);
         }
       }),
     ),
@@ -130,14 +134,14 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
     expect((await execute(newRunId('planned'))).status).toBe(200);
 
     // The hot pools have a quarter of the pool's 10 connections each (at least 2): 3.
-    const plans = new Map([...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotAsync, 3))]);
-    const texts = [...plans.keys()];
+    const plans = [...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotAsync, 3))];
+    const texts = plans.map(([statement]) => statement);
     // The statements of a call are all there: claim, grant read and use, reservation,
     // rate-limit take, audit append, settlement, run end.
     for (const shape of ['insert into runs', 'join grants g', 'insert into run_grant_uses', 'insert into budget_reservations', 'rate_buckets', 'audit_chain_head', 'update budget_reservations', 'update runs r']) {
       expect(texts.some((text) => text.includes(shape)), `a kept plan for "${shape}"`).toBe(true);
     }
-    const problems = [...plans].flatMap(([statement, plan]) =>
+    const problems = plans.flatMap(([statement, plan]) =>
       unkeyedScans(plan)
         .filter((problem) => !KNOWN.some((known) => statement.includes(known.statement) && known.problem.test(problem)))
         .map((problem) => `${problem}\n  in: ${statement.slice(0, 160)}`),
