@@ -271,13 +271,13 @@ export interface RunLeave extends RunKey {
  */
 export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
   if (leaves.length === 0) return [];
-  const rows = leaves
-    .map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }))
-    .sort((a, b) => compareKeys(a, b));
+  const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
   const result = await sql<{ tenant_id: string; run_id: string; epoch: number }>`
     with v as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
+      -- In the server's key order (its collation, not JavaScript's): the probes lock in this order.
+      order by tenant_id, run_id
     ), locked as materialized (
       select l.row_version, v.* from v
       cross join lateral (
@@ -296,11 +296,6 @@ export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boo
   // Keyed by epoch too: only the executor of the run's current epoch ended it.
   const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
   return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
-}
-
-function compareKeys(a: RunKey, b: RunKey): number {
-  if (a.tenant_id !== b.tenant_id) return a.tenant_id < b.tenant_id ? -1 : 1;
-  return a.run_id < b.run_id ? -1 : a.run_id > b.run_id ? 1 : 0;
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
