@@ -86,6 +86,23 @@ describe('POST /runs/execute: a run that completes', () => {
     expect(hit.headers.authorization).toBeUndefined();
   });
 
+  it('starts a fresh trace, audited with the run, when the caller sends none, and a new span id per dispatch', async () => {
+    const runId = newRunId();
+    const before = backend.hitsOn('/echo').length;
+    await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('echo', { q: 'b' }, '1.0.0')] });
+    const hits = backend.hitsOn('/echo').slice(before);
+    expect(hits).toHaveLength(2);
+    const parts = hits.map((hit) => /^00-([0-9a-f]{32})-([0-9a-f]{16})-01$/.exec(String(hit.headers.traceparent)));
+    expect(parts[0]).not.toBeNull();
+    expect(parts[1]).not.toBeNull();
+    const [traceId, firstSpan] = [parts[0]![1]!, parts[0]![2]!];
+    expect(traceId).not.toMatch(/^0+$/);
+    expect(parts[1]![1]).toBe(traceId);
+    expect(parts[1]![2]).not.toBe(firstSpan);
+    const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
+    expect(events.body.items.map((e: { trace_id: string }) => e.trace_id)).toEqual(Array(4).fill(traceId));
+  });
+
   it('writes an intent record before and an outcome record after each dispatch, with hashes not payloads', async () => {
     const runId = newRunId();
     await execute({ run_id: runId, plan: [step('echo', { q: 'secret-payload' }, '1.0.0')] });

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { customAlphabet } from 'nanoid';
 import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici';
 
 /** Where and how a tool's backend is called (the resolved form of the contract's `backend`). */
@@ -34,6 +34,9 @@ export const COST_HEADER = 'x-toolgate-cost-units';
 
 class ResponseTooLarge extends Error {}
 
+/** A W3C parent id: 8 random bytes in hex, from nanoid's pool (one randomBytes call costs microseconds). */
+const spanId = customAlphabet('0123456789abcdef', 16);
+
 /**
  * Calls tool backends over keep-alive connection pools (one per origin, held by an undici
  * Agent), with the tool's deadline covering the whole exchange and a cap on the response size.
@@ -67,7 +70,7 @@ export class BackendClient {
           ...target.headers,
           accept: 'application/json',
           ...(hasBody ? { 'content-type': 'application/json' } : {}),
-          traceparent: `00-${who.traceId}-${randomBytes(8).toString('hex')}-01`,
+          traceparent: `00-${who.traceId}-${spanId()}-01`,
           'x-toolgate-run-id': who.runId,
           'x-toolgate-tenant-id': who.tenantId,
           'x-toolgate-agent-id': who.agentId,
