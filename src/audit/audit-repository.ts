@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
-import { chainHash, GENESIS_HASH } from './audit-hash.js';
+import { chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
 
 export interface TimedAuditEvent {
   event: AuditEventInput;
@@ -23,11 +23,15 @@ export interface ChainHead {
   hash: string;
 }
 
-/** The records that follow `head`, hashed in order, and the head they leave behind. */
-function chainAfter(head: ChainHead, events: TimedAuditEvent[]): { records: AuditRecord[]; last: ChainHead } {
+/**
+ * The records that follow `head`, hashed in order, the head they leave behind, and the records
+ * as one JSON array for the insert.
+ */
+function chainAfter(head: ChainHead, events: TimedAuditEvent[]): { records: AuditRecord[]; last: ChainHead; json: string } {
   let seq = head.seq;
   let prevHash = head.hash;
   const records: AuditRecord[] = [];
+  const rows: string[] = [];
   for (const { event, occurredAt } of events) {
     seq += 1;
     const unhashed: Omit<AuditRecord, 'hash'> = {
@@ -40,11 +44,12 @@ function chainAfter(head: ChainHead, events: TimedAuditEvent[]): { records: Audi
       details: event.details ?? {},
       prev_hash: prevHash,
     };
-    const record: AuditRecord = { ...unhashed, hash: chainHash(unhashed) };
-    records.push(record);
-    prevHash = record.hash;
+    const sealed = sealRecord(unhashed);
+    records.push({ ...unhashed, hash: sealed.hash });
+    rows.push(sealed.json);
+    prevHash = sealed.hash;
   }
-  return { records, last: { seq, hash: prevHash } };
+  return { records, last: { seq, hash: prevHash }, json: `[${rows.join(',')}]` };
 }
 
 /**
@@ -59,13 +64,13 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
     .where('id', '=', 1)
     .forUpdate()
     .executeTakeFirstOrThrow();
-  const { records, last } = chainAfter({ seq: Number(head.seq), hash: head.hash }, events);
+  const { records, last, json } = chainAfter({ seq: Number(head.seq), hash: head.hash }, events);
   // The rows and the new head in one statement (one round trip while the head is locked).
   await sql`
     with moved as (
       update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1
     )
-    insert into audit_events select * from jsonb_populate_recordset(null::audit_events, ${JSON.stringify(records)}::jsonb)`.execute(trx);
+    insert into audit_events select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)`.execute(trx);
   return records;
 }
 
@@ -80,7 +85,7 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
  * and the answer is `undefined`. One round trip instead of a locking transaction's four.
  */
 export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; last: ChainHead } | undefined> {
-  const { records, last } = chainAfter(expected, events);
+  const { records, last, json } = chainAfter(expected, events);
   const result = await sql<{ n: number }>`
     with moved as (
       update audit_chain_head set seq = ${last.seq}, hash = ${last.hash}
@@ -88,7 +93,7 @@ export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: 
       returning 1
     ), appended as (
       insert into audit_events
-      select * from jsonb_populate_recordset(null::audit_events, ${JSON.stringify(records)}::jsonb)
+      select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)
       where exists (select 1 from moved)
       returning 1
     )

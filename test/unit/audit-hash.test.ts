@@ -1,0 +1,46 @@
+import { describe, expect, it } from 'vitest';
+import { chainHash, GENESIS_HASH, sealRecord } from '../../src/audit/audit-hash.js';
+import type { AuditRecord } from '../../src/audit/audit-event.js';
+
+const unhashed: Omit<AuditRecord, 'hash'> = {
+  seq: 7,
+  event_id: '3f1c2d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f',
+  occurred_at: '2026-11-30T12:00:00.000Z',
+  actor: 'agent:t1/a1',
+  event_type: 'run.step.completed',
+  tenant_id: 't1',
+  agent_id: 'a1',
+  run_id: 'run-1',
+  tool_call_id: 'run-1:0:x',
+  tool_id: 'echo',
+  tool_version: '1.0.0',
+  tool_category: 'read_only',
+  risk_level: 'low',
+  status: 'completed',
+  reason_code: null,
+  input_sha256: 'a'.repeat(64),
+  output_sha256: null,
+  duration_ms: 1.5,
+  cost_units: 2,
+  trace_id: null,
+  organization_id: null,
+  assessment_id: null,
+  details: { zeta: 1, alpha: { nested: ['x', 'y'] }, quote: 'say "hi"\n' },
+  prev_hash: GENESIS_HASH,
+};
+
+describe('sealRecord', () => {
+  it('hashes exactly as chainHash, so stored rows verify', () => {
+    expect(sealRecord(unhashed).hash).toBe(chainHash(unhashed));
+  });
+
+  it('gives the record with its hash as JSON, every field and value intact', () => {
+    const { hash, json } = sealRecord(unhashed);
+    expect(JSON.parse(json)).toEqual({ ...unhashed, hash });
+  });
+
+  it('changes the hash when any field changes', () => {
+    expect(sealRecord({ ...unhashed, details: { ...unhashed.details, zeta: 2 } }).hash).not.toBe(sealRecord(unhashed).hash);
+    expect(sealRecord({ ...unhashed, prev_hash: 'f'.repeat(64) }).hash).not.toBe(sealRecord(unhashed).hash);
+  });
+});
