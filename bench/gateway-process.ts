@@ -33,8 +33,8 @@ export async function startGateway(options: {
   // BENCH_NODE_ARGS: extra Node flags for the gateway, e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof".
   const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean);
   buildOnce();
-  // The flags the Docker image runs the gateway with (see its CMD).
-  const child = spawn(process.execPath, ['--max-semi-space-size=8', '--max-old-space-size=512', ...nodeArgs, 'dist/server.js'], {
+  // The flags the Docker image runs the gateway with (see its NODE_OPTIONS and CMD).
+  const child = spawn(process.execPath, ['--max-semi-space-size=8', '--max-old-space-size=1024', ...nodeArgs, 'dist/server.js'], {
     cwd: root,
     env: {
       ...process.env,
