@@ -3,7 +3,8 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
 import { isDatabaseUnavailable } from '../src/db/unavailable.js';
-import { RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
+import { readBucket } from '../src/rate-limits/rate-bucket-repository.js';
+import { LEASE_WINDOW_MS, leaseSize, RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
@@ -86,6 +87,61 @@ describe('take', () => {
     const shrunk = { ...b, capacity: 2 };
     const decisions = await Promise.all(Array.from({ length: 4 }, () => limiter.take(shrunk)));
     expect(admittedCount(decisions)).toBe(2);
+  });
+
+  it('spends a generous bucket’s lease without a statement, and gives back what it did not spend', async () => {
+    // An eighth of the capacity is 125, 100 ms of refill is 10: a lease of 10 tokens.
+    const b = bucket(1000, 100);
+    expect(leaseSize(b)).toBe(10);
+    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    expect((await limiter.take(b)).ok).toBe(true);
+    // The first take stored its own token and the lease's ten.
+    expect(await stored()).toBe(989);
+    expect(await limiter.peek(b)).toMatchObject({ ok: true });
+    for (let i = 0; i < 10; i += 1) expect((await limiter.take(b)).ok).toBe(true);
+    // Spent from the lease: the stored level did not move.
+    expect(await stored()).toBe(989);
+    // The lease is spent: the next take goes to the bucket, and leases again.
+    expect((await limiter.take(b)).ok).toBe(true);
+    expect(await stored()).toBe(978);
+    for (let i = 0; i < 3; i += 1) expect((await limiter.take(b)).ok).toBe(true);
+    expect(await stored()).toBe(978);
+    // Past the window the lease is not spent: the 7 tokens left go back with the next take.
+    clock.advance(LEASE_WINDOW_MS);
+    expect((await limiter.take(b)).ok).toBe(true);
+    // 978 + 10 refilled + 7 given back − 1 taken − 10 leased again.
+    expect(await stored()).toBe(984);
+  });
+
+  it('takes no lease from a bucket it would leave less than half full, nor from a small or slow one', async () => {
+    const b = bucket(32, 20); // a lease of 2
+    expect(leaseSize(b)).toBe(2);
+    expect(leaseSize(bucket(10, 40))).toBe(0);
+    expect(leaseSize(bucket(1000, 10))).toBe(0);
+    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    // Each batch of one take leases 2 while it leaves at least 16: 32 → 29, 26, 23, 20, 17.
+    const levels: number[] = [];
+    for (let i = 0; i < 15; i += 1) {
+      expect((await limiter.take(b)).ok).toBe(true);
+      levels.push(await stored());
+    }
+    expect(levels).toEqual([29, 29, 29, 26, 26, 26, 23, 23, 23, 20, 20, 20, 17, 17, 17]);
+    // From here a lease would leave under 16: each take is stored on its own.
+    for (const level of [16, 15, 14]) {
+      expect((await limiter.take(b)).ok).toBe(true);
+      expect(await stored()).toBe(level);
+    }
+  });
+
+  it('does not spend a lease on a changed contract, and gives it back to the bucket under the new one', async () => {
+    const b = bucket(1000, 100);
+    expect((await limiter.take(b)).ok).toBe(true);
+    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    expect(await stored()).toBe(989);
+    // The contract now holds at most 16: the 10 leased go back, capped at 16; one is taken, and a
+    // lease of 2 (an eighth of 16) leaves 13.
+    expect((await limiter.take({ ...b, capacity: 16 })).ok).toBe(true);
+    expect(await stored()).toBe(13);
   });
 
   it('counts refusals in the metrics', async () => {
@@ -173,6 +229,35 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
     expect(admitted).toBeLessThanOrEqual(Math.floor(10 + 40 * elapsedSeconds));
     // The bucket started full: at least its capacity went through, and the callers did outrun it.
     expect(admitted).toBeGreaterThanOrEqual(10);
+    expect(refused).toBeGreaterThan(0);
+    await Promise.all(limiters.map((l) => l.close()));
+  });
+
+  it('leasing from a generous bucket, admit no more than capacity + refill × elapsed on the real clock', async () => {
+    const limiters = instances(() => new Date());
+    const b = bucket(200, 400); // leases of 25 tokens while the bucket is at least half full
+    expect(leaseSize(b)).toBe(25);
+    let admitted = 0;
+    let refused = 0;
+    const started = performance.now();
+    const until = started + 1_500;
+    await Promise.all(
+      limiters.flatMap((l) =>
+        Array.from({ length: 20 }, async () => {
+          while (performance.now() < until) {
+            const decision = await l.take(b);
+            if (decision.ok) admitted += 1;
+            else {
+              refused += 1;
+              expect(decision.retryAfterSeconds).toBe(1);
+            }
+          }
+        }),
+      ),
+    );
+    const elapsedSeconds = (performance.now() - started) / 1000;
+    expect(admitted).toBeLessThanOrEqual(Math.floor(200 + 400 * elapsedSeconds));
+    expect(admitted).toBeGreaterThanOrEqual(200);
     expect(refused).toBeGreaterThan(0);
     await Promise.all(limiters.map((l) => l.close()));
   });

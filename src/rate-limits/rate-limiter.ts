@@ -33,8 +33,18 @@ export interface RateLimiterOptions {
  * level. Takes arriving together are committed together (group commit). A replica remembers
  * the level it last stored, so a batch costs one statement while no other replica uses the
  * bucket; when one did, it reads the level again and retries, and under heavy contention falls
- * back to deciding under a row lock. Tokens are deliberately not leased to replicas in chunks:
- * tokens parked in one replica would make another refuse with a `Retry-After` that is not true.
+ * back to deciding under a row lock.
+ *
+ * A generous bucket is also leased from: while it stays at least half full, a batch that
+ * stores its takes also takes a small lease (at most an eighth of the capacity, and at most
+ * what the bucket refills in `LEASE_WINDOW_MS`), which this replica spends on its next takes
+ * within that window without a statement. Leased tokens leave the stored level when leased, so
+ * the bound above still holds for all replicas together; what a lease leaves unspent goes back
+ * with this replica's next batch for the bucket. Tokens parked in a lease can make another
+ * replica refuse while they sit there, but only after the bucket fell from half full to empty
+ * within the window, and its `Retry-After` then overstates the wait by at most the window per
+ * replica holding a lease. Small and slow buckets, whose `Retry-After` matters most, are never
+ * leased from (the lease would be under two tokens).
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class RateLimiter {
@@ -45,6 +55,8 @@ export class RateLimiter {
   private readonly known = new Map<string, BucketState>();
   /** Buckets' batches still to decide under the row lock since another replica last moved them. */
   private readonly lockedBatchesLeft = new Map<string, number>();
+  /** Tokens this replica took from a bucket ahead of its takes, and until when it may spend them. */
+  private readonly leases = new Map<string, Lease>();
 
   constructor(
     private readonly db: Kysely<DB>,
@@ -67,6 +79,8 @@ export class RateLimiter {
   /** Takes one token from the caller's bucket for this tool, or says how long to wait. */
   async take(request: TakeRequest): Promise<RateDecision> {
     assertRule(request);
+    const leased = this.spendLease(bucketId(request), request, this.options.now().getTime());
+    if (leased) return leased;
     const decision = await this.batches.submit(request);
     if (!decision.ok) this.denials.inc({ tool_id: request.toolId });
     return decision;
@@ -76,6 +90,8 @@ export class RateLimiter {
   async peek(request: TakeRequest): Promise<RateDecision> {
     assertRule(request);
     const nowMs = this.options.now().getTime();
+    const lease = this.liveLease(bucketId(request), request, nowMs);
+    if (lease) return { ok: true, remaining: Math.floor(lease.tokens - 1) };
     const stored = await readBucket(this.db, request);
     const current = stored ? refill(stored, request, nowMs) : fullBucket(request, nowMs);
     const wait = secondsUntilToken(current, request);
@@ -124,6 +140,10 @@ export class RateLimiter {
    */
   private async commitBucket(id: string, takes: TakeRequest[], nowMs: number): Promise<RateDecision[]> {
     const key = takes[0]!;
+    // What the last lease left unspent goes back with this batch (or is lost, if it fails: the
+    // strict side). Taken out of the map first, so nothing spends it meanwhile.
+    const unspent = this.leases.get(id)?.tokens ?? 0;
+    this.leases.delete(id);
     const lockedLeft = this.lockedBatchesLeft.get(id) ?? 0;
     if (lockedLeft > 0) {
       if (lockedLeft === 1) this.lockedBatchesLeft.delete(id);
@@ -131,9 +151,9 @@ export class RateLimiter {
     } else {
       for (let attempt = 0; attempt < 2; attempt += 1) {
         const before = this.known.get(id) ?? (await this.readLevel(key, nowMs));
-        const { decisions, after } = decideTakes(before, takes, nowMs);
+        const { decisions, after, lease } = decideTakes(before, takes, nowMs, unspent);
         if (await storeBucketIf(this.db, key, before, after)) {
-          this.remember(id, after);
+          this.remember(id, after, lease, key, nowMs);
           return decisions;
         }
         this.conflicts.inc();
@@ -145,12 +165,12 @@ export class RateLimiter {
     const decisions = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
         const states = await lockBuckets(trx, [{ key, initial: fullBucket(key, nowMs) }]);
-        const { decisions: locked, after } = decideTakes(states.get(id)!, takes, nowMs);
+        const { decisions: locked, after, lease } = decideTakes(states.get(id)!, takes, nowMs, unspent);
         await storeBuckets(trx, [{ key, state: after }]);
-        return { locked, after };
+        return { locked, after, lease };
       }),
     );
-    this.remember(id, decisions.after);
+    this.remember(id, decisions.after, decisions.lease, key, nowMs);
     return decisions.locked;
   }
 
@@ -160,19 +180,69 @@ export class RateLimiter {
     return states.get(bucketId(key))!;
   }
 
-  private remember(id: string, state: BucketState): void {
+  private remember(id: string, state: BucketState, lease: number, rule: BucketRule, nowMs: number): void {
     // A guess per bucket is small, but buckets are many: forget them all now and then.
     if (this.known.size >= 10_000 && !this.known.has(id)) this.known.clear();
     this.known.set(id, state);
+    if (lease > 0) {
+      // Dropping leases loses their tokens (the strict side); it takes 10,000 busy buckets.
+      if (this.leases.size >= 10_000) this.leases.clear();
+      this.leases.set(id, { tokens: lease, untilMs: nowMs + LEASE_WINDOW_MS, capacity: rule.capacity, refillPerSecond: rule.refillPerSecond });
+    }
   }
+
+  /** The bucket's lease, if this replica holds one it may still spend on this rule now. */
+  private liveLease(id: string, rule: BucketRule, nowMs: number): Lease | undefined {
+    const lease = this.leases.get(id);
+    if (!lease || lease.tokens < 1 || nowMs >= lease.untilMs) return undefined;
+    // A contract changed since: its takes go through the bucket (which gets the lease back).
+    if (lease.capacity !== rule.capacity || lease.refillPerSecond !== rule.refillPerSecond) return undefined;
+    return lease;
+  }
+
+  /** Admits a take from this replica's lease on its bucket, if it holds a live one. */
+  private spendLease(id: string, rule: BucketRule, nowMs: number): RateDecision | undefined {
+    const lease = this.liveLease(id, rule, nowMs);
+    if (!lease) return undefined;
+    lease.tokens -= 1;
+    return { ok: true, remaining: Math.floor(lease.tokens) };
+  }
+}
+
+/** A replica's tokens taken ahead from a bucket, under the rule they were taken for. */
+interface Lease extends BucketRule {
+  tokens: number;
+  untilMs: number;
+}
+
+/** How long a lease may be spent: also what it holds at most, in refill. */
+export const LEASE_WINDOW_MS = 100;
+
+/** The lease a batch may take from a bucket with this rule: none under two tokens. */
+export function leaseSize(rule: BucketRule): number {
+  const size = Math.floor(Math.min(rule.capacity / 8, (rule.refillPerSecond * LEASE_WINDOW_MS) / 1000));
+  return size >= 2 ? size : 0;
 }
 
 /** How many of a bucket's batches are decided under its row lock after a lost compare-and-set. */
 const LOCKED_BATCHES_AFTER_CONFLICT = 50;
 
-/** Takes decided in arrival order from one bucket's level; the level they leave it at. */
-function decideTakes(level: BucketState, takes: TakeRequest[], nowMs: number): { decisions: RateDecision[]; after: BucketState } {
+/**
+ * Takes decided in arrival order from one bucket's level, with `unspent` leased tokens given
+ * back first; the level they leave it at, less the lease taken when every take was admitted and
+ * the bucket stays at least half full after it.
+ */
+export function decideTakes(
+  level: BucketState,
+  takes: TakeRequest[],
+  nowMs: number,
+  unspent = 0,
+): { decisions: RateDecision[]; after: BucketState; lease: number } {
   let state = level;
+  if (unspent > 0) {
+    const current = refill(level, takes[0]!, nowMs);
+    state = { tokens: Math.min(takes[0]!.capacity, current.tokens + unspent), updatedAtMs: current.updatedAtMs };
+  }
   const decisions = takes.map((request): RateDecision => {
     const rule: BucketRule = request;
     const decision = take(state, rule, nowMs);
@@ -180,5 +250,10 @@ function decideTakes(level: BucketState, takes: TakeRequest[], nowMs: number): {
     if (decision.ok) return { ok: true, remaining: decision.remaining };
     return { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds };
   });
-  return { decisions, after: state };
+  const rule = takes[takes.length - 1]!;
+  const lease = leaseSize(rule);
+  if (lease > 0 && decisions.every((d) => d.ok) && state.tokens - lease >= rule.capacity / 2) {
+    return { decisions, after: { tokens: state.tokens - lease, updatedAtMs: state.updatedAtMs }, lease };
+  }
+  return { decisions, after: state, lease: 0 };
 }
