@@ -232,7 +232,7 @@ const LOCKED_BATCHES_AFTER_CONFLICT = 50;
  * back first; the level they leave it at, less the lease taken when every take was admitted and
  * the bucket stays at least half full after it.
  */
-export function decideTakes(
+function decideTakes(
   level: BucketState,
   takes: TakeRequest[],
   nowMs: number,
