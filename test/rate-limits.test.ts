@@ -33,6 +33,10 @@ function bucket(capacity: number, refillPerSecond: number): TakeRequest {
 
 const admittedCount = (decisions: RateDecision[]) => decisions.filter((d) => d.ok).length;
 
+/** A per-tool counter of the limiter's registry, for the tool every test bucket names. */
+const countOf = async (name: string) =>
+  (await registry.getSingleMetric(name)!.get()).values.find((v) => v.labels.tool_id === 'web.fetch')?.value ?? 0;
+
 describe('take', () => {
   it('admits a full bucket’s capacity, then refuses with the exact Retry-After', async () => {
     const b = bucket(3, 0.25);
@@ -94,13 +98,16 @@ describe('take', () => {
     const b = bucket(1000, 100);
     expect(leaseSize(b)).toBe(10);
     const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    const leasedTakes = () => countOf('toolgate_rate_limit_leased_takes_total');
+    const leasedBefore = await leasedTakes();
     expect((await limiter.take(b)).ok).toBe(true);
     // The first take stored its own token and the lease's ten.
     expect(await stored()).toBe(989);
     expect(await limiter.peek(b)).toMatchObject({ ok: true });
     for (let i = 0; i < 10; i += 1) expect((await limiter.take(b)).ok).toBe(true);
-    // Spent from the lease: the stored level did not move.
+    // Spent from the lease: the stored level did not move, and the metric counted them.
     expect(await stored()).toBe(989);
+    expect(await leasedTakes()).toBe(leasedBefore + 10);
     // The lease is spent: the next take goes to the bucket, and leases again.
     expect((await limiter.take(b)).ok).toBe(true);
     expect(await stored()).toBe(978);
@@ -146,8 +153,7 @@ describe('take', () => {
 
   it('counts refusals in the metrics', async () => {
     const b = bucket(1, 0.01);
-    const count = async () =>
-      (await registry.getSingleMetric('toolgate_rate_limit_denials_total')!.get()).values.find((v) => v.labels.tool_id === 'web.fetch')?.value ?? 0;
+    const count = () => countOf('toolgate_rate_limit_denials_total');
     const before = await count();
     await Promise.all(Array.from({ length: 4 }, () => limiter.take(b)));
     expect(await count()).toBe(before + 3);

@@ -50,6 +50,7 @@ export interface RateLimiterOptions {
 export class RateLimiter {
   private readonly batches: GroupCommit<TakeRequest, RateDecision>;
   private readonly denials: Counter<'tool_id'>;
+  private readonly leasedTakes: Counter<'tool_id'>;
   private readonly conflicts: Counter;
   /** The level this replica last read or stored, per bucket: a guess that the store checks. */
   private readonly known = new Map<string, BucketState>();
@@ -69,6 +70,12 @@ export class RateLimiter {
       labelNames: ['tool_id'],
       registers: [options.registry],
     });
+    this.leasedTakes = new Counter({
+      name: 'toolgate_rate_limit_leased_takes_total',
+      help: "Calls admitted from this replica's lease on a generous bucket, without a statement, by tool",
+      labelNames: ['tool_id'],
+      registers: [options.registry],
+    });
     this.conflicts = new Counter({
       name: 'toolgate_rate_limit_write_conflicts_total',
       help: 'Bucket compare-and-sets that found the level moved by another replica (read again and retried)',
@@ -80,7 +87,10 @@ export class RateLimiter {
   async take(request: TakeRequest): Promise<RateDecision> {
     assertRule(request);
     const leased = this.spendLease(bucketId(request), request, this.options.now().getTime());
-    if (leased) return leased;
+    if (leased) {
+      this.leasedTakes.inc({ tool_id: request.toolId });
+      return leased;
+    }
     const decision = await this.batches.submit(request);
     if (!decision.ok) this.denials.inc({ tool_id: request.toolId });
     return decision;
