@@ -8,10 +8,18 @@
  * PostgreSQL spent per call, the gateway's peak RSS, and checks that the audit log holds exactly
  * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
+ * A closed loop at fixed concurrency runs the gateway as fast as it can go, so its latency is
+ * mostly queueing once the gateway is saturated. The paced phases measure latency at moderate
+ * load instead: calls sent at a fixed rate whatever the answers (an open loop), by default 100
+ * calls/s and a quarter of what one gateway sustained at concurrency 64 in the same run, each
+ * timed from the moment it was due, so a late answer delays no later call's clock.
+ *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8),
- * BENCH_WARMUP_SECONDS (calls through the gateway before measuring, default 8), BENCH_GATEWAYS
- * (gateways in the heavy phases, default "1,2"; empty: the moderate phases only).
+ * BENCH_PACED_RATES (calls/s of the paced phases, comma-separated; default 100 and a quarter of one
+ * gateway's throughput at concurrency 64), BENCH_WARMUP_SECONDS (calls through the gateway
+ * before measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2";
+ * empty: the moderate phases only).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -27,6 +35,7 @@ const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:543
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
 const warmupSeconds = Number(process.env.BENCH_WARMUP_SECONDS ?? 8);
 const moderateConcurrency = Number(process.env.BENCH_MODERATE_CONCURRENCY ?? 8);
+const pacedRates = process.env.BENCH_PACED_RATES?.split(',').filter(Boolean).map(Number);
 // An empty BENCH_GATEWAYS runs only the moderate phases (one gateway), e.g. for profiling them.
 const gatewayCounts = (process.env.BENCH_GATEWAYS ?? '1,2').split(',').filter(Boolean).map(Number);
 const secret = randomBytes(32).toString('base64url');
@@ -71,6 +80,35 @@ async function load(label: string, concurrency: number, durationS: number, call:
   return { label, requests, errors, seconds: (performance.now() - started) / 1000, latenciesMs };
 }
 
+/**
+ * An open loop: calls sent at `rate` per second for `durationS`, each on its own schedule whatever
+ * the answers, and timed from when it was due (a call sent late because the load generator was
+ * busy counts the delay; no call waits for another's answer).
+ */
+async function paced(label: string, rate: number, durationS: number, call: () => Promise<boolean>): Promise<Phase> {
+  const latenciesMs: number[] = [];
+  let errors = 0;
+  const intervalMs = 1000 / rate;
+  const total = Math.max(1, Math.round(rate * durationS));
+  const inFlight: Array<Promise<void>> = [];
+  const started = performance.now();
+  for (let i = 0; i < total; i += 1) {
+    const due = started + i * intervalMs;
+    const wait = due - performance.now();
+    if (wait >= 1) await new Promise((r) => setTimeout(r, wait));
+    inFlight.push(
+      call()
+        .catch(() => false)
+        .then((ok) => {
+          latenciesMs.push(performance.now() - due);
+          if (!ok) errors += 1;
+        }),
+    );
+  }
+  await Promise.all(inFlight);
+  return { label, requests: total, errors, seconds: (performance.now() - started) / 1000, latenciesMs };
+}
+
 async function startBackend(): Promise<{ url: string; close: () => Promise<void> }> {
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -89,33 +127,60 @@ async function startBackend(): Promise<{ url: string; close: () => Promise<void>
 const TICK_MS = 10;
 
 /**
- * CPU time (user + system, in ticks) of the gateway processes and of every process named
- * `postgres` on this machine (a local server: the one the bench measures), from /proc. Zeros
- * where /proc is unreadable.
+ * CPU time (user + system, in ticks) per process, of the gateway processes and of every process
+ * named `postgres` on this machine (a local server: the one the bench measures), from /proc.
+ * Empty where /proc is unreadable.
  */
-function cpuTicks(gatewayPids: number[]): { gateways: number; postgres: number } {
-  const totals = { gateways: 0, postgres: 0 };
+function cpuTicks(gatewayPids: number[]): Map<number, { gateway: boolean; ticks: number }> {
+  const ticks = new Map<number, { gateway: boolean; ticks: number }>();
   let entries: string[] = [];
   try {
     entries = readdirSync('/proc').filter((name) => /^\d+$/.test(name));
   } catch {
-    return totals;
+    return ticks;
   }
-  for (const pid of entries) {
+  for (const entry of entries) {
     let stat: string;
     try {
-      stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
     } catch {
       continue; // gone meanwhile
     }
     const match = /^\d+ \((.*)\) (.*)$/s.exec(stat);
     if (!match) continue;
     const fields = match[2]!.split(' ');
-    const ticks = Number(fields[11]) + Number(fields[12]);
-    if (gatewayPids.includes(Number(pid))) totals.gateways += ticks;
-    else if (match[1] === 'postgres') totals.postgres += ticks;
+    const pid = Number(entry);
+    const gateway = gatewayPids.includes(pid);
+    if (gateway || match[1] === 'postgres') ticks.set(pid, { gateway, ticks: Number(fields[11]) + Number(fields[12]) });
   }
-  return totals;
+  return ticks;
+}
+
+/**
+ * The CPU the gateways and PostgreSQL spend while `measure` runs, in ticks. Sampled every 500 ms,
+ * not only at both ends: a PostgreSQL backend that exits meanwhile (a pool closing an idle
+ * connection) takes its counters with it, and one that starts counts from zero.
+ */
+async function cpuDuring<T>(gatewayPids: number[], measure: () => Promise<T>): Promise<{ result: T; gateways: number; postgres: number }> {
+  const first = cpuTicks(gatewayPids);
+  const last = new Map(first);
+  const sample = () => {
+    for (const [pid, seen] of cpuTicks(gatewayPids)) last.set(pid, seen);
+  };
+  const sampler = setInterval(sample, 500);
+  try {
+    const result = await measure();
+    sample();
+    const spent = { gateways: 0, postgres: 0 };
+    for (const [pid, { gateway, ticks }] of last) {
+      const spentHere = ticks - (first.get(pid)?.ticks ?? 0);
+      if (gateway) spent.gateways += spentHere;
+      else spent.postgres += spentHere;
+    }
+    return { result, ...spent };
+  } finally {
+    clearInterval(sampler);
+  }
 }
 
 function peakRssMb(pid: number): number {
@@ -196,17 +261,18 @@ async function main(): Promise<void> {
       return total;
     };
     const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number }]> = [];
-    const gatewayPhase = async (label: string, concurrency: number, count: number) => {
+    const gatewayPhase = async (label: string, concurrency: number, count: number, rate?: number) => {
       const before = await statementsSent();
-      const cpuBefore = cpuTicks(gateways.slice(0, count).map((g) => g.pid!));
-      const phase = await load('gateway', concurrency, seconds, callGateway(count));
-      const cpuAfter = cpuTicks(gateways.slice(0, count).map((g) => g.pid!));
+      const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () =>
+        rate === undefined ? load('gateway', concurrency, seconds, callGateway(count)) : paced('gateway', rate, seconds, callGateway(count)),
+      );
+      const phase = cpu.result;
       perCall.push([
         label,
         {
           statements: ((await statementsSent()) - before) / phase.requests,
-          gatewayCpuMs: ((cpuAfter.gateways - cpuBefore.gateways) * TICK_MS) / phase.requests,
-          postgresCpuMs: ((cpuAfter.postgres - cpuBefore.postgres) * TICK_MS) / phase.requests,
+          gatewayCpuMs: (cpu.gateways * TICK_MS) / phase.requests,
+          postgresCpuMs: (cpu.postgres * TICK_MS) / phase.requests,
         },
       ]);
       return summary(phase);
@@ -228,11 +294,25 @@ async function main(): Promise<void> {
     for (const count of gatewayCounts) {
       rows.push([`gateway x${count}, concurrency ${heavy}`, await gatewayPhase(`gateway x${count}, concurrency ${heavy}`, heavy, count)]);
     }
+    // Moderate load, in an open loop: a fixed 100 calls/s, and a quarter of what one gateway
+    // sustained at concurrency 64 (the machine drifts from run to run; this is moderate for the
+    // gateway measured).
+    const heavyOne = rows.find(([label]) => label === `gateway x1, concurrency ${heavy}`)?.[1].rps;
+    const rates = pacedRates ?? [100, ...(heavyOne ? [Math.round(heavyOne / 4)] : [])];
+    const pacedPairs: Array<[number, ReturnType<typeof summary>, ReturnType<typeof summary>]> = [];
+    for (const rate of rates.filter((r) => r > 0)) {
+      const dPaced = summary(await paced('direct', rate, seconds, callDirect));
+      const gPaced = await gatewayPhase(`gateway x1, ${rate} calls/s paced`, 0, 1, rate);
+      rows.push([`direct, ${rate} calls/s paced`, dPaced], [`gateway x1, ${rate} calls/s paced`, gPaced]);
+      pacedPairs.push([rate, dPaced, gPaced]);
+    }
 
     const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
     console.log('\nphase                              req/s      p50 ms   p99 ms   errors');
     for (const [label, s] of rows) console.log(`${label.padEnd(34)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
-    console.log(`\nadded latency at concurrency ${moderate}: p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`);
+    console.log('');
+    for (const [rate, d, g] of pacedPairs) console.log(`added latency at ${rate} calls/s paced (open loop): p50 +${fmt(g.p50 - d.p50)} ms, p99 +${fmt(g.p99 - d.p99)} ms`);
+    console.log(`added latency at concurrency ${moderate} (closed loop, gateway saturated): p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`);
     console.log(`ratios gateway/direct at concurrency ${moderate}: req/s ${fmt(g8.rps / d8.rps)}, p50 ${fmt(g8.p50 / d8.p50)}, p99 ${fmt(g8.p99 / d8.p99)}`);
     for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.includes(`${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
