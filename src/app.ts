@@ -11,6 +11,7 @@ import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
 import { frameworkErrors, installErrorHandlers } from './http/error-handler.js';
+import { ApiError } from './http/errors.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { budgetRoutes } from './http/routes/budgets.js';
@@ -175,7 +176,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     childLoggerFactory: (parent, bindings, childOptions, raw) =>
       parent.child({ ...bindings, trace_id: traceIdOf(raw) }, childOptions),
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false } },
-    return503OnClosing: true,
+    // Requests arriving while closing are refused by the onRequest hook below, in the error envelope.
+    return503OnClosing: false,
     // Identifiers are at most 200 characters; longer path segments are refused as invalid_request.
     routerOptions: { maxParamLength: 256 },
     frameworkErrors,
@@ -188,9 +190,23 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   app.decorateRequest('traceId', '');
 
   installErrorHandlers(app);
+  // Closing (SIGTERM): calls in flight finish, and each connection closes after its answer.
+  // Otherwise a client's keep-alive connection, busy when closing began, would hold the server
+  // open until its keep-alive timeout, and the process would be killed at the shutdown timeout.
+  // A request that still arrives (on a connection opened before) is refused with 503.
+  let closing = false;
+  app.addHook('preClose', (done) => {
+    closing = true;
+    done();
+  });
   app.addHook('onRequest', async (request, reply) => {
     request.traceId = traceIdOf(request.raw);
     reply.header('x-request-id', request.id);
+    if (closing) throw new ApiError('gateway_unavailable', 'the gateway is shutting down');
+  });
+  app.addHook('onSend', (_request, reply, payload, done) => {
+    if (closing) reply.header('connection', 'close');
+    done(null, payload);
   });
   app.addHook('onResponse', async (request, reply) => {
     const route = request.routeOptions.url ?? 'unmatched';
