@@ -1,0 +1,151 @@
+import { once } from 'node:events';
+import { connect, type AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// What happens on real connections around a call in flight: its client going away, and the
+// replica shutting down (a rolling deploy sends SIGTERM, which closes the app: src/server.ts).
+// Either way the call must finish — audited, its run ended — and never be left busy.
+const T = 'tenant-lifecycle';
+const AGENT = 'lifecycle.agent';
+const agent = tokens.agent(AGENT, { tenant: T, family: 'lifecycle' });
+
+let h: Harness;
+let backend: TestBackend;
+let port: number;
+let base: string;
+
+beforeAll(async () => {
+  h = await startHarness();
+  backend = await new TestBackend().start();
+  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, allowed_agents: [AGENT], timeout_ms: 10_000 });
+  await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'gated' });
+  await h.client.app.listen({ port: 0, host: '127.0.0.1' });
+  port = (h.client.app.server.address() as AddressInfo).port;
+  base = `http://127.0.0.1:${port}`;
+});
+
+function executeBody(runId: string, q: string): string {
+  return JSON.stringify({ run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q } }] });
+}
+
+async function waitForHit(runId: string): Promise<void> {
+  for (let i = 0; i < 200 && !backend.hits.some((hit) => hit.headers['x-toolgate-run-id'] === runId); i += 1) await new Promise((r) => setTimeout(r, 10));
+  expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+}
+
+async function auditedEvents(runId: string): Promise<string[]> {
+  const events = await h.db.database.db.selectFrom('audit_events').select('event_type').where('run_id', '=', runId).orderBy('seq').execute();
+  return events.map((e) => e.event_type);
+}
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.db.drop();
+});
+
+/** Whether a new connection to `port` is refused (nobody listening) within `ms`. */
+async function refusedWithin(ms: number): Promise<boolean> {
+  for (const deadline = Date.now() + ms; Date.now() < deadline; ) {
+    const socket = connect(port, '127.0.0.1');
+    const refused = await new Promise<boolean>((resolve) => {
+      socket.once('connect', () => resolve(false));
+      socket.once('error', (error: NodeJS.ErrnoException) => resolve(error.code === 'ECONNREFUSED'));
+    });
+    socket.destroy();
+    if (refused) return true;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return false;
+}
+
+describe('a client that goes away mid-call', () => {
+  it('does not stop the call: it finishes, audited, and the owner gets its answer by asking again', async () => {
+    const runId = newRunId('abandoned');
+    const aborted = new AbortController();
+    const gone = fetch(`${base}/runs/execute`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
+      body: executeBody(runId, 'abandoned'),
+      signal: aborted.signal,
+    }).catch((error: unknown) => error);
+    await waitForHit(runId);
+    aborted.abort();
+    expect(await gone).toBeInstanceOf(Error);
+    backend.openGate();
+
+    let run: { status: string; busy: boolean } | undefined;
+    for (let i = 0; i < 200; i += 1) {
+      run = await h.db.database.db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
+      if (!run.busy) break;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(run).toEqual({ status: 'completed', busy: false });
+    expect(await auditedEvents(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+
+    // The same request again replays the stored answer; the backend is not called twice.
+    const again = await fetch(`${base}/runs/execute`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
+      body: executeBody(runId, 'abandoned'),
+    });
+    expect(again.status).toBe(200);
+    expect(again.headers.get('x-toolgate-replayed')).toBe('true');
+    expect(await again.json()).toMatchObject({ status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'abandoned' } } }] });
+    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+  });
+});
+
+describe('closing the app (SIGTERM)', () => {
+  it('lets a call in flight finish (answered, audited, its run ended), refuses what arrives meanwhile, and is not held open by keep-alive', async () => {
+    const app = h.client.app;
+    const runId = newRunId('draining');
+    // A request whose headers are still arriving when closing begins (a raw connection).
+    const late = connect(port, '127.0.0.1');
+    await once(late, 'connect');
+    late.write('GET /ready HTTP/1.1\r\nhost: toolgate\r\n');
+    const inFlight = fetch(`${base}/runs/execute`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
+      body: executeBody(runId, 'in flight'),
+    });
+    await waitForHit(runId);
+
+    let closed = false;
+    const closing = app.close().then(() => {
+      closed = true;
+    });
+    // Closing stops listening: a new connection finds nobody, while the call is still in flight.
+    expect(await refusedWithin(2_000)).toBe(true);
+    expect(closed).toBe(false);
+    // A request that still reaches the app, on a connection opened before, is refused in the
+    // error envelope, and its connection closed.
+    let reply = '';
+    late.on('data', (chunk: Buffer) => (reply += chunk.toString('utf8')));
+    late.end('\r\n');
+    await once(late, 'close');
+    const [head, body] = reply.split('\r\n\r\n');
+    expect(head).toMatch(/^HTTP\/1\.1 503 /);
+    expect(head!.toLowerCase()).toContain('connection: close');
+    expect(JSON.parse(body!)).toEqual({ error: { code: 'gateway_unavailable', message: 'the gateway is shutting down', details: {} } });
+    backend.openGate();
+    const answer = await inFlight;
+    expect(answer.status).toBe(200);
+    const envelope = (await answer.json()) as { status: string; steps: Array<{ status: string; output: unknown; audit_id: string }> };
+    expect(envelope.status).toBe('completed');
+    expect(envelope.steps[0]).toMatchObject({ status: 'completed', output: { echo: { q: 'in flight' } } });
+    // The answer closed its connection: nothing holds the server open until a keep-alive timeout.
+    await Promise.race([closing, new Promise((r) => setTimeout(r, 5_000))]);
+    expect(closed).toBe(true);
+
+    const db = h.db.database.db;
+    const run = await db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
+    expect(run).toEqual({ status: 'completed', busy: false });
+    const events = await db.selectFrom('audit_events').select(['event_type', 'event_id']).where('run_id', '=', runId).orderBy('seq').execute();
+    expect(events.map((e) => e.event_type)).toEqual(['run.step.dispatching', 'run.step.completed']);
+    expect(events[1]!.event_id).toBe(envelope.steps[0]!.audit_id);
+  });
+});
