@@ -28,8 +28,18 @@ beforeAll(async () => {
   base = `http://127.0.0.1:${port}`;
 });
 
-function executeBody(runId: string, q: string): string {
-  return JSON.stringify({ run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q } }] });
+/** POST /runs/execute over a real connection: one step calling the gated tool with `q`. */
+function postExecute(runId: string, q: string, signal?: AbortSignal): Promise<Response> {
+  return fetch(`${base}/runs/execute`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q } }] }),
+    ...(signal ? { signal } : {}),
+  });
+}
+
+function runOf(runId: string): Promise<{ status: string; busy: boolean }> {
+  return h.db.database.db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
 }
 
 async function waitForHit(runId: string): Promise<void> {
@@ -66,12 +76,7 @@ describe('a client that goes away mid-call', () => {
   it('does not stop the call: it finishes, audited, and the owner gets its answer by asking again', async () => {
     const runId = newRunId('abandoned');
     const aborted = new AbortController();
-    const gone = fetch(`${base}/runs/execute`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
-      body: executeBody(runId, 'abandoned'),
-      signal: aborted.signal,
-    }).catch((error: unknown) => error);
+    const gone = postExecute(runId, 'abandoned', aborted.signal).catch((error: unknown) => error);
     await waitForHit(runId);
     aborted.abort();
     expect(await gone).toBeInstanceOf(Error);
@@ -79,7 +84,7 @@ describe('a client that goes away mid-call', () => {
 
     let run: { status: string; busy: boolean } | undefined;
     for (let i = 0; i < 200; i += 1) {
-      run = await h.db.database.db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
+      run = await runOf(runId);
       if (!run.busy) break;
       await new Promise((r) => setTimeout(r, 10));
     }
@@ -87,11 +92,7 @@ describe('a client that goes away mid-call', () => {
     expect(await auditedEvents(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
 
     // The same request again replays the stored answer; the backend is not called twice.
-    const again = await fetch(`${base}/runs/execute`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
-      body: executeBody(runId, 'abandoned'),
-    });
+    const again = await postExecute(runId, 'abandoned');
     expect(again.status).toBe(200);
     expect(again.headers.get('x-toolgate-replayed')).toBe('true');
     expect(await again.json()).toMatchObject({ status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'abandoned' } } }] });
@@ -107,11 +108,7 @@ describe('closing the app (SIGTERM)', () => {
     const late = connect(port, '127.0.0.1');
     await once(late, 'connect');
     late.write('GET /ready HTTP/1.1\r\nhost: toolgate\r\n');
-    const inFlight = fetch(`${base}/runs/execute`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
-      body: executeBody(runId, 'in flight'),
-    });
+    const inFlight = postExecute(runId, 'in flight');
     await waitForHit(runId);
 
     let closed = false;
@@ -141,10 +138,8 @@ describe('closing the app (SIGTERM)', () => {
     await Promise.race([closing, new Promise((r) => setTimeout(r, 5_000))]);
     expect(closed).toBe(true);
 
-    const db = h.db.database.db;
-    const run = await db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
-    expect(run).toEqual({ status: 'completed', busy: false });
-    const events = await db.selectFrom('audit_events').select(['event_type', 'event_id']).where('run_id', '=', runId).orderBy('seq').execute();
+    expect(await runOf(runId)).toEqual({ status: 'completed', busy: false });
+    const events = await h.db.database.db.selectFrom('audit_events').select(['event_type', 'event_id']).where('run_id', '=', runId).orderBy('seq').execute();
     expect(events.map((e) => e.event_type)).toEqual(['run.step.dispatching', 'run.step.completed']);
     expect(events[1]!.event_id).toBe(envelope.steps[0]!.audit_id);
   });
