@@ -1,6 +1,7 @@
 import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { writeAuditEvents } from '../audit/audit-repository.js';
+import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
 import { claimLapsedGrants } from './grant-repository.js';
 import type { GrantsEndedHook } from './grant-service.js';
@@ -27,22 +28,18 @@ export interface GrantExpirySweeperOptions {
  * writing its event share a transaction, so each expiry is recorded exactly once.
  */
 export class GrantExpirySweeper {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<unknown> | undefined;
-  private stopped = false;
-  private failing = false;
+  private readonly task: BackgroundTask;
 
-  constructor(private readonly options: GrantExpirySweeperOptions) {}
-
-  start(): void {
-    this.stopped = false;
-    this.schedule();
+  constructor(private readonly options: GrantExpirySweeperOptions) {
+    this.task = new BackgroundTask({ name: 'grant expiry sweep', run: () => this.sweep(), intervalMs: () => options.intervalMs, logger: options.logger });
   }
 
-  async stop(): Promise<void> {
-    this.stopped = true;
-    if (this.timer) clearTimeout(this.timer);
-    await this.running;
+  start(): void {
+    this.task.start();
+  }
+
+  stop(): Promise<void> {
+    return this.task.stop();
   }
 
   /** Records every lapse due now; returns how many it recorded. */
@@ -81,25 +78,5 @@ export class GrantExpirySweeper {
       recorded += count;
       if (count < BATCH) return recorded;
     }
-  }
-
-  private schedule(): void {
-    if (this.stopped) return;
-    this.timer = setTimeout(() => {
-      this.running = this.sweep()
-        .then(() => {
-          if (this.failing) this.options.logger.info('grant expiry sweeper recovered');
-          this.failing = false;
-        })
-        .catch((error: unknown) => {
-          if (!this.failing) this.options.logger.warn({ err: error }, 'grant expiry sweep failed; retrying');
-          this.failing = true;
-        })
-        .finally(() => {
-          this.running = undefined;
-          this.schedule();
-        });
-    }, this.options.intervalMs);
-    this.timer.unref();
   }
 }
