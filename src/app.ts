@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Counter, Gauge } from 'prom-client';
@@ -29,6 +30,8 @@ import { BackendClient } from './proxy/backend-client.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
+import { RunRecovery } from './runs/run-recovery.js';
+import { ReplicaLease } from './replicas/replica-lease.js';
 import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
 import { ApprovalService } from './approvals/approval-service.js';
 import { HandoffService } from './handoffs/handoff-service.js';
@@ -49,6 +52,8 @@ export interface AppOptions {
   now?: () => Date;
   /** How the egress executor resolves host names (default `dns.lookup`); tests stand in for the internet. */
   resolver?: Resolver;
+  /** This replica's id in the `replicas` table (default: a fresh random one). */
+  replicaId?: string;
 }
 
 /** The services built once by the composition root and shared by every route. */
@@ -76,6 +81,10 @@ export interface Services {
   approvals: ApprovalService;
   /** Sub-agent hand-offs (SPEC §6). */
   handoffs: HandoffService;
+  /** This replica's lease: what tells the others it is alive. */
+  lease: ReplicaLease;
+  /** Ends busy runs whose executor was lost. */
+  recovery: RunRecovery;
 }
 
 declare module 'fastify' {
@@ -162,10 +171,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   };
   const backend = new BackendClient();
   const approvalTtlMs = config.approvalTtlSeconds * 1000;
-  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs });
-  const runControls = new RunControls({ db: database.db, executor: runs, approvals, now });
+  const replicaId = options.replicaId ?? `rep_${randomBytes(8).toString('hex')}`;
+  const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
+  const recovery = new RunRecovery({ db: database.db, replicaId, now, intervalMs: config.replicaLeaseMs / 2, logger, registry: metrics.registry });
+  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, replicaId, recovery, lease });
+  const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
-  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs, runControls, approvals, handoffs };
+  const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs, runControls, approvals, handoffs, lease, recovery };
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -220,12 +232,16 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     );
   });
   app.addHook('onReady', async () => {
+    await lease.start();
     await catalog.start();
     await killSwitches.start();
     expirySweeper.start();
+    recovery.start();
   });
   app.addHook('onClose', async () => {
-    await expirySweeper.stop();
+    await Promise.all([expirySweeper.stop(), recovery.stop()]);
+    // Every call in flight has finished: nothing this replica held is busy any more.
+    await lease.stop();
     await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop(), backend.close()]);
     await audit.drain();
   });

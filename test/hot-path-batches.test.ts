@@ -53,6 +53,7 @@ function newRun(tenant: string, runId: string, extra: Partial<NewRun> = {}): New
     keep_open: false,
     budget_units: undefined,
     created_at: new Date('2030-04-08T10:00:00.123Z'),
+    executor_id: 'rep_batch',
     ...extra,
   };
 }
@@ -118,6 +119,7 @@ describe('claimRuns', () => {
         user_id: 'user-9',
         status: 'running',
         busy: true,
+        executor_id: 'rep_batch',
         epoch: 1,
         depth: 0,
         request_sha256: 'sha-stored',

@@ -1,23 +1,12 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from './helpers/net.js';
 
 const root = new URL('..', import.meta.url).pathname;
 const tsx = join(root, 'node_modules', '.bin', 'tsx');
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
-    });
-  });
-}
 
 /** The environment of a fresh machine: no DATABASE_URL, no JWT key, only what we pass. */
 function bareEnv(extra: Record<string, string>): NodeJS.ProcessEnv {

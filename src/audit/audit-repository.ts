@@ -140,6 +140,29 @@ export async function listAuditEvents(
   return { items, nextBeforeSeq: rows.length > query.limit && last ? last.seq : null };
 }
 
+/** A record of one tool call of a run: its intent, outcome or denial. */
+export type RunCallRecord = Pick<Selectable<AuditEventTable>, 'event_id' | 'event_type' | 'status' | 'reason_code' | 'tool_call_id' | 'tool_version' | 'cost_units' | 'duration_ms'> & {
+  seq: number;
+  message: string | null;
+};
+
+/**
+ * The records of a run's tool calls made by one execution of it (`run_epoch` in their
+ * details), in chain order: what is known of a run whose executor was lost.
+ */
+export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenantId: string, runId: string, epoch: number): Promise<RunCallRecord[]> {
+  const rows = await db
+    .selectFrom('audit_events')
+    .select(['seq', 'event_id', 'event_type', 'status', 'reason_code', 'tool_call_id', 'tool_version', 'cost_units', 'duration_ms', sql<string | null>`details->>'message'`.as('message')])
+    .where('run_id', '=', runId)
+    .where('tenant_id', '=', tenantId)
+    .where('tool_call_id', 'is not', null)
+    .where(sql<string>`details->>'run_epoch'`, '=', String(epoch))
+    .orderBy('seq')
+    .execute();
+  return rows.map((row) => ({ ...row, seq: Number(row.seq) }));
+}
+
 export interface ChainVerification {
   ok: boolean;
   checked: number;

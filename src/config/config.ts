@@ -37,6 +37,11 @@ export interface Config {
     /** How often the expiry sweeper looks for grants that lapsed. */
     expirySweepIntervalMs: number;
   };
+  /**
+   * How long a replica's lease holds without a renewal (`TOOLGATE_REPLICA_LEASE_MS`): renewed
+   * every third of it; a replica silent for longer is presumed dead and its busy runs are ended.
+   */
+  replicaLeaseMs: number;
   /** How long a proposed action may wait for, and an approval wait to be used (`TOOLGATE_APPROVAL_TTL_SECONDS`). */
   approvalTtlSeconds: number;
   handoffs: {
@@ -107,6 +112,7 @@ const environmentSchema = z
     TOOLGATE_KILL_SWITCH_POLL_MS: intInRange(50, 60_000, 1_000),
     TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: intInRange(500, 60_000, 5_000),
     TOOLGATE_GRANT_EXPIRY_SWEEP_MS: intInRange(50, 60_000, 1_000),
+    TOOLGATE_REPLICA_LEASE_MS: intInRange(300, 600_000, 30_000),
     TOOLGATE_APPROVAL_TTL_SECONDS: intInRange(1, 30 * 86_400, 86_400),
     TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
     TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
@@ -193,6 +199,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxStalenessMs: e.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS,
     },
     grants: { expirySweepIntervalMs: e.TOOLGATE_GRANT_EXPIRY_SWEEP_MS },
+    replicaLeaseMs: e.TOOLGATE_REPLICA_LEASE_MS,
     approvalTtlSeconds: e.TOOLGATE_APPROVAL_TTL_SECONDS,
     handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
   };

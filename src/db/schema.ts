@@ -142,6 +142,7 @@ export interface DB {
   kill_switches: KillSwitchTable;
   kill_switch_state: KillSwitchStateTable;
   runs: RunTable;
+  replicas: ReplicaTable;
   tenant_policies: TenantPolicyTable;
   tool_versions: ToolVersionTable;
   registry_revision: RegistryRevisionTable;
@@ -180,6 +181,18 @@ export interface RunTable {
   epoch: ColumnType<number, number | undefined, number>;
   busy: ColumnType<boolean, boolean | undefined, boolean>;
   stop: ColumnType<unknown, string | null | undefined, string | null>;
+  // migration 0009
+  executor_id: ColumnType<string | null, string | null | undefined, string | null>;
+}
+
+/** Gateway processes and their leases (migration 0009). */
+export interface ReplicaTable {
+  id: string;
+  hostname: string;
+  pid: number;
+  started_at: ColumnType<Date, Date | undefined, never>;
+  renewed_at: ColumnType<Date, Date | undefined, Date>;
+  expires_at: ColumnType<Date, Date, Date>;
 }
 
 /** Grants each run relied on (migration 0008): what a revocation or expiry cascades to. */

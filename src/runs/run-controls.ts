@@ -16,6 +16,8 @@ import { isTerminal, type RunEnvelope, type RunStatus } from './run-types.js';
 export interface RunControlDeps {
   db: Kysely<DB>;
   executor: RunExecutor;
+  /** This replica: the executor id a take-up records. */
+  replicaId: string;
   approvals: ApprovalService;
   now: () => Date;
 }
@@ -70,6 +72,17 @@ export class RunControls {
    * stops it now. The answer is the run envelope, as `POST /runs/execute` gives it.
    */
   async resume(caller: Controller, key: RunKey): Promise<RunAnswer> {
+    // Marked as executed here before it is taken up: a busy run of this replica that is not
+    // marked would be taken for lost.
+    const release = this.deps.executor.track(key);
+    try {
+      return await this.resumeTracked(caller, key);
+    } finally {
+      release();
+    }
+  }
+
+  private async resumeTracked(caller: Controller, key: RunKey): Promise<RunAnswer> {
     const now = this.deps.now();
     const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: ApiError }> => {
       await lockAuditChain(trx);
@@ -116,7 +129,7 @@ export class RunControls {
         default:
           throw new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status });
       }
-      const taken = await takeUpRun(trx, run, [run.status]);
+      const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
       if (!taken) throw new ApiError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status });
       await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
       return { run: taken };

@@ -20,6 +20,7 @@ import { ApiError, statusForCode, type ErrorCode } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf, followRunEnd } from './run-lifecycle.js';
+import type { RunRecovery } from './run-recovery.js';
 import {
   claimRuns,
   findRun,
@@ -52,6 +53,12 @@ export interface RunExecutorDeps {
   now: () => Date;
   /** How long a proposed action waits for an operator, and an approval for its use. */
   approvalTtlMs: number;
+  /** This replica: the executor id its claims and take-ups record. */
+  replicaId: string;
+  /** Which runs this replica executes; ends the busy runs whose executor was lost. */
+  recovery: RunRecovery;
+  /** This replica's lease: while it may have lapsed, nothing is dispatched. */
+  lease: { valid(): boolean };
 }
 
 /** What `POST /runs/execute` answers: the HTTP status of the step that stopped the run, and the envelope. */
@@ -119,7 +126,24 @@ export class RunExecutor {
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
     if (request.dry_run) return this.dryRun(principal, request, traceId);
+    const release = this.track({ tenant_id: principal.tenantId, run_id: request.run_id });
+    try {
+      return await this.executeTracked(principal, request, traceId);
+    } finally {
+      release();
+    }
+  }
 
+  /**
+   * Marks a run as executed here until the returned function is called: take it before the run
+   * is claimed or taken up, and release it once the executor has let go of the run or given up.
+   * A busy run of this replica that is not marked was lost, and recovery ends it.
+   */
+  track(key: { tenant_id: string; run_id: string }): () => void {
+    return this.deps.recovery.track(key);
+  }
+
+  private async executeTracked(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
     const requestSha256 = payloadHash(request);
     const start: RunStart = {
       request_sha256: requestSha256,
@@ -150,6 +174,7 @@ export class RunExecutor {
         trace_id: traceId,
         budget_units: request.budget_units,
         created_at: this.deps.now(),
+        executor_id: this.deps.replicaId,
       });
       if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
@@ -188,7 +213,12 @@ export class RunExecutor {
         throw new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id });
       }
       if (run.status === 'queued') {
-        const started = await startQueuedRun(this.deps.db, run, { ...start, budget_units: request.budget_units, pipeline_instance_id: request.pipeline_instance_id, session_id: request.session_id, user_id: request.user_id });
+        const started = await startQueuedRun(
+          this.deps.db,
+          run,
+          { ...start, budget_units: request.budget_units, pipeline_instance_id: request.pipeline_instance_id, session_id: request.session_id, user_id: request.user_id },
+          this.deps.replicaId,
+        );
         if (started) return { run: started };
       }
       throw new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) });
@@ -196,11 +226,17 @@ export class RunExecutor {
     if (run.request_sha256 !== start.request_sha256) {
       throw new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status });
     }
+    // (This request has marked the run as executed here itself: that mark does not count.)
+    if (run.busy && (await this.deps.recovery.recoverIfLost(run, 1))) {
+      // Its executor was lost: recovery has just ended it, and it answers as it now stands.
+      const ended = await findRun(this.deps.db, run.tenant_id, run.run_id);
+      if (ended) return this.priorRun(principal, request, ended, start);
+    }
     if (run.envelope && run.http_status !== null && !run.busy && (isTerminal(run.status) || run.envelope.status === run.status)) {
       return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
     }
     if (run.status === 'throttled') {
-      const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 });
+      const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
     throw new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status });
@@ -473,6 +509,10 @@ export class RunExecutor {
       return { ok: false, code: 'tool_backend_not_configured', message: (error as Error).message, details: {}, costUnits: 0, auditId: record.event_id };
     }
     try {
+      if (!this.deps.lease.valid()) {
+        // Another replica may already have ended this replica's runs as lost.
+        throw new ApiError('gateway_unavailable', 'this replica could not renew its lease in time; it dispatches nothing until it can');
+      }
       await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details });
     } catch (error) {
       if (reservation) await budgets.release(reservation).catch(() => undefined);
@@ -611,8 +651,9 @@ export class RunExecutor {
       trace_id: traceId,
       organization_id: text(context.organization_id),
       assessment_id: text(context.assessment_id),
-      // A sub-run's events name who it acts for: its ancestors, root first, then itself.
-      details: run.depth > 0 ? { attribution: attributionOf(run) } : {},
+      // Which execution of the run made the call (what recovery reads back if it is lost), and,
+      // for a sub-run, who it acts for: its ancestors, root first, then itself.
+      details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}) },
     };
   }
 }

@@ -28,6 +28,8 @@ export interface RunRecord {
   keep_open: boolean;
   epoch: number;
   busy: boolean;
+  /** The replica whose executor holds the run while it is busy (null before migration 0009). */
+  executor_id: string | null;
   stop: RunStop | null;
 }
 
@@ -59,6 +61,8 @@ export interface NewRun extends RunStart {
   budget_units: number | undefined;
   /** Millisecond precision, so that list cursors (which carry it) are exact. */
   created_at: Date;
+  /** The replica claiming it. */
+  executor_id: string;
 }
 
 type Db = Kysely<DB> | Transaction<DB>;
@@ -91,18 +95,19 @@ export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<R
       agent_scopes: run.agent_scopes,
       budget_units: unitsText(run.budget_units),
       keep_open: run.keep_open,
+      executor_id: run.executor_id,
     }));
   const inserted = await sql<Selectable<RunTable>>`
     insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
                       request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
-                      budget_units, keep_open, epoch, busy)
+                      budget_units, keep_open, epoch, busy, executor_id)
     select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, 'running',
            request_sha256, trace_id, null, created_at, created_at, request, agent_family, agent_scopes,
-           budget_units, keep_open, 1, true
+           budget_units, keep_open, 1, true, executor_id
     from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
       ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text, session_id text,
       user_id text, request_sha256 text, trace_id text, created_at timestamptz, request jsonb, agent_family text,
-      agent_scopes text[], budget_units numeric, keep_open boolean)
+      agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text)
     order by ord
     on conflict (tenant_id, run_id) do nothing
     returning *`.execute(db);
@@ -159,10 +164,10 @@ export async function insertSubRun(
  * Takes a throttled run back to `running` for its owner's identical resubmission. Only one
  * caller wins when several race; the others see `undefined`.
  */
-export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: string; run_id: string; agent_id: string; request_sha256: string }): Promise<RunRecord | undefined> {
+export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: string; run_id: string; agent_id: string; request_sha256: string }, executorId: string): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
-    .set({ status: 'running', busy: true, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .set({ status: 'running', busy: true, executor_id: executorId, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .where('owner_agent_id', '=', key.agent_id)
@@ -177,12 +182,18 @@ export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: strin
  * Starts a queued sub-run with its agent's first request; `budget_units` only ever lowers the
  * hand-off's. Only one caller wins when several race.
  */
-export async function startQueuedRun(db: Kysely<DB>, key: RunKey & { agent_id: string }, start: RunStart & { budget_units: number | undefined; pipeline_instance_id?: string | undefined; session_id?: string | undefined; user_id?: string | undefined }): Promise<RunRecord | undefined> {
+export async function startQueuedRun(
+  db: Kysely<DB>,
+  key: RunKey & { agent_id: string },
+  start: RunStart & { budget_units: number | undefined; pipeline_instance_id?: string | undefined; session_id?: string | undefined; user_id?: string | undefined },
+  executorId: string,
+): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
     .set({
       status: 'running',
       busy: true,
+      executor_id: executorId,
       epoch: sql<number>`epoch + 1`,
       request_sha256: start.request_sha256,
       request: JSON.stringify(start.request),
@@ -209,10 +220,10 @@ export async function startQueuedRun(db: Kysely<DB>, key: RunKey & { agent_id: s
  * Takes an idle run in one of `from` up for an executor: `running`, a new epoch, busy. Only one
  * caller wins when several race.
  */
-export async function takeUpRun(db: Db, key: RunKey, from: readonly RunStatus[]): Promise<RunRecord | undefined> {
+export async function takeUpRun(db: Db, key: RunKey, from: readonly RunStatus[], executorId: string): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
-    .set({ status: 'running', busy: true, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .set({ status: 'running', busy: true, executor_id: executorId, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .where('status', 'in', [...from])
@@ -453,6 +464,56 @@ export async function listOpenRuns(trx: Transaction<DB>, tenantId: string | null
   return rows.map(toRecord);
 }
 
+/** A busy run and the replica holding it. */
+export interface BusyRun extends RunKey {
+  executor_id: string;
+}
+
+/**
+ * Busy runs that may be lost, a page at a time in key order (after `after`): held by this
+ * replica (`selfId`; the caller knows which of those it still executes), or by a replica whose
+ * lease has passed or that is gone.
+ */
+export async function findBusyRunsToCheck(db: Kysely<DB>, selfId: string, limit: number, after?: RunKey): Promise<BusyRun[]> {
+  let q = db
+    .selectFrom('runs as r')
+    .select(['r.tenant_id', 'r.run_id', 'r.executor_id'])
+    .where('r.busy', '=', true)
+    .where('r.executor_id', 'is not', null);
+  if (after) q = q.where(sql<boolean>`(r.tenant_id, r.run_id) > (${after.tenant_id}, ${after.run_id})`);
+  const rows = await q
+    .where((eb) =>
+      eb.or([
+        eb('r.executor_id', '=', selfId),
+        eb.not(eb.exists(eb.selectFrom('replicas as p').select('p.id').whereRef('p.id', '=', 'r.executor_id').where('p.expires_at', '>', sql<Date>`now()`))),
+      ]),
+    )
+    .orderBy('r.tenant_id')
+    .orderBy('r.run_id')
+    .limit(limit)
+    .execute();
+  return rows.map((row) => ({ tenant_id: row.tenant_id, run_id: row.run_id, executor_id: row.executor_id! }));
+}
+
+/** Whether a replica's lease still holds (database time). */
+export async function replicaAlive(db: Db, replicaId: string): Promise<boolean> {
+  const row = await db.selectFrom('replicas').select('id').where('id', '=', replicaId).where('expires_at', '>', sql<Date>`now()`).executeTakeFirst();
+  return row !== undefined;
+}
+
+/**
+ * Lets go of a lost run the caller holds locked: what is known of it, no longer busy, and a new
+ * epoch, so that its executor, should it come back after all, changes nothing more.
+ */
+export async function releaseLostRun(trx: Transaction<DB>, key: RunKey, change: { httpStatus: number; envelope: RunEnvelope }): Promise<void> {
+  await trx
+    .updateTable('runs')
+    .set({ http_status: change.httpStatus, envelope: JSON.stringify(change.envelope), busy: false, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .execute();
+}
+
 /** A page of `GET /runs`. */
 export interface RunQuery {
   tenantId?: string | undefined;
@@ -507,6 +568,7 @@ function toRecord(row: Selectable<RunTable>): RunRecord {
     keep_open: row.keep_open,
     epoch: row.epoch,
     busy: row.busy,
+    executor_id: row.executor_id,
     stop: parseJson<RunStop>(row.stop),
   };
 }

@@ -1,0 +1,79 @@
+import { hostname } from 'node:os';
+import type { Kysely } from 'kysely';
+import type { Logger } from 'pino';
+import { BackgroundTask } from '../db/background-task.js';
+import type { DB } from '../db/schema.js';
+import { removeReplica, renewReplica, type ReplicaIdentity } from './replica-repository.js';
+
+/** What a lease is built from, by the composition root. */
+export interface ReplicaLeaseOptions {
+  db: Kysely<DB>;
+  id: string;
+  /** How long a renewal holds; renewed every third of it. */
+  leaseMs: number;
+  logger: Logger;
+}
+
+/**
+ * This replica's lease in the `replicas` table: proof, to every other replica, that it is alive
+ * and that the runs it holds busy are being executed. A replica that cannot renew it (the
+ * database is away) keeps trying; once a lease it could not renew may have passed, `valid()`
+ * turns false, and the executor dispatches nothing until a renewal lands — another replica may
+ * meanwhile have ended its runs as lost.
+ */
+export class ReplicaLease {
+  readonly identity: ReplicaIdentity;
+  private readonly task: BackgroundTask;
+  /** When (this process's monotonic clock) the last renewal that landed was sent. */
+  private renewedAt = Number.NEGATIVE_INFINITY;
+
+  constructor(private readonly options: ReplicaLeaseOptions) {
+    this.identity = { id: options.id, hostname: hostname(), pid: process.pid };
+    this.task = new BackgroundTask({
+      name: 'replica lease renewal',
+      run: () => this.renew(),
+      // Retried sooner while failing, so that dispatching resumes soon after the database returns.
+      intervalMs: (failing) => (failing ? Math.min(1_000, options.leaseMs / 3) : options.leaseMs / 3),
+      logger: options.logger,
+    });
+  }
+
+  get id(): string {
+    return this.identity.id;
+  }
+
+  /**
+   * Registers the replica, then renews in the background. A replica may start while its
+   * database is away: it then dispatches nothing until its first renewal lands.
+   */
+  async start(): Promise<void> {
+    await this.renew().catch((error: unknown) => {
+      this.options.logger.warn({ err: error }, 'registering the replica lease failed; retrying');
+      this.task.failing = true;
+    });
+    this.task.start();
+  }
+
+  /**
+   * Whether the lease surely still holds: the last renewal that landed was sent less than a
+   * lease ago. (Its expiry, set by the database after the send, is later still.)
+   */
+  valid(): boolean {
+    return performance.now() - this.renewedAt < this.options.leaseMs;
+  }
+
+  /** Stops renewing and gives the lease up (call once nothing executes any more): nothing is dispatched after. */
+  async stop(): Promise<void> {
+    await this.task.stop();
+    this.renewedAt = Number.NEGATIVE_INFINITY;
+    await removeReplica(this.options.db, this.id).catch((error: unknown) => {
+      this.options.logger.warn({ err: error }, 'could not give the replica lease up; it will lapse');
+    });
+  }
+
+  private async renew(): Promise<void> {
+    const sent = performance.now();
+    await renewReplica(this.options.db, this.identity, this.options.leaseMs);
+    this.renewedAt = sent;
+  }
+}

@@ -1,0 +1,290 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { TestBackend } from './helpers/backend.js';
+import { hasPostgresServer } from './helpers/database.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { freePort } from './helpers/net.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
+import { TEST_JWT_SECRET, tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// A run is busy while an executor holds it. When that executor is gone — its replica died, or
+// its execution broke off because the database went away mid-call — the run must not stay busy
+// (its owner would get 409 for good): it ends, with what is known of it, and nothing is sent twice.
+const T = 'tenant-recovery';
+const AGENT = 'recovery.agent';
+const agent = tokens.agent(AGENT, { tenant: T });
+// Short enough to wait out in a test, long enough that a busy test machine never lets a live lease lapse.
+const LEASE_MS = '1500';
+const root = new URL('..', import.meta.url).pathname;
+
+let h: Harness;
+let backend: TestBackend;
+
+const threeSteps = (runId: string) => ({
+  run_id: runId,
+  context: {},
+  plan: [
+    { tool_id: 'echo', input: { q: 'first' } },
+    { tool_id: 'gated', input: { q: 'held' } },
+    { tool_id: 'echo', input: { q: 'never' } },
+  ],
+});
+
+function hitsOf(runId: string) {
+  return backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
+}
+
+async function waitUntil(what: string, check: () => Promise<boolean> | boolean, timeoutMs = 15_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+function runRow(runId: string) {
+  return h.db.database.db.selectFrom('runs').select(['status', 'busy', 'executor_id', 'http_status']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
+}
+
+async function recoveryEvents(runId: string) {
+  const res = await h.client.get('/audit', { token: tokens.platform(), query: { run_id: runId, event_type: 'run.executor_lost' } });
+  return res.body.items as Array<{ actor: string; status: string; reason_code: string; details: Record<string, unknown> }>;
+}
+
+beforeAll(async () => {
+  h = await startHarness({ TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+  backend = await new TestBackend().start();
+  const base = { allowed_agents: [AGENT], cost_units: 0, timeout_ms: 20_000 };
+  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, ...base });
+  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, ...base });
+  for (const tool of ['gated', 'echo']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+});
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.close();
+});
+
+describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreSQL server)', () => {
+  let child: ChildProcess | undefined;
+  afterAll(() => {
+    child?.kill('SIGKILL');
+    h.client.app.services.recovery.start();
+  });
+
+  it('ends its run failed with the call in doubt named, replays that to the owner, and sends nothing again', async () => {
+    // A real gateway process on the same database, killed with SIGKILL while a call is at its backend.
+    const port = await freePort();
+    // Node itself (as `npm start` runs it), not the tsx launcher: SIGKILL must reach the gateway.
+    child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+      cwd: root,
+      env: { PATH: process.env.PATH, HOME: process.env.HOME, PORT: String(port), DATABASE_URL: h.db.url!, TOOLGATE_JWT_SECRET: TEST_JWT_SECRET, TOOLGATE_REPLICA_LEASE_MS: LEASE_MS, LOG_LEVEL: 'silent' },
+      stdio: 'ignore',
+    });
+    const url = `http://127.0.0.1:${port}`;
+    await waitUntil('the gateway process to be ready', async () => (await fetch(`${url}/ready`).catch(() => undefined))?.status === 200, 60_000);
+    // Only the owner's resubmission may end the run here: the sweeper stays out of it.
+    await h.client.app.services.recovery.stop();
+
+    const runId = newRunId('killed');
+    const body = threeSteps(runId);
+    const answer = fetch(`${url}/runs/execute`, { method: 'POST', headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' }, body: JSON.stringify(body) }).catch(() => undefined);
+    await waitUntil('the held call to reach the backend', () => hitsOf(runId).some((hit) => hit.path === '/gate'));
+    const lostReplica = (await runRow(runId)).executor_id;
+    expect(lostReplica).toMatch(/^rep_/);
+    expect(lostReplica).not.toBe(h.client.app.services.lease.id);
+    child.kill('SIGKILL');
+    await answer;
+
+    // While the dead replica's lease holds, the owner is told the run is busy (409); once it has
+    // passed, the owner's resubmission ends the run and gets its answer.
+    let res = await h.client.post('/runs/execute', { token: agent, body });
+    await waitUntil('the lost run to be recovered', async () => {
+      if (res.status !== 409) return true;
+      expect(res.body.error.code).toBe('run_id_conflict');
+      res = await h.client.post('/runs/execute', { token: agent, body });
+      return false;
+    });
+    expect(res.status, JSON.stringify(res.body)).toBe(503);
+    expect(res.headers['x-toolgate-replayed']).toBe('true');
+    expect(res.body.status).toBe('failed');
+    expect(res.body.warnings).toContain('executor_lost');
+    const inDoubtId = hitsOf(runId).find((hit) => hit.path === '/gate')!.headers['x-toolgate-tool-call-id'];
+    const [first, second, third] = res.body.steps;
+    // The first call completed (its output died with the replica), the second may have reached its backend.
+    expect(first).toMatchObject({ index: 0, tool_id: 'echo', status: 'completed' });
+    expect(first.output).toBeUndefined();
+    expect(second).toMatchObject({ index: 1, tool_id: 'gated', status: 'failed', error: { code: 'gateway_unavailable', details: { reason: 'executor_lost', in_doubt: true, tool_call_id: inDoubtId } } });
+    expect(third).toMatchObject({ index: 2, status: 'skipped' });
+
+    // Asked again, the same answer; the backend saw each call once and the third never.
+    const again = await h.client.post('/runs/execute', { token: agent, body });
+    expect(again.status).toBe(503);
+    expect(again.body).toEqual(res.body);
+    expect(hitsOf(runId).map((hit) => hit.path)).toEqual(['/echo', '/gate']);
+    expect(await runRow(runId)).toMatchObject({ status: 'failed', busy: false, http_status: 503 });
+
+    const run = await h.client.get(`/runs/${runId}`, { token: agent });
+    expect(run.body.status).toBe('failed');
+    expect(run.body.steps).toEqual(res.body.steps);
+    const [event] = await recoveryEvents(runId);
+    expect(event).toMatchObject({ actor: 'system.recovery', status: 'failed', reason_code: 'gateway_unavailable' });
+    expect(event!.details).toMatchObject({ reason: 'executor_lost', executor_id: lostReplica, in_doubt_tool_call_ids: [inDoubtId] });
+    backend.openGate();
+  }, 120_000);
+});
+
+describe.skipIf(!hasPostgresServer)('an execution broken off by a database outage (needs a PostgreSQL server)', () => {
+  let proxy: TcpProxy;
+  let database: Database;
+  let client: AppClient;
+
+  beforeAll(async () => {
+    const server = new URL(h.db.url!);
+    proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    client = await AppClient.start(database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    await waitUntil('the catalog to know the tools', () => client.app.services.catalog.resolve('gated').ok);
+  });
+
+  afterAll(async () => {
+    await client?.close();
+    await database?.close();
+    await proxy?.close();
+  });
+
+  const cutOff = async (runId: string) => {
+    const body = { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'cut off' } }] };
+    const answer = client.post('/runs/execute', { token: agent, body });
+    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    proxy.cutConnections();
+    backend.openGate();
+    expect((await answer).status).toBe(503);
+    proxy.restore();
+    return body;
+  };
+
+  const expectInDoubtReplay = async (runId: string, res: { status: number; headers: Record<string, unknown>; body: any }) => {
+    expect(res.status).toBe(503);
+    expect(res.headers['x-toolgate-replayed']).toBe('true');
+    expect(res.body.steps).toEqual([
+      expect.objectContaining({ index: 0, status: 'failed', error: expect.objectContaining({ code: 'gateway_unavailable', details: expect.objectContaining({ in_doubt: true }) }) }),
+    ]);
+    expect(hitsOf(runId)).toHaveLength(1);
+    expect(await recoveryEvents(runId)).toHaveLength(1);
+  };
+
+  it('is ended by its own replica once the database returns, with the call in doubt, and replayed without a second call', async () => {
+    const runId = newRunId('outage');
+    const body = await cutOff(runId);
+    // Its replica is alive and let go of the run without ending it: its own recovery (or, had the
+    // outage outlasted its lease, another replica's) ends it.
+    await waitUntil('the run to be let go', async () => !(await runRow(runId)).busy);
+    expect(await runRow(runId)).toMatchObject({ status: 'failed', http_status: 503, executor_id: client.app.services.lease.id });
+    await expectInDoubtReplay(runId, await h.client.post('/runs/execute', { token: agent, body }));
+  });
+
+  it('is ended at once when its owner resubmits to the same replica', async () => {
+    await client.app.services.recovery.stop();
+    try {
+      const runId = newRunId('outage-again');
+      const body = await cutOff(runId);
+      // The first resubmissions may still find the database reconnecting (503, not replayed).
+      let res = await client.post('/runs/execute', { token: agent, body });
+      await waitUntil('a replayed answer', async () => {
+        if (res.headers['x-toolgate-replayed'] === 'true') return true;
+        expect(res.status).toBe(503);
+        res = await client.post('/runs/execute', { token: agent, body });
+        return false;
+      });
+      await expectInDoubtReplay(runId, res);
+    } finally {
+      client.app.services.recovery.start();
+    }
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a run ended by an operator while its executor was gone (needs a PostgreSQL server)', () => {
+  it('keeps that end, is replayed to its owner instead of 409, and its executor, back after all, changes nothing', async () => {
+    const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    try {
+      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('gated').ok);
+      const runId = newRunId('ghost');
+      const body = { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'ghost' } }, { tool_id: 'echo', input: { q: 'later' } }] };
+      const answer = ghost.post('/runs/execute', { token: agent, body });
+      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      // As far as the other replicas can tell, this one is gone: its lease is given up.
+      await ghost.app.services.lease.stop();
+      const cancelled = await h.client.post(`/runs/${runId}/cancel`, { token: tokens.tenantOperator(T), body: { reason: 'stuck' } });
+      expect(cancelled.body.status).toBe('cancelled');
+
+      const res = await h.client.post('/runs/execute', { token: agent, body });
+      expect(res.status).toBe(409);
+      expect(res.headers['x-toolgate-replayed']).toBe('true');
+      expect(res.body.status).toBe('cancelled');
+      expect(res.body.steps.map((step: { status: string }) => step.status)).toEqual(['failed', 'skipped']);
+      expect(res.body.steps[0].error.details).toMatchObject({ reason: 'executor_lost', in_doubt: true });
+      const [event] = await recoveryEvents(runId);
+      expect(event).toMatchObject({ status: 'cancelled', details: { executor_id: ghost.app.services.lease.id } });
+
+      // The executor was only cut off: its call finishes, but the run is no longer its to write.
+      backend.openGate();
+      expect((await answer).body.status).toBe('cancelled');
+      const run = await h.client.get(`/runs/${runId}`, { token: agent });
+      expect(run.body.steps).toEqual(res.body.steps);
+      expect(hitsOf(runId)).toHaveLength(1);
+    } finally {
+      await ghost.close();
+    }
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL server)', () => {
+  it('keeps its run through a call that outlasts several leases, while other replicas sweep', async () => {
+    const runId = newRunId('slow');
+    const answer = h.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'slow' } }] } });
+    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    // Three leases go by; the replica renews its own, and every sweep — another replica's and
+    // its own — leaves the run alone.
+    const other = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    await new Promise((r) => setTimeout(r, 3 * Number(LEASE_MS)));
+    expect(await other.app.services.recovery.sweep()).toBe(0);
+    await other.close();
+    expect(await h.client.app.services.recovery.sweep()).toBe(0);
+    expect(await runRow(runId)).toMatchObject({ status: 'running', busy: true });
+    backend.openGate();
+    const res = await answer;
+    expect(res.status).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ status: 'completed', output: { echo: { q: 'slow' } } });
+    expect(await recoveryEvents(runId)).toEqual([]);
+  });
+
+  it('dispatches nothing while it cannot renew its lease, and dispatches again once it can', async () => {
+    // Another session holds the replicas table: renewals wait, and the lease runs out.
+    const blocker = await h.db.database.db.connection().execute(async (conn) => {
+      await sql`begin`.execute(conn);
+      await sql`lock table replicas in access exclusive mode`.execute(conn);
+      await waitUntil('the lease to lapse', () => !h.client.app.services.lease.valid(), 10_000);
+      const runId = newRunId('fenced');
+      const refused = await h.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [{ tool_id: 'echo', input: { q: 'fenced' } }] } });
+      await sql`rollback`.execute(conn);
+      return { runId, refused };
+    });
+    expect(blocker.refused.status).toBe(503);
+    expect(blocker.refused.body.error.code).toBe('gateway_unavailable');
+    expect(hitsOf(blocker.runId)).toHaveLength(0);
+
+    await waitUntil('the lease to be renewed', () => h.client.app.services.lease.valid());
+    // The refused run was let go by its replica's recovery: nothing was in doubt.
+    await waitUntil('the refused run to be let go', async () => !(await runRow(blocker.runId)).busy);
+    const run = await h.client.get(`/runs/${blocker.runId}`, { token: agent });
+    expect(run.body.status).toBe('failed');
+    expect(run.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'gateway_unavailable', details: { reason: 'executor_lost', in_doubt: false } } });
+    const ok = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId('after'), context: {}, plan: [{ tool_id: 'echo', input: { q: 'again' } }] } });
+    expect(ok.status).toBe(200);
+  });
+});
