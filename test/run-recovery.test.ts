@@ -9,7 +9,7 @@ import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { freePort } from './helpers/net.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { TEST_JWT_SECRET, tokens } from './helpers/tokens.js';
-import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
 // A run is busy while an executor holds it. When that executor is gone — its replica died, or
 // its execution broke off because the database went away mid-call — the run must not stay busy
@@ -58,9 +58,9 @@ async function recoveryEvents(runId: string) {
 beforeAll(async () => {
   h = await startHarness({ TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
   backend = await new TestBackend().start();
-  const base = { allowed_agents: [AGENT], cost_units: 0, timeout_ms: 20_000 };
-  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, ...base });
-  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, ...base });
+  const base = { allowed_agents: [AGENT], timeout_ms: 20_000 };
+  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, cost_units: 2, ...base });
+  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, cost_units: 1, ...base });
   for (const tool of ['gated', 'echo']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
 });
 
@@ -91,6 +91,7 @@ describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreS
     await h.client.app.services.recovery.stop();
 
     const runId = newRunId('killed');
+    const budget = await createBudget(h.client, { tenant: T, scope: 'run', run_id: runId, limit_units: 100 });
     const body = threeSteps(runId);
     const answer = fetch(`${url}/runs/execute`, { method: 'POST', headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' }, body: JSON.stringify(body) }).catch(() => undefined);
     await waitUntil('the held call to reach the backend', () => hitsOf(runId).some((hit) => hit.path === '/gate'));
@@ -127,6 +128,10 @@ describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreS
     expect(again.body).toEqual(res.body);
     expect(hitsOf(runId).map((hit) => hit.path)).toEqual(['/echo', '/gate']);
     expect(await runRow(runId)).toMatchObject({ status: 'failed', busy: false, http_status: 503 });
+    // The first call was settled by its executor (1 unit); the call in doubt is charged its price
+    // (2 units) rather than its reservation left to lapse and be given back.
+    const budgets = await h.client.get('/budgets', { token: tokens.tenantOperator(T) });
+    expect(budgets.body.items.find((b: { id: string }) => b.id === budget.id)).toMatchObject({ spent_units: 3, reserved_units: 0 });
 
     const run = await h.client.get(`/runs/${runId}`, { token: agent });
     expect(run.body.status).toBe('failed');

@@ -351,6 +351,25 @@ export async function closeAndUncharge(
   return { closed, levels: levelsOf(levels) };
 }
 
+/**
+ * Closes the open reservations of a run whose executor was lost, in the caller's transaction
+ * (which holds the run): charged at what they reserved (`charge`: the call may have reached its
+ * backend, and a budget errs on the strict side), or released (`release`: nothing was sent).
+ * Returns how many it closed.
+ */
+export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: string, runId: string, mode: 'charge' | 'release', at: Date): Promise<number> {
+  const open = await trx
+    .selectFrom('budget_reservations')
+    .select(['id', 'units'])
+    .where('tenant_id', '=', tenantId)
+    .where('run_id', '=', runId)
+    .where('status', '=', 'reserved')
+    .execute();
+  if (open.length === 0) return 0;
+  const closes: ReservationClose[] = open.map((r) => (mode === 'charge' ? { id: r.id, status: 'settled', actualMicros: toMicros(r.units) } : { id: r.id, status: 'released', actualMicros: null }));
+  return (await closeAndUncharge(trx, closes, at)).closed.size;
+}
+
 /** The first close of each id, in id order (the order rows are locked in). */
 function firstCloses(closes: ReservationClose[]): ReservationClose[] {
   const first = new Map<string, ReservationClose>();

@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
 import { listRunCallRecords, lockAuditChain, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
+import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
 import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../http/errors.js';
@@ -34,7 +35,9 @@ export interface RunRecoveryOptions {
  * may have reached its backend, and sending it again could do its side effect twice. The run
  * ends `failed` with `503 gateway_unavailable` (`reason: executor_lost`). Its envelope is rebuilt
  * from the audit records of the lost execution: calls that completed (their outputs were not
- * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. A run whose
+ * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. The budget
+ * reservation of the call in hand is charged at its price if the call is in doubt (the strict
+ * side), else released. A run whose
  * calls had all completed ends `completed`; a run a control or cascade ended meanwhile keeps that
  * end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
  * its open sub-runs end with it. Every replica sweeps; the run's lock makes each recovery happen once.
@@ -149,6 +152,8 @@ export class RunRecovery {
         ]);
         stop = run.stop ?? { code: 'run_not_resumable', message: `the run is ${run.status}`, details: { status: run.status }, audit_id: record!.event_id };
       }
+      // The reservation of the call in hand: charged if the call may have been made, else given back.
+      const reservationsClosed = await closeLostRunReservations(trx, run.tenant_id, run.run_id, inDoubt.length > 0 ? 'charge' : 'release', now);
       const envelope: RunEnvelope = {
         run_id: run.run_id,
         status,
@@ -157,7 +162,7 @@ export class RunRecovery {
         warnings: [...(run.envelope?.warnings ?? []), 'executor_lost'],
       };
       await releaseLostRun(trx, run, { httpStatus: status === 'completed' ? 200 : statusForCode(stop.code), envelope });
-      return { run_id: run.run_id, tenant_id: run.tenant_id, ...loss };
+      return { run_id: run.run_id, tenant_id: run.tenant_id, ...loss, reservations_closed: reservationsClosed };
     });
     if (!done) return false;
     this.recovered.inc();
