@@ -38,6 +38,7 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'wrong.shape', backendUrl: `${backend.url}/wrong-shape`, ...base });
   await registerTool(h.client, { id: 'costly', backendUrl: `${backend.url}/cost/3`, ...base, cost_units: 5 });
   await registerTool(h.client, { id: 'limited', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 2, refill_per_second: 0.01 } });
+  await registerTool(h.client, { id: 'refilling', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 1, refill_per_second: 2 } });
   await registerTool(h.client, { id: 'switched', backendUrl: `${backend.url}/echo`, ...base });
   await registerTool(h.client, { id: 'expensive', backendUrl: `${backend.url}/echo`, ...base, cost_units: 1000 });
   const keyed = await h.client.post('/tools', {
@@ -45,7 +46,7 @@ beforeAll(async () => {
     body: { ...toolBody({ id: 'keyed', backendUrl: `${backend.url}/echo`, ...base }), backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 2000, max_response_bytes: 65536, headers: { 'x-api-key': { from_env: 'TOOLGATE_SECRET_ECHO_KEY' } } } },
   });
   expect(keyed.status).toBe(201);
-  for (const tool of ['keyed', 'echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'switched', 'expensive']) {
+  for (const tool of ['keyed', 'echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'refilling', 'switched', 'expensive']) {
     await grantTool(h.client, { tenant: T, agent: AGENT, tool });
   }
   await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, limit_units: 500, warn_ratio: 0.99 });
@@ -225,9 +226,34 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     expect(retryAfter).toBeLessThanOrEqual(100);
     expect(throttled.body.retry_after_seconds).toBe(retryAfter);
     const again = await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('limited')] });
+    // Not a replay: the rate stage decided again, and the bucket is still empty.
     expect(again.status).toBe(429);
+    expect(again.headers['x-toolgate-replayed']).toBeUndefined();
+    expect(again.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
     // The completed first step is not dispatched again.
     expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+  });
+
+  it('finishes a throttled run when its owner resubmits it after Retry-After, without running its completed steps again', async () => {
+    const runId = newRunId();
+    const plan = [step('refilling', { q: 'one' }), step('refilling', { q: 'two' })];
+    const throttled = await execute({ run_id: runId, plan });
+    expect(throttled.status).toBe(429);
+    expect(throttled.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    await new Promise((r) => setTimeout(r, Number(throttled.headers['retry-after']) * 1000));
+    const finished = await execute({ run_id: runId, plan });
+    expect(finished.status).toBe(200);
+    expect(finished.body.status).toBe('completed');
+    expect(finished.body.steps.map((s: { status: string; output?: unknown }) => [s.status, s.output])).toEqual([
+      ['completed', { echo: { q: 'one' } }],
+      ['completed', { echo: { q: 'two' } }],
+    ]);
+    const hits = backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
+    expect(hits.map((hit) => hit.body)).toEqual([{ q: 'one' }, { q: 'two' }]);
+    // Finished now: a further resubmission replays it.
+    const replayed = await execute({ run_id: runId, plan });
+    expect(replayed.headers['x-toolgate-replayed']).toBe('true');
+    expect(replayed.body).toEqual(finished.body);
   });
 
   it('refuses a plan longer than MAX_PLAN_STEPS instead of truncating it', async () => {

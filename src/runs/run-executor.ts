@@ -232,7 +232,9 @@ export class RunExecutor {
       const ended = await findRun(this.deps.db, run.tenant_id, run.run_id);
       if (ended) return this.priorRun(principal, request, ended, start);
     }
-    if (run.envelope && run.http_status !== null && !run.busy && (isTerminal(run.status) || run.envelope.status === run.status)) {
+    // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
+    // throttled one goes on below: its Retry-After may have passed.
+    if (run.envelope && run.http_status !== null && !run.busy && (isTerminal(run.status) || (run.envelope.status === run.status && run.status !== 'throttled'))) {
       return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
     }
     if (run.status === 'throttled') {
