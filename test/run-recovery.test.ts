@@ -248,6 +248,50 @@ describe.skipIf(!hasPostgresServer)('a run ended by an operator while its execut
   });
 });
 
+describe.skipIf(!hasPostgresServer)('a run whose calls all completed before its executor was lost (needs a PostgreSQL server)', () => {
+  // The run's calls were made for real; then its row is put back as a crash between the last
+  // outcome record and the run's end leaves it: running, busy, held by a replica that is gone.
+  async function lostAfterLastCall(keepOpen: boolean) {
+    const runId = newRunId(keepOpen ? 'open' : 'done');
+    const body = { run_id: runId, context: {}, keep_open: keepOpen, plan: [{ tool_id: 'echo', input: { q: 'a' } }, { tool_id: 'echo', input: { q: 'b' } }] };
+    expect((await h.client.post('/runs/execute', { token: agent, body })).status).toBe(200);
+    await h.db.database.db
+      .updateTable('runs')
+      .set({ status: 'running', busy: true, executor_id: 'rep_gone', envelope: null, http_status: null })
+      .where('tenant_id', '=', T)
+      .where('run_id', '=', runId)
+      .execute();
+    expect(await h.client.app.services.recovery.recoverIfLost({ tenant_id: T, run_id: runId })).toBe(true);
+    const replay = await h.client.post('/runs/execute', { token: agent, body });
+    expect(replay.status).toBe(200);
+    expect(replay.headers['x-toolgate-replayed']).toBe('true');
+    expect(replay.body.steps.map((step: { status: string; output?: unknown }) => [step.status, step.output])).toEqual([
+      ['completed', undefined],
+      ['completed', undefined],
+    ]);
+    expect(replay.body.warnings).toEqual(['executor_lost']);
+    expect(hitsOf(runId)).toHaveLength(2);
+    return { runId, replay };
+  }
+
+  it('ends it completed', async () => {
+    const { runId, replay } = await lostAfterLastCall(false);
+    expect(replay.body.status).toBe('completed');
+    expect(await runRow(runId)).toMatchObject({ status: 'completed', busy: false });
+    const [event] = await recoveryEvents(runId);
+    expect(event).toMatchObject({ status: 'completed', details: { executor_id: 'rep_gone', in_doubt_tool_call_ids: [] } });
+  });
+
+  it('leaves one kept open running, at rest, for its owner to complete', async () => {
+    const { runId, replay } = await lostAfterLastCall(true);
+    expect(replay.body.status).toBe('running');
+    expect(await runRow(runId)).toMatchObject({ status: 'running', busy: false });
+    const completed = await h.client.post(`/runs/${runId}/complete`, { token: agent, body: {} });
+    expect(completed.status).toBe(200);
+    expect(completed.body.status).toBe('completed');
+  });
+});
+
 describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL server)', () => {
   it('keeps its run through a call that outlasts several leases, while other replicas sweep', async () => {
     const runId = newRunId('slow');

@@ -226,11 +226,13 @@ export class RunExecutor {
     if (run.request_sha256 !== start.request_sha256) {
       throw new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status });
     }
-    // (This request has marked the run as executed here itself: that mark does not count.)
-    if (run.busy && (await this.deps.recovery.recoverIfLost(run, 1))) {
-      // Its executor was lost: recovery has just ended it, and it answers as it now stands.
-      const ended = await findRun(this.deps.db, run.tenant_id, run.run_id);
-      if (ended) return this.priorRun(principal, request, ended, start);
+    if (run.busy) {
+      // Ends the run if its executor was lost (this request's own mark on it does not count);
+      // either way, a run let go of meanwhile — by recovery, or by its executor — answers as it
+      // now stands, and one still busy is refused below.
+      await this.deps.recovery.recoverIfLost(run, 1);
+      const now = await findRun(this.deps.db, run.tenant_id, run.run_id);
+      if (now && !now.busy) return this.priorRun(principal, request, now, start);
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.

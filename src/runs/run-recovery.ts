@@ -38,8 +38,8 @@ export interface RunRecoveryOptions {
  * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. The budget
  * reservation of the call in hand is charged at its price if the call is in doubt (the strict
  * side), else released. A run whose
- * calls had all completed ends `completed`; a run a control or cascade ended meanwhile keeps that
- * end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
+ * calls had all completed ends `completed` (one kept open stays `running`, at rest); a run a
+ * control or cascade ended meanwhile keeps that end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
  * its open sub-runs end with it. Every replica sweeps; the run's lock makes each recovery happen once.
  */
 export class RunRecovery {
@@ -121,9 +121,12 @@ export class RunRecovery {
         in_doubt_tool_call_ids: inDoubt.map((call) => call.tool_call_id),
       };
       let status: RunStatus;
-      let stop: RunStop;
+      let stop: RunStop | undefined;
+      let httpStatus: number;
       const rebuilt = rebuildSteps(run, calls);
-      if (!isTerminal(run.status)) {
+      // A run kept open whose plan completed rests where its executor would have left it.
+      const resting = rebuilt.allCompleted && run.keep_open;
+      if (!isTerminal(run.status) && !resting) {
         status = rebuilt.allCompleted ? 'completed' : 'failed';
         const cause = {
           code: (rebuilt.allCompleted ? 'run_not_resumable' : 'gateway_unavailable') as ErrorCode,
@@ -132,8 +135,9 @@ export class RunRecovery {
         };
         const [ended] = await endRunTrees(trx, { roots: [run], status, stop: cause, eventType: 'run.executor_lost', actor: RECOVERY_ACTOR }, now);
         stop = { ...cause, audit_id: ended!.audit_id };
+        httpStatus = status === 'completed' ? 200 : statusForCode(cause.code);
       } else {
-        // A control or cascade ended it while its executor was gone: that end stands.
+        // A control or cascade ended it while its executor was gone (that end stands), or it rests.
         status = run.status;
         const [record] = await writeAuditEvents(trx, [
           {
@@ -150,7 +154,12 @@ export class RunRecovery {
             },
           },
         ]);
-        stop = run.stop ?? { code: 'run_not_resumable', message: `the run is ${run.status}`, details: { status: run.status }, audit_id: record!.event_id };
+        if (isTerminal(run.status)) {
+          stop = run.stop ?? { code: 'run_not_resumable', message: `the run is ${run.status}`, details: { status: run.status }, audit_id: record!.event_id };
+          httpStatus = run.http_status ?? statusForCode(stop.code);
+        } else {
+          httpStatus = run.status === 'running' ? 200 : 202;
+        }
       }
       // The reservation of the call in hand: charged if the call may have been made, else given back.
       const reservationsClosed = await closeLostRunReservations(trx, run.tenant_id, run.run_id, inDoubt.length > 0 ? 'charge' : 'release', now);
@@ -158,10 +167,10 @@ export class RunRecovery {
         run_id: run.run_id,
         status,
         dry_run: false,
-        steps: finishSteps(run, rebuilt.steps, stop),
+        steps: stop ? finishSteps(run, rebuilt.steps, stop) : rebuilt.steps,
         warnings: [...(run.envelope?.warnings ?? []), 'executor_lost'],
       };
-      await releaseLostRun(trx, run, { httpStatus: status === 'completed' ? 200 : statusForCode(stop.code), envelope });
+      await releaseLostRun(trx, run, { httpStatus, envelope });
       return { run_id: run.run_id, tenant_id: run.tenant_id, ...loss, reservations_closed: reservationsClosed };
     });
     if (!done) return false;
