@@ -168,6 +168,22 @@ describe('reported costs and the bound on units', () => {
     expect(shown.body).toMatchObject({ spent_units: 1_000_000_000, reserved_units: 0 });
   });
 
+  it("charges a reported cost at most the grant's max_cost_units, and audits what was reported", async () => {
+    const T3 = 'tenant-runs-grant-cap';
+    await registerTool(h.client, { id: 'reports.ten', backendUrl: `${backend.url}/cost/10`, allowed_agents: [AGENT], cost_units: 1 });
+    await grantTool(h.client, { tenant: T3, agent: AGENT, tool: 'reports.ten', capability_modifiers: { max_cost_units: 4 } });
+    const budget = await createBudget(h.client, { tenant: T3, limit_units: 100 });
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('reports.ten')] }, tokens.agent(AGENT, { tenant: T3 }));
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 4 });
+    const events = await h.client.get('/audit', { token: tokens.tenantOperator(T3), query: { run_id: runId } });
+    const outcome = events.body.items.find((e: { event_type: string }) => e.event_type === 'run.step.completed');
+    expect(outcome).toMatchObject({ cost_units: 4, details: { reported_cost_units: 10, reported_cost_capped: true, charged_at_most: 4 } });
+    const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T3) });
+    expect(shown.body).toMatchObject({ spent_units: 4, reserved_units: 0 });
+  });
+
   it('refuses amounts above MAX_UNITS with 400 instead of failing to store them', async () => {
     const run = await execute({ run_id: newRunId(), plan: [step('echo')], budget_units: 1e10 });
     expect(run.status).toBe(400);

@@ -527,12 +527,14 @@ export class RunExecutor {
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 
-    // The backend was contacted: the call costs what it reported (at most MAX_UNITS, what any
-    // one amount may be), else the contract's price. Settling runs alongside the outcome record:
-    // until it lands, the reservation still holds the units, so budgets only err on the strict
-    // side meanwhile.
+    // The backend was contacted: the call costs what it reported, else the contract's price —
+    // at most the grant's `max_cost_units` (the most one call may be charged; the cost stage
+    // refused a price above it) and MAX_UNITS (what any one amount may be). Settling runs
+    // alongside the outcome record: until it lands, the reservation still holds the units, so
+    // budgets only err on the strict side meanwhile.
     const reported = result.ok ? result.reportedCostUnits : undefined;
-    const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, MAX_UNITS);
+    const cap = Math.min(typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS, MAX_UNITS);
+    const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, cap);
     const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve();
 
     let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
@@ -555,7 +557,7 @@ export class RunExecutor {
       duration_ms: backendMs,
       cost_units: costUnits,
       details: outcome.ok
-        ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > MAX_UNITS ? { reported_cost_capped: true } : {}) }
+        ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
         : { ...details, message: outcome.message, ...outcome.details },
     });
     const [record] = await Promise.all([outcomeRecord, settled]);
