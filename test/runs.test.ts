@@ -250,6 +250,22 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
   });
 
+  it('tells why a throttled run was ended meanwhile, not that it was throttled', async () => {
+    const runId = newRunId();
+    const plan = [step('echo', { q: 'b' }, '1.0.0'), step('limited')];
+    expect((await execute({ run_id: runId, plan })).status).toBe(429);
+    const cancelled = await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: { reason: 'no longer needed' } });
+    expect(cancelled.body.status).toBe('cancelled');
+    const again = await execute({ run_id: runId, plan });
+    expect(again.status).toBe(409);
+    expect(again.body.status).toBe('cancelled');
+    expect(again.body.steps.map((s: { status: string; error?: { code: string } }) => [s.status, s.error?.code])).toEqual([
+      ['completed', undefined],
+      ['denied', 'run_not_resumable'],
+    ]);
+    expect(again.body.steps[1].error.details).toMatchObject({ control: 'cancelled', reason: 'no longer needed' });
+  });
+
   it('finishes a throttled run when its owner resubmits it after Retry-After, without running its completed steps again', async () => {
     const runId = newRunId();
     const plan = [step('refilling', { q: 'one' }), step('refilling', { q: 'two' })];

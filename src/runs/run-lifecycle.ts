@@ -196,14 +196,17 @@ function cascadeDepths(runs: RunRecord[], roots: ReadonlySet<string>, alreadyEnd
 
 /**
  * The stored envelope of a run that ended while it was not executing: the step it was waiting
- * at is refused with the stop, later ones are skipped. (A run that was executing gets its
- * envelope from its executor, at its next call boundary.)
+ * at — for an approval, its turn, or (a throttled run) its rate limit — is refused with the
+ * stop, later ones are skipped. (A run that was executing gets its envelope from its executor,
+ * at its next call boundary.)
  */
 export function closedEnvelope(run: Pick<RunRecord, 'run_id' | 'envelope'>, status: TerminalStatus, stop: RunStop): RunEnvelope {
   const previous = run.envelope;
+  const waiting = (step: StepResult) =>
+    step.status === 'pending' || step.status === 'awaiting_approval' || (previous?.status === 'throttled' && step.status === 'denied' && step.error?.code === 'rate_limited');
   let refused = false;
   const steps: StepResult[] = (previous?.steps ?? []).map((step) => {
-    if (step.status !== 'pending' && step.status !== 'awaiting_approval') return step;
+    if (!waiting(step)) return step;
     const { approval_id: _approval, ...rest } = step;
     if (refused) return { ...rest, status: 'skipped' };
     refused = true;
