@@ -1,3 +1,4 @@
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
@@ -277,6 +278,54 @@ describe('a parent kept open', () => {
     const [stopped] = await auditOf({ run_id: sub, event_type: 'run.stopped' });
     expect(stopped).toMatchObject({ status: 'cancelled', reason_code: 'run_not_resumable', details: { cascade_depth: 1, via_run_id: root } });
     expect((await h.client.post(`/runs/${root}/complete`, { token: as(ROOT), body: {} })).status).toBe(409);
+  });
+
+  it('ends with its parent even when the hand-off commits while the parent is ending', async () => {
+    // The parent's end (one statement shared with other runs ending) takes its snapshot before
+    // the sub-run exists, then waits for the parent row, which the hand-off holds until it commits.
+    await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, cost_units: 1, allowed_agents: [ROOT] });
+    await grantTool(h.client, { tenant: T, agent: ROOT, tool: 'held' });
+    const parent = newRunId('ending');
+    const sub = newRunId('sub');
+    const counters = new pg.Client({ connectionString: h.db.url });
+    const subRunId = new pg.Client({ connectionString: h.db.url });
+    const watcher = new pg.Client({ connectionString: h.db.url });
+    await Promise.all([counters.connect(), subRunId.connect(), watcher.connect()]);
+    const lockWaits = async () => Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
+    const until = async (check: () => Promise<boolean>) => {
+      for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
+      expect(await check()).toBe(true);
+    };
+    try {
+      const running = execute(ROOT, { run_id: parent, budget_units: 50, plan: [step('held', 'slow')] });
+      await until(async () => hitsOf(parent).length === 1);
+      // `counters` holds the parent's budget counter: its settlement, and the hand-off (after it
+      // has locked the parent), queue behind it. `subRunId` holds the sub-run's id.
+      await counters.query('begin');
+      await counters.query('select * from budget_counters where counter_key = $1 for update', [`run/${T}/${parent}`]);
+      await subRunId.query('begin');
+      await subRunId.query(`insert into runs (tenant_id, run_id, owner_agent_id, status, request_sha256) values ($1, $2, 'nobody', 'queued', null)`, [T, sub]);
+      backend.openGate();
+      await until(async () => (await lockWaits()) >= 1);
+      const handedOff = handoff(ROOT, parent, { sub_run_id: sub, budget_units: 5 });
+      await until(async () => (await lockWaits()) >= 2);
+      // The settlement goes first; the parent's end then waits for the parent row, and the
+      // hand-off for the sub-run's id.
+      await counters.query('commit');
+      await until(async () => (await lockWaits()) >= 2);
+      await subRunId.query('rollback');
+      expect((await handedOff).status).toBe(201);
+      const ended = await running;
+      expect(ended.status).toBe(200);
+      expect(ended.body.status).toBe('completed');
+      expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('cancelled');
+      expect((await h.client.get(`/runs/${parent}/handoffs`, { token: operator })).body.items[0]).toMatchObject({ status: 'closed', returned_units: 5 });
+      const refused = await execute(SUB, { run_id: sub, parent_run_id: parent, plan: [step('search', 'too late')] });
+      expect(refused.status).toBe(409);
+      expect(hitsOf(sub)).toEqual([]);
+    } finally {
+      await Promise.all([counters.end(), subRunId.end(), watcher.end()]);
+    }
   });
 
   it('cannot be completed unless it was kept open', async () => {

@@ -8,7 +8,7 @@ import { actorOf } from '../auth/principal.js';
 import { holdRunUnits, lockRunAllowance } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 import { attributionOf } from '../runs/run-lifecycle.js';
-import { findRun, insertSubRun, lockRun, type RunRecord } from '../runs/run-repository.js';
+import { findRun, insertSubRun, lockRun, markHandedOff, type RunRecord } from '../runs/run-repository.js';
 import { isTerminal } from '../runs/run-types.js';
 import type { ApprovalRequirement, Handoff, HandoffRequest } from './handoff.js';
 import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from './handoff-repository.js';
@@ -103,6 +103,7 @@ export class HandoffService {
         created_at: now,
       });
       if (!sub) return { ok: false, code: 'run_id_conflict', message: `run_id ${request.sub_run_id} is already in use`, details: { sub_run_id: request.sub_run_id } } as const;
+      await markHandedOff(trx, parent);
       const handoff = await insertHandoff(trx, {
         id: `hof_${randomBytes(10).toString('hex')}`,
         tenant_id: parent.tenant_id,

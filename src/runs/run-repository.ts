@@ -161,6 +161,16 @@ export async function insertSubRun(
 }
 
 /**
+ * Records on a parent run, which the caller holds locked, that it has just handed off: a new row
+ * version. An end of the parent group-committed at the same moment (`leaveRuns`) took its
+ * snapshot before the sub-run existed and waited for this lock; finding the row changed after
+ * its snapshot, it leaves the parent to be ended under the lock, where its sub-runs end with it.
+ */
+export async function markHandedOff(trx: Transaction<DB>, key: RunKey): Promise<void> {
+  await trx.updateTable('runs').set({ updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
+}
+
+/**
  * Takes a throttled run back to `running` for its owner's identical resubmission. Only one
  * caller wins when several race; the others see `undefined`.
  */
