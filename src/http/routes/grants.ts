@@ -9,7 +9,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput } from '../validation.js';
 
 /** What the grant routes are given by the composition root. */
 export interface GrantRouteDeps {
@@ -18,7 +18,6 @@ export interface GrantRouteDeps {
   now: () => Date;
 }
 
-const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an identifier');
 // An agent id as agents' tokens carry it in `sub`; a grant names one agent, so no `family:` form.
 const agentId = z
   .string()

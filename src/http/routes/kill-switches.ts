@@ -15,7 +15,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput } from '../validation.js';
 
 /** What the kill-switch routes are given by the composition root. */
 export interface KillSwitchRouteDeps {
@@ -26,7 +26,6 @@ export interface KillSwitchRouteDeps {
   tools: ToolFactsLookup;
 }
 
-const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an identifier');
 const nonBlank = (max: number) =>
   z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
 

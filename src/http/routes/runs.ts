@@ -17,7 +17,7 @@ import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput } from '../validation.js';
 
 export interface RunRouteDeps {
   db: Kysely<DB>;
@@ -28,15 +28,13 @@ export interface RunRouteDeps {
   maxPlanSteps: number;
 }
 
-const id = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'letters, digits and . _ : @ - only');
-
 function executeBody(maxPlanSteps: number) {
   return z.strictObject({
-    run_id: id,
-    parent_run_id: id.optional(),
-    pipeline_instance_id: id.optional(),
-    session_id: id.optional(),
-    user_id: id.optional(),
+    run_id: identifier,
+    parent_run_id: identifier.optional(),
+    pipeline_instance_id: identifier.optional(),
+    session_id: identifier.optional(),
+    user_id: identifier.optional(),
     context: z.record(z.string(), z.unknown()).default({}),
     plan: z
       .array(
@@ -58,7 +56,7 @@ const toolId = z.string().max(200).regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/
 
 const handoffBody = z.strictObject({
   sub_agent_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as sophia.retriever'),
-  sub_run_id: id,
+  sub_run_id: identifier,
   // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
   budget_units: z.number().finite().max(MAX_UNITS),
   delegable_tool_ids: z.array(toolId).max(100),
@@ -68,7 +66,7 @@ const handoffBody = z.strictObject({
 });
 
 const controlBody = z.strictObject({ reason: z.string().max(2000).optional() });
-const runParams = z.object({ run_id: id });
+const runParams = z.object({ run_id: identifier });
 const tenantQuery = z.strictObject({ tenant_id: z.string().min(1).optional() });
 
 const listQuery = z.strictObject({

@@ -7,7 +7,7 @@ import type { DB } from '../../db/schema.js';
 import { getTenantPolicy, putTenantPolicy } from '../../tenants/tenant-policy.js';
 import { operatorOf } from '../auth.js';
 import { tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput } from '../validation.js';
 
 export interface TenantRouteDeps {
   db: Kysely<DB>;
@@ -15,7 +15,7 @@ export interface TenantRouteDeps {
   now: () => Date;
 }
 
-const params = z.object({ tenant_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/) });
+const params = z.object({ tenant_id: identifier });
 const policyBody = z.strictObject({ external_call_enabled: z.boolean() });
 
 /** `GET /tenants/{tenant_id}/policy` (operators of the tenant) and `PUT` (platform-operators). */
