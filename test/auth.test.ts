@@ -15,6 +15,7 @@ const rsaPublicPem = rsa.publicKey.export({ type: 'spki', format: 'pem' }).toStr
 const rsaPrivatePem = rsa.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
 const ecPublicPem = ec.publicKey.export({ type: 'spki', format: 'pem' }).toString();
 const ecPrivatePem = ec.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+const otherRsaPrivatePem = otherRsa.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
 
 const now = () => Math.floor(Date.now() / 1000);
 const operatorClaims = { sub: 'ops.one', tenant_id: 't1', kind: 'operator', roles: ['platform-operator'] };
@@ -68,12 +69,24 @@ describe('authentication (SPEC §1)', () => {
     expect((await es.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims) })).status).toBe(200);
   });
 
+  it('verifies a token carrying a kid against the one configured public key', async () => {
+    // Identity providers add a `kid`; with a single PEM key there is nothing to choose between.
+    expect((await rs.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) })).status).toBe(200);
+    expect((await es.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) })).status).toBe(200);
+    // The kid picks nothing: another key's token is refused, with or without one.
+    for (const header of [{ kid: 'idp-key-2024' }, {}]) {
+      const res = await rs.get('/whoami', { token: sign('RS256', otherRsaPrivatePem, operatorClaims, header) });
+      expect(res.status).toBe(401);
+      expect(res.body.error.code).toBe('unauthenticated');
+    }
+  });
+
   it('picks the JWKS key by kid', async () => {
     expect((await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'rsa-1' }) })).status).toBe(200);
     expect((await jwks.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'ec-1' }) })).status).toBe(200);
     expect((await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'nope' }) })).status).toBe(401);
     // A key the JWKS does not hold cannot borrow a known kid.
-    const forged = sign('RS256', otherRsa.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(), operatorClaims, { kid: 'rsa-1' });
+    const forged = sign('RS256', otherRsaPrivatePem, operatorClaims, { kid: 'rsa-1' });
     expect((await jwks.get('/whoami', { token: forged })).status).toBe(401);
   });
 

@@ -48,6 +48,18 @@ describe('HTTP conventions', () => {
     expect(minted.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
   });
 
+  it.each([
+    ['a malformed URL', '/tools/%E0%A4%A', 'FST_ERR_BAD_URL'],
+    ['a path segment over the length limit', `/tools/${'a'.repeat(300)}`, 'FST_ERR_MAX_PARAM_LENGTH'],
+  ])('echoes or mints x-request-id on %s, refused before routing', async (_name, url, reason) => {
+    const given = await h.client.get(url, { headers: { 'x-request-id': 'req-before-routing' } });
+    expect(given.status).toBe(400);
+    expect(given.body.error).toMatchObject({ code: 'invalid_request', details: { reason } });
+    expect(given.headers['x-request-id']).toBe('req-before-routing');
+    const minted = await h.client.get(url);
+    expect(minted.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
   it('records the W3C trace id of a traceparent header on audit events', async () => {
     const traceId = '4bf92f3577b34da6a3ce929d0e0e4736';
     await h.client.get('/audit', {
@@ -56,6 +68,28 @@ describe('HTTP conventions', () => {
     });
     const events = await h.client.get('/audit', { token: tokens.platform(), query: { agent_id: 'tracer.agent' } });
     expect(events.body.items[0].trace_id).toBe(traceId);
+  });
+
+  it('refuses a malformed id in an audit filter as invalid_request before it reaches the database', async () => {
+    for (const field of ['tenant_id', 'run_id', 'tool_id', 'agent_id', 'event_type']) {
+      const res = await h.client.get('/audit', { token: tokens.platform(), query: { [field]: 'x\u0000y' } });
+      expect(res.status, field).toBe(400);
+      expect(res.body.error, field).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: `query.${field}` }] } });
+    }
+  });
+
+  it('audits a tenant-operator naming another tenant in GET /audit, but not a malformed tenant_id', async () => {
+    const operator = tokens.tenantOperator('t-audit-filter');
+    const malformed = await h.client.get('/audit', { token: operator, query: { tenant_id: 'x\u0000y' } });
+    expect(malformed.status).toBe(400);
+    expect(malformed.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'query.tenant_id' }] } });
+    const other = await h.client.get('/audit', { token: operator, query: { tenant_id: 'x-y' } });
+    expect(other.status).toBe(404);
+    const events = await h.client.get('/audit', {
+      token: tokens.platform(),
+      query: { event_type: 'security.cross_tenant_attempt', tenant_id: 't-audit-filter' },
+    });
+    expect(events.body.items.map((e: { details: { requested_tenant_id: string } }) => e.details.requested_tenant_id)).toEqual(['x-y']);
   });
 
   it('exposes Prometheus metrics, including request durations', async () => {

@@ -3,10 +3,22 @@ import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Config } from '../config/config.js';
 
-/** How tokens are verified: one HS256 secret, or asymmetric public keys chosen by `kid`. */
+/**
+ * How tokens are verified: one HS256 secret, one public key (`TOOLGATE_JWT_PUBLIC_KEY`), or the
+ * public keys of a JWKS file, chosen by `kid`.
+ */
 export type VerificationKeys =
   | { kind: 'secret'; secret: string; development: boolean }
-  | { kind: 'public'; keys: Map<string | undefined, string>; algorithms: Array<'RS256' | 'ES256'> };
+  | { kind: 'public'; key: string; algorithms: Array<'RS256' | 'ES256'> }
+  | { kind: 'jwks'; keys: Map<string | undefined, string>; algorithms: Array<'RS256' | 'ES256'> };
+
+/** The public key a token with this `kid` header must be signed by; undefined when there is none. */
+export function publicKeyFor(keys: Exclude<VerificationKeys, { kind: 'secret' }>, kid: string | undefined): string | undefined {
+  // One configured key is the only candidate, whatever `kid` the identity provider put in the
+  // header (most add one); the signature check still decides.
+  if (keys.kind === 'public') return keys.key;
+  return keys.keys.get(kid);
+}
 
 const DEV_SECRET_FILE = 'dev-jwt-secret';
 
@@ -20,7 +32,7 @@ export async function loadVerificationKeys(config: Config): Promise<Verification
   if (jwt.secret) return { kind: 'secret', secret: jwt.secret, development: false };
   if (jwt.publicKey) {
     const key = createPublicKey(jwt.publicKey);
-    return { kind: 'public', keys: new Map([[undefined, jwt.publicKey]]), algorithms: algorithmsFor([key.asymmetricKeyType]) };
+    return { kind: 'public', key: jwt.publicKey, algorithms: algorithmsFor([key.asymmetricKeyType]) };
   }
   if (jwt.jwksFile) return loadJwks(jwt.jwksFile);
   return { kind: 'secret', secret: await developmentSecret(config.dataDir, true), development: true };
@@ -64,7 +76,7 @@ async function loadJwks(file: string): Promise<VerificationKeys> {
     keys.set(typeof jwk.kid === 'string' ? jwk.kid : undefined, key.export({ type: 'spki', format: 'pem' }).toString());
   }
   if (keys.size === 1 && !keys.has(undefined)) keys.set(undefined, [...keys.values()][0]!);
-  return { kind: 'public', keys, algorithms: algorithmsFor(types) };
+  return { kind: 'jwks', keys, algorithms: algorithmsFor(types) };
 }
 
 function algorithmsFor(types: Array<string | undefined>): Array<'RS256' | 'ES256'> {

@@ -15,7 +15,10 @@ const SUPPORTED_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPT
  * heart of URL-confusion SSRF. SPEC §9 says never repair a URL, so they are refused instead.
  */
 const AMBIGUOUS = /[\u0000-\u0020\u007f\\]/;
-const AUTHORITY = /^[a-z][a-z0-9+.-]*:\/\/([^/?#]*)/i;
+/** `scheme://host…` or, against a base, `//host…`: the authority spelled out and not empty. */
+const AUTHORITY = /^(?:[a-z][a-z0-9+.-]*:)?\/\/([^/?#]+)/i;
+/** A reference that names its own scheme or host, rather than a path on the base's. */
+const NAMES_ORIGIN = /^(?:[a-z][a-z0-9+.-]*:|\/\/)/i;
 
 /** A URL that passed the guard, with the host as it will be resolved and sent. */
 export interface UrlTarget {
@@ -61,8 +64,8 @@ export function checkUrl(
   if (!SUPPORTED_SCHEMES.includes(scheme) || !schemes.includes(scheme)) {
     return denied('scheme_not_allowed', { origin, scheme, allowed: schemes });
   }
-  // `http:host` and `http:/host` parse as `http://host`: a repair, so refused.
-  if (!base && !AUTHORITY.test(raw)) return denied('url_ambiguous', { origin });
+  // `http:host`, `http:/host` and `http:///host` parse as `http://host`: a repair, so refused.
+  if ((!base || NAMES_ORIGIN.test(raw)) && !AUTHORITY.test(raw)) return denied('url_ambiguous', { origin });
 
   const verb = method.toUpperCase();
   const methods = (policy.methods ?? DEFAULT_METHODS).map((value) => value.toUpperCase());

@@ -2,7 +2,7 @@ import fastifyJwt from '@fastify/jwt';
 import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { AuditLog } from '../audit/audit-log.js';
-import type { VerificationKeys } from '../auth/jwt-keys.js';
+import { publicKeyFor, type VerificationKeys } from '../auth/jwt-keys.js';
 import { actorOf, principalFromClaims, type OperatorRole, type Principal } from '../auth/principal.js';
 import { ApiError } from './errors.js';
 
@@ -54,7 +54,7 @@ export const authPlugin = fp<AuthOptions>(
         secret: {
           public: async (_request: FastifyRequest, token: { header?: { kid?: unknown } }) => {
             const kid = typeof token.header?.kid === 'string' ? token.header.kid : undefined;
-            const key = keys.keys.get(kid);
+            const key = publicKeyFor(keys, kid);
             if (!key) throw new Error('unknown signing key');
             return key;
           },

@@ -45,10 +45,12 @@ export function installErrorHandlers(app: FastifyInstance): void {
 
 /**
  * Fastify's own refusals made before routing (a malformed URL, a path parameter over
- * `maxParamLength`) answer in the same error envelope as everything else.
+ * `maxParamLength`) answer in the same error envelope as everything else. They skip the
+ * `onRequest` hooks, so the request id is echoed here.
  */
-export function frameworkErrors(error: FastifyError, _request: FastifyRequest, reply: FastifyReply): void {
+export function frameworkErrors(error: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
   reply
     .code(400)
+    .header('x-request-id', request.id)
     .send(errorBody('invalid_request', 'the URL is malformed or a path segment is too long', { reason: error.code ?? 'bad_url' }));
 }

@@ -56,8 +56,39 @@ describe('url guard: the URL must parse, and is never repaired', () => {
     // WHATWG special-scheme repair: `http:host` and `http:/host` become `http://host`.
     'http:example.com',
     'http:/example.com',
+    // An empty authority: the parser skips the extra slashes and takes the path's first segment
+    // as the host, where RFC 3986 reads an empty host and a path.
+    'https:///example.com/',
+    'https:////example.com/',
+    'http:///127.0.0.1/',
   ])('refuses %j as ambiguous', (url) => {
     expect(reason(url)).toBe('url_ambiguous');
+  });
+
+  describe('against a base (a redirect Location)', () => {
+    const base = new URL('https://api.example.com/v1/items');
+    const relative = (url: string) => {
+      const verdict = checkUrl(url, 'GET', anyHost, {}, base);
+      return verdict.ok ? verdict.target.url.href : verdict.reason;
+    };
+
+    it.each(['///evil.com/', 'https:///evil.com/', 'http:/evil.com', 'http:evil.com'])(
+      'refuses %j, which names a host it does not spell out',
+      (url) => {
+        expect(relative(url)).toBe('url_ambiguous');
+      },
+    );
+
+    it('refuses an empty user part in a network-path reference', () => {
+      expect(relative('//@evil.com/')).toBe('credentials_in_url');
+    });
+
+    it('resolves paths and network-path references as written', () => {
+      expect(relative('/v2/items?page=2')).toBe('https://api.example.com/v2/items?page=2');
+      expect(relative('next')).toBe('https://api.example.com/v1/next');
+      expect(relative('//cdn.example.com/a')).toBe('https://cdn.example.com/a');
+      expect(relative('http://cdn.example.com/a')).toBe('http://cdn.example.com/a');
+    });
   });
 });
 

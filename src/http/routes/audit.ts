@@ -6,19 +6,20 @@ import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.
 import type { DB } from '../../db/schema.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput } from '../validation.js';
 
 export interface AuditRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
 }
 
+
 const listQuery = z.strictObject({
-  tenant_id: z.string().min(1).optional(),
-  run_id: z.string().min(1).optional(),
-  tool_id: z.string().min(1).optional(),
-  agent_id: z.string().min(1).optional(),
-  event_type: z.string().min(1).optional(),
+  tenant_id: identifier.optional(),
+  run_id: identifier.optional(),
+  tool_id: identifier.optional(),
+  agent_id: identifier.optional(),
+  event_type: identifier.optional(),
   since: z.iso.datetime({ offset: true }).optional(),
   until: z.iso.datetime({ offset: true }).optional(),
   limit: z.coerce.number().int().min(1).max(500).default(50),
