@@ -182,6 +182,30 @@ describe('a sub-run', () => {
     expect(hitsOf(sub)).toEqual([]);
   });
 
+  it('is dry-run within its hand-off: its envelope, its budget, and only from the parent that made it', async () => {
+    const root = await openRoot();
+    const dry = (agentId: string, body: Record<string, unknown>) => execute(agentId, { dry_run: true, ...body });
+    const narrow = (await handoff(ROOT, root, { budget_units: 1 })).body.sub_run_id as string;
+    // SUB's own grants cover `secret`, but its hand-off does not; one unit does not pay for `search`.
+    const outside = await dry(SUB, { run_id: narrow, parent_run_id: root, plan: [step('secret', 'x')] });
+    expect(outside.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'unauthorized_tool_access' } });
+    const costly = await dry(SUB, { run_id: narrow, parent_run_id: root, plan: [step('search', 'x')] });
+    expect(costly.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'budget_exceeded' } });
+    const roomy = (await handoff(ROOT, root, { budget_units: 10 })).body.sub_run_id as string;
+    const fine = await dry(SUB, { run_id: roomy, parent_run_id: root, plan: [step('search', 'x')] });
+    expect(fine.body.steps[0]).toMatchObject({ status: 'admissible' });
+    // The request's budget only lowers the hand-off's.
+    const lowered = await dry(SUB, { run_id: roomy, parent_run_id: root, budget_units: 1, plan: [step('search', 'x')] });
+    expect(lowered.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'budget_exceeded' } });
+    // As execution is, a dry run is refused for a parent no hand-off names, or by another agent.
+    const invented = await dry(SUB, { run_id: newRunId(), parent_run_id: root, plan: [step('search', 'x')] });
+    expect(invented.status).toBe(403);
+    expect(invented.body.error).toMatchObject({ code: 'handoff_rejected', details: { reason: 'handoff_missing' } });
+    expect((await dry(WRITER, { run_id: roomy, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(409);
+    expect(hitsOf(narrow)).toEqual([]);
+    expect(hitsOf(roomy)).toEqual([]);
+  });
+
   it('records its attribution chain on its dispatches and on its end', async () => {
     const root = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;

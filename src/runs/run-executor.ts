@@ -592,11 +592,12 @@ export class RunExecutor {
 
   /** Steps 1–11 for every step, reserving and dispatching nothing. */
   private async dryRun(principal: AgentPrincipal, request: RunRequest, _traceId: string): Promise<RunAnswer> {
+    const within = request.parent_run_id === undefined ? undefined : await this.subRunBounds(principal, request);
     const steps: StepResult[] = [];
     const warnings: string[] = [];
     for (let index = 0; index < request.plan.length; index += 1) {
       const started = performance.now();
-      const admission = await admitStep(this.stepRequest(principal, request, index, true, undefined), this.deps.ports);
+      const admission = await admitStep(this.stepRequest(principal, request, index, true, within), this.deps.ports);
       warnings.push(...admission.state.warnings);
       const head = stepHead(request, index, admission.state.tool);
       const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
@@ -619,7 +620,23 @@ export class RunExecutor {
     return { httpStatus: 200, envelope, replayed: false };
   }
 
-  private stepRequest(principal: AgentPrincipal, request: RunRequest, index: number, dryRun: boolean, exec: Execution | undefined): StepRequest {
+  /**
+   * What bounds a dry run of a sub-run, as they would bound it executed: the run its hand-off
+   * made (refused as execution refuses a run no hand-off gave, or another agent's), the
+   * hand-off's envelope, and its budget, which the request's `budget_units` only lowers.
+   */
+  private async subRunBounds(principal: AgentPrincipal, request: RunRequest): Promise<Pick<Execution, 'run' | 'delegation'>> {
+    const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
+    if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
+      throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
+    }
+    if (run.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
+    const delegation = await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id);
+    const budgets = [run.budget_units, request.budget_units].filter((units): units is number => typeof units === 'number');
+    return { run: { ...run, budget_units: budgets.length > 0 ? Math.min(...budgets) : null }, delegation };
+  }
+
+  private stepRequest(principal: AgentPrincipal, request: RunRequest, index: number, dryRun: boolean, exec: Pick<Execution, 'run' | 'delegation'> | undefined): StepRequest {
     const planned = request.plan[index]!;
     const delegation = exec?.delegation;
     return {
