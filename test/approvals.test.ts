@@ -288,26 +288,40 @@ describe('a call that requires approval', () => {
 
 describe('approvals expire', () => {
   const clock = new ManualClock(new Date());
+  const TTL_MS = 3600_000;
+  const SUB = 'veritas.checker';
   let x: Harness;
   let echo: TestBackend;
 
   beforeAll(async () => {
     x = await startHarness({ TOOLGATE_APPROVAL_TTL_SECONDS: '3600' }, { now: clock.now });
     echo = await new TestBackend().start();
-    await registerTool(x.client, { id: 'publish.draft', backendUrl: `${echo.url}/echo`, allowed_agents: [AGENT], category: 'draft_write', requires_approval: true });
-    await grantTool(x.client, { tenant: T, agent: AGENT, tool: 'publish.draft', expires_at: new Date(Date.now() + 30 * 86_400_000).toISOString() });
+    const base = { backendUrl: `${echo.url}/echo`, allowed_agents: [AGENT, SUB], category: 'draft_write' };
+    await registerTool(x.client, { id: 'publish.draft', ...base, requires_approval: true });
+    // One token, refilled far slower than approvals expire.
+    await registerTool(x.client, { id: 'scarce.draft', ...base, requires_approval: true, rate_limit: { capacity: 1, refill_per_second: 0.0001 } });
+    await registerTool(x.client, { id: 'search', ...base });
+    const expires_at = new Date(Date.now() + 30 * 86_400_000).toISOString();
+    for (const tool of ['publish.draft', 'scarce.draft', 'search']) await grantTool(x.client, { tenant: T, agent: AGENT, tool, expires_at });
+    await grantTool(x.client, { tenant: T, agent: SUB, tool: 'search', expires_at });
   });
   afterAll(async () => {
     await echo?.close();
     await x?.close();
   });
 
-  const held = async () => {
+  const held = async (toolId = 'publish.draft') => {
     const runId = newRunId();
-    const res = await x.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('publish.draft', 'stale')] } });
+    const res = await x.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step(toolId, 'stale')] } });
     expect(res.status).toBe(202);
     return { runId, approvalId: res.body.steps[0].approval_id as string };
   };
+  const decide = (id: string, verdict: 'approve' | 'reject', token = operator) => x.client.post(`/approvals/${id}/${verdict}`, { token, body: { rationale: 'looked at it' } });
+  const statusOfApproval = async (id: string) => (await x.client.get(`/approvals/${id}`, { token: operator })).body.status as string;
+  const listed = async (runId: string, status?: string) =>
+    (await x.client.get('/approvals', { token: operator, query: { run_id: runId, ...(status ? { status } : {}) } })).body.items.map((a: { id: string; status: string }) => [a.id, a.status]);
+  const runStatus = async (runId: string) => (await x.client.get(`/runs/${runId}`, { token: agent })).body.status as string;
+  const expiries = async (runId: string) => (await x.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'approval.expired' } })).body.items as Array<Record<string, any>>;
 
   it('a proposal nobody decided in time cannot be approved, and its run is cancelled', async () => {
     const { runId, approvalId } = await held();
@@ -330,5 +344,99 @@ describe('approvals expire', () => {
     expect(res.body.error.details).toMatchObject({ approval_status: 'expired' });
     expect((await x.client.get(`/runs/${runId}`, { token: agent })).body.status).toBe('cancelled');
     expect(echo.hits).toEqual([]);
+  });
+
+  it('an approval nobody used in time reads expired, and the next decision records it and cancels its run', async () => {
+    const { runId, approvalId } = await held();
+    expect((await decide(approvalId, 'approve')).status).toBe(200);
+    clock.advance(TTL_MS + 1);
+    expect(await statusOfApproval(approvalId)).toBe('expired');
+    expect(await listed(runId)).toEqual([[approvalId, 'expired']]);
+    expect(await listed(runId, 'expired')).toEqual([[approvalId, 'expired']]);
+    expect(await listed(runId, 'approved')).toEqual([]);
+
+    const res = await decide(approvalId, 'reject', otherOperator);
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_status: 'expired' } });
+    expect(await runStatus(runId)).toBe('cancelled');
+    expect(await expiries(runId)).toEqual([expect.objectContaining({ actor: 'system.expiry', details: expect.objectContaining({ approval_id: approvalId, noticed_by: 'operator:bob' }) })]);
+    expect(await statusOfApproval(approvalId)).toBe('expired');
+  });
+
+  it('an approval that was used stays approved after its time', async () => {
+    const { runId, approvalId } = await held();
+    expect((await decide(approvalId, 'approve')).status).toBe(200);
+    expect((await x.client.post(`/runs/${runId}/resume`, { token: agent, body: {} })).status).toBe(200);
+    clock.advance(TTL_MS + 1);
+    expect(await statusOfApproval(approvalId)).toBe('approved');
+    expect(await listed(runId)).toEqual([[approvalId, 'approved']]);
+    expect(await listed(runId, 'approved')).toEqual([[approvalId, 'approved']]);
+    expect(await listed(runId, 'expired')).toEqual([]);
+    const res = await decide(approvalId, 'reject');
+    expect(res.status).toBe(409);
+    expect(res.body.error.details).toMatchObject({ approval_status: 'approved' });
+    expect(await runStatus(runId)).toBe('completed');
+    expect(await expiries(runId)).toEqual([]);
+  });
+
+  it('a proposal that lapsed while its run was paused expires on resume, instead of being proposed again', async () => {
+    const { runId, approvalId } = await held();
+    expect((await x.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
+    clock.advance(TTL_MS + 1);
+    const res = await x.client.post(`/runs/${runId}/resume`, { token: otherOperator, body: {} });
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expect(await runStatus(runId)).toBe('cancelled');
+    expect(await listed(runId)).toEqual([[approvalId, 'expired']]);
+    expect(await expiries(runId)).toHaveLength(1);
+  });
+
+  it('an approval unused while its run was paused, or throttled, expires on resume', async () => {
+    const paused = await held();
+    expect((await decide(paused.approvalId, 'approve')).status).toBe(200);
+    expect((await x.client.post(`/runs/${paused.runId}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
+
+    // The first call takes the only token; the second, approved, is throttled before dispatch.
+    const first = await held('scarce.draft');
+    await decide(first.approvalId, 'approve');
+    expect((await x.client.post(`/runs/${first.runId}/resume`, { token: agent, body: {} })).status).toBe(200);
+    const throttled = await held('scarce.draft');
+    await decide(throttled.approvalId, 'approve');
+    expect((await x.client.post(`/runs/${throttled.runId}/resume`, { token: agent, body: {} })).body.status).toBe('throttled');
+
+    clock.advance(TTL_MS + 1);
+    for (const [{ runId, approvalId }, token] of [[paused, otherOperator], [throttled, agent]] as const) {
+      const res = await x.client.post(`/runs/${runId}/resume`, { token, body: {} });
+      expect(res.status).toBe(409);
+      expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+      expect(await runStatus(runId)).toBe('cancelled');
+      expect(await listed(runId)).toEqual([[approvalId, 'expired']]);
+      expect(await expiries(runId)).toHaveLength(1);
+    }
+    expect(echo.hits.filter((hit) => [paused.runId, throttled.runId].includes(hit.headers['x-toolgate-run-id'] as string))).toEqual([]);
+  });
+
+  it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
+    const root = newRunId('root');
+    const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
+    expect(started.body.status).toBe('running');
+    const sub = newRunId('sub');
+    const created = await x.client.post(`/runs/${root}/handoffs`, {
+      token: agent,
+      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
+    });
+    expect(created.status).toBe(201);
+    const approvalId = created.body.approval_id as string;
+    expect((await x.client.post(`/runs/${sub}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
+    clock.advance(TTL_MS + 1);
+
+    const res = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expect(await statusOfApproval(approvalId)).toBe('expired');
+    expect(await expiries(sub)).toHaveLength(1);
+    const start = await x.client.post('/runs/execute', { token: tokens.agent(SUB, { tenant: T }), body: { run_id: sub, parent_run_id: root, context: {}, plan: [step('search', 'unapproved')] } });
+    expect(start.status).toBe(409);
+    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === sub)).toEqual([]);
   });
 });

@@ -1,6 +1,6 @@
-import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import { sql, type ExpressionBuilder, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { ApprovalTable, DB } from '../db/schema.js';
-import type { Approval, ApprovalKind, ApprovalStatus } from './approval.js';
+import { approvalStatusAt, type Approval, type ApprovalKind, type ApprovalStatus } from './approval.js';
 
 type Db = Kysely<DB> | Transaction<DB>;
 
@@ -28,6 +28,16 @@ export async function insertApproval(trx: Transaction<DB>, approval: NewApproval
 export async function findApproval(db: Db, id: string): Promise<Approval | undefined> {
   const row = await db.selectFrom('approvals').selectAll().where('id', '=', id).executeTakeFirst();
   return row ? toApproval(row) : undefined;
+}
+
+/** Whether an approval has lapsed by `now`: approved, past its time and unused (see `lapsedAt`). */
+export async function isApprovalLapsed(db: Db, id: string, now: Date): Promise<boolean> {
+  const row = await db
+    .selectFrom('approvals')
+    .select((eb) => lapsedAt(eb, now).as('lapsed'))
+    .where('id', '=', id)
+    .executeTakeFirst();
+  return Boolean(row?.lapsed);
 }
 
 /** Locks an approval for the rest of the transaction (after its run: see run-lifecycle.ts). */
@@ -87,21 +97,54 @@ export interface ApprovalQuery {
   limit: number;
 }
 
-/** Newest first. `pending` and `expired` are as of `now` (a pending proposal past its time is expired). */
+/**
+ * Newest first, each with its status as of `now`: a pending proposal, or an approval unused, past
+ * its time is expired — and is listed under `expired`, not `pending` or `approved`.
+ */
 export async function listApprovals(db: Kysely<DB>, query: ApprovalQuery): Promise<{ items: Approval[]; next: ApprovalQuery['after'] | null }> {
-  let q = db.selectFrom('approvals').selectAll();
+  let q = db
+    .selectFrom('approvals')
+    .selectAll()
+    .select((eb) => lapsedAt(eb, query.now).as('lapsed'));
   if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
   if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
   if (query.kind !== undefined) q = q.where('kind', '=', query.kind);
   if (query.status === 'pending') q = q.where('status', '=', 'pending').where('expires_at', '>', query.now);
+  else if (query.status === 'approved') q = q.where('status', '=', 'approved').where((eb) => eb.not(lapsedAt(eb, query.now)));
   else if (query.status === 'expired') {
-    q = q.where((eb) => eb.or([eb('status', '=', 'expired'), eb.and([eb('status', '=', 'pending'), eb('expires_at', '<=', query.now)])]));
+    q = q.where((eb) => eb.or([eb('status', '=', 'expired'), eb.and([eb('status', '=', 'pending'), eb('expires_at', '<=', query.now)]), lapsedAt(eb, query.now)]));
   } else if (query.status !== undefined) q = q.where('status', '=', query.status);
   if (query.after) q = q.where(sql<boolean>`(created_at, id) < (${new Date(query.after.created_at)}, ${query.after.id})`);
   const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
-  const items = rows.slice(0, query.limit).map(toApproval);
+  const items = rows.slice(0, query.limit).map((row) => {
+    const approval = toApproval(row);
+    return { ...approval, status: approvalStatusAt(approval, query.now, Boolean(row.lapsed)) };
+  });
   const last = items[items.length - 1];
   return { items, next: rows.length > query.limit && last ? { created_at: last.created_at.toISOString(), id: last.id } : null };
+}
+
+/**
+ * An approval that lapsed by `now`: approved, past its `expires_at`, and unused. A tool call's
+ * approval is used once a call it let through is on record — the executor puts its `approval_id`
+ * on the call's `run.step.dispatching`, or on the `run.step.failed` of a call that could not be
+ * sent —, which can only happen before `expires_at`. A hand-off's is used as it is approved: that
+ * releases its sub-run.
+ */
+function lapsedAt(eb: ExpressionBuilder<DB, 'approvals'>, now: Date) {
+  const useOnRecord = eb
+    .selectFrom('audit_events')
+    .select('audit_events.seq')
+    .whereRef('audit_events.run_id', '=', 'approvals.run_id')
+    .whereRef('audit_events.tenant_id', '=', 'approvals.tenant_id')
+    .where('audit_events.event_type', 'in', ['run.step.dispatching', 'run.step.failed'])
+    .where(sql<boolean>`audit_events.details ->> 'approval_id' = approvals.id`);
+  return eb.and([
+    eb('approvals.status', '=', 'approved'),
+    eb('approvals.kind', '=', 'tool_call'),
+    eb('approvals.expires_at', '<=', now),
+    eb.not(eb.exists(useOnRecord)),
+  ]);
 }
 
 function toApproval(row: Selectable<ApprovalTable>): Approval {

@@ -5,8 +5,8 @@ import type { OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
 import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
-import { approvalStatusAt, approvalUsableAt, type Approval } from './approval.js';
-import { decideApproval, findApproval, findLatestApproval, listApprovals, lockApproval, type ApprovalQuery } from './approval-repository.js';
+import { approvalStatusAt, approvalUsableAt, type Approval, type ApprovalStatus } from './approval.js';
+import { decideApproval, findApproval, findLatestApproval, isApprovalLapsed, listApprovals, lockApproval, type ApprovalQuery } from './approval-repository.js';
 
 /** What the approval service is built from, by the composition root. */
 export interface ApprovalServiceDeps {
@@ -44,10 +44,15 @@ export class ApprovalService implements ApprovalPort {
     return exact ? { approvalId: approval.id } : undefined;
   }
 
-  get(id: string): Promise<Approval | undefined> {
-    return findApproval(this.deps.db, id);
+  /** An approval with its status as of now: a pending proposal, or an approval unused, past its time is expired. */
+  async get(id: string): Promise<Approval | undefined> {
+    const approval = await findApproval(this.deps.db, id);
+    if (!approval) return undefined;
+    const now = this.deps.now();
+    return { ...approval, status: await statusAt(this.deps.db, approval, now) };
   }
 
+  /** A page of approvals, each with its status as of now (as `get` gives it). */
   list(query: Omit<ApprovalQuery, 'now'>): ReturnType<typeof listApprovals> {
     return listApprovals(this.deps.db, { ...query, now: this.deps.now() });
   }
@@ -55,7 +60,8 @@ export class ApprovalService implements ApprovalPort {
   /**
    * Approves or rejects a pending proposal, with a rationale. Approving a tool call lets its run
    * be resumed (every admission stage runs again then); approving a hand-off lets its sub-run
-   * start. Rejecting cancels the run. A proposal past its time expires instead, and so does its run.
+   * start. Rejecting cancels the run. A proposal past its time — or an approval past it unused —
+   * expires instead, and its run is cancelled.
    */
   async decide(request: { id: string; approve: boolean; approver: Approver; rationale: string; traceId: string }): Promise<{ ok: true; approval: Approval } | ApprovalRefusal> {
     const seen = await findApproval(this.deps.db, request.id);
@@ -66,9 +72,9 @@ export class ApprovalService implements ApprovalPort {
       const run = await lockRun(trx, { tenant_id: seen.tenant_id, run_id: seen.run_id });
       const approval = await lockApproval(trx, request.id);
       if (!run || !approval) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` } as const;
-      const status = approvalStatusAt(approval, now);
+      const status = await statusAt(trx, approval, now);
       const event = approvalEvent(approval, request.approver.actor, request.traceId);
-      if (status === 'expired' && approval.status === 'pending') {
+      if (status === 'expired' && approval.status !== 'expired') {
         await this.expire(trx, approval, request.approver.actor, now, request.traceId);
         return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} expired at ${approval.expires_at.toISOString()}`, details: { approval_status: 'expired' } } as const;
       }
@@ -142,6 +148,12 @@ export class ApprovalService implements ApprovalPort {
       now,
     );
   }
+}
+
+/** An approval's status as of `now`, looking up whether an approved one past its time was used. */
+async function statusAt(db: Kysely<DB> | Transaction<DB>, approval: Approval, now: Date): Promise<ApprovalStatus> {
+  const unused = approval.status === 'approved' && !approvalUsableAt(approval, now) && (await isApprovalLapsed(db, approval.id, now));
+  return approvalStatusAt(approval, now, unused);
 }
 
 function approvalEvent(approval: Approval, actor: string, traceId: string | null) {

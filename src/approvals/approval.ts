@@ -35,9 +35,14 @@ export interface Approval {
   rationale: string | null;
 }
 
-/** The status as of `now`: a pending proposal past its `expires_at` reads as expired. */
-export function approvalStatusAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date): ApprovalStatus {
-  return approval.status === 'pending' && approval.expires_at.getTime() <= now.getTime() ? 'expired' : approval.status;
+/**
+ * The status as of `now`: past its `expires_at`, a pending proposal reads as expired, and so does
+ * an approval that was not used. Its row does not say whether it was (see `lapsedAt` in
+ * approval-repository.ts): an approved one reads as expired only when the caller says `unused`.
+ */
+export function approvalStatusAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date, unused = false): ApprovalStatus {
+  if (approval.expires_at.getTime() > now.getTime()) return approval.status;
+  return approval.status === 'pending' || (approval.status === 'approved' && unused) ? 'expired' : approval.status;
 }
 
 /** Whether an approval still lets its action through at `now`. */

@@ -1,6 +1,6 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { AgentPrincipal } from '../admission/step.js';
-import { approvalStatusAt, approvalUsableAt } from '../approvals/approval.js';
+import { approvalStatusAt, type Approval } from '../approvals/approval.js';
 import { findLatestApproval } from '../approvals/approval-repository.js';
 import type { ApprovalService } from '../approvals/approval-service.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
@@ -100,11 +100,15 @@ export class RunControls {
           if (!run.request) {
             // Never started: back to waiting for its agent (or for its hand-off's approval).
             const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
+            const lapsed = await this.expireLapsed(trx, caller, handoffApproval, now);
+            if (lapsed) return { refuse: lapsed };
             const status: RunStatus = handoffApproval && approvalStatusAt(handoffApproval, now) === 'pending' ? 'awaiting_approval' : 'queued';
             await writeRunStatus(trx, run, status);
             await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
             return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
           }
+          const lapsed = await this.expireLapsed(trx, caller, await approvalOfNextStep(trx, run), now);
+          if (lapsed) return { refuse: lapsed };
           break;
         }
         case 'awaiting_approval': {
@@ -114,18 +118,19 @@ export class RunControls {
           const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
           const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
           if (!approval) throw new ApiError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status });
+          const lapsed = await this.expireLapsed(trx, caller, approval, now);
+          if (lapsed) return { refuse: lapsed };
           const status = approvalStatusAt(approval, now);
-          if (status === 'expired' || (status === 'approved' && !approvalUsableAt(approval, now))) {
-            await this.deps.approvals.expire(trx, approval, actorOf(caller.principal), now, caller.traceId);
-            return { refuse: new ApiError('run_not_resumable', `approval ${approval.id} expired; the run was cancelled`, { approval_id: approval.id, approval_status: 'expired' }) };
-          }
           if (status !== 'approved') {
             throw new ApiError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status });
           }
           break;
         }
-        case 'throttled':
+        case 'throttled': {
+          const lapsed = await this.expireLapsed(trx, caller, await approvalOfNextStep(trx, run), now);
+          if (lapsed) return { refuse: lapsed };
           break;
+        }
         default:
           throw new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status });
       }
@@ -138,6 +143,18 @@ export class RunControls {
     if ('answer' in outcome) return outcome.answer;
     const principal = caller.principal.kind === 'agent' ? caller.principal : ownerOf(outcome.run);
     return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal));
+  }
+
+  /**
+   * The approval a waiting run would go on with, past its time: undecided, or — a tool call's,
+   * whose run has not made the call yet — approved but unused (a hand-off's was used as it was
+   * approved). It is recorded as expired and its run cancelled (`approval.expired`); the answer
+   * is the refusal. Undefined while it holds.
+   */
+  private async expireLapsed(trx: Transaction<DB>, caller: Controller, approval: Approval | undefined, now: Date): Promise<ApiError | undefined> {
+    if (!approval || approvalStatusAt(approval, now, approval.kind === 'tool_call') !== 'expired') return undefined;
+    await this.deps.approvals.expire(trx, approval, actorOf(caller.principal), now, caller.traceId);
+    return new ApiError('run_not_resumable', `approval ${approval.id} expired; the run was cancelled`, { approval_id: approval.id, approval_status: 'expired' });
   }
 
   private end(caller: Controller, key: RunKey, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
@@ -202,6 +219,15 @@ export class RunControls {
 /** The owning agent as the run recorded it: who an operator's resume executes as. */
 function ownerOf(run: RunRecord): AgentPrincipal {
   return { kind: 'agent', id: run.agent_id, tenantId: run.tenant_id, family: run.agent_family ?? undefined, scopes: new Set(run.agent_scopes) };
+}
+
+/**
+ * The newest approval of the step a paused or throttled run goes on with (its first not completed):
+ * it may have been paused while it waited for one, or after one let its call through admission.
+ */
+async function approvalOfNextStep(trx: Transaction<DB>, run: RunRecord): Promise<Approval | undefined> {
+  const next = (run.envelope?.steps ?? []).find((step) => step.status !== 'completed');
+  return next ? findLatestApproval(trx, run.tenant_id, run.run_id, next.index) : undefined;
 }
 
 /** The refusal for a run that has ended: the reason a cascade stopped it, else `run_not_resumable`. */
