@@ -24,8 +24,8 @@ export type KillSwitchDecision =
 
 /**
  * Whether an armed switch stops a call. A switch with a tenant only touches that tenant's calls.
- * A `family` switch matches **both** the agent's family claim and the tool target's family:
- * switches only ever tighten, so when in doubt one matches more.
+ * A `family` switch stops calls by agents of that family (their claim) and calls to tools of that
+ * target family — either suffices: switches only ever tighten, so when in doubt one matches more.
  */
 export function switchMatches(ks: KillSwitch, call: ExecutionTarget): boolean {
   if (ks.disarmed_at !== null) return false;
