@@ -13,7 +13,11 @@ export interface AgentIdentity {
  * kill switches are decided elsewhere.
  */
 export function agentMayUse(tool: Pick<ToolContract, 'category' | 'allowed_agents'>, agent: AgentIdentity): boolean {
-  if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) return false;
+  return !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) && allowlistNames(tool, agent);
+}
+
+/** Whether a tool's allowlist names the agent, by id or as `family:<its family>`. */
+export function allowlistNames(tool: Pick<ToolContract, 'allowed_agents'>, agent: AgentIdentity): boolean {
   // An agent id that looks like a family entry never matches one by id.
   return (
     (!agent.agentId.startsWith('family:') && tool.allowed_agents.includes(agent.agentId)) ||

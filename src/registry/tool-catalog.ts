@@ -154,7 +154,8 @@ export class ToolCatalog {
 
   /**
    * `resolve` over only the versions an agent may use: for the agent, the others do not exist
-   * (`tool_not_registered` when none is usable).
+   * (`tool_not_registered` when none is usable). What its views show, and what its calls get
+   * (`resolveCall`).
    */
   resolveFor(agent: AgentIdentity, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
     const usable = this.versions(toolId).filter(
@@ -167,6 +168,39 @@ export class ToolCatalog {
       range,
     );
     return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
+  }
+
+  /**
+   * The version an agent's call gets (SPEC §6 stages 1–3): the one its views show (`resolveFor`)
+   * when it may use a version that matches, else the one anyone would get, for admission to refuse
+   * with its own reason (`tool_category_blocked`, `unauthorized_tool_access`). Fails only when no
+   * version matches at all. `externalCallEnabled` (a database read) is asked only when the answer
+   * depends on it.
+   *
+   * A newer version the agent may not use (another allowlist, a blocked category) thus leaves it on
+   * the newest one it may: that version's own contract, allowlist and category still apply, the
+   * agent could name it anyway, and the run reports the version it ran. An operator retires a
+   * version by deprecating it, which ranges and the default then skip.
+   */
+  async resolveCall(
+    agent: AgentIdentity,
+    toolId: string,
+    range: string | undefined,
+    externalCallEnabled: () => Promise<boolean>,
+  ): Promise<CatalogResolution> {
+    const anyone = this.resolve(toolId, range);
+    if (!anyone.ok) return anyone;
+    // The usual case, and the cheap one: the version anyone gets is one the agent may use (the
+    // newest match overall is then the newest it may use too).
+    if (anyone.tool.category !== 'external_call' && agentMayUse(anyone.tool, agent)) return anyone;
+    const pick = (enabled: boolean): ToolContract => {
+      const usable = this.resolveFor(agent, toolId, range, { externalCallEnabled: enabled });
+      return usable.ok ? usable.tool : anyone.tool;
+    };
+    const ifEnabled = pick(true);
+    const ifDisabled = pick(false);
+    if (ifEnabled === ifDisabled) return { ok: true, tool: ifEnabled };
+    return { ok: true, tool: (await externalCallEnabled()) ? ifEnabled : ifDisabled };
   }
 
   /** The versions a version pulls in through its dependencies, or the first one that cannot be met. */

@@ -1,14 +1,19 @@
 import type { Stage } from '../step.js';
 
-/** 1. The tool and version resolve in this replica's (fresh) copy of the registry. */
+/**
+ * 1. The tool and version resolve in this replica's (fresh) copy of the registry, as the agent's
+ * views resolve them: a newer version the agent may not use does not shadow an older one it may.
+ */
 export const registryStage: Stage = {
   name: 'registry',
-  check({ step }, state, { catalog }) {
+  async check({ principal, step }, state, { catalog, tenantPolicy }) {
     // A replica that never loaded the registry, or lost it for long, fails closed rather than
     // answering "no such tool" from an empty or stale copy.
     const fresh = catalog.readiness();
     if (!fresh.ok) return { ok: false, code: 'gateway_unavailable', message: 'the tool registry cannot be confirmed current on this replica', details: { reason: fresh.reason ?? null } };
-    const resolved = catalog.resolve(step.tool_id, step.version);
+    const resolved = await catalog.resolveCall({ agentId: principal.id, family: principal.family }, step.tool_id, step.version, () =>
+      tenantPolicy.externalCallEnabled(principal.tenantId),
+    );
     if (!resolved.ok) {
       return resolved.code === 'tool_not_registered'
         ? { ok: false, code: resolved.code, message: `tool ${step.tool_id} is not registered` }

@@ -1,3 +1,4 @@
+import { allowlistNames } from '../../registry/tool-access.js';
 import { toolOf, type Stage } from '../step.js';
 
 /**
@@ -8,8 +9,8 @@ export const allowlistStage: Stage = {
   name: 'allowlist',
   check({ principal, run }, state) {
     const tool = toolOf(state);
-    const allowed = tool.allowed_agents;
-    if (!allowed.includes(principal.id) && !(principal.family !== undefined && allowed.includes(`family:${principal.family}`))) {
+    // As the registry's views decide it.
+    if (!allowlistNames(tool, { agentId: principal.id, family: principal.family })) {
       return { ok: false, code: 'unauthorized_tool_access', message: `agent ${principal.id} is not allowed to use this tool` };
     }
     if (run.delegation && !run.delegation.delegable_tool_ids.includes(tool.id)) {

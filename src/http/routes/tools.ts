@@ -64,7 +64,7 @@ const deprecationsQuery = z.strictObject({
 export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Promise<void> {
   const externalCallEnabled = deps.externalCallEnabled ?? (async () => false);
 
-  /** The resolution an agent gets: only versions it may use exist for it. */
+  /** The resolution an agent gets: only versions it may use exist for it, and its calls resolve the same way. */
   async function resolveForPrincipal(principal: Principal, toolId: string, range: string | undefined): Promise<CatalogResolution> {
     if (principal.kind !== 'agent') return deps.catalog.resolve(toolId, range);
     return deps.catalog.resolveFor({ agentId: principal.id, family: principal.family }, toolId, range, {

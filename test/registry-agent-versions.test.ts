@@ -1,0 +1,220 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Resolver } from '../src/egress/resolver.js';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { tokens } from './helpers/tokens.js';
+import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
+
+/**
+ * What an agent sees of a tool (`GET /tools`, `GET /tools/{id}`) is what its calls get
+ * (`POST /runs/execute`, dry or not), when a newer version is one it may not use: another
+ * allowlist, a blocked category, or an `external_call` its tenant has not enabled.
+ */
+
+const T = 'tenant-versions';
+const AGENT = 'split.agent';
+const agent = tokens.agent(AGENT, { tenant: T });
+const other = tokens.agent('someone.else', { tenant: T });
+const platform = tokens.platform();
+// No name resolves: nothing here may reach the network.
+const resolver: Resolver = async (hostname) => {
+  throw Object.assign(new Error(`ENOTFOUND ${hostname}`), { code: 'ENOTFOUND' });
+};
+
+let h: Harness;
+let backend: TestBackend;
+
+const execute = (body: Record<string, unknown>, token = agent) => h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
+const step = (tool_id: string, version?: string) => ({ tool_id, input: { q: 'hi' }, ...(version ? { version } : {}) });
+const offered = async (token = agent) => {
+  const res = await h.client.get('/tools', { token });
+  expect(res.status).toBe(200);
+  return res.body.items as Array<{ id: string; version: string }>;
+};
+const setExternalCalls = (enabled: boolean) => h.client.put(`/tenants/${T}/policy`, { token: platform, body: { external_call_enabled: enabled } });
+/** The backend paths a run's dispatches reached. */
+const reached = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => hit.path);
+
+beforeAll(async () => {
+  h = await startHarness({}, { resolver });
+  backend = await new TestBackend().start();
+  // Each version has its own backend path, so a dispatch shows which version ran.
+  await registerTool(h.client, { id: 'split.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
+  await registerTool(h.client, { id: 'split.tool', version: '2.0.0', allowed_agents: ['someone.else'], backendUrl: `${backend.url}/cost/2` });
+  await registerTool(h.client, { id: 'shift.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
+  // Granted while its newest version was read_only: grants for a final_write tool are refused.
+  await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'shift.tool' });
+  await registerTool(h.client, { id: 'shift.tool', version: '2.0.0', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/cost/2` });
+  await registerTool(h.client, { id: 'reach.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
+  await registerTool(h.client, {
+    id: 'reach.tool',
+    version: '2.0.0',
+    category: 'external_call',
+    risk_level: 'medium',
+    allowed_agents: [AGENT],
+    egress: { allowed_hosts: ['api.example.test'] },
+    ...egressSchemas,
+  });
+  await registerTool(h.client, { id: 'retired.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
+  await registerTool(h.client, { id: 'retired.tool', version: '2.0.0', allowed_agents: ['someone.else'], backendUrl: `${backend.url}/cost/2` });
+  const deprecated = await h.client.post('/tools/retired.tool/versions/1.0.0/deprecate', { token: platform, body: {} });
+  expect(deprecated.status).toBe(200);
+  await registerTool(h.client, { id: 'only.external', category: 'external_call', risk_level: 'medium', allowed_agents: [AGENT], egress: { allowed_hosts: ['api.example.test'] }, ...egressSchemas });
+  await registerTool(h.client, { id: 'family.tool', allowed_agents: ['family:splitters'], backendUrl: `${backend.url}/echo` });
+  for (const tool of ['split.tool', 'reach.tool', 'retired.tool']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+  await grantTool(h.client, { tenant: T, agent: 'someone.else', tool: 'split.tool' });
+});
+
+afterAll(async () => {
+  await backend?.close();
+  await h?.close();
+});
+
+describe('a newer version with an allowlist that omits the agent', () => {
+  it('is neither offered nor shown: the agent sees the newest version it may use', async () => {
+    expect((await offered()).find((t) => t.id === 'split.tool')).toMatchObject({ version: '1.0.0' });
+    const shown = await h.client.get('/tools/split.tool', { token: agent });
+    expect(shown.status).toBe(200);
+    expect(shown.body.version).toBe('1.0.0');
+  });
+
+  it('does not shadow that version for a call without a version: the call runs 1.0.0, as shown', async () => {
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('split.tool')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps).toMatchObject([{ tool_id: 'split.tool', version: '1.0.0', status: 'completed', output: { echo: { q: 'hi' } } }]);
+    expect(reached(runId)).toEqual(['/echo']);
+  });
+
+  it('admits the shown version in a dry run too', async () => {
+    const res = await execute({ run_id: newRunId(), dry_run: true, plan: [step('split.tool'), step('split.tool', '^1 || ^2')] });
+    expect(res.status).toBe(200);
+    expect(res.body.steps).toMatchObject([
+      { version: '1.0.0', status: 'admissible' },
+      { version: '1.0.0', status: 'admissible' },
+    ]);
+  });
+
+  it('still refuses the newer version by name with 403 unauthorized_tool_access, which the views do not show', async () => {
+    for (const version of ['2.0.0', '^2']) {
+      const res = await execute({ run_id: newRunId(), plan: [step('split.tool', version)] });
+      expect(res.status, version).toBe(403);
+      expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', status: 'denied', error: { code: 'unauthorized_tool_access' } });
+      const shown = await h.client.get('/tools/split.tool', { token: agent, query: { version } });
+      expect(shown.status, version).toBe(404);
+    }
+  });
+
+  it('gives the agents on the newer allowlist the newer version, and operators the newest, as before', async () => {
+    expect((await offered(other)).find((t) => t.id === 'split.tool')).toMatchObject({ version: '2.0.0' });
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('split.tool')] }, other);
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0].version).toBe('2.0.0');
+    expect(reached(runId)).toEqual(['/cost/2']);
+    expect((await h.client.get('/tools/split.tool', { token: platform })).body.version).toBe('2.0.0');
+  });
+
+  it('leaves an agent that may use no version with a clear denial: 403 to its call, 404 to its views', async () => {
+    const stranger = tokens.agent('stranger.agent', { tenant: T });
+    const res = await execute({ run_id: newRunId(), plan: [step('split.tool')] }, stranger);
+    expect(res.status).toBe(403);
+    expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'unauthorized_tool_access' } });
+    expect((await h.client.get('/tools/split.tool', { token: stranger })).body.error.code).toBe('tool_not_registered');
+    expect((await offered(stranger)).map((t) => t.id)).not.toContain('split.tool');
+  });
+});
+
+describe('a newer version in a category agents may not use', () => {
+  it('leaves the agent on the version it sees, for its views and its calls alike', async () => {
+    expect((await offered()).find((t) => t.id === 'shift.tool')).toMatchObject({ version: '1.0.0', category: 'read_only' });
+    expect((await h.client.get('/tools/shift.tool', { token: agent })).body.version).toBe('1.0.0');
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('shift.tool')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
+    expect(reached(runId)).toEqual(['/echo']);
+  });
+
+  it('refuses the blocked version by name with 403 tool_category_blocked', async () => {
+    const res = await execute({ run_id: newRunId(), plan: [step('shift.tool', '2.0.0')] });
+    expect(res.status).toBe(403);
+    expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'tool_category_blocked' } });
+  });
+});
+
+describe('a newer external_call version', () => {
+  it('is skipped while the tenant has external calls off, for views and calls alike', async () => {
+    expect((await offered()).find((t) => t.id === 'reach.tool')).toMatchObject({ version: '1.0.0' });
+    expect((await h.client.get('/tools/reach.tool', { token: agent })).body.version).toBe('1.0.0');
+    const runId = newRunId();
+    const res = await execute({ run_id: runId, plan: [step('reach.tool')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
+    expect(reached(runId)).toEqual(['/echo']);
+  });
+
+  it('is what the agent sees and what its calls resolve once the tenant enables external calls', async () => {
+    expect((await setExternalCalls(true)).status).toBe(200);
+    try {
+      expect((await offered()).find((t) => t.id === 'reach.tool')).toMatchObject({ version: '2.0.0', category: 'external_call' });
+      expect((await h.client.get('/tools/reach.tool', { token: agent })).body.version).toBe('2.0.0');
+      const res = await h.client.post('/runs/execute', {
+        token: agent,
+        body: { run_id: newRunId(), context: {}, dry_run: true, plan: [{ tool_id: 'reach.tool', input: { url: 'https://api.example.test/' } }] },
+      });
+      expect(res.body.steps[0].version).toBe('2.0.0');
+      expect(res.body.steps[0].verdicts.slice(0, 3)).toEqual([
+        { stage: 'registry', ok: true },
+        { stage: 'category', ok: true },
+        { stage: 'allowlist', ok: true },
+      ]);
+    } finally {
+      await setExternalCalls(false);
+    }
+  });
+});
+
+describe('retiring a version', () => {
+  it('is deprecation: a deprecated version the agent may use is not fallen back to', async () => {
+    expect((await offered()).map((t) => t.id)).not.toContain('retired.tool');
+    const res = await execute({ run_id: newRunId(), plan: [step('retired.tool')] });
+    expect(res.status).toBe(403);
+    expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'unauthorized_tool_access' } });
+  });
+});
+
+describe('the allowlist stage agrees with the views on family entries', () => {
+  it('never matches a family entry by an agent id that looks like one', async () => {
+    const impostor = tokens.agent('family:splitters', { tenant: T });
+    expect((await offered(impostor)).map((t) => t.id)).not.toContain('family.tool');
+    const res = await execute({ run_id: newRunId(), plan: [step('family.tool')] }, impostor);
+    expect(res.status).toBe(403);
+    expect(res.body.steps[0].error.code).toBe('unauthorized_tool_access');
+  });
+});
+
+describe('the catalog resolving a call', () => {
+  const asAgent = { agentId: AGENT, family: undefined };
+  const counting = (answer: boolean) => {
+    const asked = { count: 0 };
+    return { asked, policy: async () => (asked.count++, answer) };
+  };
+
+  it('reads the tenant policy only when the version depends on it', async () => {
+    const { catalog } = h.client.app.services;
+    for (const [toolId, expected] of [['split.tool', 0], ['only.external', 0], ['reach.tool', 1]] as const) {
+      const { asked, policy } = counting(false);
+      expect((await catalog.resolveCall(asAgent, toolId, undefined, policy)).ok, toolId).toBe(true);
+      expect(asked.count, toolId).toBe(expected);
+    }
+  });
+
+  it('fails only when no version matches for anyone', async () => {
+    const { catalog } = h.client.app.services;
+    const { policy } = counting(true);
+    expect(await catalog.resolveCall(asAgent, 'no.such.tool', undefined, policy)).toEqual({ ok: false, code: 'tool_not_registered' });
+    expect(await catalog.resolveCall(asAgent, 'split.tool', '^3', policy)).toEqual({ ok: false, code: 'tool_version_not_found' });
+    expect(await catalog.resolveCall(asAgent, 'reach.tool', undefined, policy)).toMatchObject({ ok: true, tool: { version: '2.0.0' } });
+  });
+});
