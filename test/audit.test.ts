@@ -1,8 +1,12 @@
-import { sql } from 'kysely';
+import { randomUUID } from 'node:crypto';
+import { sql, type Kysely } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { AuditRecord } from '../src/audit/audit-event.js';
+import { GENESIS_HASH, sealRecord } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
 import { openDatabase } from '../src/db/database.js';
+import type { DB } from '../src/db/schema.js';
 import { pino } from 'pino';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
@@ -114,6 +118,20 @@ describe('the append-only, hash-chained log', () => {
     expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
   });
 
+  it('verifies an intact chain while it is being appended to', async () => {
+    const audit = h.client.app.services.audit;
+    let appending = true;
+    const appends = (async () => {
+      while (appending) await audit.append({ event_type: 'verify.during.append', actor: 'system.test' });
+    })();
+    try {
+      for (let i = 0; i < 20; i += 1) expect(await verifyAuditChain(h.db.database.db, 50)).toMatchObject({ ok: true });
+    } finally {
+      appending = false;
+      await appends;
+    }
+  });
+
   it('keeps one chain when two writers take turns, each holding a stale head', async () => {
     const first = new AuditLog(h.db.database.db);
     const second = new AuditLog(h.db.database.db);
@@ -173,4 +191,97 @@ describe('tamper evidence', () => {
     const res = await h.client.get('/audit/verify', { token: platform });
     expect(res.body).toMatchObject({ ok: false, first_bad_seq: 2 });
   });
+});
+
+/**
+ * Inserts a copy of `template` at another place in the chain with a valid hash of its own, by a
+ * plain INSERT: what anyone allowed to insert into audit_events can do without touching a trigger.
+ */
+async function insertForgedRow(db: Kysely<DB>, template: AuditRecord, at: Pick<AuditRecord, 'seq' | 'prev_hash'>): Promise<AuditRecord> {
+  const { hash: _hash, ...unhashed } = template;
+  const forged = { ...unhashed, ...at, event_id: randomUUID(), actor: 'operator:mallory' };
+  const sealed = sealRecord(forged);
+  await sql`insert into audit_events select * from jsonb_populate_record(null::audit_events, ${sealed.json}::jsonb)`.execute(db);
+  return { ...forged, hash: sealed.hash };
+}
+
+/** Runs `tamper` with the append-only trigger off, as a superuser could. */
+async function withTriggerOff(db: Kysely<DB>, tamper: () => Promise<unknown>): Promise<void> {
+  await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
+  try {
+    await tamper();
+  } finally {
+    await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
+  }
+}
+
+// Each case tampers with a chain of its own, so that one case's evidence cannot mask another's.
+describe('tamper evidence, each on a fresh chain', () => {
+  async function withChain(test: (t: { h: Harness; db: Kysely<DB>; records: AuditRecord[] }) => Promise<void>): Promise<void> {
+    const fresh = await startHarness();
+    try {
+      const records = await fresh.client.app.services.audit.appendMany(
+        ['first', 'second', 'third'].map((n) => ({ event_type: 'chain.test', actor: `system.${n}` })),
+      );
+      await test({ h: fresh, db: fresh.db.database.db, records });
+    } finally {
+      await fresh.close();
+    }
+  }
+
+  const verify = async (t: { h: Harness }) => (await t.h.client.get('/audit/verify', { token: platform })).body;
+
+  it('refuses a row below seq 1 in the database itself, however well it is chained', () =>
+    withChain(async (t) => {
+      for (const seq of [0, -1]) {
+        await expect(insertForgedRow(t.db, t.records[0]!, { seq, prev_hash: GENESIS_HASH })).rejects.toThrow(/audit_events_seq_positive/);
+      }
+    }));
+
+  it('reports a row inserted below seq 1 as itself, even with the constraint dropped', () =>
+    withChain(async (t) => {
+      await sql`alter table audit_events drop constraint if exists audit_events_seq_positive`.execute(t.db);
+      await insertForgedRow(t.db, t.records[0]!, { seq: 0, prev_hash: GENESIS_HASH });
+      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: 0 });
+    }));
+
+  it('reports a row appended past the chain head as that row', () =>
+    withChain(async (t) => {
+      const head = await readChainHead(t.db);
+      await insertForgedRow(t.db, t.records[0]!, { seq: head.seq + 1, prev_hash: head.hash });
+      expect(await verify(t)).toEqual({ ok: false, checked: head.seq, first_bad_seq: head.seq + 1 });
+    }));
+
+  it('reports a last row replaced by a well-chained forgery as that row', () =>
+    withChain(async (t) => {
+      const [, second, third] = t.records;
+      await withTriggerOff(t.db, () => sql`delete from audit_events where seq = ${third!.seq}`.execute(t.db));
+      await insertForgedRow(t.db, third!, { seq: third!.seq, prev_hash: second!.hash });
+      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq });
+    }));
+
+  it('reports rows cut off at the tail as the first missing seq', () =>
+    withChain(async (t) => {
+      const [, second, third] = t.records;
+      await withTriggerOff(t.db, () => sql`delete from audit_events where seq = ${third!.seq}`.execute(t.db));
+      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq });
+    }));
+
+  it('reports an edit of occurred_at by less than a millisecond', () =>
+    withChain(async (t) => {
+      const [first, second] = t.records;
+      // The hash covers occurred_at to the millisecond, as a Date holds it: the part of a
+      // millisecond the column also keeps is checked on its own (rows are written from Dates).
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set occurred_at = occurred_at + interval '1 microsecond' where seq = ${second!.seq}`.execute(t.db),
+      );
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+    }));
+
+  it('reports an occurred_at no JavaScript Date can hold instead of failing', () =>
+    withChain(async (t) => {
+      const [first, second] = t.records;
+      await withTriggerOff(t.db, () => sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db));
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+    }));
 });

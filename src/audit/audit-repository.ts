@@ -170,38 +170,64 @@ export interface ChainVerification {
 }
 
 /**
- * Walks the whole chain in order and recomputes every hash. Reports the first row that was
- * edited, the row after an insertion or deletion, or the seq after the tail if rows were cut off.
+ * Walks the whole chain in order, from one snapshot of the rows and the head, and recomputes
+ * every hash. `first_bad_seq` is the lowest seq at which the log departs from an intact chain:
+ * an edited row; an inserted row (one below seq 1, or past the head); the last row when the head
+ * names another hash; or, for rows removed, the first missing seq (the seq after the tail if rows
+ * were cut off).
  */
 export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise<ChainVerification> {
-  let expectedSeq = 1;
-  let prevHash = GENESIS_HASH;
-  let checked = 0;
-  for (;;) {
-    const rows = await db
-      .selectFrom('audit_events')
-      .selectAll()
-      .where('seq', '>=', expectedSeq)
-      .orderBy('seq', 'asc')
-      .limit(pageSize)
-      .execute();
-    for (const row of rows) {
-      const record = toRecord(row);
-      const { hash, ...unhashed } = record;
-      if (record.seq !== expectedSeq || record.prev_hash !== prevHash || chainHash(unhashed) !== hash) {
-        return { ok: false, checked, first_bad_seq: Math.min(record.seq, expectedSeq) };
+  // One snapshot: an append committing during the walk would otherwise pass for rows cut off.
+  return db.transaction().setIsolationLevel('repeatable read').setAccessMode('read only').execute(async (trx) => {
+    const head = await readChainHead(trx);
+    let expectedSeq = 1;
+    let prevHash = GENESIS_HASH;
+    let checked = 0;
+    let pastHeadSeq: number | undefined;
+    let afterSeq: number | undefined;
+    walk: for (;;) {
+      let page = trx
+        .selectFrom('audit_events')
+        .selectAll()
+        .select(sql<boolean>`occurred_at = date_trunc('milliseconds', occurred_at)`.as('whole_milliseconds'));
+      // No lower bound at first: a row below seq 1 is walked too, and reported as itself.
+      if (afterSeq !== undefined) page = page.where('seq', '>', afterSeq);
+      const rows = await page.orderBy('seq', 'asc').limit(pageSize).execute();
+      for (const { whole_milliseconds, ...row } of rows) {
+        const seq = Number(row.seq);
+        afterSeq = seq;
+        if (seq > head.seq) {
+          pastHeadSeq = seq;
+          break walk;
+        }
+        // The hash covers occurred_at as a Date holds it: a part of a millisecond, or a time no
+        // Date can hold, would be an edit it cannot see.
+        const hashable = whole_milliseconds && Number.isFinite(new Date(row.occurred_at).getTime());
+        const record = hashable ? toRecord(row) : undefined;
+        if (record === undefined || seq !== expectedSeq || !linksTo(record, prevHash)) {
+          return { ok: false, checked, first_bad_seq: Math.min(seq, expectedSeq) };
+        }
+        checked += 1;
+        expectedSeq += 1;
+        prevHash = record.hash;
       }
-      checked += 1;
-      expectedSeq += 1;
-      prevHash = hash;
+      if (rows.length < pageSize) break;
     }
-    if (rows.length < pageSize) break;
-  }
-  const head = await db.selectFrom('audit_chain_head').select(['seq', 'hash']).where('id', '=', 1).executeTakeFirstOrThrow();
-  if (Number(head.seq) !== expectedSeq - 1 || head.hash !== prevHash) {
-    return { ok: false, checked, first_bad_seq: expectedSeq };
-  }
-  return { ok: true, checked, first_bad_seq: null };
+    if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
+    if (prevHash !== head.hash) {
+      // The last row is not the one the head names (an empty chain's head names seq 1's place).
+      const lastSeq = Math.max(head.seq, 1);
+      return { ok: false, checked: lastSeq - 1, first_bad_seq: lastSeq };
+    }
+    if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
+    return { ok: true, checked, first_bad_seq: null };
+  });
+}
+
+/** Whether a record follows `prevHash` and its hash is its own. */
+function linksTo(record: AuditRecord, prevHash: string): boolean {
+  const { hash, ...unhashed } = record;
+  return record.prev_hash === prevHash && chainHash(unhashed) === hash;
 }
 
 function toRecord(row: Selectable<AuditEventTable>): AuditRecord {
