@@ -8,6 +8,7 @@ import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
 import { GroupCommit } from './db/group-commit.js';
+import { jsonProblem } from './db/json-limits.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
@@ -215,6 +216,14 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     request.traceId = traceIdOf(request.raw);
     reply.header('x-request-id', request.id);
     if (closing) throw new ApiError('gateway_unavailable', 'the gateway is shutting down');
+  });
+  // Input no route could store or hash — nested too deep, a NUL character, a lone surrogate — is
+  // refused for every route here, naming where it is (as parseInput names a field).
+  app.addHook('preValidation', async (request) => {
+    for (const [where, value] of [['body', request.body], ['query', request.query], ['params', request.params]] as const) {
+      const problem = jsonProblem(value, where);
+      if (problem) throw new ApiError('invalid_request', `${problem.path}: ${problem.message}`, { issues: [{ field: problem.path, message: problem.message }] });
+    }
   });
   app.addHook('onSend', (_request, reply, payload, done) => {
     if (closing) reply.header('connection', 'close');

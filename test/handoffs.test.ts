@@ -115,6 +115,8 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     const root = await openRoot(20);
     expect(reasonOf(await handoff(ROOT, root, { budget_units: 0 }))).toBe('budget_non_positive');
     expect(reasonOf(await handoff(ROOT, root, { budget_units: -3 }))).toBe('budget_non_positive');
+    // Units have six decimal places: an amount that rounds to zero is none.
+    expect(reasonOf(await handoff(ROOT, root, { budget_units: 1e-7 }))).toBe('budget_non_positive');
     const over = await handoff(ROOT, root, { budget_units: 18.5 });
     expect(reasonOf(over)).toBe('budget_exceeds_parent');
     expect(over.body.error.details).toMatchObject({ parent_remaining_units: 18 });

@@ -94,7 +94,8 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     await db.transaction().execute(async (trx) => {
       const { revision } = await trx.selectFrom('registry_revision').select('revision').forUpdate().executeTakeFirstOrThrow();
       const next = Number(revision) + 1;
-      const content = { ...toolBody({ id: 'silent.tool' }), deprecation: undefined };
+      // The contract as registration stores it (its defaults filled in).
+      const content = { ...toolBody({ id: 'silent.tool' }), egress: null, deprecation: undefined };
       await sql`insert into tool_versions (tool_id, version, contract, content_sha256, registered_at, registered_by, revision)
                 values ('silent.tool', '1.0.0', ${JSON.stringify(content)}::jsonb, ${'0'.repeat(64)}, now(), 'operator:test', ${next})`.execute(trx);
       await trx.updateTable('registry_revision').set({ revision: next }).execute();
@@ -113,10 +114,21 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       const catalog = c.app.services.catalog;
       expect(catalog.readiness().ok).toBe(false);
       expect(catalog.resolve('fresh.tool').ok).toBe(false);
+      // Over HTTP it fails closed: no empty catalog, and no "no such tool" for a grant.
+      const listed = await c.get('/tools', { token: platform });
+      expect(listed.status).toBe(503);
+      expect(listed.body.error.code).toBe('gateway_unavailable');
+      const grant = await c.post('/grants', {
+        token: tokens.tenantOperator('t-registry'),
+        body: { agent_id: 'some.agent', tool_id: 'fresh.tool', scope: 'per-tenant', rationale: 'needs it', expires_at: '2099-01-01T00:00:00Z' },
+      });
+      expect(grant.status).toBe(503);
+      expect(grant.body.error.code).toBe('gateway_unavailable');
 
       proxy.restore();
       expect(await within(5000, () => catalog.resolve('fresh.tool').ok)).toBe(true);
       expect(catalog.readiness().ok).toBe(true);
+      expect((await c.get('/tools', { token: platform })).status).toBe(200);
 
       proxy.cutConnections();
       const res = await a.post('/tools', { token: platform, body: toolBody({ id: 'while.away' }) });

@@ -3,6 +3,7 @@ import type { Kysely, Transaction } from 'kysely';
 import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { GroupCommit } from '../db/group-commit.js';
+import { ApiError } from '../http/errors.js';
 import type { DB } from '../db/schema.js';
 import { checkModifiersWithinTool } from './capability-modifiers.js';
 import { GRANT_SCOPE_CONTEXT_KEY, type CapabilityModifiers, type Grant, type GrantScope, type OperatorActor } from './grant.js';
@@ -278,6 +279,11 @@ export class GrantService {
   ): Promise<{ ok: true; tool: ToolFacts } | GrantRefusal> {
     if (request.rationale.trim().length === 0) return invalid('body.rationale', 'must not be blank');
     if (request.expiresAt.getTime() <= now.getTime()) return invalid('body.expires_at', 'must be in the future');
+    const fresh = this.deps.tools.readiness?.() ?? { ok: true };
+    if (!fresh.ok) {
+      // A stale or empty copy of the registry must not answer "no such tool".
+      throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
+    }
     const found = await this.deps.tools.resolve(request.toolId);
     if (!found.ok) {
       return { ok: false, code: 'tool_not_registered', message: `tool ${request.toolId} is not registered`, details: { tool_id: request.toolId } };

@@ -16,6 +16,8 @@ export type ToolFactsResult = { ok: true; tool: ToolFacts } | { ok: false; code:
 /** Where tool facts come from: `services.catalog` in the app. */
 export interface ToolFactsLookup {
   resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
+  /** Whether the answers are current (the catalog's copy confirmed recently); absent: always. */
+  readiness?(): { ok: boolean; reason?: string | undefined };
 }
 
 /** Tool categories an agent may never hold, whatever an operator grants (SPEC §1, §3). */

@@ -1,3 +1,4 @@
+import { toMicros } from '../budgets/budget-units.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
 import { wideningIn } from './authority-envelope.js';
 import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffRejectionReason, type HandoffRequest } from './handoff.js';
@@ -40,7 +41,8 @@ export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, m
   }
   const widening = wideningOf(request, parent);
   if (widening) return refuse('authority_widening_rejected', widening.message, widening.details);
-  if (!(request.budget_units > 0) || !Number.isFinite(request.budget_units)) {
+  // Units have six decimal places: an amount that rounds to zero is not positive.
+  if (!Number.isFinite(request.budget_units) || !(toMicros(request.budget_units) > 0)) {
     return refuse('budget_non_positive', 'a sub-run needs a positive budget', { budget_units: request.budget_units });
   }
   if (parent.remainingUnits === null || request.budget_units > parent.remainingUnits) {

@@ -21,6 +21,11 @@ export function parseIsoDuration(text: string): IsoDuration | undefined {
   return { years, months, weeks, days, hours, minutes, seconds };
 }
 
+/** About how many years a duration spans (a month a twelfth of a year, a day 1/365): for bounds. */
+export function approximateYears(d: IsoDuration): number {
+  return d.years + d.months / 12 + (d.weeks * 7 + d.days) / 365 + (d.hours + d.minutes / 60 + d.seconds / 3600) / 8760;
+}
+
 /**
  * `date` moved by a duration, forwards (`sign` 1) or backwards (-1), in calendar terms: a month
  * is a calendar month (UTC), not thirty days.

@@ -1,6 +1,5 @@
 import semver from 'semver';
 import { z } from 'zod';
-import { MAX_UNITS } from '../budgets/budget-units.js';
 import { isHostPattern } from '../egress/host-allowlist.js';
 import {
   AGENT_FORBIDDEN_CATEGORIES,
@@ -14,6 +13,7 @@ import {
   type ToolContent,
   type ToolDeprecation,
 } from './tool-contract.js';
+import { instant, units } from '../http/validation.js';
 import { schemaProblem } from './tool-schemas.js';
 
 export const BACKEND_METHODS = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'] as const;
@@ -150,7 +150,7 @@ export const toolRegistrationSchema = z
       .superRefine(unique((d) => d.tool_id, 'dependency on')),
     deprecation: z
       .strictObject({
-        deprecated_at: z.iso.datetime({ offset: true }).transform((value) => new Date(value).toISOString()),
+        deprecated_at: instant.transform((value) => new Date(value).toISOString()),
         replacement_tool_id: toolId.nullable().default(null),
       })
       .nullable()
@@ -159,11 +159,12 @@ export const toolRegistrationSchema = z
     target: z
       .strictObject({ family: nullableLabel, provider: nullableLabel, region: nullableLabel })
       .default({ family: null, provider: null, region: null }),
-    cost_units: z.number().min(0).max(MAX_UNITS),
+    cost_units: units,
     rate_limit: z
       .strictObject({
         capacity: z.number().int().min(1).max(1_000_000_000),
-        refill_per_second: z.number().gt(0).max(1_000_000_000),
+        // At least one token in about 11.6 days: Retry-After stays a sensible whole number of seconds.
+        refill_per_second: z.number().min(0.000001).max(1_000_000_000),
       })
       .nullable()
       .default(null),

@@ -13,6 +13,7 @@ import { actorOf } from '../auth/principal.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
+import { jsonProblem } from '../db/json-limits.js';
 import type { DB } from '../db/schema.js';
 import type { Handoff } from '../handoffs/handoff.js';
 import { findHandoffOfSubRun } from '../handoffs/handoff-repository.js';
@@ -523,7 +524,12 @@ export class RunExecutor {
       throw error;
     }
     const backendStarted = performance.now();
-    const result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers, headers);
+    let result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers, headers);
+    const unstorable = result.ok ? jsonProblem(result.output, 'output') : undefined;
+    if (unstorable) {
+      // An answer no record could hold or hash: the backend failed, and its output is withheld.
+      result = { ok: false, code: 'tool_backend_failed', message: `the backend answered JSON that cannot be kept: ${unstorable.path} ${unstorable.message}`, details: { reason: 'output_not_storable', path: unstorable.path } };
+    }
     const backendMs = performance.now() - backendStarted;
     this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
 

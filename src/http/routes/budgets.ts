@@ -7,13 +7,13 @@ import { BUDGET_SCOPES, type BudgetUsage } from '../../budgets/budget.js';
 import { BUDGET_PERIODS } from '../../budgets/budget-period.js';
 import { findBudget, listBudgets, withUsage } from '../../budgets/budget-repository.js';
 import { changeBudgetLimits, createBudget, getBudget, removeBudget, type ChangeContext } from '../../budgets/budget-service.js';
-import { MAX_UNITS, toMicros } from '../../budgets/budget-units.js';
+import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import { identifier, parseInput, positiveUnits } from '../validation.js';
 
 /** What the budget routes need from the composition root. */
 export interface BudgetRouteDeps {
@@ -22,12 +22,7 @@ export interface BudgetRouteDeps {
   now: () => Date;
 }
 
-const subjectId = z.string().min(1).max(200);
-// Units have six decimal places; anything that rounds to zero is not a positive amount.
-const positiveUnits = z
-  .number()
-  .max(MAX_UNITS)
-  .refine((value) => toMicros(value) > 0, 'must be positive (at least 0.000001)');
+const subjectId = identifier;
 const graceUnits = z.number().min(0).max(MAX_UNITS);
 const warnRatio = z.number().gt(0).max(1);
 

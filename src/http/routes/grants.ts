@@ -9,7 +9,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { identifier, parseInput } from '../validation.js';
+import { identifier, instant, parseInput, toolId } from '../validation.js';
 
 /** What the grant routes are given by the composition root. */
 export interface GrantRouteDeps {
@@ -24,14 +24,10 @@ const agentId = z
   .min(1)
   .max(200)
   .regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as veritas.fact-checker');
-const toolId = z
-  .string()
-  .max(200)
-  .regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/, 'must be a tool id such as web.fetch');
-const scopeRef = z.string().min(1).max(200);
+// What a run names as its run, pipeline instance, session, user or tenant: identifiers.
+const scopeRef = identifier;
 const nonBlank = (max: number) =>
   z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
-const instant = z.iso.datetime({ offset: true });
 
 const createBody = z.strictObject({
   tenant_id: identifier.optional(),

@@ -15,7 +15,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { identifier, parseInput } from '../validation.js';
+import { identifier, parseInput, toolId } from '../validation.js';
 
 /** What the kill-switch routes are given by the composition root. */
 export interface KillSwitchRouteDeps {
@@ -29,14 +29,24 @@ export interface KillSwitchRouteDeps {
 const nonBlank = (max: number) =>
   z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
 
-const armBody = z.strictObject({
-  scope: z.enum(KILL_SWITCH_SCOPES),
-  target: z.union([identifier, z.literal(GLOBAL_TARGET)]).optional(),
-  tenant_id: identifier.nullable().optional(),
-  reason: nonBlank(2000),
-  user_visible_status_copy: nonBlank(1000),
-  safe_degradation_mode_id: identifier.nullable().optional(),
-});
+const armBody = z
+  .strictObject({
+    scope: z.enum(KILL_SWITCH_SCOPES),
+    target: z.union([identifier, z.literal(GLOBAL_TARGET)]).optional(),
+    tenant_id: identifier.nullable().optional(),
+    reason: nonBlank(2000),
+    user_visible_status_copy: nonBlank(1000),
+    safe_degradation_mode_id: identifier.nullable().optional(),
+  })
+  .superRefine((body, ctx) => {
+    // A switch that could match nothing is refused, not armed: an operator must not believe a
+    // target stops something it never will.
+    if (body.scope !== 'global' && body.target === GLOBAL_TARGET) {
+      ctx.addIssue({ code: 'custom', path: ['target'], message: `'${GLOBAL_TARGET}' is the global switch's target; a ${body.scope} switch names one ${body.scope}` });
+    } else if (body.scope === 'tool' && body.target !== undefined && !toolId.safeParse(body.target).success) {
+      ctx.addIssue({ code: 'custom', path: ['target'], message: 'must be a tool id such as web.fetch' });
+    }
+  });
 
 const disarmBody = z.strictObject({ reason: nonBlank(2000) });
 

@@ -17,7 +17,7 @@ import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { identifier, parseInput } from '../validation.js';
+import { identifier, parseInput, positiveUnits, toolId } from '../validation.js';
 
 export interface RunRouteDeps {
   db: Kysely<DB>;
@@ -46,13 +46,12 @@ function executeBody(maxPlanSteps: number) {
       )
       .min(1, 'a plan has at least one step')
       .max(maxPlanSteps, `a plan has at most ${maxPlanSteps} steps; longer plans are refused, never truncated`),
-    budget_units: z.number().positive().max(MAX_UNITS).optional(),
+    budget_units: positiveUnits.optional(),
     dry_run: z.boolean().optional(),
     keep_open: z.boolean().optional(),
   });
 }
 
-const toolId = z.string().max(200).regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/, 'must be a tool id such as web.fetch');
 
 const handoffBody = z.strictObject({
   sub_agent_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as sophia.retriever'),
@@ -77,7 +76,7 @@ const listQuery = z.strictObject({
   cursor: z.string().optional(),
 });
 
-const cursorSchema = z.object({ created_at: z.string(), tenant_id: z.string(), run_id: z.string() });
+const cursorSchema = z.object({ created_at: z.iso.datetime(), tenant_id: identifier, run_id: identifier });
 
 /**
  * `POST /runs/execute` (agents), `GET /runs/{run_id}` (owner or operators), `GET /runs`

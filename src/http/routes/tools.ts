@@ -4,16 +4,16 @@ import semver from 'semver';
 import { z } from 'zod';
 import { actorOf, type Principal } from '../../auth/principal.js';
 import type { DB } from '../../db/schema.js';
-import { parseIsoDuration, reviewWindow } from '../../registry/review-window.js';
+import { approximateYears, parseIsoDuration, reviewWindow } from '../../registry/review-window.js';
 import type { CatalogResolution, ToolCatalog } from '../../registry/tool-catalog.js';
-import { TOOL_CATEGORIES, TOOL_ID_PATTERN, type ToolContract } from '../../registry/tool-contract.js';
+import { TOOL_CATEGORIES, type ToolContract } from '../../registry/tool-contract.js';
 import { missingSecret, toolRegistrationSchema } from '../../registry/tool-registration.js';
 import { deprecateToolVersion, registerToolVersion } from '../../registry/tool-registry.js';
 import { agentViewOf, operatorViewOf } from '../../registry/tool-views.js';
 import { operatorOf, principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { parseInput } from '../validation.js';
+import { instant, parseInput, toolId } from '../validation.js';
 
 export interface ToolRouteDeps {
   db: Kysely<DB>;
@@ -27,7 +27,7 @@ export interface ToolRouteDeps {
   externalCallEnabled?: (tenantId: string) => Promise<boolean>;
 }
 
-const toolIdParam = z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a tool id');
+const toolIdParam = toolId;
 const toolParams = z.strictObject({ id: toolIdParam });
 const versionParams = z.strictObject({
   id: toolIdParam,
@@ -42,7 +42,7 @@ const operatorListQuery = z.strictObject({
 const agentListQuery = z.strictObject({});
 const cursorPosition = z.strictObject({ id: z.string(), version: z.string().refine((v) => semver.valid(v) !== null) });
 const deprecateBody = z.strictObject({
-  deprecated_at: z.iso.datetime({ offset: true }).optional(),
+  deprecated_at: instant.optional(),
   replacement_tool_id: toolIdParam.nullable().default(null),
 });
 const deprecationsQuery = z.strictObject({
@@ -51,8 +51,12 @@ const deprecationsQuery = z.strictObject({
     .default('P30D')
     .transform((value, ctx) => {
       const duration = parseIsoDuration(value);
-      if (!duration) ctx.addIssue({ code: 'custom', message: 'must be an ISO 8601 duration such as P30D or PT12H' });
-      return duration ?? z.NEVER;
+      // At most a century either way, so that the window's ends are dates.
+      if (!duration || approximateYears(duration) > 100) {
+        ctx.addIssue({ code: 'custom', message: 'must be an ISO 8601 duration of at most 100 years, such as P30D or PT12H' });
+        return z.NEVER;
+      }
+      return duration;
     }),
 });
 
@@ -62,6 +66,13 @@ const deprecationsQuery = z.strictObject({
  * reads its own writes.
  */
 export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Promise<void> {
+  // Reads come from this replica's copy of the registry: a copy never loaded, or not confirmed
+  // current for too long (the database is away), answers 503 rather than a stale or empty catalog.
+  app.addHook('preHandler', async (request) => {
+    if (request.method !== 'GET' && request.method !== 'HEAD') return;
+    const fresh = deps.catalog.readiness();
+    if (!fresh.ok) throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
+  });
   const externalCallEnabled = deps.externalCallEnabled ?? (async () => false);
 
   /** The resolution an agent gets: only versions it may use exist for it, and its calls resolve the same way. */
