@@ -20,6 +20,8 @@ async function main(): Promise<void> {
     throw error;
   }
   const logger = createLogger(config.logLevel);
+  // Before the database: a misconfigured key stops the replica before it migrates anything.
+  const keys = await loadVerificationKeys(config);
   const database = await openDatabase({
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,
@@ -28,7 +30,6 @@ async function main(): Promise<void> {
   });
   const { applied } = await migrate(database.db);
   logger.info({ applied, database: database.kind }, 'migrations applied');
-  const keys = await loadVerificationKeys(config);
   const app = await buildApp({ config, database, keys, logger });
 
   closeWithGrace({ delay: config.shutdownTimeoutMs, logger }, async ({ signal, err }) => {
@@ -42,7 +43,10 @@ async function main(): Promise<void> {
   if (keys.kind === 'secret' && keys.development) {
     // Printed to the terminal, never logged: logs must not carry tokens.
     const token = developmentToken(keys.secret, config);
-    const address = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${config.port}`;
+    // The port actually bound (PORT=0 asks for any free one).
+    const bound = app.server.address();
+    const port = typeof bound === 'object' && bound ? bound.port : config.port;
+    const address = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
     process.stderr.write(
       [
         '',

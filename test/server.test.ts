@@ -1,8 +1,10 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { createEmptyDatabaseUrl } from './helpers/database.js';
 import { freePort } from './helpers/net.js';
 
 const root = new URL('..', import.meta.url).pathname;
@@ -66,10 +68,62 @@ describe('npm start on a fresh machine', () => {
     expect(await exited).toBe(0);
   }, 180_000);
 
+  it('stops when its npm start process gets SIGTERM, and prints the port it really listens on', async () => {
+    // Supervisors often signal the process they started: npm, not node beneath it.
+    const db = await createEmptyDatabaseUrl();
+    const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-npm-start-'));
+    // In a process group of its own, so that whatever it leaves behind can be cleaned up.
+    const child = spawn('npm', ['start'], { cwd: root, detached: true, env: bareEnv({ PORT: '0', DATABASE_URL: db.url, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn' }) });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()));
+    try {
+      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(stderr); i += 1) await new Promise((r) => setTimeout(r, 100));
+      const port = Number(/127\.0\.0\.1:(\d+)\/whoami/.exec(stderr)?.[1]);
+      expect(port).toBeGreaterThan(0);
+      expect((await fetch(`http://127.0.0.1:${port}/health`)).status).toBe(200);
+      child.kill('SIGTERM');
+      await exited;
+      let refused = false;
+      for (let i = 0; i < 100 && !refused; i += 1) {
+        refused = await fetch(`http://127.0.0.1:${port}/health`).then(() => false, () => true);
+        if (!refused) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(refused).toBe(true);
+    } finally {
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        // the group is gone already
+      }
+      await db.drop();
+    }
+  }, 120_000);
+
   it('stops at start-up on a bad variable, naming it', { timeout: 60_000 }, () => {
     const result = spawnSync(tsx, ['src/server.ts'], { cwd: root, env: bareEnv({ PORT: 'eighty' }), encoding: 'utf8' });
     expect(result.status).toBe(2);
     expect(result.stderr).toContain('PORT');
+  });
+
+  it('stops at start-up on a public key no token could be verified with, naming the variable, before touching a database', { timeout: 60_000 }, () => {
+    const p384 = generateKeyPairSync('ec', { namedCurve: 'secp384r1' }).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+    for (const key of [p384, '-----BEGIN PUBLIC KEY-----\ngarbage\n-----END PUBLIC KEY-----']) {
+      // An unreachable database: the key is refused before it would be tried.
+      const result = spawnSync(tsx, ['src/server.ts'], { cwd: root, env: bareEnv({ TOOLGATE_JWT_PUBLIC_KEY: key, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' }), encoding: 'utf8' });
+      expect(result.status).not.toBe(0);
+      expect(result.stderr).toContain('TOOLGATE_JWT_PUBLIC_KEY');
+      expect(result.stderr).not.toContain('ECONNREFUSED');
+    }
+  });
+
+  it('has a token minter that answers a bad flag with its usage, not a stack trace', { timeout: 60_000 }, () => {
+    for (const args of [['--bogus'], ['--kind', 'agent', '--tenant', 't1', '--role', 'platform-operator']]) {
+      const result = spawnSync(tsx, ['src/cli/token.ts', ...args], { cwd: root, env: bareEnv({ TOOLGATE_JWT_SECRET: 'x'.repeat(40) }), encoding: 'utf8' });
+      expect(result.status).toBe(2);
+      expect(result.stderr).toContain('usage: npm run token');
+      expect(result.stderr).not.toMatch(/TypeError|at .*\.ts:\d+/);
+    }
   });
 
   it('has a token minter that refuses to run without a development secret', { timeout: 60_000 }, () => {

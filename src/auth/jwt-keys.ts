@@ -1,4 +1,4 @@
-import { createPublicKey, randomBytes, type JsonWebKey } from 'node:crypto';
+import { createPublicKey, randomBytes, type JsonWebKey, type KeyObject } from 'node:crypto';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Config } from '../config/config.js';
@@ -31,8 +31,12 @@ export async function loadVerificationKeys(config: Config): Promise<Verification
   const { jwt } = config;
   if (jwt.secret) return { kind: 'secret', secret: jwt.secret, development: false };
   if (jwt.publicKey) {
-    const key = createPublicKey(jwt.publicKey);
-    return { kind: 'public', key: jwt.publicKey, algorithms: algorithmsFor([key.asymmetricKeyType]) };
+    try {
+      const key = createPublicKey(jwt.publicKey);
+      return { kind: 'public', key: jwt.publicKey, algorithms: algorithmsFor([key]) };
+    } catch (error) {
+      throw new Error(`TOOLGATE_JWT_PUBLIC_KEY: ${(error as Error).message}`);
+    }
   }
   if (jwt.jwksFile) return loadJwks(jwt.jwksFile);
   return { kind: 'secret', secret: await developmentSecret(config.dataDir, true), development: true };
@@ -68,23 +72,31 @@ async function loadJwks(file: string): Promise<VerificationKeys> {
     throw new Error(`TOOLGATE_JWT_JWKS_FILE: ${file} holds no keys`);
   }
   const keys = new Map<string | undefined, string>();
-  const types: Array<string | undefined> = [];
-  for (const jwk of parsed.keys) {
-    if (jwk.use !== undefined && jwk.use !== 'sig') continue;
-    const key = createPublicKey({ key: jwk, format: 'jwk' });
-    types.push(key.asymmetricKeyType);
-    keys.set(typeof jwk.kid === 'string' ? jwk.kid : undefined, key.export({ type: 'spki', format: 'pem' }).toString());
+  const found: KeyObject[] = [];
+  try {
+    for (const jwk of parsed.keys) {
+      if (jwk.use !== undefined && jwk.use !== 'sig') continue;
+      const key = createPublicKey({ key: jwk, format: 'jwk' });
+      found.push(key);
+      keys.set(typeof jwk.kid === 'string' ? jwk.kid : undefined, key.export({ type: 'spki', format: 'pem' }).toString());
+    }
+    if (keys.size === 1 && !keys.has(undefined)) keys.set(undefined, [...keys.values()][0]!);
+    return { kind: 'jwks', keys, algorithms: algorithmsFor(found) };
+  } catch (error) {
+    throw new Error(`TOOLGATE_JWT_JWKS_FILE: ${file}: ${(error as Error).message}`);
   }
-  if (keys.size === 1 && !keys.has(undefined)) keys.set(undefined, [...keys.values()][0]!);
-  return { kind: 'jwks', keys, algorithms: algorithmsFor(types) };
 }
 
-function algorithmsFor(types: Array<string | undefined>): Array<'RS256' | 'ES256'> {
+/** RS256 for RSA keys, ES256 for P-256 ones; any other key would verify nothing, so it is refused. */
+function algorithmsFor(keys: KeyObject[]): Array<'RS256' | 'ES256'> {
   const algorithms = new Set<'RS256' | 'ES256'>();
-  for (const type of types) {
-    if (type === 'rsa') algorithms.add('RS256');
-    else if (type === 'ec') algorithms.add('ES256');
-    else throw new Error(`unsupported JWT public key type ${type ?? 'unknown'}: use RSA (RS256) or P-256 (ES256)`);
+  for (const key of keys) {
+    if (key.asymmetricKeyType === 'rsa') algorithms.add('RS256');
+    else if (key.asymmetricKeyType === 'ec' && key.asymmetricKeyDetails?.namedCurve === 'prime256v1') algorithms.add('ES256');
+    else {
+      const type = key.asymmetricKeyType === 'ec' ? `ec ${key.asymmetricKeyDetails?.namedCurve ?? 'unknown curve'}` : (key.asymmetricKeyType ?? 'unknown');
+      throw new Error(`unsupported key type ${type}: use RSA (RS256) or P-256 (ES256)`);
+    }
   }
   return [...algorithms];
 }

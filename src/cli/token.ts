@@ -18,25 +18,33 @@ const fail: Command['fail'] = cli.fail;
 
 async function main(): Promise<void> {
   const config = cli.config();
-  const { values } = parseArgs({
-    options: {
-      kind: { type: 'string' },
-      tenant: { type: 'string' },
-      sub: { type: 'string' },
-      role: { type: 'string' },
-      family: { type: 'string' },
-      scope: { type: 'string' },
-      ttl: { type: 'string', default: '3600' },
-      help: { type: 'boolean' },
-    },
-    strict: true,
-  });
+  let parsed;
+  try {
+    parsed = parseArgs({
+      options: {
+        kind: { type: 'string' },
+        tenant: { type: 'string' },
+        sub: { type: 'string' },
+        role: { type: 'string' },
+        family: { type: 'string' },
+        scope: { type: 'string' },
+        ttl: { type: 'string', default: '3600' },
+        help: { type: 'boolean' },
+      },
+      strict: true,
+    });
+  } catch (error) {
+    fail(`${(error as Error).message}\n${usage}`);
+  }
+  const { values } = parsed;
   if (values.help) {
     process.stdout.write(`${usage}\n`);
     return;
   }
   if (values.kind !== 'agent' && values.kind !== 'operator') fail('--kind must be agent or operator');
   if (!values.tenant) fail('--tenant is required');
+  if (values.kind === 'agent' && values.role !== undefined) fail('--role is for operator tokens');
+  if (values.kind === 'operator' && values.family !== undefined) fail('--family is for agent tokens');
   if (values.role !== undefined && !OPERATOR_ROLES.includes(values.role as OperatorRole)) {
     fail(`--role must be one of ${OPERATOR_ROLES.join(', ')}`);
   }

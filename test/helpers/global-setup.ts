@@ -1,3 +1,4 @@
+import pg from 'pg';
 import type { TestProject } from 'vitest/node';
 
 declare module 'vitest' {
@@ -15,6 +16,7 @@ declare module 'vitest' {
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   const fromEnv = process.env.DATABASE_URL;
   if (fromEnv) {
+    await ensureDatabase(fromEnv);
     project.provide('testDatabaseUrl', fromEnv);
     return async () => undefined;
   }
@@ -31,5 +33,34 @@ export default async function setup(project: TestProject): Promise<() => Promise
     );
     project.provide('testDatabaseUrl', '');
     return async () => undefined;
+  }
+}
+
+/**
+ * Tests create their own databases from a connection to the one DATABASE_URL names: on a fresh
+ * server that one may not exist yet (only `postgres` does), so it is created first.
+ */
+async function ensureDatabase(url: string): Promise<void> {
+  const probe = new pg.Client({ connectionString: url });
+  try {
+    await probe.connect();
+    await probe.end();
+    return;
+  } catch (error) {
+    await probe.end().catch(() => undefined);
+    if ((error as { code?: string }).code !== '3D000') throw error;
+  }
+  const name = decodeURIComponent(new URL(url).pathname.slice(1));
+  const maintenance = new URL(url);
+  maintenance.pathname = '/postgres';
+  const admin = new pg.Client({ connectionString: maintenance.toString() });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE ${pg.escapeIdentifier(name)}`);
+  } catch (error) {
+    // Another run created it meanwhile.
+    if ((error as { code?: string }).code !== '42P04') throw error;
+  } finally {
+    await admin.end();
   }
 }
