@@ -145,10 +145,13 @@ describe('separation of powers', () => {
     expect(events.body.items[0]).toMatchObject({ actor: 'agent:veritas.fact-checker', agent_id: 'veritas.fact-checker', tenant_id: 't-esc', reason_code: 'agent_forbidden', details: { route: '/audit', method: 'GET' } });
   });
 
-  it('keeps platform routes from tenant-operators', async () => {
-    const res = await hs.get('/audit/verify', { token: signToken({ ...withIssuer, roles: ['tenant-operator'] }) });
+  it('keeps platform routes from tenant-operators, and records the attempt', async () => {
+    const res = await hs.get('/audit/verify', { token: signToken({ ...withIssuer, sub: 'tenant.reacher', tenant_id: 't-reach', roles: ['tenant-operator'] }) });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('forbidden');
+    const events = await hs.get('/audit', { token: signToken(withIssuer), query: { event_type: 'security.escalation_attempt', tenant_id: 't-reach' } });
+    expect(events.body.items).toHaveLength(1);
+    expect(events.body.items[0]).toMatchObject({ actor: 'operator:tenant.reacher', reason_code: 'forbidden', details: { route: '/audit/verify', required: 'platform-operator', actor_role: 'tenant-operator' } });
   });
 
   it('lets the public routes through without a token', async () => {

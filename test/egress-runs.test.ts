@@ -104,6 +104,9 @@ describe('external_call tools through /runs/execute', () => {
     expect(res.status).toBe(403);
     expect(res.body.steps[0].error.code).toBe('egress_denied');
     expect(inside.hits).toEqual([]);
+    // Refused at a redirect hop, as at the input stage: a security event, not a plain failure.
+    const events = (await h.client.get('/audit', { token: tokens.platform(), query: { run_id: res.body.run_id } })).body.items as Array<{ event_type: string }>;
+    expect(events.map((e) => e.event_type).sort()).toEqual(['run.step.dispatching', 'security.egress_blocked']);
   });
 
   it('narrows to a grant’s egress_domains', async () => {

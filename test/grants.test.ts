@@ -150,7 +150,7 @@ describe('POST /grants', () => {
       const res = await grant({ tool_id: tool }, platform);
       expect([tool, res.status, res.body.error.code]).toEqual([tool, 403, 'tool_category_blocked']);
     }
-    const events = (await auditEvents('security.blocked_category')).filter((e) => e.actor === 'operator:ops.platform');
+    const events = (await auditEvents('security.category_blocked')).filter((e) => e.actor === 'operator:ops.platform');
     expect(events.map((e) => e.tool_id).sort()).toEqual(['admin.reset', 'final.publish']);
     const listed = await client.get('/grants', { token: platform, query: { tool_id: 'final.publish' } });
     expect(listed.body.items).toEqual([]);

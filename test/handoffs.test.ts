@@ -177,6 +177,15 @@ describe('a sub-run', () => {
     const root = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
     expect((await execute(WRITER, { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(409);
+    // Another agent learns nothing of how runs are made: their ids are conflicts, whatever it names
+    // as their parent, run or dry run.
+    for (const dry_run of [false, true]) {
+      for (const run_id of [root, sub]) {
+        const res = await execute(WRITER, { run_id, parent_run_id: 'made-up', dry_run, plan: [step('search', 'x')] });
+        expect(res.status).toBe(409);
+        expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
+      }
+    }
     expect((await execute(SUB, { run_id: sub, plan: [step('search', 'x')] })).status).toBe(409);
     const invented = await execute(SUB, { run_id: newRunId(), parent_run_id: root, plan: [step('search', 'x')] });
     expect(invented.status).toBe(403);

@@ -363,6 +363,10 @@ describe('run ownership and replay', () => {
     expect(reach.status).toBe(404);
     const attempts = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', tenant_id: 'another-tenant' } });
     expect(attempts.body.items[0]).toMatchObject({ actor: 'operator:mallory.runs', details: { requested_tenant_id: T, run_id: runId } });
+    // An agent's attempt names the agent, so that the audit's agent filter finds it.
+    expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('roaming.agent', { tenant: 'another-tenant' }), query: { tenant_id: T } })).status).toBe(404);
+    const byAgent = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', agent_id: 'roaming.agent' } });
+    expect(byAgent.body.items).toHaveLength(1);
     const list = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2 } });
     expect(list.body.items).toHaveLength(2);
     expect(list.body.next_cursor).toEqual(expect.any(String));

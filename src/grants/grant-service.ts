@@ -292,7 +292,7 @@ export class GrantService {
     if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) {
       // An operator's power never transfers to an agent (SPEC §1): the attempt is on record.
       await this.deps.audit.append({
-        event_type: 'security.blocked_category',
+        event_type: 'security.category_blocked',
         actor: `operator:${request.actor.actor_id}`,
         tenant_id: request.tenantId,
         agent_id: request.agentId,

@@ -113,6 +113,16 @@ async function authorize(request: FastifyRequest, principal: Principal, access: 
     throw new ApiError('agent_forbidden', 'agents may not use operator routes');
   }
   if (access === 'platform-operator' && principal.role !== 'platform-operator') {
+    // A tenant-operator reaching for platform powers is a security event too.
+    await audit.append({
+      event_type: 'security.escalation_attempt',
+      actor: actorOf(principal),
+      tenant_id: principal.tenantId,
+      trace_id: request.traceId,
+      status: 'denied',
+      reason_code: 'forbidden',
+      details: { method: request.method, route: request.routeOptions.url ?? request.url, required: access, actor_role: principal.role },
+    });
     throw new ApiError('forbidden', 'this route needs the platform-operator role');
   }
 }

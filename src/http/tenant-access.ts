@@ -20,6 +20,7 @@ export async function refuseCrossTenant(
     event_type: 'security.cross_tenant_attempt',
     actor: actorOf(caller),
     tenant_id: caller.tenantId,
+    ...(caller.kind === 'agent' ? { agent_id: caller.id } : {}),
     trace_id: request.traceId,
     status: 'denied',
     reason_code: 'not_found',

@@ -157,6 +157,9 @@ export class RunExecutor {
     if (request.parent_run_id !== undefined) {
       // A sub-run exists from its hand-off on; nothing else may claim a parent.
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+      // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
+      // this caller's to learn.
+      if (existing && existing.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
       if (!existing || existing.parent_run_id === null) {
         throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
       }
@@ -555,7 +558,8 @@ export class RunExecutor {
     }
     const outcomeRecord = this.deps.audit.append({
       ...base,
-      event_type: outcome.ok ? 'run.step.completed' : 'run.step.failed',
+      // Egress refused at a redirect hop is the same security event as at the input stage.
+      event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
       status: outcome.ok ? 'completed' : 'failed',
       reason_code: outcome.ok ? null : outcome.code,
       input_sha256: inputSha256,
@@ -633,10 +637,10 @@ export class RunExecutor {
    */
   private async subRunBounds(principal: AgentPrincipal, request: RunRequest): Promise<Pick<Execution, 'run' | 'delegation'>> {
     const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
+    if (run && run.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
     if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
       throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
     }
-    if (run.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
     const delegation = await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id);
     const budgets = [run.budget_units, request.budget_units].filter((units): units is number => typeof units === 'number');
     return { run: { ...run, budget_units: budgets.length > 0 ? Math.min(...budgets) : null }, delegation };
