@@ -108,7 +108,10 @@ const environmentSchema = z
     TOOLGATE_DB_POOL_SIZE: intInRange(1, 200, 20),
     TOOLGATE_SHUTDOWN_TIMEOUT_MS: intInRange(100, 600_000, 10_000),
     TOOLGATE_REGISTRY_REFRESH_MS: intInRange(50, 1_000, 250),
-    TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(60, 86_400, 900),
+    // Longer than any call may take (a backend's timeout is at most 5 minutes), twice over: a
+    // reservation must never be released as abandoned while its call is still in flight, or the
+    // call would settle against nothing and its units be spent twice.
+    TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(600, 86_400, 900),
     TOOLGATE_KILL_SWITCH_POLL_MS: intInRange(50, 60_000, 1_000),
     // SPEC §4: a switch takes effect on every replica within 5 s at the latest (the hard bound).
     TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: intInRange(500, 5_000, 5_000),

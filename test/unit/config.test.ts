@@ -17,6 +17,8 @@ describe('configuration', () => {
     ['TOOLGATE_EGRESS_ALLOW_CIDRS', '10.0.0.0/8,nonsense'],
     ['TOOLGATE_EGRESS_ALLOW_CIDRS', '999.1.1.1/8'],
     ['MAX_PLAN_STEPS', '0'],
+    // Shorter than twice the longest backend timeout: a call in flight could lose its reservation.
+    ['TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS', '60'],
   ])('refuses %s=%s, naming the variable', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrowError(ConfigError);
     expect(() => loadConfig({ [name]: value })).toThrowError(new RegExp(name));
