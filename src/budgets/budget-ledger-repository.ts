@@ -499,6 +499,24 @@ export interface ReservationClose {
   actualMicros: Micros | null;
 }
 
+/**
+ * A budget change (a new budget, new limits) and the reservations decided against the budgets
+ * as they were must not overlap: a reservation could otherwise be charged against a limit that
+ * an operator has just lowered, or miss a budget created while it was in flight (its counter
+ * seeded before the reservation committed). Every statement that records reservations takes
+ * `budget_reservations` in ROW EXCLUSIVE mode before its snapshot; a budget change takes it in
+ * SHARE ROW EXCLUSIVE mode first: it waits for the reservations in flight to commit and holds new
+ * ones back until it has, and those then see it (their snapshot comes after the lock).
+ */
+export async function lockLedgerForBudgetChange(trx: Transaction<DB>): Promise<void> {
+  await sql`lock table budget_reservations in share row exclusive mode`.execute(trx);
+}
+
+/** What a transaction recording reservations takes first (see `lockLedgerForBudgetChange`). */
+export async function lockLedgerForReservations(trx: Transaction<DB>): Promise<void> {
+  await sql`lock table budget_reservations in row exclusive mode`.execute(trx);
+}
+
 /** Open reservations whose holder should long have settled them: its process is presumed gone. */
 export async function findExpiredReservations(db: Kysely<DB>, now: Date, limit: number): Promise<string[]> {
   const rows = await db

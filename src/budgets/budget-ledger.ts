@@ -11,6 +11,7 @@ import {
   findBudgetsFor,
   findExpiredReservations,
   lockBudgetCounters,
+  lockLedgerForReservations,
   readBudgetCounters,
   readCounters,
   writeLedger,
@@ -245,7 +246,8 @@ export class BudgetLedger {
         const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
         const expected = new Map(levels);
         const plan = decideBatch(reserves, budgets, levels, now);
-        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt)) {
+        // The budgets too must still be those it read: a limit may have changed since.
+        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, { subjects, budgets })) {
           this.known.remember(subjects, budgets, levels);
           return plan.results;
         }
@@ -261,6 +263,8 @@ export class BudgetLedger {
     }
     const locked = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
+        // Before the budgets are read: a budget change in progress commits first, and is seen.
+        await lockLedgerForReservations(trx);
         const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), subjects.map(runTotalCounter));
         const plan = decideBatch(reserves, budgets, levels, now);
         await writeLedger(trx, plan.deltas, plan.created, now, expiresAt);

@@ -4,6 +4,7 @@ import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import type { Budget, BudgetUsage } from './budget.js';
+import { lockLedgerForBudgetChange } from './budget-ledger-repository.js';
 import {
   findBudget,
   findLiveBudget,
@@ -41,6 +42,8 @@ export async function createBudget(db: Kysely<DB>, draft: BudgetDraft, context: 
   // A conflicting budget removed between our insert and our read of it: try again.
   for (let attempt = 0; attempt < 3; attempt += 1) {
     const inserted = await db.transaction().execute(async (trx) => {
+      // Reservations in flight commit first, so the seed below counts them.
+      await lockLedgerForBudgetChange(trx);
       const budget = await insertBudget(trx, {
         ...draft,
         id: `bud_${randomBytes(12).toString('base64url')}`,
@@ -80,6 +83,8 @@ export async function changeBudgetLimits(
   context: ChangeContext,
 ): Promise<BudgetUsage | undefined> {
   const updated = await db.transaction().execute(async (trx) => {
+    // Reservations decided against the old limits commit first; later ones see the new limits.
+    await lockLedgerForBudgetChange(trx);
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;
     const after = await updateBudgetLimits(
