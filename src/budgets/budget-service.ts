@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { writeAuditEvents } from '../audit/audit-repository.js';
+import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import type { Budget, BudgetUsage } from './budget.js';
 import { lockLedgerForBudgetChange } from './budget-ledger-repository.js';
@@ -42,7 +42,9 @@ export async function createBudget(db: Kysely<DB>, draft: BudgetDraft, context: 
   // A conflicting budget removed between our insert and our read of it: try again.
   for (let attempt = 0; attempt < 3; attempt += 1) {
     const inserted = await db.transaction().execute(async (trx) => {
-      // Reservations in flight commit first, so the seed below counts them.
+      // Reservations in flight commit first, so the seed below counts them. (The audit chain's
+      // lock first, as everywhere: recovery holds it while it closes a lost run's reservations.)
+      await lockAuditChain(trx);
       await lockLedgerForBudgetChange(trx);
       const budget = await insertBudget(trx, {
         ...draft,
@@ -84,6 +86,7 @@ export async function changeBudgetLimits(
 ): Promise<BudgetUsage | undefined> {
   const updated = await db.transaction().execute(async (trx) => {
     // Reservations decided against the old limits commit first; later ones see the new limits.
+    await lockAuditChain(trx);
     await lockLedgerForBudgetChange(trx);
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;

@@ -18,7 +18,8 @@ import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } fr
  *
  * Lock order, for every transaction that changes runs: grants or kill switches, then the audit
  * chain head, then runs (parents before the sub-runs they add), approvals and hand-offs, then
- * budget counters (in the ledger's order).
+ * the budget ledger (`budget_reservations`, which a budget change takes whole, after the chain
+ * head), then budget counters (in the ledger's order).
  */
 
 /** What ends the runs given as roots. */
