@@ -114,7 +114,11 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       const catalog = c.app.services.catalog;
       expect(catalog.readiness().ok).toBe(false);
       expect(catalog.resolve('fresh.tool').ok).toBe(false);
-      // Over HTTP it fails closed: no empty catalog, and no "no such tool" for a grant.
+      // Over HTTP it fails closed: not ready (answered from what it knows, before any ping), no
+      // empty catalog, and no "no such tool" for a grant.
+      const ready = await c.get('/ready');
+      expect(ready.status).toBe(503);
+      expect(ready.body.error.details).toEqual({ check: 'snapshot' });
       const listed = await c.get('/tools', { token: platform });
       expect(listed.status).toBe(503);
       expect(listed.body.error.code).toBe('gateway_unavailable');
