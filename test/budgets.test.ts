@@ -246,6 +246,10 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
       tenant_id: 'tenant-a',
       details: { budget_id: id, before: { limit_units: 10, grace_units: 1 }, after: { limit_units: 20, grace_units: 0, warn_ratio: 0.5 } },
     });
+    // The same limits again change nothing and record nothing.
+    const same = await h.client.put(`/budgets/${id}`, { token: tokens.tenantOperator('tenant-a', 'ops.other'), body: { limit_units: 20 } });
+    expect(same.body).toMatchObject({ limit_units: 20, updated_by: 'operator:ops.tenant-a' });
+    expect(await auditEvents({ event_type: 'budget.updated', agent_id: 'u.changer' })).toHaveLength(1);
   });
 
   it('refuses a PUT that changes nothing or touches what identifies a budget', async () => {

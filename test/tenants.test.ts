@@ -26,6 +26,10 @@ describe('tenant policy', () => {
     expect((await h.client.get('/tenants/t1/policy', { token: tokens.tenantOperator('t1') })).body.external_call_enabled).toBe(true);
     const events = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'tenant.policy_changed' } });
     expect(events.body.items[0]).toMatchObject({ tenant_id: 't1', details: { before: { external_call_enabled: false }, after: { external_call_enabled: true } } });
+    // Setting it again changes nothing and records nothing.
+    const again = await h.client.put('/tenants/t1/policy', { token: tokens.platform('ops.other'), body: { external_call_enabled: true } });
+    expect(again.body).toMatchObject({ external_call_enabled: true, updated_by: 'operator:ops.root' });
+    expect((await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'tenant.policy_changed' } })).body.items).toHaveLength(events.body.items.length);
   });
 
   it('hides another tenant from a tenant-operator', async () => {

@@ -90,6 +90,10 @@ export async function changeBudgetLimits(
     await lockLedgerForBudgetChange(trx);
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;
+    // Limits as they already are change nothing, and record nothing.
+    if (sameLimits(before, { limitUnits: changes.limitUnits ?? before.limitUnits, warnRatio: changes.warnRatio ?? before.warnRatio, graceUnits: changes.graceUnits ?? before.graceUnits })) {
+      return before;
+    }
     const after = await updateBudgetLimits(
       trx,
       id,
@@ -129,7 +133,7 @@ async function usageOf(db: Kysely<DB>, budget: Budget, now: Date): Promise<Budge
   return usage!;
 }
 
-function sameLimits(budget: Budget, draft: BudgetDraft): boolean {
+function sameLimits(budget: Budget, draft: Pick<BudgetDraft, 'limitUnits' | 'graceUnits' | 'warnRatio'>): boolean {
   return (
     toMicros(budget.limitUnits) === toMicros(draft.limitUnits) &&
     toMicros(budget.graceUnits) === toMicros(draft.graceUnits) &&
