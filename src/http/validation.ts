@@ -48,3 +48,6 @@ export const units = z
 
 /** A tool id: lowercase dotted words, such as `web.fetch`. */
 export const toolId = z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a tool id such as web.fetch');
+
+/** An agent id (a token's `sub`): no colon, so it is never mistaken for a `family:` entry. */
+export const agentId = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as veritas.fact-checker');

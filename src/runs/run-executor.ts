@@ -35,7 +35,7 @@ import {
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
-import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus } from './run-types.js';
+import { isTerminal, newToolCallId, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus } from './run-types.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -676,7 +676,7 @@ export class RunExecutor {
       tenant_id: principal.tenantId,
       agent_id: principal.id,
       run_id: request.run_id,
-      tool_call_id: `${request.run_id}:${index}:${randomUUID()}`,
+      tool_call_id: newToolCallId(request.run_id, index, randomUUID()),
       tool_id: tool?.id ?? request.plan[index]!.tool_id,
       tool_version: tool?.version ?? null,
       tool_category: tool?.category ?? null,

@@ -8,7 +8,7 @@ import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../http/errors.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import { findBusyRunsToCheck, lockRun, releaseLostRun, replicaAlive, type RunKey, type RunRecord } from './run-repository.js';
-import { isTerminal, type RunEnvelope, type RunStatus, type RunStop, type StepResult } from './run-types.js';
+import { isTerminal, stepIndexOfToolCall, type RunEnvelope, type RunStatus, type RunStop, type StepResult } from './run-types.js';
 
 /** The audit actor of recovery: no operator ended these runs; their executor was lost. */
 export const RECOVERY_ACTOR = 'system.recovery';
@@ -186,12 +186,6 @@ function callsInDoubt(calls: RunCallRecord[]): RunCallRecord[] {
   return calls.filter((call) => call.status === 'dispatching' && !ended.has(call.tool_call_id));
 }
 
-/** The step a tool call id names (`<run_id>:<index>:<uuid>`). */
-function stepIndexOf(toolCallId: string | null): number {
-  const parts = (toolCallId ?? '').split(':');
-  return Number(parts[parts.length - 2]);
-}
-
 /**
  * What the lost execution got to, from the stored envelope's completed steps and the audit
  * records of the execution: the steps it completed, then the step it stopped at, if any.
@@ -204,7 +198,7 @@ function rebuildSteps(run: RunRecord, calls: RunCallRecord[]): { steps: StepResu
   // The last call made at each step, with its outcome if it has one.
   const byStep = new Map<number, { call: RunCallRecord; ended?: RunCallRecord }>();
   for (const call of calls) {
-    const index = stepIndexOf(call.tool_call_id);
+    const index = stepIndexOfToolCall(call.tool_call_id ?? '');
     if (call.status === 'dispatching' || byStep.get(index)?.call.tool_call_id !== call.tool_call_id) byStep.set(index, { call });
     if (call.status !== 'dispatching') byStep.get(index)!.ended = call;
   }

@@ -87,6 +87,20 @@ export interface Attribution {
   agent_id: string;
 }
 
+/**
+ * A tool call's id, `<run_id>:<step>:<uuid>`: which run and step it belongs to, unique per call.
+ * Recovery reads the step back from the audit records of a lost execution.
+ */
+export function newToolCallId(runId: string, index: number, uuid: string): string {
+  return `${runId}:${index}:${uuid}`;
+}
+
+/** The step a tool call id names (run ids may hold colons; the uuid never does). */
+export function stepIndexOfToolCall(toolCallId: string): number {
+  const parts = toolCallId.split(':');
+  return Number(parts[parts.length - 2]);
+}
+
 /** The run status a denial or failure code leaves the run in. */
 export function statusAfter(code: ErrorCode): RunStatus {
   switch (code) {

@@ -9,7 +9,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { identifier, instant, parseInput, toolId } from '../validation.js';
+import { agentId, identifier, instant, parseInput, toolId } from '../validation.js';
 
 /** What the grant routes are given by the composition root. */
 export interface GrantRouteDeps {
@@ -19,11 +19,6 @@ export interface GrantRouteDeps {
 }
 
 // An agent id as agents' tokens carry it in `sub`; a grant names one agent, so no `family:` form.
-const agentId = z
-  .string()
-  .min(1)
-  .max(200)
-  .regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as veritas.fact-checker');
 // What a run names as its run, pipeline instance, session, user or tenant: identifiers.
 const scopeRef = identifier;
 const nonBlank = (max: number) =>

@@ -17,7 +17,7 @@ import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { identifier, parseInput, positiveUnits, toolId } from '../validation.js';
+import { agentId, identifier, parseInput, positiveUnits, toolId } from '../validation.js';
 
 export interface RunRouteDeps {
   db: Kysely<DB>;
@@ -54,7 +54,7 @@ function executeBody(maxPlanSteps: number) {
 
 
 const handoffBody = z.strictObject({
-  sub_agent_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._@-]*$/, 'must be an agent id such as sophia.retriever'),
+  sub_agent_id: agentId,
   sub_run_id: identifier,
   // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
   budget_units: z.number().finite().max(MAX_UNITS),
