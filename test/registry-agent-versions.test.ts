@@ -23,6 +23,7 @@ const resolver: Resolver = async (hostname) => {
 
 let h: Harness;
 let backend: TestBackend;
+let shiftGrant: { id: string };
 
 const execute = (body: Record<string, unknown>, token = agent) => h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
 const step = (tool_id: string, version?: string) => ({ tool_id, input: { q: 'hi' }, ...(version ? { version } : {}) });
@@ -42,9 +43,9 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'split.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
   await registerTool(h.client, { id: 'split.tool', version: '2.0.0', allowed_agents: ['someone.else'], backendUrl: `${backend.url}/cost/2` });
   await registerTool(h.client, { id: 'shift.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
-  // Granted while its newest version was read_only: grants for a final_write tool are refused.
-  await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'shift.tool' });
   await registerTool(h.client, { id: 'shift.tool', version: '2.0.0', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/cost/2` });
+  await registerTool(h.client, { id: 'locked.tool', version: '1.0.0', category: 'admin', risk_level: 'high', backendUrl: `${backend.url}/echo` });
+  await registerTool(h.client, { id: 'locked.tool', version: '2.0.0', category: 'final_write', risk_level: 'critical', backendUrl: `${backend.url}/cost/2` });
   await registerTool(h.client, { id: 'reach.tool', version: '1.0.0', allowed_agents: [AGENT], backendUrl: `${backend.url}/echo` });
   await registerTool(h.client, {
     id: 'reach.tool',
@@ -62,6 +63,8 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'only.external', category: 'external_call', risk_level: 'medium', allowed_agents: [AGENT], egress: { allowed_hosts: ['api.example.test'] }, ...egressSchemas });
   await registerTool(h.client, { id: 'family.tool', allowed_agents: ['family:splitters'], backendUrl: `${backend.url}/echo` });
   for (const tool of ['split.tool', 'reach.tool', 'retired.tool']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+  // Granted though its newest version is final_write: its older version is one agents may use.
+  shiftGrant = await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'shift.tool' });
   await grantTool(h.client, { tenant: T, agent: 'someone.else', tool: 'split.tool' });
 });
 
@@ -134,6 +137,21 @@ describe('a newer version in a category agents may not use', () => {
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
     expect(reached(runId)).toEqual(['/echo']);
+  });
+
+  it('does not stop the tool being granted: the grant is on record with the category of the version it lets the agent call', async () => {
+    const audit = await h.client.get('/audit', { token: platform, query: { event_type: 'grant.created', tool_id: 'shift.tool' } });
+    expect(audit.status).toBe(200);
+    expect(audit.body.items.find((e: { details: { grant_id: string } }) => e.details.grant_id === shiftGrant.id)).toMatchObject({ tool_category: 'read_only' });
+  });
+
+  it('still refuses a grant when no version is one agents may use (403 tool_category_blocked)', async () => {
+    const res = await h.client.post('/grants', {
+      token: tokens.tenantOperator(T),
+      body: { agent_id: AGENT, tool_id: 'locked.tool', scope: 'per-tenant', scope_ref: T, expires_at: new Date(Date.now() + 3600_000).toISOString(), rationale: 'wants the admin tool' },
+    });
+    expect(res.status).toBe(403);
+    expect(res.body.error).toMatchObject({ code: 'tool_category_blocked', details: { tool_id: 'locked.tool', category: 'final_write' } });
   });
 
   it('refuses the blocked version by name with 403 tool_category_blocked', async () => {

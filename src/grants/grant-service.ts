@@ -284,20 +284,24 @@ export class GrantService {
       // A stale or empty copy of the registry must not answer "no such tool".
       throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
     }
-    const found = await this.deps.tools.resolve(request.toolId);
-    if (!found.ok) {
+    const versions = await this.deps.tools.versions(request.toolId);
+    const newest = versions[0];
+    if (!newest) {
       return { ok: false, code: 'tool_not_registered', message: `tool ${request.toolId} is not registered`, details: { tool_id: request.toolId } };
     }
-    const tool = found.tool;
-    if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) {
+    // A grant names a tool, not a version: it is refused only when no version it could cover is
+    // one agents may use. The others stay out of reach at every call (an agent's calls resolve
+    // among the versions it may use; one it names is refused by the category stage).
+    const tool = versions.find((version) => !AGENT_FORBIDDEN_CATEGORIES.has(version.category));
+    if (!tool) {
       // An operator's power never transfers to an agent (SPEC §1): the attempt is on record.
       await this.deps.audit.append({
         event_type: 'security.category_blocked',
         actor: `operator:${request.actor.actor_id}`,
         tenant_id: request.tenantId,
         agent_id: request.agentId,
-        tool_id: tool.id,
-        tool_category: tool.category,
+        tool_id: newest.id,
+        tool_category: newest.category,
         trace_id: request.traceId ?? null,
         status: 'denied',
         reason_code: 'tool_category_blocked',
@@ -306,8 +310,8 @@ export class GrantService {
       return {
         ok: false,
         code: 'tool_category_blocked',
-        message: `${tool.category} tools are never granted to agents`,
-        details: { tool_id: tool.id, category: tool.category },
+        message: `${newest.category} tools are never granted to agents`,
+        details: { tool_id: newest.id, category: newest.category },
       };
     }
     const modifiers = checkModifiersWithinTool(request.capabilityModifiers, tool);

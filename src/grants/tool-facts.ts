@@ -16,6 +16,8 @@ export type ToolFactsResult = { ok: true; tool: ToolFacts } | { ok: false; code:
 /** Where tool facts come from: `services.catalog` in the app. */
 export interface ToolFactsLookup {
   resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
+  /** Every registered version of a tool, newest first (deprecated ones too); empty when unknown. */
+  versions(toolId: string): readonly ToolFacts[] | Promise<readonly ToolFacts[]>;
   /** Whether the answers are current (the catalog's copy confirmed recently); absent: always. */
   readiness?(): { ok: boolean; reason?: string | undefined };
 }
