@@ -136,10 +136,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
-  const cascades = new RunCascades((toolId, range) => {
-    const resolved = catalog.resolve(toolId, range);
-    return resolved.ok ? resolved.tool.target : undefined;
-  });
+  const cascades = new RunCascades(
+    async (agent, toolId, range, externalCallEnabled) => {
+      const resolved = await catalog.resolveCall(agent, toolId, range, externalCallEnabled);
+      return resolved.ok ? resolved.tool.target : undefined;
+    },
+    async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled,
+  );
   const grants = new GrantService({ db: database.db, hot: database.hot, audit, tools: catalog, now, onGrantsEnded: cascades.grantsEnded });
   const killSwitches = new KillSwitchSnapshot({
     db: database.db,

@@ -6,7 +6,7 @@ import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
-import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
 
 // SPEC §6 run controls, and the cascades of SPEC §3–§4 that stop runs when authority is pulled.
 const T = 'tenant-controls';
@@ -129,6 +129,66 @@ describe('run controls', () => {
     expect(twice.body.error.code).toBe('run_not_resumable');
     const types = (await audit({ run_id: runId })).map((e) => e.event_type).reverse();
     expect(types.slice(-2)).toEqual(['run.paused', 'run.resumed']);
+  });
+});
+
+describe('a kill switch stops the runs whose next calls it would stop, resolved as the agent’s calls resolve', () => {
+  const DRIFT = 'drift.agent';
+  const region = (name: string) => ({ family: 'test', provider: 'loopback', region: name });
+
+  beforeAll(async () => {
+    await registerTool(h.client, { id: 'drift.approve', category: 'draft_write', backendUrl: `${backend.url}/echo`, requires_approval: true, allowed_agents: [DRIFT] });
+    // A newer version on another allowlist, in another region.
+    await registerTool(h.client, { id: 'drift.allow', version: '1.0.0', allowed_agents: [DRIFT], target: region('eu-drift'), backendUrl: `${backend.url}/echo` });
+    await registerTool(h.client, { id: 'drift.allow', version: '2.0.0', allowed_agents: ['someone.else'], target: region('us-drift'), backendUrl: `${backend.url}/echo` });
+    // A newer external_call version, which the tenant (external calls off) does not get.
+    await registerTool(h.client, { id: 'drift.reach', version: '1.0.0', allowed_agents: [DRIFT], target: region('eu-reach'), backendUrl: `${backend.url}/echo` });
+    await registerTool(h.client, {
+      id: 'drift.reach',
+      version: '2.0.0',
+      category: 'external_call',
+      risk_level: 'medium',
+      allowed_agents: [DRIFT],
+      target: region('us-reach'),
+      egress: { allowed_hosts: ['api.example.test'] },
+      ...egressSchemas,
+    });
+    await grantTool(h.client, { tenant: T, agent: DRIFT, tool: 'drift.approve' });
+  });
+
+  /** A run of the drift agent waiting for approval at its first step, with `next` still to call. */
+  const waitingBefore = async (next: string) => {
+    const runId = newRunId('drift');
+    const res = await h.client.post('/runs/execute', { token: as(DRIFT), body: { run_id: runId, context: {}, plan: [step('drift.approve', 'x'), step(next, 'y')] } });
+    expect(res.status, JSON.stringify(res.body)).toBe(202);
+    return runId;
+  };
+  const armRegion = async (target: string) => {
+    const res = await h.client.post('/kill-switches', {
+      token: tokens.platform(),
+      body: { scope: 'region', target, reason: `region ${target} down`, user_visible_status_copy: 'Paused' },
+    });
+    expect(res.status).toBe(201);
+    return res.body.id as string;
+  };
+  const disarm = (id: string) => h.client.post(`/kill-switches/${id}/disarm`, { token: tokens.platform(), body: { reason: 'over' } });
+
+  it.each([
+    ['a newer version on another allowlist', 'drift.allow', 'us-drift', 'eu-drift'],
+    ['a newer external_call version its tenant has not enabled', 'drift.reach', 'us-reach', 'eu-reach'],
+  ])('%s: a switch on the version the agent would not call leaves the run; one on the version it would call stops it', async (_name, tool, notCalled, called) => {
+    const runId = await waitingBefore(tool);
+    const armed: string[] = [];
+    try {
+      armed.push(await armRegion(notCalled));
+      expect(await statusOf(h.client, runId)).toBe('awaiting_approval');
+      armed.push(await armRegion(called));
+      expect(await statusOf(h.client, runId)).toBe('killed');
+      const [stop] = await audit({ run_id: runId, event_type: 'run.stopped' });
+      expect(stop).toMatchObject({ reason_code: 'kill_switch_active', details: { kill_switch_id: armed[1], scope: 'region', target: called } });
+    } finally {
+      for (const id of armed) await disarm(id);
+    }
   });
 });
 

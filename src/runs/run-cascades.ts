@@ -6,8 +6,21 @@ import type { KillSwitch } from '../kill-switches/kill-switch.js';
 import { endRunTrees } from './run-lifecycle.js';
 import { findOpenRunsUsingGrants, listOpenRuns, type RunRecord } from './run-repository.js';
 
-/** A tool's server-side kill-switch target, from this replica's registry. */
-export type ToolTargetLookup = (toolId: string, range: string | undefined) => { family?: string | null; provider?: string | null; region?: string | null } | null | undefined;
+/**
+ * The server-side kill-switch target of the version an agent's call resolves to, from this
+ * replica's registry: the executor's own resolution (`catalog.resolveCall`), so that a cascade
+ * judges the version the call would run, not a newer one the agent may not use. Asks
+ * `externalCallEnabled` only when the answer depends on it.
+ */
+export type ToolTargetLookup = (
+  agent: { agentId: string; family: string | undefined },
+  toolId: string,
+  range: string | undefined,
+  externalCallEnabled: () => Promise<boolean>,
+) => Promise<{ family?: string | null; provider?: string | null; region?: string | null } | null | undefined>;
+
+/** Whether a tenant's policy enables external calls, read in the cascade's transaction. */
+export type ExternalCallPolicy = (trx: Transaction<DB>, tenantId: string) => Promise<boolean>;
 
 /**
  * The cascades of SPEC §3–§4, run inside the transaction that pulls the authority: revoking or
@@ -18,7 +31,10 @@ export type ToolTargetLookup = (toolId: string, range: string | undefined) => { 
  * cascade depth.
  */
 export class RunCascades {
-  constructor(private readonly toolTarget: ToolTargetLookup) {}
+  constructor(
+    private readonly toolTarget: ToolTargetLookup,
+    private readonly externalCallEnabled: ExternalCallPolicy,
+  ) {}
 
   readonly grantsEnded = async (
     trx: Transaction<DB>,
@@ -50,7 +66,15 @@ export class RunCascades {
 
   readonly killSwitchArmed = async (trx: Transaction<DB>, ks: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date): Promise<void> => {
     const open = await listOpenRuns(trx, ks.tenant_id);
-    const roots = open.filter((run) => this.stoppedBy(run, ks));
+    // Each tenant's policy is read once per arming, and only if a call's version depends on it.
+    const policies = new Map<string, Promise<boolean>>();
+    const policyOf = (tenantId: string) => () => {
+      let enabled = policies.get(tenantId);
+      if (!enabled) policies.set(tenantId, (enabled = this.externalCallEnabled(trx, tenantId)));
+      return enabled;
+    };
+    const roots: RunRecord[] = [];
+    for (const run of open) if (await this.stoppedBy(run, ks, policyOf(run.tenant_id))) roots.push(run);
     if (roots.length === 0) return;
     await endRunTrees(
       trx,
@@ -70,12 +94,19 @@ export class RunCascades {
     );
   };
 
-  /** Whether the switch matches the run itself (tenant, agent, family) or a call it has yet to make. */
-  private stoppedBy(run: RunRecord, ks: KillSwitch): boolean {
+  /**
+   * Whether the switch matches the run itself (tenant, agent, family) or a call it has yet to
+   * make, each call's tool resolved as the run's agent's call resolves it.
+   */
+  private async stoppedBy(run: RunRecord, ks: KillSwitch, externalCallEnabled: () => Promise<boolean>): Promise<boolean> {
     const who = { tenantId: run.tenant_id, agentId: run.agent_id, family: run.agent_family ?? undefined };
     if (switchMatches(ks, who)) return true;
     const done = (run.envelope?.steps ?? []).findIndex((s) => s.status !== 'completed');
     const remaining = (run.request?.plan ?? []).slice(done === -1 ? (run.envelope?.steps.length ?? 0) : done);
-    return remaining.some((step) => switchMatches(ks, { ...who, toolId: step.tool_id, target: this.toolTarget(step.tool_id, step.version) ?? null }));
+    for (const step of remaining) {
+      const target = await this.toolTarget({ agentId: who.agentId, family: who.family }, step.tool_id, step.version, externalCallEnabled);
+      if (switchMatches(ks, { ...who, toolId: step.tool_id, target: target ?? null })) return true;
+    }
+    return false;
   }
 }
