@@ -230,6 +230,35 @@ describe('POST /kill-switches/{id}/disarm', () => {
   });
 });
 
+describe('kill switches on the audit record', () => {
+  it('name the agent or tool they target in the event’s own columns, so GET /audit?agent_id= and ?tool_id= find them', async () => {
+    const agentSwitch = await arm(opA, { scope: 'agent', target: 'audited.agent' });
+    const toolSwitch = await arm(platform, { scope: 'tool', target: 'audited.tool' });
+    const regionSwitch = await arm(platform, { scope: 'region', target: 'audited-region' });
+    for (const [ks, token] of [[agentSwitch, opA], [toolSwitch, platform], [regionSwitch, platform]] as const) {
+      expect((await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token, body: { reason: 'over' } })).status).toBe(200);
+    }
+    const found = async (token: string, query: Record<string, string>) => {
+      const res = await h.client.get('/audit', { token, query: { limit: 500, ...query } });
+      expect(res.status).toBe(200);
+      return (res.body.items as Array<Record<string, any>>)
+        .filter((e) => e.event_type.startsWith('kill_switch.'))
+        .map((e) => [e.event_type, e.details.kill_switch_id, e.agent_id, e.tool_id]);
+    };
+    expect(await found(opA, { agent_id: 'audited.agent' })).toEqual([
+      ['kill_switch.disarmed', agentSwitch.body.id, 'audited.agent', null],
+      ['kill_switch.armed', agentSwitch.body.id, 'audited.agent', null],
+    ]);
+    expect(await found(platform, { tool_id: 'audited.tool' })).toEqual([
+      ['kill_switch.disarmed', toolSwitch.body.id, null, 'audited.tool'],
+      ['kill_switch.armed', toolSwitch.body.id, null, 'audited.tool'],
+    ]);
+    // Other scopes name no agent or tool: their target stays in details alone.
+    const region = (await auditEvents('kill_switch.armed')).find((e) => e.details.kill_switch_id === regionSwitch.body.id);
+    expect(region).toMatchObject({ agent_id: null, tool_id: null, details: { scope: 'region', target: 'audited-region' } });
+  });
+});
+
 describe('GET /kill-switches', () => {
   it('lists armed and disarmed switches, newest first, filtered by state and scope', async () => {
     const all = await h.client.get('/kill-switches', { token: platform, query: { limit: 500 } });

@@ -86,6 +86,7 @@ export class KillSwitchService {
               event_type: 'kill_switch.armed',
               actor: `operator:${request.actor.actor_id}`,
               tenant_id: request.tenantId,
+              ...targetColumns(request.scope, request.target),
               trace_id: request.traceId ?? null,
               status: 'armed',
               details: {
@@ -135,6 +136,7 @@ export class KillSwitchService {
             event_type: 'kill_switch.disarmed',
             actor: `operator:${request.actor.actor_id}`,
             tenant_id: changed.tenant_id,
+            ...targetColumns(changed.scope, changed.target),
             trace_id: request.traceId ?? null,
             status: 'disarmed',
             details: {
@@ -193,6 +195,16 @@ function checkArm(request: ArmRequest): KillSwitchRefusal | undefined {
     return invalid('body.tenant_id', 'a tenant switch targets its own tenant');
   }
   return undefined;
+}
+
+/**
+ * The audit columns an agent or tool switch names its target in, so that `GET /audit?agent_id=`
+ * and `?tool_id=` find it; other scopes' targets are no agent or tool, and stay in `details`.
+ */
+function targetColumns(scope: KillSwitchScope, target: string): { agent_id?: string; tool_id?: string } {
+  if (scope === 'agent') return { agent_id: target };
+  if (scope === 'tool') return { tool_id: target };
+  return {};
 }
 
 function invalid(field: string, message: string): KillSwitchRefusal {
