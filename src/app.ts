@@ -42,6 +42,7 @@ import { KillSwitchService } from './kill-switches/kill-switch-service.js';
 import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 import { ToolCatalog } from './registry/tool-catalog.js';
+import type { AgentIdentity } from './registry/tool-access.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
 import { RateLimiter } from './rate-limits/rate-limiter.js';
 
@@ -136,13 +137,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
-  const cascades = new RunCascades(
-    async (agent, toolId, range, externalCallEnabled) => {
-      const resolved = await catalog.resolveCall(agent, toolId, range, externalCallEnabled);
-      return resolved.ok ? resolved.tool.target : undefined;
-    },
-    async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled,
-  );
+  // The kill-switch target of the version an agent's call gets, as the executor resolves it.
+  const callTarget = async (agent: AgentIdentity, toolId: string, range: string | undefined, externalCallEnabled: () => Promise<boolean>) => {
+    const resolved = await catalog.resolveCall(agent, toolId, range, externalCallEnabled);
+    return resolved.ok ? resolved.tool.target : undefined;
+  };
+  const cascades = new RunCascades(callTarget, async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled);
   const grants = new GrantService({ db: database.db, hot: database.hot, audit, tools: catalog, now, onGrantsEnded: cascades.grantsEnded });
   const killSwitches = new KillSwitchSnapshot({
     db: database.db,
@@ -278,6 +278,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     snapshot: killSwitches,
     audit,
     tools: catalog,
+    agentCallTarget: (agent, toolId, tenantId) =>
+      callTarget(agent, toolId, undefined, async () => (await getTenantPolicy(database.db, tenantId)).external_call_enabled),
   });
   await app.register(tenantRoutes, { db: database.db, audit, now });
   await app.register(runRoutes, { db: database.db, audit, executor: runs, controls: runControls, handoffs, maxPlanSteps: config.maxPlanSteps });

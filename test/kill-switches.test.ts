@@ -345,6 +345,22 @@ describe('GET /kill-switches/decide', () => {
     await h.client.post(`/kill-switches/${family.body.id}/disarm`, { token: opA, body: { reason: 'done' } });
   });
 
+  it("judges the target of the version the agent's call would run, when an agent is named", async () => {
+    // The newer version is on another allowlist, in another region: the agent's calls run 1.0.0.
+    await registerTool(h.client, { id: 'decide.split', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'split', provider: 'p', region: 'eu-decide' } });
+    await registerTool(h.client, { id: 'decide.split', version: '2.0.0', allowed_agents: ['someone.else'], target: { family: 'split', provider: 'p', region: 'us-decide' } });
+    const region = await arm(platform, { scope: 'region', target: 'eu-decide' });
+    try {
+      const forAgent = await decide(opA, { tool_id: 'decide.split', agent_id: 'decide.agent' });
+      expect(forAgent.body).toMatchObject({ ok: false, blamed: { id: region.body.id }, call: { tool_target: { region: 'eu-decide' } } });
+      // Without an agent, or for one that may use the newer version, the call gets 2.0.0.
+      expect((await decide(opA, { tool_id: 'decide.split' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
+      expect((await decide(opA, { tool_id: 'decide.split', agent_id: 'someone.else' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
+    } finally {
+      await h.client.post(`/kill-switches/${region.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
+    }
+  });
+
   it('answers 404 to a tenant-operator asking about another tenant', async () => {
     const res = await decide(opA, { tenant_id: B, tool_id: 'x' });
     expect(res.status).toBe(404);

@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { actorOf } from '../../auth/principal.js';
-import type { ToolFactsLookup } from '../../grants/tool-facts.js';
+import type { ToolFacts, ToolFactsLookup } from '../../grants/tool-facts.js';
 import {
   GLOBAL_TARGET,
   KILL_SWITCH_SCOPES,
@@ -24,6 +24,11 @@ export interface KillSwitchRouteDeps {
   audit: AuditLog;
   /** Where a tool's server-side `{family, provider, region}` target comes from. */
   tools: ToolFactsLookup;
+  /**
+   * The target of the version an agent's call in a tenant resolves to, as the executor resolves
+   * it (the newest matching version the agent may use): what the safety stage judges.
+   */
+  agentCallTarget(agent: { agentId: string; family: string | undefined }, toolId: string, tenantId: string): Promise<ToolFacts['target'] | undefined>;
 }
 
 const nonBlank = (max: number) =>
@@ -145,7 +150,9 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
     const query = parseInput(decideQuery, request.query, 'query');
     const tenantId = (await tenantInReach(request, audit, query.tenant_id)) ?? operator.tenantId;
     let toolTarget: { family?: string | null; provider?: string | null; region?: string | null } | null = null;
-    if (query.tool_id !== undefined) {
+    if (query.tool_id !== undefined && query.agent_id !== undefined) {
+      toolTarget = (await deps.agentCallTarget({ agentId: query.agent_id, family: query.family }, query.tool_id, tenantId)) ?? null;
+    } else if (query.tool_id !== undefined) {
       const found = await deps.tools.resolve(query.tool_id);
       if (found.ok) toolTarget = found.tool.target;
     }
