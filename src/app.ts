@@ -33,6 +33,7 @@ import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
 import { RunRecovery } from './runs/run-recovery.js';
 import { ReplicaLease } from './replicas/replica-lease.js';
+import { RetentionSweeper } from './retention/retention-sweeper.js';
 import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
 import { ApprovalService } from './approvals/approval-service.js';
 import { HandoffService } from './handoffs/handoff-service.js';
@@ -178,6 +179,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const replicaId = options.replicaId ?? `rep_${randomBytes(8).toString('hex')}`;
   const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
   const recovery = new RunRecovery({ db: database.db, replicaId, now, intervalMs: config.replicaLeaseMs / 2, logger, registry: metrics.registry });
+  const retention = new RetentionSweeper({ db: database.db, now, retentionDays: config.retention.days, intervalMs: config.retention.sweepIntervalMs, logger, registry: metrics.registry });
   const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, replicaId, recovery, lease });
   const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
@@ -249,9 +251,10 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     await killSwitches.start();
     expirySweeper.start();
     recovery.start();
+    retention.start();
   });
   app.addHook('onClose', async () => {
-    await Promise.all([expirySweeper.stop(), recovery.stop()]);
+    await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop()]);
     // Every call in flight has finished: nothing this replica held is busy any more.
     await lease.stop();
     await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop(), backend.close()]);

@@ -128,6 +128,11 @@ export async function markBudgetRemoved(trx: Transaction<DB>, id: string, at: Da
  * Starts a new budget's current period from what its subject has already spent in it, so that
  * a monthly budget created mid-month counts the month so far. Open reservations count at their
  * reserved amount: they were not charged to this budget, so they will never settle against it.
+ *
+ * Retention deletes a run's reservations with the run, long after any day or month they fell in
+ * (`TOOLGATE_RETENTION_DAYS` is at least 31), keeping what the settled ones spent in
+ * `budget_spend_archive`: a tenant's or agent's `total` window counts that too. (A run's own
+ * reservations go only with the run, so a run budget never misses any.)
  */
 export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, now: Date): Promise<void> {
   const start = periodStart(budget.period, now);
@@ -137,10 +142,14 @@ export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, no
       : budget.scope === 'run'
         ? sql`and run_id = ${budget.runId}`
         : sql``;
+  const archived =
+    budget.period === 'total' && budget.scope !== 'run'
+      ? sql`(select coalesce(sum(spent_units), 0) from budget_spend_archive where tenant_id = ${budget.tenantId} ${subject})`
+      : sql`0`;
   await sql`
     insert into budget_counters (counter_key, period_start, spent_units, reserved_units)
     select ${budget.id}, ${start},
-           coalesce(sum(case status when 'settled' then actual_units when 'reserved' then units else 0 end), 0),
+           coalesce(sum(case status when 'settled' then actual_units when 'reserved' then units else 0 end), 0) + ${archived},
            0
     from budget_reservations
     where tenant_id = ${budget.tenantId} ${subject} and reserved_at >= ${start}

@@ -44,6 +44,15 @@ export interface Config {
   replicaLeaseMs: number;
   /** How long a proposed action may wait for, and an approval wait to be used (`TOOLGATE_APPROVAL_TTL_SECONDS`). */
   approvalTtlSeconds: number;
+  retention: {
+    /**
+     * Finished run trees, and the rows kept only for them, are deleted this many days after they
+     * last changed (`TOOLGATE_RETENTION_DAYS`). The audit log is never deleted.
+     */
+    days: number;
+    /** How often each replica looks for what is due (`TOOLGATE_RETENTION_SWEEP_MS`). */
+    sweepIntervalMs: number;
+  };
   handoffs: {
     /** A hand-off is refused once its parent's trace (root … parent) is this long (`TOOLGATE_HANDOFF_MAX_DEPTH`). */
     maxDepth: number;
@@ -118,6 +127,11 @@ const environmentSchema = z
     TOOLGATE_GRANT_EXPIRY_SWEEP_MS: intInRange(50, 60_000, 1_000),
     TOOLGATE_REPLICA_LEASE_MS: intInRange(300, 600_000, 30_000),
     TOOLGATE_APPROVAL_TTL_SECONDS: intInRange(1, 30 * 86_400, 86_400),
+    // At least 31: a run's reservations go with it, and a budget created mid-month starts from
+    // the month's reservations, so none of a month that is not over yet may go. 90 by default:
+    // a quarter of history in GET /runs, and a replay window no client retry comes near.
+    TOOLGATE_RETENTION_DAYS: intInRange(31, 36_500, 90),
+    TOOLGATE_RETENTION_SWEEP_MS: intInRange(1_000, 86_400_000, 600_000),
     TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
     TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
   })
@@ -205,6 +219,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     grants: { expirySweepIntervalMs: e.TOOLGATE_GRANT_EXPIRY_SWEEP_MS },
     replicaLeaseMs: e.TOOLGATE_REPLICA_LEASE_MS,
     approvalTtlSeconds: e.TOOLGATE_APPROVAL_TTL_SECONDS,
+    retention: { days: e.TOOLGATE_RETENTION_DAYS, sweepIntervalMs: e.TOOLGATE_RETENTION_SWEEP_MS },
     handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
   };
 }

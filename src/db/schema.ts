@@ -80,6 +80,13 @@ export interface BudgetReservationTable {
   closed_at: Date | null;
 }
 
+/** What deleted settled reservations had spent, per (tenant, agent) (migration 0011). */
+export interface BudgetSpendArchiveTable {
+  tenant_id: string;
+  agent_id: string;
+  spent_units: ColumnType<string, string, string>;
+}
+
 export interface RateBucketTable {
   tenant_id: string;
   agent_id: string;
@@ -149,6 +156,7 @@ export interface DB {
   budgets: BudgetTable;
   budget_counters: BudgetCounterTable;
   budget_reservations: BudgetReservationTable;
+  budget_spend_archive: BudgetSpendArchiveTable;
   rate_buckets: RateBucketTable;
   run_grant_uses: RunGrantUseTable;
   handoffs: HandoffTable;

@@ -19,6 +19,9 @@ describe('configuration', () => {
     ['MAX_PLAN_STEPS', '0'],
     // Shorter than twice the longest backend timeout: a call in flight could lose its reservation.
     ['TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS', '60'],
+    // Shorter than a month: a budget created mid-month would miss reservations deleted with their runs.
+    ['TOOLGATE_RETENTION_DAYS', '30'],
+    ['TOOLGATE_RETENTION_SWEEP_MS', '10'],
   ])('refuses %s=%s, naming the variable', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrowError(ConfigError);
     expect(() => loadConfig({ [name]: value })).toThrowError(new RegExp(name));
@@ -32,6 +35,11 @@ describe('configuration', () => {
 
   it('refuses to run in production without a verification key', () => {
     expect(() => loadConfig({ NODE_ENV: 'production' })).toThrowError(/TOOLGATE_JWT_PUBLIC_KEY/);
+  });
+
+  it('keeps finished runs 90 days by default, swept every 10 minutes', () => {
+    expect(loadConfig({}).retention).toEqual({ days: 90, sweepIntervalMs: 600_000 });
+    expect(loadConfig({ TOOLGATE_RETENTION_DAYS: '400' }).retention.days).toBe(400);
   });
 
   it('parses exception CIDRs as a list', () => {
