@@ -1,12 +1,9 @@
 import { sql, type Kysely, type Transaction } from 'kysely';
-import { runCounterKey } from '../budgets/budget.js';
+import { runTotalRef } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 
 // Any constant works; it only has to be the same in every replica (and differ from the migrations').
 const RETENTION_LOCK_KEY = 7_406_331_206;
-
-/** The `total` window every run's own counter is kept in. */
-const RUN_TOTAL_PERIOD = new Date(0);
 
 /**
  * Takes the sweep's turn for the rest of the transaction, if no other replica has it: one replica
@@ -119,9 +116,10 @@ export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPo
       returning 1
     )
     select (select count(*) from gone) as reservations, (select count(*) from archived) as archived`.execute(trx);
-  const counterKeys = runs.map((run) => runCounterKey(run.tenant_id, run.run_id)).sort();
+  const totals = runs.map((run) => runTotalRef(run.tenant_id, run.run_id));
   const counters = await sql`
-    delete from budget_counters where counter_key = any(${counterKeys}::text[]) and period_start = ${RUN_TOTAL_PERIOD}`.execute(trx);
+    delete from budget_counters c using unnest(${totals.map((ref) => ref.key)}::text[], ${totals.map((ref) => ref.periodStart)}::timestamptz[]) as t(k, p)
+    where c.counter_key = t.k and c.period_start = t.p and c.counter_key = any(${totals.map((ref) => ref.key)}::text[])`.execute(trx);
   const deleted = await sql`delete from runs x using ${keys} where x.tenant_id = k.t and x.run_id = k.r`.execute(trx);
   return {
     runs: Number(deleted.numAffectedRows ?? 0),
