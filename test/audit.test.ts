@@ -284,4 +284,25 @@ describe('tamper evidence, each on a fresh chain', () => {
       await withTriggerOff(t.db, () => sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db));
       expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
     }));
+
+  it('lists a row whose occurred_at no RFC 3339 time can write, with occurred_at null, instead of failing', () =>
+    withChain(async (t) => {
+      const [first, second, third] = t.records;
+      await withTriggerOff(t.db, async () => {
+        await sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db);
+        await sql`update audit_events set occurred_at = '-infinity' where seq = ${third!.seq}`.execute(t.db);
+        await sql`update audit_events set occurred_at = '12000-01-01T00:00:00Z' where seq = ${first!.seq}`.execute(t.db);
+      });
+      const res = await t.h.client.get('/audit', { token: platform });
+      expect(res.status).toBe(200);
+      expect(res.body.items.map((e: AuditRecord) => [e.seq, e.occurred_at, e.hash])).toEqual([
+        [third!.seq, null, third!.hash],
+        [second!.seq, null, second!.hash],
+        [first!.seq, null, first!.hash],
+      ]);
+      // The time filters still place such a row where the database does.
+      const future = await t.h.client.get('/audit', { token: platform, query: { since: new Date().toISOString() } });
+      expect(future.body.items.map((e: AuditRecord) => e.seq).sort()).toEqual([first!.seq, second!.seq]);
+      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: first!.seq });
+    }));
 });

@@ -26,7 +26,8 @@ export interface AuditEventInput {
 export interface AuditRecord {
   seq: number;
   event_id: string;
-  occurred_at: string;
+  /** Null only for a stored time no RFC 3339 timestamp can write: evidence of an edited row. */
+  occurred_at: string | null;
   tenant_id: string | null;
   actor: string;
   agent_id: string | null;

@@ -201,10 +201,9 @@ export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise
           break walk;
         }
         // The hash covers occurred_at as a Date holds it: a part of a millisecond, or a time no
-        // Date can hold, would be an edit it cannot see.
-        const hashable = whole_milliseconds && Number.isFinite(new Date(row.occurred_at).getTime());
-        const record = hashable ? toRecord(row) : undefined;
-        if (record === undefined || seq !== expectedSeq || !linksTo(record, prevHash)) {
+        // RFC 3339 timestamp can write, would be an edit it cannot see.
+        const record = toRecord(row);
+        if (!whole_milliseconds || record.occurred_at === null || seq !== expectedSeq || !linksTo(record, prevHash)) {
           return { ok: false, checked, first_bad_seq: Math.min(seq, expectedSeq) };
         }
         checked += 1;
@@ -234,9 +233,19 @@ function toRecord(row: Selectable<AuditEventTable>): AuditRecord {
   return {
     ...row,
     seq: Number(row.seq),
-    occurred_at: new Date(row.occurred_at).toISOString(),
+    occurred_at: rfc3339(row.occurred_at),
     duration_ms: row.duration_ms === null ? null : Number(row.duration_ms),
     cost_units: row.cost_units === null ? null : Number(row.cost_units),
     details: typeof row.details === 'string' ? (JSON.parse(row.details) as Record<string, unknown>) : row.details,
   };
+}
+
+/**
+ * A stored time as RFC 3339, or null for one it cannot write (infinity, or a year outside
+ * 0000–9999): only an edit of the row puts such a time there, and the listing still shows the row.
+ */
+function rfc3339(stored: Date | number): string | null {
+  const time = new Date(stored);
+  const year = time.getUTCFullYear();
+  return year >= 0 && year <= 9999 ? time.toISOString() : null;
 }
