@@ -305,4 +305,47 @@ describe('tamper evidence, each on a fresh chain', () => {
       expect(future.body.items.map((e: AuditRecord) => e.seq).sort()).toEqual([first!.seq, second!.seq]);
       expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: first!.seq });
     }));
+
+  it('reports a number in details edited beyond what a double can tell apart', () =>
+    withChain(async (t) => {
+      const [first] = await t.h.client.app.services.audit.appendMany([
+        { event_type: 'chain.test', actor: 'system.numbers', details: { units: 1, nested: { list: [0.1, 2] } } },
+        { event_type: 'chain.test', actor: 'system.numbers', details: { units: 1 } },
+      ]);
+      expect(await verify(t)).toMatchObject({ ok: true });
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set details = jsonb_set(details, '{nested,list,0}', '0.1000000000000000000001') where seq = ${first!.seq}`.execute(t.db),
+      );
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq });
+      // Compared page by page, the row found on whichever page it falls.
+      for (const pageSize of [1, 2, 3]) {
+        expect(await verifyAuditChain(t.db, pageSize)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq });
+      }
+    }));
+
+  it('reports a null in details replaced by a number too large for a double', () =>
+    withChain(async (t) => {
+      const [extra] = await t.h.client.app.services.audit.appendMany([{ event_type: 'chain.test', actor: 'system.numbers', details: { limit: null } }]);
+      await withTriggerOff(t.db, () => sql`update audit_events set details = '{"limit": 1e400}' where seq = ${extra!.seq}`.execute(t.db));
+      expect(await verify(t)).toEqual({ ok: false, checked: extra!.seq - 1, first_bad_seq: extra!.seq });
+    }));
+
+  it('reports a null cost or duration edited to NaN or infinity, which hash as null', () =>
+    withChain(async (t) => {
+      const [first, second] = t.records;
+      await withTriggerOff(t.db, async () => {
+        await sql`update audit_events set cost_units = 'NaN' where seq = ${second!.seq}`.execute(t.db);
+        await sql`update audit_events set duration_ms = '-Infinity' where seq = ${second!.seq + 1}`.execute(t.db);
+      });
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+    }));
+
+  it('verifies numbers a double holds exactly, however they are written', () =>
+    withChain(async (t) => {
+      const awkward = [0.1 + 0.2, 1e21, 2 ** 64, 5e-324, -0, 1.7976931348623157e308, 123456789.123456789, -1e-7];
+      await t.h.client.app.services.audit.appendMany([
+        { event_type: 'chain.test', actor: 'system.numbers', cost_units: 0.1 + 0.2, duration_ms: 1e-7, details: { awkward, deep: { awkward } } },
+      ]);
+      expect(await verify(t)).toMatchObject({ ok: true, first_bad_seq: null });
+    }));
 });

@@ -4,7 +4,8 @@ import type { AuditRecord } from './audit-event.js';
 
 export const GENESIS_HASH = '0'.repeat(64);
 
-const canonicalJson = configure({ deterministic: true, bigint: false, circularValue: Error });
+/** JSON with keys sorted: the form records are hashed (and stored) in. */
+export const canonicalJson = configure({ deterministic: true, bigint: false, circularValue: Error });
 
 /**
  * The chain hash of a record: SHA-256 over the canonical JSON of every field but `hash`,

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
-import { chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
+import { canonicalJson, chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
 
 export interface TimedAuditEvent {
   event: AuditEventInput;
@@ -175,6 +175,11 @@ export interface ChainVerification {
  * an edited row; an inserted row (one below seq 1, or past the head); the last row when the head
  * names another hash; or, for rows removed, the first missing seq (the seq after the tail if rows
  * were cut off).
+ *
+ * The hash is recomputed from the rows as JavaScript reads them, so what it cannot read exactly is
+ * checked apart: a part of a millisecond, a time RFC 3339 cannot write, a NaN or infinite number,
+ * and numbers in `details` (jsonb keeps them as exact decimals, a double does not), which the
+ * database compares with what was hashed, once per page.
  */
 export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise<ChainVerification> {
   // One snapshot: an append committing during the walk would otherwise pass for rows cut off.
@@ -185,7 +190,7 @@ export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise
     let checked = 0;
     let pastHeadSeq: number | undefined;
     let afterSeq: number | undefined;
-    walk: for (;;) {
+    for (;;) {
       let page = trx
         .selectFrom('audit_events')
         .selectAll()
@@ -193,24 +198,33 @@ export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise
       // No lower bound at first: a row below seq 1 is walked too, and reported as itself.
       if (afterSeq !== undefined) page = page.where('seq', '>', afterSeq);
       const rows = await page.orderBy('seq', 'asc').limit(pageSize).execute();
+      const numbered: Pick<AuditRecord, 'seq' | 'details'>[] = [];
+      let brokenAt: number | undefined;
       for (const { whole_milliseconds, ...row } of rows) {
         const seq = Number(row.seq);
         afterSeq = seq;
         if (seq > head.seq) {
           pastHeadSeq = seq;
-          break walk;
+          break;
         }
-        // The hash covers occurred_at as a Date holds it: a part of a millisecond, or a time no
-        // RFC 3339 timestamp can write, would be an edit it cannot see.
+        // The hash covers the row as JavaScript reads it: a part of a millisecond, a time RFC 3339
+        // cannot write, or a NaN or infinite float (hashed as null) would be an edit it cannot see.
         const record = toRecord(row);
-        if (!whole_milliseconds || record.occurred_at === null || seq !== expectedSeq || !linksTo(record, prevHash)) {
-          return { ok: false, checked, first_bad_seq: Math.min(seq, expectedSeq) };
+        const readExactly = whole_milliseconds && record.occurred_at !== null && finiteOrNull(record.duration_ms) && finiteOrNull(record.cost_units);
+        if (!readExactly || seq !== expectedSeq || !linksTo(record, prevHash)) {
+          brokenAt = Math.min(seq, expectedSeq);
+          break;
         }
+        if (holdsNumber(record.details)) numbered.push(record);
         checked += 1;
         expectedSeq += 1;
         prevHash = record.hash;
       }
-      if (rows.length < pageSize) break;
+      // Rows checked so far run from seq 1 without gaps: the rows before an edited one number seq - 1.
+      const edited = await firstDetailsUnlikeHashed(trx, numbered);
+      if (edited !== undefined) return { ok: false, checked: edited - 1, first_bad_seq: edited };
+      if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
+      if (pastHeadSeq !== undefined || rows.length < pageSize) break;
     }
     if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
     if (prevHash !== head.hash) {
@@ -221,6 +235,35 @@ export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise
     if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
     return { ok: true, checked, first_bad_seq: null };
   });
+}
+
+/**
+ * The first of these rows whose stored `details` differ from the details that were hashed, in
+ * one statement: jsonb equality compares numbers as exact decimals, so an edit below a double's
+ * precision (1 to 1.0000000000000000001), or a number past its range read as null, shows here.
+ */
+async function firstDetailsUnlikeHashed(trx: Transaction<DB>, rows: Pick<AuditRecord, 'seq' | 'details'>[]): Promise<number | undefined> {
+  if (rows.length === 0) return undefined;
+  const hashed = `[${rows.map((row) => `{"seq":${row.seq},"details":${canonicalJson(row.details) ?? 'null'}}`).join(',')}]`;
+  const result = await sql<{ seq: number | null }>`
+    select min(stored.seq) as seq
+    from jsonb_to_recordset(${hashed}::jsonb) as hashed(seq bigint, details jsonb)
+    join audit_events stored on stored.seq = hashed.seq
+    where stored.details is distinct from hashed.details`.execute(trx);
+  const seq = result.rows[0]?.seq;
+  return seq === null || seq === undefined ? undefined : Number(seq);
+}
+
+/** Whether a JSON value holds a number anywhere: the only values JavaScript may read inexactly. */
+function holdsNumber(value: unknown): boolean {
+  if (typeof value === 'number') return true;
+  if (value === null || typeof value !== 'object') return false;
+  return Object.values(value).some(holdsNumber);
+}
+
+/** A float column as hashed: NaN and infinities would hash as null, as a null does. */
+function finiteOrNull(value: number | null): boolean {
+  return value === null || Number.isFinite(value);
 }
 
 /** Whether a record follows `prevHash` and its hash is its own. */
