@@ -191,6 +191,12 @@ describe('a call that requires approval', () => {
     expect((await h.client.post(`/approvals/${id}/approve`, { token: outsider, body: { rationale: 'not mine' } })).status).toBe(404);
     expect((await h.client.get('/approvals', { token: outsider, query: { tenant_id: T } })).status).toBe(404);
     expect((await h.client.get('/approvals', { token: outsider })).body.items).toEqual([]);
+    const attempts = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', limit: 500 } });
+    const onThis = attempts.body.items.filter((e: { details: { approval_id?: string } }) => e.details.approval_id === id);
+    expect(onThis.map((e: { tenant_id: string | null; details: object }) => [e.tenant_id, e.details])).toEqual([
+      [null, { route: 'POST /approvals/{id}/approve', caller_tenant_id: 'tenant-elsewhere', approval_id: id }],
+      [null, { route: 'GET /approvals/{id}', caller_tenant_id: 'tenant-elsewhere', approval_id: id }],
+    ]);
     expect((await h.client.get(`/approvals/${id}`, { token: tokens.platform() })).status).toBe(200);
     expect((await h.client.get('/approvals/apr_nope', { token: operator })).status).toBe(404);
   });

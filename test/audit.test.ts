@@ -92,6 +92,43 @@ describe('GET /audit', () => {
   });
 });
 
+describe("another tenant's object ids", () => {
+  it('look to a tenant-operator exactly like invented ones, its own audit view included; platform-operators see the attempt', async () => {
+    const owner = tokens.tenantOperator('tenant-owner', 'olive');
+    const eve = tokens.tenantOperator('tenant-probe', 'eve');
+    const ks = await h.client.post('/kill-switches', { token: owner, body: { scope: 'agent', target: 'owner.agent', reason: 'incident', user_visible_status_copy: 'Paused' } });
+    const budget = await h.client.post('/budgets', { token: owner, body: { scope: 'tenant', period: 'day', limit_units: 10 } });
+    expect([ks.status, budget.status]).toEqual([201, 201]);
+    // Something of its own on record, so that an event added to its view would show.
+    await h.client.post('/kill-switches', { token: eve, body: { scope: 'agent', target: 'probe.agent', reason: 'own', user_visible_status_copy: 'Paused' } });
+    const ownView = async () => (await h.client.get('/audit', { token: eve, query: { limit: 500 } })).body;
+    const before = await ownView();
+    expect(before.items.length).toBeGreaterThan(0);
+
+    const probes: Array<[string, string, Record<string, unknown> | undefined]> = [
+      [`/kill-switches/${ks.body.id}`, '/kill-switches/ks_invented', undefined],
+      [`/kill-switches/${ks.body.id}/disarm`, '/kill-switches/ks_invented/disarm', { reason: 'mine now' }],
+      [`/budgets/${budget.body.id}`, '/budgets/bud_invented', undefined],
+    ];
+    for (const [real, invented, body] of probes) {
+      const send = (url: string) => (body ? h.client.post(url, { token: eve, body }) : h.client.get(url, { token: eve }));
+      const a = await send(real);
+      const b = await send(invented);
+      expect([a.status, b.status]).toEqual([404, 404]);
+      expect(a.body.error.message.replace(/\S+(?= not found)/, 'ID')).toBe(b.body.error.message.replace(/\S+(?= not found)/, 'ID'));
+      expect(await ownView()).toEqual(before);
+    }
+
+    const attempts = await h.client.get('/audit', { token: platform, query: { event_type: 'security.cross_tenant_attempt', limit: 500 } });
+    const eves = attempts.body.items.filter((e: AuditRecord) => e.actor === 'operator:eve');
+    expect(eves).toHaveLength(3);
+    for (const event of eves) {
+      expect(event).toMatchObject({ tenant_id: null, status: 'denied', reason_code: 'not_found', details: { caller_tenant_id: 'tenant-probe' } });
+    }
+    expect(eves.map((e: AuditRecord) => e.details.route).sort()).toEqual(['GET /budgets/{id}', 'GET /kill-switches/{id}', 'POST /kill-switches/{id}/disarm']);
+  });
+});
+
 describe('the append-only, hash-chained log', () => {
   it('verifies an intact chain', async () => {
     const res = await h.client.get('/audit/verify', { token: platform });

@@ -277,7 +277,7 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
     expect(again).not.toBe(id);
   });
 
-  it('answers another tenant’s budget with 404, changes nothing, and records each attempt', async () => {
+  it('answers another tenant’s budget with 404, changes nothing, and records each attempt platform-wide', async () => {
     const id = await create(opsB, { scope: 'agent', agent_id: 'u.private', period: 'day', limit_units: 10 });
     const eve = tokens.tenantOperator('tenant-a', 'eve');
     const get = await h.client.get(`/budgets/${id}`, { token: eve });
@@ -291,7 +291,7 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
     expect((await h.client.get(`/budgets/${id}`, { token: opsB })).body).toMatchObject({ limit_units: 10, removed_at: null });
     const events = (await auditEvents({ event_type: 'security.cross_tenant_attempt' })).filter((e) => e.actor === 'operator:eve');
     expect(events.map((e) => e.details.route).sort()).toEqual(['DELETE /budgets/{id}', 'GET /budgets/{id}', 'PUT /budgets/{id}']);
-    expect(events.every((e) => e.details.budget_id === id && e.tenant_id === 'tenant-a')).toBe(true);
+    expect(events.every((e) => e.details.budget_id === id && e.tenant_id === null && e.details.caller_tenant_id === 'tenant-a')).toBe(true);
   });
 
   it('answers an unknown id with 404 and no security event', async () => {

@@ -373,7 +373,7 @@ describe('GET /grants', () => {
 });
 
 describe('grants: tenant isolation', () => {
-  it("answers 404 to everything a tenant-operator tries on another tenant's grant, and records each attempt", async () => {
+  it("answers 404 to everything a tenant-operator tries on another tenant's grant, and records each attempt platform-wide", async () => {
     const theirs = await grant({ agent_id: newAgent(), rationale: 'b secret rationale' }, opB);
     const attempts = [
       await client.get(`/grants/${theirs.body.id}`, { token: opA }),
@@ -388,7 +388,10 @@ describe('grants: tenant isolation', () => {
     expect((await client.get(`/grants/${theirs.body.id}`, { token: opB })).body.status).toBe('live');
     const events = (await auditEvents('security.cross_tenant_attempt')).filter((e) => e.details.grant_id === theirs.body.id);
     expect(events).toHaveLength(3);
-    expect(events.every((e) => e.actor === 'operator:alice' && e.tenant_id === A)).toBe(true);
+    // Outside the caller's tenant: in its own audit view, a real id would differ from an invented one.
+    expect(events.every((e) => e.actor === 'operator:alice' && e.tenant_id === null && e.details.caller_tenant_id === A)).toBe(true);
+    const ownView = await client.get('/audit', { token: opA, query: { event_type: 'security.cross_tenant_attempt', limit: 500 } });
+    expect(ownView.body.items.filter((e: Record<string, any>) => e.details.grant_id === theirs.body.id)).toEqual([]);
   });
 
   it('answers 404 to a tenant-operator naming another tenant to grant, list or explain, and records it', async () => {

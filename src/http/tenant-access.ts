@@ -5,9 +5,9 @@ import { operatorOf, principalOf } from './auth.js';
 import { ApiError } from './errors.js';
 
 /**
- * Records a tenant-operator (or an agent) reaching for another tenant's objects, then answers exactly as for
- * an object that does not exist (SPEC §1: `404`, never leaked). The event names what was asked
- * for, never what exists.
+ * Records a tenant-operator (or an agent) naming another tenant, then answers exactly as for
+ * a tenant that does not exist (SPEC §1: `404`, never leaked). The event, in the caller's own
+ * tenant, names what was asked for, never what exists: it is recorded whether the tenant exists or not.
  */
 export async function refuseCrossTenant(
   request: FastifyRequest,
@@ -15,18 +15,38 @@ export async function refuseCrossTenant(
   details: Record<string, unknown>,
   message: string,
 ): Promise<never> {
+  await recordAttempt(request, audit, principalOf(request).tenantId, details);
+  throw new ApiError('not_found', message);
+}
+
+/**
+ * Records a tenant-operator reaching for an object of another tenant by its id, then answers
+ * exactly as for an id that exists nowhere. Only a real id is recorded, so the event is
+ * platform-wide (tenant_id null, the caller's tenant in `caller_tenant_id`): in the caller's own
+ * tenant, its `GET /audit` would tell another tenant's ids from invented ones.
+ */
+export async function refuseCrossTenantObject(
+  request: FastifyRequest,
+  audit: AuditLog,
+  details: Record<string, unknown>,
+  message: string,
+): Promise<never> {
+  await recordAttempt(request, audit, null, { caller_tenant_id: principalOf(request).tenantId, ...details });
+  throw new ApiError('not_found', message);
+}
+
+async function recordAttempt(request: FastifyRequest, audit: AuditLog, tenantId: string | null, details: Record<string, unknown>): Promise<void> {
   const caller = principalOf(request);
   await audit.append({
     event_type: 'security.cross_tenant_attempt',
     actor: actorOf(caller),
-    tenant_id: caller.tenantId,
+    tenant_id: tenantId,
     ...(caller.kind === 'agent' ? { agent_id: caller.id } : {}),
     trace_id: request.traceId,
     status: 'denied',
     reason_code: 'not_found',
     details: { route: `${request.method} ${(request.routeOptions.url ?? request.url).replace(/:([A-Za-z_]+)/g, '{$1}')}`, ...details },
   });
-  throw new ApiError('not_found', message);
 }
 
 /**

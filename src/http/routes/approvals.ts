@@ -7,7 +7,7 @@ import { actorOf } from '../../auth/principal.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { ownsTenant, refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
 import { parseInput } from '../validation.js';
 
 /** What the approval routes are given by the composition root. */
@@ -52,7 +52,7 @@ export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDe
   const inReach = async (request: Parameters<typeof operatorOf>[0], id: string): Promise<Approval> => {
     const approval = await deps.approvals.get(id);
     if (!approval) throw new ApiError('not_found', `approval ${id} not found`);
-    if (!ownsTenant(request, approval.tenant_id)) await refuseCrossTenant(request, deps.audit, { approval_id: id }, `approval ${id} not found`);
+    if (!ownsTenant(request, approval.tenant_id)) await refuseCrossTenantObject(request, deps.audit, { approval_id: id }, `approval ${id} not found`);
     return approval;
   };
 

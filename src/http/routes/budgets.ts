@@ -12,7 +12,7 @@ import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
 import { identifier, parseInput, positiveUnits } from '../validation.js';
 
 /** What the budget routes need from the composition root. */
@@ -108,7 +108,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     if (operator.role === 'tenant-operator') {
       const budget = await findBudget(deps.db, id);
       if (budget && budget.tenantId !== operator.tenantId) {
-        await refuseCrossTenant(request, deps.audit, { budget_id: id }, notFound(id).message);
+        await refuseCrossTenantObject(request, deps.audit, { budget_id: id }, notFound(id).message);
       }
     }
     return id;

@@ -8,7 +8,7 @@ import type { GrantRefusal, GrantService } from '../../grants/grant-service.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { ownsTenant, refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
 import { agentId, identifier, instant, parseInput, toolId } from '../validation.js';
 
 /** What the grant routes are given by the composition root. */
@@ -99,7 +99,7 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
     const grant = await grants.get(id);
     if (!grant) throw new ApiError('not_found', `grant ${id} not found`);
     if (!ownsTenant(request, grant.tenant_id)) {
-      await refuseCrossTenant(request, audit, { grant_id: id }, `grant ${id} not found`);
+      await refuseCrossTenantObject(request, audit, { grant_id: id }, `grant ${id} not found`);
     }
     return grant;
   }

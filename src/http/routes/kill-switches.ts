@@ -14,7 +14,7 @@ import type { KillSwitchSnapshot } from '../../kill-switches/kill-switch-snapsho
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { ownsTenant, refuseCrossTenant, tenantInReach } from '../tenant-access.js';
+import { ownsTenant, refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
 import { identifier, parseInput, toolId } from '../validation.js';
 
 /** What the kill-switch routes are given by the composition root. */
@@ -190,7 +190,7 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
     const ks = await service.get(id);
     if (!ks) throw new ApiError('not_found', `kill switch ${id} not found`);
     if (!ownsTenant(request, ks.tenant_id)) {
-      await refuseCrossTenant(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
+      await refuseCrossTenantObject(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
     }
     return killSwitchView(ks);
   });
@@ -202,7 +202,7 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
     const ks = await service.get(id);
     if (!ks) throw new ApiError('not_found', `kill switch ${id} not found`);
     if (!ownsTenant(request, ks.tenant_id)) {
-      await refuseCrossTenant(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
+      await refuseCrossTenantObject(request, audit, { kill_switch_id: id }, `kill switch ${id} not found`);
     }
     const result = await service.disarm({
       actor: { actor_id: operator.id, actor_role: operator.role },
