@@ -193,6 +193,29 @@ describe('a sub-run', () => {
     expect(hitsOf(sub)).toEqual([]);
   });
 
+  it('has each refusal of a run no hand-off gave, or of another agent’s run id, on record', async () => {
+    const root = await openRoot();
+    const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
+    const invented = newRunId();
+    expect((await execute(SUB, { run_id: invented, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(403);
+    const [missing, ...more] = await auditOf({ run_id: invented });
+    expect(more).toEqual([]);
+    expect(missing).toMatchObject({
+      event_type: 'handoff.rejected',
+      actor: `agent:${SUB}`,
+      agent_id: SUB,
+      status: 'denied',
+      reason_code: 'handoff_rejected',
+      details: { reason: 'handoff_missing', parent_run_id: root },
+    });
+    const taken = await execute(WRITER, { run_id: sub, parent_run_id: 'made-up', plan: [step('search', 'x')] });
+    expect(taken.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
+    const conflicts = await auditOf({ run_id: sub, agent_id: WRITER });
+    expect(conflicts).toEqual([
+      expect.objectContaining({ event_type: 'run.rejected', actor: `agent:${WRITER}`, status: 'denied', reason_code: 'run_id_conflict', details: expect.objectContaining({ parent_run_id: 'made-up' }) }),
+    ]);
+  });
+
   it('is dry-run within its hand-off: its envelope, its budget, and only from the parent that made it', async () => {
     const root = await openRoot();
     const dry = (agentId: string, body: Record<string, unknown>) => execute(agentId, { dry_run: true, ...body });

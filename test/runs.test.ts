@@ -341,6 +341,11 @@ describe('run ownership and replay', () => {
     const res = await execute({ run_id: runId, plan: [step('echo', { q: 'mine' }, '1.0.0')] }, thief);
     expect(res.status).toBe(409);
     expect(res.body.error.code).toBe('run_id_conflict');
+    // The refusal is on record, under the run id asked for and the agent that asked.
+    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, agent_id: 'other.agent' } });
+    expect(refused.body.items).toEqual([
+      expect.objectContaining({ event_type: 'run.rejected', actor: 'agent:other.agent', status: 'denied', reason_code: 'run_id_conflict' }),
+    ]);
   });
 
   it('gives the owner 409 for a different request under a used run id', async () => {

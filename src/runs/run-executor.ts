@@ -159,9 +159,9 @@ export class RunExecutor {
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
       // this caller's to learn.
-      if (existing && existing.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
+      if (existing && existing.agent_id !== principal.id) return this.refuse(principal, request, traceId, 'run.rejected', notOwned(request));
       if (!existing || existing.parent_run_id === null) {
-        throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
+        return this.refuse(principal, request, traceId, 'handoff.rejected', new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
       }
       run = existing;
     } else {
@@ -185,7 +185,7 @@ export class RunExecutor {
       if (!existing) throw new Error(`run ${request.run_id} vanished while being claimed`);
       run = existing;
     }
-    const prior = await this.priorRun(principal, request, run, start);
+    const prior = await this.priorRun(principal, request, run, start, traceId);
     if ('replay' in prior) return prior.replay;
     return this.runFrom(await this.execution(prior.run, principal, request, traceId, actorOf(principal)), completedSteps(prior.run));
   }
@@ -208,10 +208,9 @@ export class RunExecutor {
     request: RunRequest,
     run: RunRecord,
     start: RunStart,
+    traceId: string,
   ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
-    if (run.agent_id !== principal.id) {
-      throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
-    }
+    if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
         throw new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id });
@@ -236,7 +235,7 @@ export class RunExecutor {
       // now stands, and one still busy is refused below.
       await this.deps.recovery.recoverIfLost(run, 1);
       const now = await findRun(this.deps.db, run.tenant_id, run.run_id);
-      if (now && !now.busy) return this.priorRun(principal, request, now, start);
+      if (now && !now.busy) return this.priorRun(principal, request, now, start, traceId);
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.
@@ -248,6 +247,25 @@ export class RunExecutor {
       if (resumed) return { run: resumed };
     }
     throw new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status });
+  }
+
+  /**
+   * Refuses a whole request, on record as every denial is (SPEC §8): under the run id asked for
+   * and the agent that asked, saying no more than the answer does.
+   */
+  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, eventType: string, error: ApiError): Promise<never> {
+    await this.deps.audit.append({
+      event_type: eventType,
+      actor: actorOf(principal),
+      tenant_id: principal.tenantId,
+      agent_id: principal.id,
+      run_id: request.run_id,
+      trace_id: traceId,
+      status: 'denied',
+      reason_code: error.code,
+      details: { ...error.details, message: error.message, ...(request.parent_run_id !== undefined ? { parent_run_id: request.parent_run_id } : {}) },
+    });
+    throw error;
   }
 
   private async execution(run: RunRecord, principal: AgentPrincipal, request: RunRequest, traceId: string, actor: string): Promise<Execution> {
@@ -637,7 +655,7 @@ export class RunExecutor {
    */
   private async subRunBounds(principal: AgentPrincipal, request: RunRequest): Promise<Pick<Execution, 'run' | 'delegation'>> {
     const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
-    if (run && run.agent_id !== principal.id) throw new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
+    if (run && run.agent_id !== principal.id) throw notOwned(request);
     if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
       throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
     }
@@ -689,6 +707,11 @@ export class RunExecutor {
       details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}) },
     };
   }
+}
+
+/** Another principal's run id: a conflict, whatever the run is. */
+function notOwned(request: RunRequest): ApiError {
+  return new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
 }
 
 /** The leading completed steps of a run's stored envelope: where a continued run picks up. */
