@@ -299,8 +299,28 @@ describe('a sub-run', () => {
     expect(res.body.warnings).toContain('subagent_budget_exceeded');
     const [overshoot] = await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' });
     expect(overshoot!.details).toMatchObject({ used_units: 7, budget_units: 5 });
+    // Recorded in the commit that kills the sub-run and closes its hand-off.
+    const [closed] = await auditOf({ run_id: sub, event_type: 'handoff.closed' });
+    expect(closed).toMatchObject({ seq: overshoot!.seq + 1, occurred_at: overshoot!.occurred_at, status: 'killed' });
     expect((await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) })).body.items[0]).toMatchObject({ spent_units: 7, returned_units: 0 });
     expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 9, remaining_units: 91 });
+  });
+
+  it('records an overshoot with the kill it causes, in one commit: a run stopped meanwhile was not killed by it', async () => {
+    await registerTool(h.client, { id: 'slow.pricey', backendUrl: `${backend.url}/gate/cost/7`, cost_units: 1, allowed_agents: [ROOT, SUB] });
+    for (const agentId of [ROOT, SUB]) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'slow.pricey' });
+    const root = await openRoot(100);
+    const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['slow.pricey'] })).body.sub_run_id as string;
+    const gateHits = backend.hitsOn('/gate/cost/7').length;
+    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('slow.pricey', 'reports 7'), step('slow.pricey', 'never')] });
+    await backend.waitForHits('/gate/cost/7', gateHits + 1);
+    // Cancelled while its call is in flight: the call's cost passes its budget after the fact.
+    expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: {} })).status).toBe(200);
+    backend.openGate();
+    const res = await running;
+    expect(res.body.status).toBe('cancelled');
+    expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('cancelled');
+    expect(await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' })).toEqual([]);
   });
 
   it('waits for an operator to approve its hand-off when the parent asks for it', async () => {

@@ -99,6 +99,8 @@ interface Execution {
 interface StepOutcome {
   step: StepResult;
   stop?: { code: ErrorCode; retryAfterSeconds?: number };
+  /** What the stop is recorded as besides the step's own record: committed with the run's end. */
+  ending?: AuditEventInput[];
   held?: Hold;
   tool?: AdmissibleTool;
 }
@@ -294,11 +296,12 @@ export class RunExecutor {
         const code = outcome.stop.code;
         const envelope: RunEnvelope = { run_id: request.run_id, status: statusAfter(code), dry_run: false, steps, warnings };
         if (outcome.stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = outcome.stop.retryAfterSeconds;
-        return this.leave(exec, statusForCode(code), envelope);
+        return this.leave(exec, statusForCode(code), envelope, outcome.ending);
       }
-      if (exec.delegation && outcome.step.status === 'completed' && (await this.overshot(exec, outcome.step))) {
+      const overshoot = exec.delegation && outcome.step.status === 'completed' ? await this.overshoot(exec, outcome.step) : undefined;
+      if (overshoot) {
         for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
-        return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] });
+        return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] }, [overshoot]);
       }
     }
     const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
@@ -346,32 +349,31 @@ export class RunExecutor {
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
     // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
     const overshoot = exec.delegation !== undefined && stage === 'cost' && denial.details?.source === 'request' && exec.run.budget_units === exec.delegation.budget_units;
-    const events: AuditEventInput[] = [
-      {
-        ...base,
-        event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
-        status: 'denied',
-        reason_code: denial.code,
-        details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
-      },
-    ];
-    if (overshoot) events.push(this.overshootEvent(exec, base, denial.details ?? {}));
-    const [record] = await this.deps.audit.appendMany(events);
+    const record = await this.deps.audit.append({
+      ...base,
+      event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
+      status: 'denied',
+      reason_code: denial.code,
+      details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
+    });
     const error = errorOf(overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial);
     return {
-      step: { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: record!.event_id },
+      step: { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: record.event_id },
       stop: { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) },
+      ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}),
     };
   }
 
-  /** After a sub-run's call settled: did what it has used pass its handed budget? */
-  private async overshot(exec: Execution, step: StepResult): Promise<boolean> {
+  /**
+   * After a sub-run's call settled: if what it has used passed its handed budget, the overshoot
+   * event, to be recorded with the kill it causes.
+   */
+  private async overshoot(exec: Execution, step: StepResult): Promise<AuditEventInput | undefined> {
     const budget = exec.delegation!.budget_units;
     const used = await readRunUsage(this.deps.db, exec.run.tenant_id, exec.run.run_id);
-    if (used <= budget) return false;
+    if (used <= budget) return undefined;
     const base = this.auditBase(exec, step.index, undefined);
-    await this.deps.audit.append(this.overshootEvent(exec, { ...base, tool_id: step.tool_id, tool_version: step.version }, { used_units: used, budget_units: budget, after_step: step.index }));
-    return true;
+    return this.overshootEvent(exec, { ...base, tool_id: step.tool_id, tool_version: step.version }, { used_units: used, budget_units: budget, after_step: step.index });
   }
 
   private overshootEvent(exec: Execution, base: AuditEventInput, details: Record<string, unknown>): AuditEventInput {
@@ -466,17 +468,19 @@ export class RunExecutor {
   /**
    * Lets go of the run with where it got to. A run that ends here takes its open sub-runs with
    * it and closes its own hand-off; that needs the audit chain's lock before the run's, so it is
-   * done again that way when it turns out to be needed.
+   * done again that way when it turns out to be needed. `ending` (an overshoot that kills a
+   * sub-run) is recorded in the commit that ends the run, or not at all if the run moved on.
    */
-  private async leave(exec: Execution, httpStatus: number, envelope: RunEnvelope): Promise<RunAnswer> {
+  private async leave(exec: Execution, httpStatus: number, envelope: RunEnvelope, ending: AuditEventInput[] = []): Promise<RunAnswer> {
     const { run } = exec;
     const status = envelope.status;
     if (!isTerminal(status)) {
+      if (ending.length > 0) throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
       if (await leaveRun(this.deps.db, run, { status, httpStatus, envelope })) return { httpStatus, envelope, replayed: false };
     } else {
       const change = { status, httpStatus, envelope };
-      const left = await this.leaveTerminal(exec, change, run.depth > 0);
-      if (left === 'retry' ? await this.leaveTerminal(exec, change, true) : left) return { httpStatus, envelope, replayed: false };
+      const left = await this.leaveTerminal(exec, change, run.depth > 0 || ending.length > 0, ending);
+      if (left === 'retry' ? await this.leaveTerminal(exec, change, true, ending) : left) return { httpStatus, envelope, replayed: false };
     }
     // Stopped or paused between the last call and now: the run is someone else's to describe.
     const standing = await readRunStanding(this.deps.db, run);
@@ -484,7 +488,7 @@ export class RunExecutor {
     return this.interrupted(exec, done, envelope.warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
   }
 
-  private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean): Promise<boolean | 'retry'> {
+  private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean, ending: AuditEventInput[]): Promise<boolean | 'retry'> {
     const { run } = exec;
     if (!locked) {
       // Most runs have no sub-run and no hand-off: they end without the audit chain, in one
@@ -496,6 +500,7 @@ export class RunExecutor {
       await lockAuditChain(trx);
       const left = await leaveRun(trx, run, change);
       if (!left) return false;
+      await writeAuditEvents(trx, ending.map((event) => ({ event, occurredAt: now })));
       await followRunEnd(trx, { ...left, status: change.status }, exec.actor, now);
       return true;
     });

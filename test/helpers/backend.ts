@@ -12,7 +12,7 @@ export interface BackendHit {
  * A real HTTP tool backend on loopback, recording every request it receives. Paths:
  * `/echo` answers `{echo: <body>}`; `/hang` never answers; `/status/500`; `/html`; `/big`
  * (10 MB of JSON); `/wrong-shape` (`{unexpected: true}`); `/cost/<n>` reports its cost in a header;
- * `/gate` holds every request until `openGate()`.
+ * `/gate` holds every request until `openGate()`, and `/gate/cost/<n>` then reports its cost.
  */
 export class TestBackend {
   readonly hits: BackendHit[] = [];
@@ -54,8 +54,9 @@ export class TestBackend {
       this.hanging.add(res);
       return;
     }
-    if (path === '/gate') {
-      this.gated.push(() => json(200, { echo: body }));
+    const gatedCost = /^\/gate\/cost\/(\d+(?:\.\d+)?)$/.exec(path);
+    if (path === '/gate' || gatedCost) {
+      this.gated.push(() => json(200, { echo: body }, gatedCost ? { 'x-toolgate-cost-units': gatedCost[1]! } : {}));
       return;
     }
     if (path === '/status/500') return json(500, { error: 'boom' });
