@@ -336,6 +336,27 @@ describe('a sub-run', () => {
 
     const pending = await h.client.get('/approvals', { token: operator, query: { status: 'pending', kind: 'handoff', run_id: sub } });
     expect(pending.body.items).toEqual([expect.objectContaining({ id: created.body.approval_id, handoff_id: created.body.id, proposed_by: `agent:${ROOT}`, agent_id: SUB })]);
+    // The proposal is on record, as a held call's is, in the hand-off's commit.
+    const [requested, ...more] = await auditOf({ run_id: sub, event_type: 'approval.requested' });
+    expect(more).toEqual([]);
+    const [dispatched] = await auditOf({ run_id: sub, event_type: 'handoff.dispatched' });
+    expect(requested).toMatchObject({
+      actor: `agent:${ROOT}`,
+      agent_id: SUB,
+      status: 'awaiting_approval',
+      seq: dispatched!.seq + 1,
+      occurred_at: dispatched!.occurred_at,
+      details: {
+        approval_id: created.body.approval_id,
+        handoff_id: created.body.id,
+        proposed_by: `agent:${ROOT}`,
+        expires_at: pending.body.items[0].expires_at,
+        attribution: [
+          { run_id: root, agent_id: ROOT },
+          { run_id: sub, agent_id: SUB },
+        ],
+      },
+    });
     expect((await h.client.post(`/approvals/${created.body.approval_id}/approve`, { token: operator, body: { rationale: 'scope is fine' } })).status).toBe(200);
     expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('queued');
     expect((await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'approved start')] })).status).toBe(200);

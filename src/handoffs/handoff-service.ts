@@ -139,22 +139,29 @@ export class HandoffService {
               created_at: now,
               expires_at: new Date(now.getTime() + this.deps.approvalTtlMs),
             });
-      await writeAuditEvents(trx, [
-        {
-          occurredAt: now,
-          event: {
-            event_type: 'handoff.dispatched',
-            actor,
-            tenant_id: parent.tenant_id,
-            agent_id: sub.agent_id,
-            run_id: sub.run_id,
-            trace_id: traceId,
-            status: sub.status,
-            cost_units: request.budget_units,
-            details: { ...handoffDetails(handoff), approval_id: approval?.id ?? null, attribution: attributionOf(sub) },
-          },
-        },
-      ]);
+      const dispatched = {
+        event_type: 'handoff.dispatched',
+        actor,
+        tenant_id: parent.tenant_id,
+        agent_id: sub.agent_id,
+        run_id: sub.run_id,
+        trace_id: traceId,
+        status: sub.status,
+        cost_units: request.budget_units,
+        details: { ...handoffDetails(handoff), approval_id: approval?.id ?? null, attribution: attributionOf(sub) },
+      };
+      // A hand-off waiting for an operator is a proposal on record, as a held call's is.
+      const requested = approval && {
+        event_type: 'approval.requested',
+        actor,
+        tenant_id: approval.tenant_id,
+        agent_id: approval.agent_id,
+        run_id: approval.run_id,
+        trace_id: traceId,
+        status: 'awaiting_approval',
+        details: { approval_id: approval.id, handoff_id: handoff.id, proposed_by: approval.proposed_by, expires_at: approval.expires_at.toISOString(), attribution: attributionOf(sub) },
+      };
+      await writeAuditEvents(trx, [dispatched, ...(requested ? [requested] : [])].map((event) => ({ occurredAt: now, event })));
       return { ok: true, handoff, approvalId: approval?.id ?? null } as const;
     });
   }
