@@ -180,7 +180,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
   const recovery = new RunRecovery({ db: database.db, replicaId, now, intervalMs: config.replicaLeaseMs / 2, logger, registry: metrics.registry });
   const retention = new RetentionSweeper({ db: database.db, now, retentionDays: config.retention.days, intervalMs: config.retention.sweepIntervalMs, logger, registry: metrics.registry });
-  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, replicaId, recovery, lease });
+  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, approvals, replicaId, recovery, lease });
   const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
   const services: Services = { config, database, audit, metrics, now, catalog, budgets, rateLimiter, grants, killSwitches, runs, runControls, approvals, handoffs, lease, recovery };

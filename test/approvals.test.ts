@@ -422,6 +422,25 @@ describe('approvals expire', () => {
     expect(echo.hits.filter((hit) => [paused.runId, throttled.runId].includes(hit.headers['x-toolgate-run-id'] as string))).toEqual([]);
   });
 
+  it('an approval unused while its run was throttled expires on its owner’s resubmission too, instead of being proposed again', async () => {
+    const first = await held('scarce.draft');
+    await decide(first.approvalId, 'approve');
+    await x.client.post(`/runs/${first.runId}/resume`, { token: agent, body: {} });
+    const throttled = await held('scarce.draft');
+    await decide(throttled.approvalId, 'approve');
+    expect((await x.client.post(`/runs/${throttled.runId}/resume`, { token: agent, body: {} })).body.status).toBe('throttled');
+
+    clock.advance(TTL_MS + 1);
+    // The identical request, resubmitted after Retry-After: it resumes the throttled run.
+    const res = await x.client.post('/runs/execute', { token: agent, body: { run_id: throttled.runId, context: {}, plan: [step('scarce.draft', 'stale')] } });
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: throttled.approvalId, approval_status: 'expired' } });
+    expect(await runStatus(throttled.runId)).toBe('cancelled');
+    expect(await listed(throttled.runId)).toEqual([[throttled.approvalId, 'expired']]);
+    expect(await expiries(throttled.runId)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: throttled.approvalId, noticed_by: `agent:${AGENT}` }) })]);
+    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === throttled.runId)).toEqual([]);
+  });
+
   it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
     const root = newRunId('root');
     const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });

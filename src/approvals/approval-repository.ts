@@ -54,6 +54,16 @@ export async function findLatestApproval(db: Db, tenantId: string, runId: string
   return row ? toApproval(row) : undefined;
 }
 
+/**
+ * The newest approval of the step a run goes on with (its first not completed, by its stored
+ * envelope): it may have been paused or throttled while it waited for one, or after one let its
+ * call through admission.
+ */
+export async function findNextStepApproval(db: Db, run: { tenant_id: string; run_id: string; envelope: { steps: Array<{ index: number; status: string }> } | null }): Promise<Approval | undefined> {
+  const next = (run.envelope?.steps ?? []).find((step) => step.status !== 'completed');
+  return next ? findLatestApproval(db, run.tenant_id, run.run_id, next.index) : undefined;
+}
+
 /** Records a decision on a pending approval; undefined when it was no longer pending. */
 export async function decideApproval(
   trx: Transaction<DB>,

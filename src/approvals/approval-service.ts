@@ -123,6 +123,19 @@ export class ApprovalService implements ApprovalPort {
   }
 
   /**
+   * The approval a waiting run would go on with, past its time: undecided, or — a tool call's,
+   * whose run has not made the call yet — approved but unused (a hand-off's was used as it was
+   * approved). It is recorded as expired and its run cancelled (`approval.expired`); the answer
+   * is the refusal of whatever would have gone on with it. Undefined while it holds. The caller
+   * holds the audit chain's lock and the run's.
+   */
+  async expireLapsed(trx: Transaction<DB>, approval: Approval | undefined, actor: string, now: Date, traceId: string | null): Promise<ApprovalRefusal | undefined> {
+    if (!approval || approvalStatusAt(approval, now, approval.kind === 'tool_call') !== 'expired') return undefined;
+    await this.expire(trx, approval, actor, now, traceId);
+    return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} expired; the run was cancelled`, details: { approval_id: approval.id, approval_status: 'expired' } };
+  }
+
+  /**
    * A proposal, or an approval, that outlived `expires_at`: it is recorded as expired and its
    * run is cancelled (waiting on it could never end). Used by decisions and by resume.
    */

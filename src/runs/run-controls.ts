@@ -1,7 +1,7 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from '../approvals/approval.js';
-import { findLatestApproval } from '../approvals/approval-repository.js';
+import { findLatestApproval, findNextStepApproval } from '../approvals/approval-repository.js';
 import type { ApprovalService } from '../approvals/approval-service.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf, type Principal } from '../auth/principal.js';
@@ -107,7 +107,7 @@ export class RunControls {
             await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
             return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
           }
-          const lapsed = await this.expireLapsed(trx, caller, await approvalOfNextStep(trx, run), now);
+          const lapsed = await this.expireLapsed(trx, caller, await findNextStepApproval(trx, run), now);
           if (lapsed) return { refuse: lapsed };
           break;
         }
@@ -127,7 +127,7 @@ export class RunControls {
           break;
         }
         case 'throttled': {
-          const lapsed = await this.expireLapsed(trx, caller, await approvalOfNextStep(trx, run), now);
+          const lapsed = await this.expireLapsed(trx, caller, await findNextStepApproval(trx, run), now);
           if (lapsed) return { refuse: lapsed };
           break;
         }
@@ -145,16 +145,10 @@ export class RunControls {
     return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal));
   }
 
-  /**
-   * The approval a waiting run would go on with, past its time: undecided, or — a tool call's,
-   * whose run has not made the call yet — approved but unused (a hand-off's was used as it was
-   * approved). It is recorded as expired and its run cancelled (`approval.expired`); the answer
-   * is the refusal. Undefined while it holds.
-   */
+  /** Expires the approval a waiting run would go on with if it lapsed (see `ApprovalService.expireLapsed`); the refusal, if so. */
   private async expireLapsed(trx: Transaction<DB>, caller: Controller, approval: Approval | undefined, now: Date): Promise<ApiError | undefined> {
-    if (!approval || approvalStatusAt(approval, now, approval.kind === 'tool_call') !== 'expired') return undefined;
-    await this.deps.approvals.expire(trx, approval, actorOf(caller.principal), now, caller.traceId);
-    return new ApiError('run_not_resumable', `approval ${approval.id} expired; the run was cancelled`, { approval_id: approval.id, approval_status: 'expired' });
+    const lapsed = await this.deps.approvals.expireLapsed(trx, approval, actorOf(caller.principal), now, caller.traceId);
+    return lapsed && new ApiError(lapsed.code, lapsed.message, lapsed.details);
   }
 
   private end(caller: Controller, key: RunKey, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
@@ -219,15 +213,6 @@ export class RunControls {
 /** The owning agent as the run recorded it: who an operator's resume executes as. */
 function ownerOf(run: RunRecord): AgentPrincipal {
   return { kind: 'agent', id: run.agent_id, tenantId: run.tenant_id, family: run.agent_family ?? undefined, scopes: new Set(run.agent_scopes) };
-}
-
-/**
- * The newest approval of the step a paused or throttled run goes on with (its first not completed):
- * it may have been paused while it waited for one, or after one let its call through admission.
- */
-async function approvalOfNextStep(trx: Transaction<DB>, run: RunRecord): Promise<Approval | undefined> {
-  const next = (run.envelope?.steps ?? []).find((step) => step.status !== 'completed');
-  return next ? findLatestApproval(trx, run.tenant_id, run.run_id, next.index) : undefined;
 }
 
 /** The refusal for a run that has ended: the reason a cascade stopped it, else `run_not_resumable`. */

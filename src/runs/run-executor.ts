@@ -4,7 +4,9 @@ import { admitStep, type Admission } from '../admission/admission-pipeline.js';
 import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold, Reservation } from '../admission/ports.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
-import { cancelPendingApprovals, insertApproval } from '../approvals/approval-repository.js';
+import { approvalStatusAt } from '../approvals/approval.js';
+import { cancelPendingApprovals, findNextStepApproval, insertApproval } from '../approvals/approval-repository.js';
+import type { ApprovalService } from '../approvals/approval-service.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
@@ -26,6 +28,7 @@ import {
   claimRuns,
   findRun,
   leaveRun,
+  lockRun,
   leaveRuns,
   readRunStanding,
   resumeThrottledRun,
@@ -54,6 +57,8 @@ export interface RunExecutorDeps {
   now: () => Date;
   /** How long a proposed action waits for an operator, and an approval for its use. */
   approvalTtlMs: number;
+  /** What expires an approval that lapsed while its run was throttled. */
+  approvals: Pick<ApprovalService, 'expireLapsed'>;
   /** This replica: the executor id its claims and take-ups record. */
   replicaId: string;
   /** Which runs this replica executes; ends the busy runs whose executor was lost. */
@@ -245,10 +250,30 @@ export class RunExecutor {
       return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
     }
     if (run.status === 'throttled') {
+      await this.refuseLapsedApproval(principal, run, traceId);
       const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
     throw new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status });
+  }
+
+  /**
+   * A throttled run whose next step's approval lapsed meanwhile (unused past its time) is not
+   * taken up again, as a resume would not take it up: the approval is recorded as expired, the
+   * run cancelled, and the resubmission refused with `409 run_not_resumable`.
+   */
+  private async refuseLapsedApproval(principal: AgentPrincipal, run: RunRecord, traceId: string): Promise<void> {
+    const now = this.deps.now();
+    const seen = await findNextStepApproval(this.deps.db, run);
+    if (!seen || approvalStatusAt(seen, now, seen.kind === 'tool_call') !== 'expired') return;
+    const refusal = await this.deps.db.transaction().execute(async (trx) => {
+      await lockAuditChain(trx);
+      const locked = await lockRun(trx, run);
+      // Taken up or ended meanwhile: the resubmission is answered as that run stands.
+      if (!locked || locked.status !== 'throttled' || locked.busy) return undefined;
+      return this.deps.approvals.expireLapsed(trx, await findNextStepApproval(trx, locked), actorOf(principal), now, traceId);
+    });
+    if (refusal) throw new ApiError(refusal.code, refusal.message, refusal.details);
   }
 
   /**
