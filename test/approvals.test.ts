@@ -238,6 +238,30 @@ describe('a call that requires approval', () => {
     expect(hitsOf(runId)).toEqual(['slow', 'after the pause']);
   });
 
+  it('a run paused while it waits keeps its proposal: resumed, it waits for the same one, which any other operator may still approve', async () => {
+    const runId = newRunId();
+    const held = await execute({ run_id: runId, plan: [step('publish.draft', 'paused while waiting'), step('plain', 'after')] });
+    const approvalId = held.body.steps[0].approval_id as string;
+    const paused = await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} });
+    expect(paused.body.status).toBe('paused');
+    expect(paused.body.steps[0]).toMatchObject({ status: 'pending', approval_id: approvalId, audit_id: held.body.steps[0].audit_id });
+
+    const resumed = await resume(runId, operator);
+    expect(resumed.status).toBe(202);
+    expect(resumed.body.status).toBe('awaiting_approval');
+    expect(resumed.body.steps.map((s: { status: string }) => s.status)).toEqual(['awaiting_approval', 'pending']);
+    expect(resumed.body.steps[0]).toMatchObject({ approval_id: approvalId, audit_id: held.body.steps[0].audit_id });
+    const proposals = await h.client.get('/approvals', { token: operator, query: { run_id: runId } });
+    expect(proposals.body.items.map((a: { id: string; status: string; proposed_by: string }) => [a.id, a.status, a.proposed_by])).toEqual([[approvalId, 'pending', `agent:${AGENT}`]]);
+    expect((await h.client.get(`/runs/${runId}`, { token: agent })).body.status).toBe('awaiting_approval');
+
+    // The operator who paused and resumed it did not propose it: it may approve it.
+    expect((await approve(approvalId, operator)).status).toBe(200);
+    const done = await resume(runId);
+    expect(done.status).toBe(200);
+    expect(hitsOf(runId)).toEqual(['paused while waiting', 'after']);
+  });
+
   it('a grant revoked while waiting makes the resume fail with grant_revoked, dispatching nothing', async () => {
     const grants = await h.client.get('/grants', { token: operator, query: { tool_id: 'revocable.draft', agent_id: AGENT } });
     const grantId = grants.body.items[0].id as string;

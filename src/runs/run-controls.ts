@@ -9,7 +9,7 @@ import type { DB } from '../db/schema.js';
 import { ApiError } from '../http/errors.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import { lockRun, takeUpRun, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
+import { lockRun, takeUpRun, writeRunAwaitingApproval, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
 import { isTerminal, type RunEnvelope, type RunStatus } from './run-types.js';
 
 /** What the run controls are built from, by the composition root. */
@@ -107,8 +107,18 @@ export class RunControls {
             await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
             return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
           }
-          const lapsed = await this.expireLapsed(trx, caller, await findNextStepApproval(trx, run), now);
+          const approval = await findNextStepApproval(trx, run);
+          const lapsed = await this.expireLapsed(trx, caller, approval, now);
           if (lapsed) return { refuse: lapsed };
+          if (approval && approvalStatusAt(approval, now) === 'pending') {
+            // Paused while it waited for an operator: it waits again for the same proposal, which
+            // an operator may be about to approve (proposing anew would withdraw it, and make the
+            // call the resuming operator's proposal, which that operator could not approve).
+            const envelope = awaitingEnvelope(run, approval);
+            await writeRunAwaitingApproval(trx, run, envelope);
+            await this.record(trx, caller, run, 'run.resumed', 'awaiting_approval', { previous_status: run.status, approval_id: approval.id });
+            return { answer: { httpStatus: 202, envelope, replayed: false } };
+          }
           break;
         }
         case 'awaiting_approval': {
@@ -224,12 +234,25 @@ function stoppedError(run: RunRecord): ApiError {
   return new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}`, { run_id: run.run_id, status: run.status, ...(stop ? { stop: stop.details } : {}) });
 }
 
-/** A run paused while nothing executed it: what it has not completed is pending again. */
+/**
+ * A run paused while nothing executed it: what it has not completed is pending again. A step that
+ * waited for an approval keeps it (and its record): the proposal stays live while the run is paused.
+ */
 function pausedEnvelope(run: RunRecord): RunEnvelope {
   const stored = run.envelope?.steps ?? [];
   const done = stored.findIndex((step) => step.status !== 'completed');
-  const steps = stored.map((step, index) =>
-    done === -1 || index < done ? step : { index: step.index, tool_id: step.tool_id, version: step.version, status: 'pending' as const, cost_units: 0, duration_ms: 0, audit_id: null },
-  );
+  const steps = stored.map((step, index) => {
+    if (done === -1 || index < done) return step;
+    const pending = { index: step.index, tool_id: step.tool_id, version: step.version, status: 'pending' as const, cost_units: 0, duration_ms: 0, audit_id: null };
+    return step.status === 'awaiting_approval' && step.approval_id !== undefined ? { ...pending, audit_id: step.audit_id, approval_id: step.approval_id } : pending;
+  });
   return { run_id: run.run_id, status: 'paused', dry_run: false, steps, warnings: run.envelope?.warnings ?? [] };
+}
+
+/** A paused run back to waiting for its step's pending proposal; later steps stay pending. */
+function awaitingEnvelope(run: RunRecord, approval: Approval): RunEnvelope {
+  const steps = (run.envelope?.steps ?? []).map((step) =>
+    step.index === approval.step_index ? { ...step, status: 'awaiting_approval' as const, version: approval.tool_version, approval_id: approval.id } : step,
+  );
+  return { run_id: run.run_id, status: 'awaiting_approval', dry_run: false, steps, warnings: run.envelope?.warnings ?? [] };
 }

@@ -434,6 +434,16 @@ export async function writeRunPaused(trx: Transaction<DB>, key: RunKey, envelope
     .execute();
 }
 
+/** Puts a paused run that nothing executes back to waiting for an operator's approval. */
+export async function writeRunAwaitingApproval(trx: Transaction<DB>, key: RunKey, envelope: RunEnvelope): Promise<void> {
+  await trx
+    .updateTable('runs')
+    .set({ status: 'awaiting_approval', envelope: JSON.stringify(envelope), http_status: 202, updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .execute();
+}
+
 /** Sets the status of a run the caller holds locked and nothing executes. */
 export async function writeRunStatus(trx: Transaction<DB>, key: RunKey, status: RunStatus): Promise<void> {
   await trx.updateTable('runs').set({ status, updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
