@@ -465,6 +465,27 @@ describe('approvals expire', () => {
     expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === throttled.runId)).toEqual([]);
   });
 
+  it('a hand-off proposal that lapsed expires on a resume of its waiting sub-run, as on a decision', async () => {
+    const root = newRunId('root');
+    await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
+    const sub = newRunId('sub');
+    const created = await x.client.post(`/runs/${root}/handoffs`, {
+      token: agent,
+      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
+    });
+    const approvalId = created.body.approval_id as string;
+    const early = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
+    expect(early.body.error).toMatchObject({ code: 'run_not_resumable', details: { reason: 'handoff_awaiting_approval' } });
+    clock.advance(TTL_MS + 1);
+
+    const res = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expect(await statusOfApproval(approvalId)).toBe('expired');
+    expect(await expiries(sub)).toHaveLength(1);
+    expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
+  });
+
   it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
     const root = newRunId('root');
     const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });

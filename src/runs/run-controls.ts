@@ -123,6 +123,8 @@ export class RunControls {
         }
         case 'awaiting_approval': {
           if (!run.request) {
+            const lapsed = await this.expireLapsed(trx, caller, await findLatestApproval(trx, run.tenant_id, run.run_id, null), now);
+            if (lapsed) return { refuse: lapsed };
             throw new ApiError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' });
           }
           const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
