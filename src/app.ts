@@ -12,7 +12,7 @@ import { jsonProblem } from './db/json-limits.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
-import { frameworkErrors, installErrorHandlers } from './http/error-handler.js';
+import { clientErrorHandler, frameworkErrors, installErrorHandlers } from './http/error-handler.js';
 import { ApiError } from './http/errors.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { auditRoutes } from './http/routes/audit.js';
@@ -199,6 +199,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     // Identifiers are at most 200 characters; longer path segments are refused as invalid_request.
     routerOptions: { maxParamLength: 256 },
     frameworkErrors,
+    clientErrorHandler: clientErrorHandler(logger as FastifyBaseLogger),
   });
   app.decorate('services', services);
   app.decorate('registeredRoutes', [] as string[]);

@@ -1,3 +1,5 @@
+import { once } from 'node:events';
+import { connect, type AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
@@ -107,6 +109,57 @@ describe('HTTP conventions', () => {
     await h.client.get('/ready');
     const after = Number(/toolgate_db_statements_total (\d+)/.exec((await h.client.get('/metrics')).text)?.[1]);
     expect(after).toBeGreaterThan(statements);
+  });
+});
+
+/** Sends raw bytes on a fresh connection and returns everything the gateway answers until it closes. */
+async function rawExchange(port: number, bytes: string): Promise<{ head: string; headers: Record<string, string>; body: string }> {
+  const socket = connect(port, '127.0.0.1');
+  await once(socket, 'connect');
+  let reply = '';
+  socket.on('data', (chunk: Buffer) => (reply += chunk.toString('utf8')));
+  socket.on('error', () => undefined);
+  socket.write(bytes);
+  await once(socket, 'close');
+  const [head = '', body = ''] = reply.split('\r\n\r\n');
+  const [statusLine = '', ...lines] = head.split('\r\n');
+  const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
+  return { head: statusLine, headers, body };
+}
+
+describe("requests Node's HTTP parser refuses", () => {
+  let port: number;
+  beforeAll(async () => {
+    await h.client.app.listen({ port: 0, host: '127.0.0.1' });
+    port = (h.client.app.server.address() as AddressInfo).port;
+  });
+
+  it.each([
+    ['a request line that is garbage', 'NOT HTTP AT ALL\r\n\r\n'],
+    ['a malformed header line', 'GET /health HTTP/1.1\r\nhost: toolgate\r\nthis is no header\r\n\r\n'],
+    ['a header name with a space', 'GET /health HTTP/1.1\r\nhost: toolgate\r\nx bad: 1\r\n\r\n'],
+  ])('answers %s with 400 invalid_request in the error envelope, with a request id', async (_name, bytes) => {
+    const reply = await rawExchange(port, bytes);
+    expect(reply.head).toMatch(/^HTTP\/1\.1 400 /);
+    expect(reply.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+    expect(reply.headers['content-type']).toMatch(/^application\/json/);
+    expect(reply.headers.connection).toBe('close');
+    const body = JSON.parse(reply.body);
+    expect(body).toEqual({ error: { code: 'invalid_request', message: 'the request is not valid HTTP', details: { reason: expect.stringMatching(/^HPE_/) } } });
+    expect(Number(reply.headers['content-length'])).toBe(Buffer.byteLength(reply.body));
+  });
+
+  it('answers headers over the size limit with 400 invalid_request, with a request id', async () => {
+    const reply = await rawExchange(port, `GET /health HTTP/1.1\r\nhost: toolgate\r\nx-big: ${'a'.repeat(20_000)}\r\n\r\n`);
+    expect(reply.head).toMatch(/^HTTP\/1\.1 400 /);
+    expect(reply.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+    expect(JSON.parse(reply.body)).toMatchObject({ error: { code: 'invalid_request', details: { reason: 'HPE_HEADER_OVERFLOW' } } });
+  });
+
+  it('still serves well-formed requests on the same server', async () => {
+    const reply = await rawExchange(port, 'GET /health HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n\r\n');
+    expect(reply.head).toMatch(/^HTTP\/1\.1 200 /);
+    expect(reply.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
   });
 });
 

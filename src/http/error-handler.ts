@@ -1,4 +1,7 @@
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { randomUUID } from 'node:crypto';
+import type { ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { ConnectionError, FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { isDataException, isDatabaseUnavailable } from '../db/unavailable.js';
 import { ApiError, errorBody, statusForCode } from './errors.js';
 
@@ -53,4 +56,43 @@ export function frameworkErrors(error: FastifyError, request: FastifyRequest, re
     .code(400)
     .header('x-request-id', request.id)
     .send(errorBody('invalid_request', 'the URL is malformed or a path segment is too long', { reason: error.code ?? 'bad_url' }));
+}
+
+const UNPARSEABLE: Record<string, string> = {
+  HPE_HEADER_OVERFLOW: 'the request headers are larger than the gateway accepts',
+  ERR_HTTP_REQUEST_TIMEOUT: 'the request did not arrive in time',
+};
+
+/**
+ * Requests Node's HTTP parser refuses (a garbage request line, a malformed header, headers over
+ * the size limit, a request too slow to arrive) never become Fastify requests: they are answered
+ * here, on the socket, as `400 invalid_request` in the error envelope with a fresh request id
+ * (the headers that might have carried one could not be read), and logged under it. The closed
+ * set of codes has none for Node's 408 and 431; `details.reason` names what the parser found.
+ */
+export function clientErrorHandler(logger: FastifyBaseLogger): (error: ConnectionError, socket: Socket) => void {
+  return (error, socket) => {
+    // The client went away: there is no one to answer.
+    if (error.code === 'ECONNRESET' || socket.destroyed) return;
+    const requestId = randomUUID();
+    const reason = error.code ?? 'bad_request';
+    logger.info({ request_id: requestId, status: 400, reason }, 'request refused by the HTTP parser');
+    // As Node's own handler: never write into an answer already on its way on this connection.
+    const answering = (socket as Socket & { _httpMessage?: ServerResponse })._httpMessage;
+    if (socket.writable && !answering?.headersSent) {
+      const body = JSON.stringify(errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }));
+      socket.write(
+        [
+          'HTTP/1.1 400 Bad Request',
+          'content-type: application/json; charset=utf-8',
+          `content-length: ${Buffer.byteLength(body)}`,
+          `x-request-id: ${requestId}`,
+          'connection: close',
+          '',
+          body,
+        ].join('\r\n'),
+      );
+    }
+    socket.destroy(error);
+  };
 }
