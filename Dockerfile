@@ -18,6 +18,11 @@ COPY --from=build /app/dist ./dist
 COPY migrations ./migrations
 COPY openapi.yaml ./
 RUN mkdir -p /data && chown node:node /data
+# Without DATABASE_URL the gateway keeps its embedded database (PGlite) in TOOLGATE_DATA_DIR:
+# in the container's writable layer it would be lost with the container (the audit chain, grants,
+# budgets). Declared after the chown: a fresh volume starts as the image's /data, owned by node,
+# and a build step changing /data after this line would be discarded.
+VOLUME /data
 USER node
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
