@@ -195,4 +195,41 @@ describe.skipIf(!hasPostgresServer)('when the database goes away (needs a Postgr
       await proxy.close();
     }
   });
+
+  it('answers /ready without waiting out a ping a silent partition holds: ready while its snapshots are confirmed, then not', async () => {
+    const server = new URL(h.db.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 10, logger: pino({ level: 'silent' }) });
+    // Confirmations every 100 ms: the snapshots are seconds away from their 5 s bound when the ping is given up.
+    const client = await AppClient.start(database, { TOOLGATE_KILL_SWITCH_POLL_MS: '100', TOOLGATE_REGISTRY_REFRESH_MS: '100' });
+    try {
+      // Idle pooled connections, which the partition will leave open and silent.
+      await Promise.all(Array.from({ length: 5 }, () => client.get('/ready')));
+      proxy.freeze();
+      // The ping hangs on a silent connection (query timeout 20 s). Like a slow database, that
+      // alone does not make the replica unready while its snapshots are confirmed within bound.
+      const during = await client.get('/ready');
+      expect(during.status).toBe(200);
+      expect(during.body).toEqual({ status: 'ready', database: 'postgres' });
+      // Once they are not, it is unready, answered from what it knows.
+      let ready = during;
+      for (let i = 0; i < 100 && ready.status === 200; i += 1) {
+        ready = await client.get('/ready');
+        if (ready.status === 200) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(ready.status).toBe(503);
+      expect(ready.body.error).toMatchObject({ code: 'gateway_unavailable', details: { check: 'snapshot' } });
+      proxy.restore();
+      for (let i = 0; i < 100 && ready.status !== 200; i += 1) {
+        ready = await client.get('/ready');
+        if (ready.status !== 200) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(ready.status).toBe(200);
+    } finally {
+      proxy.restore();
+      await client.close();
+      await database.close();
+      await proxy.close();
+    }
+  });
 });

@@ -3,12 +3,15 @@ import type { AddressInfo } from 'node:net';
 
 /**
  * A TCP proxy on loopback in front of PostgreSQL, so a test can take the database away from one
- * gateway instance (cut: drop every connection and refuse new ones) and give it back (restore).
+ * gateway instance — cut: drop every connection and refuse new ones; or freeze: a silent
+ * partition, where connections stay open but nothing crosses them and new ones get no answer —
+ * and give it back (restore).
  */
 export class TcpProxy {
   private server: Server | undefined;
   private readonly sockets = new Set<Socket>();
-  private cut = false;
+  private readonly links: Array<[Socket, Socket]> = [];
+  private mode: 'open' | 'cut' | 'frozen' = 'open';
   port = 0;
 
   constructor(
@@ -18,23 +21,32 @@ export class TcpProxy {
 
   async start(): Promise<this> {
     this.server = createServer((client) => {
-      if (this.cut) {
+      if (this.mode === 'cut') {
         client.destroy();
         return;
       }
-      const upstream = connect(this.targetPort, this.targetHost);
-      for (const socket of [client, upstream]) {
-        this.sockets.add(socket);
-        socket.on('close', () => this.sockets.delete(socket));
-        socket.on('error', () => socket.destroy());
+      this.track(client);
+      if (this.mode === 'frozen') {
+        // Accepted, never answered: as a connection attempt into a partition.
+        client.pause();
+        return;
       }
+      const upstream = connect(this.targetPort, this.targetHost);
+      this.track(upstream);
       client.pipe(upstream).pipe(client);
       client.on('close', () => upstream.destroy());
       upstream.on('close', () => client.destroy());
+      this.links.push([client, upstream]);
     });
     await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
     this.port = (this.server.address() as AddressInfo).port;
     return this;
+  }
+
+  private track(socket: Socket): void {
+    this.sockets.add(socket);
+    socket.on('close', () => this.sockets.delete(socket));
+    socket.on('error', () => socket.destroy());
   }
 
   /** The URL to reach `databaseUrl`'s server through this proxy. */
@@ -46,12 +58,25 @@ export class TcpProxy {
   }
 
   cutConnections(): void {
-    this.cut = true;
+    this.mode = 'cut';
     for (const socket of this.sockets) socket.destroy();
   }
 
+  /** Nothing crosses any connection any more, and nothing is closed: queries wait for an answer. */
+  freeze(): void {
+    this.mode = 'frozen';
+    for (const [client, upstream] of this.links.splice(0)) {
+      client.unpipe(upstream);
+      upstream.unpipe(client);
+      client.pause();
+      upstream.pause();
+    }
+  }
+
+  /** New connections work again; connections frozen meanwhile are closed (as keep-alive would find them dead). */
   restore(): void {
-    this.cut = false;
+    if (this.mode === 'frozen') for (const socket of this.sockets) socket.destroy();
+    this.mode = 'open';
   }
 
   async close(): Promise<void> {
