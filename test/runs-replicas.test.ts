@@ -168,4 +168,28 @@ describe.skipIf(!hasPostgresServer)('a database lost mid-run (needs a PostgreSQL
     for (const hit of backend.hits) expect(recorded.has(hit.headers['x-toolgate-tool-call-id'])).toBe(true);
     expect(backend.hits).toHaveLength(1);
   });
+
+  it('answers a dry run during the outage 503 gateway_unavailable, whichever stage meets it first', async () => {
+    const dry = () => client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, dry_run: true, plan: [{ tool_id: 'echo', input: { q: 'dry' } }] } });
+    let before = await dry();
+    for (let i = 0; i < 50 && before.status !== 200; i += 1) {
+      await new Promise((r) => setTimeout(r, 100));
+      before = await dry();
+    }
+    expect(before.body.steps[0].status).toBe('admissible');
+    proxy.cutConnections();
+    try {
+      // The registry copy is still confirmed: the grant stage meets the outage.
+      const early = await dry();
+      expect(early.status).toBe(503);
+      expect(early.body.error.code).toBe('gateway_unavailable');
+      // Once it is not, the registry stage meets it first: the same answer.
+      while (client.app.services.catalog.readiness().ok) await new Promise((r) => setTimeout(r, 100));
+      const late = await dry();
+      expect(late.status).toBe(503);
+      expect(late.body.error.code).toBe('gateway_unavailable');
+    } finally {
+      proxy.restore();
+    }
+  });
 });

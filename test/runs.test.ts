@@ -319,6 +319,29 @@ describe('dry runs', () => {
     expect(backend.hits.length).toBe(before);
     expect((await h.client.get(`/runs/${runId}`, { token: agent })).status).toBe(404);
   });
+
+  it('fails closed with 503 gateway_unavailable, not a denied step, on a replica whose kill-switch snapshot is stale, as an execution does', async () => {
+    // A second replica on the same database, whose snapshot stops being confirmed.
+    const stale = await AppClient.start(h.db.database, { TOOLGATE_KILL_SWITCH_POLL_MS: '100', TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '500' });
+    try {
+      const dry = () => stale.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, dry_run: true, plan: [step('echo')] } });
+      expect((await dry()).body.steps[0].status).toBe('admissible');
+      await stale.app.services.killSwitches.stop();
+      while (stale.app.services.killSwitches.readiness().ok) await new Promise((r) => setTimeout(r, 50));
+      const res = await dry();
+      expect(res.status).toBe(503);
+      expect(res.body.error.code).toBe('gateway_unavailable');
+      // An execution on it fails closed too, dispatching nothing; its refused step is on record.
+      const hits = backend.hits.length;
+      const executed = await stale.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, plan: [step('echo')] } });
+      expect(executed.status).toBe(503);
+      expect(executed.body.status).toBe('failed');
+      expect(executed.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'gateway_unavailable' } });
+      expect(backend.hits.length).toBe(hits);
+    } finally {
+      await stale.close();
+    }
+  });
 });
 
 describe('run ownership and replay', () => {

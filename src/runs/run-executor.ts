@@ -656,6 +656,9 @@ export class RunExecutor {
     for (let index = 0; index < request.plan.length; index += 1) {
       const started = performance.now();
       const admission = await admitStep(this.stepRequest(principal, request, index, true, within), this.deps.ports);
+      // An outage is no verdict on a step: a stage that cannot judge (a registry copy or kill-switch
+      // snapshot unconfirmed) fails the dry run closed, as a stage meeting the database's outage does.
+      if (admission.denial?.code === 'gateway_unavailable') throw new ApiError('gateway_unavailable', admission.denial.message, admission.denial.details);
       warnings.push(...admission.state.warnings);
       const head = stepHead(request, index, admission.state.tool);
       const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
