@@ -411,7 +411,15 @@ describe('a parent kept open', () => {
       // The settlement goes first; the parent's end then waits for the parent row, and the
       // hand-off for the sub-run's id.
       await counters.query('commit');
-      await until(async () => (await lockWaits()) >= 2);
+      // Counting waits again could pass on the two from before the commit: wait for the hand-off
+      // to be blocked by the sub-run's id, and the parent's end by the hand-off.
+      const subRunIdPid = (await subRunId.query('select pg_backend_pid() as pid')).rows[0].pid;
+      const blockedBy = async (pid: number) =>
+        (await watcher.query(`select pid from pg_stat_activity where datname = current_database() and $1 = any(pg_blocking_pids(pid))`, [pid])).rows.map((r) => r.pid as number);
+      await until(async () => {
+        const handOff = await blockedBy(subRunIdPid);
+        return handOff.length === 1 && (await blockedBy(handOff[0]!)).length >= 1;
+      });
       await subRunId.query('rollback');
       expect((await handedOff).status).toBe(201);
       const ended = await running;
