@@ -323,6 +323,28 @@ describe('a sub-run', () => {
     expect(await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' })).toEqual([]);
   });
 
+  it('cancelled with a call in flight: the parent bears what the call really cost, more or less than it reserved', async () => {
+    await registerTool(h.client, { id: 'held.pricey', backendUrl: `${backend.url}/gate/cost/7`, cost_units: 1, allowed_agents: [ROOT, SUB] });
+    await registerTool(h.client, { id: 'held.cheap', backendUrl: `${backend.url}/gate/cost/0.25`, cost_units: 1, allowed_agents: [ROOT, SUB] });
+    for (const agent of [ROOT, SUB]) for (const tool of ['held.pricey', 'held.cheap']) await grantTool(h.client, { tenant: T, agent, tool });
+    const root = await openRoot(100);
+    for (const [tool, cost] of [['held.pricey', 7], ['held.cheap', 0.25]] as const) {
+      const before = (await allowance(root, ROOT)).spent_units as number;
+      const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: [tool] })).body.sub_run_id as string;
+      const gateHits = backend.hitsOn(`/gate/cost/${cost}`).length;
+      const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step(tool, 'in flight')] });
+      await backend.waitForHits(`/gate/cost/${cost}`, gateHits + 1);
+      expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
+      // The hand-off closed with the call still in flight: it is counted at what it reserved.
+      const [closed] = (await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) })).body.items.filter((item: { sub_run_id: string }) => item.sub_run_id === sub);
+      expect(closed).toMatchObject({ status: 'closed', spent_units: 1, returned_units: 4 });
+      expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before, reserved_units: 1 });
+      backend.openGate();
+      await running;
+      expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before + cost, reserved_units: 0 });
+    }
+  });
+
   it('waits for an operator to approve its hand-off when the parent asks for it', async () => {
     const root = await openRoot();
     const created = await handoff(ROOT, root, { approval_requirement: 'operator' });

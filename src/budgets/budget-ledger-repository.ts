@@ -370,6 +370,52 @@ export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: s
   return (await closeAndUncharge(trx, closes, at)).closed.size;
 }
 
+/** An open reservation and the counters it is charged to. */
+export interface OpenReservation {
+  id: string;
+  unitsMicros: Micros;
+  charges: CounterRef[];
+}
+
+/**
+ * The open reservations of these tenants charged to any of `refs`, locked in id order. A
+ * settlement locks a reservation before its counters: a transaction that also changes those
+ * counters calls this first, so that the two queue instead of deadlocking.
+ */
+export async function lockOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<OpenReservation[]> {
+  if (refs.length === 0) return [];
+  const rows = await trx
+    .selectFrom('budget_reservations')
+    .select(['id', 'units', 'charges'])
+    .where('status', '=', 'reserved')
+    .where('tenant_id', 'in', [...new Set(tenantIds)])
+    .where(sql<boolean>`charges @> any(${refs.map((ref) => chargesJson([ref]))}::jsonb[])`)
+    .orderBy('id')
+    .forUpdate()
+    .execute();
+  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), charges: chargesOf(row.charges) }));
+}
+
+/** Changes the counters open reservations (locked by `lockOpenReservationsCharging`) are charged to. */
+export async function rechargeReservations(trx: Transaction<DB>, reservations: OpenReservation[]): Promise<void> {
+  if (reservations.length === 0) return;
+  await sql`
+    update budget_reservations r set charges = v.charges
+    from unnest(${reservations.map((r) => r.id)}::text[], ${reservations.map((r) => chargesJson(r.charges))}::jsonb[]) as v(id, charges)
+    where r.id = v.id and r.status = 'reserved'
+  `.execute(trx);
+}
+
+/** Counters as `budget_reservations.charges` keeps them. */
+function chargesJson(charges: CounterRef[]): string {
+  return JSON.stringify(charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() })));
+}
+
+function chargesOf(value: unknown): CounterRef[] {
+  const charges = (typeof value === 'string' ? JSON.parse(value) : value) as Array<{ counter_key: string; period_start: string }>;
+  return charges.map((c) => ({ key: c.counter_key, periodStart: new Date(c.period_start) }));
+}
+
 /** The first close of each id, in id order (the order rows are locked in). */
 function firstCloses(closes: ReservationClose[]): ReservationClose[] {
   const first = new Map<string, ReservationClose>();
@@ -484,7 +530,7 @@ function reservationRows(reservations: NewReservation[]): RawBuilder<unknown> {
         ${reservations.map((r) => r.agentId)}::text[],
         ${reservations.map((r) => r.runId)}::text[],
         ${reservations.map((r) => microsText(r.unitsMicros))}::numeric[],
-        ${reservations.map((r) => JSON.stringify(r.charges.map((c) => ({ counter_key: c.key, period_start: c.periodStart.toISOString() }))))}::jsonb[]
+        ${reservations.map((r) => chargesJson(r.charges))}::jsonb[]
       ) as r(id, tenant_id, agent_id, run_id, units, charges)`;
 }
 

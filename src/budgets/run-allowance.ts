@@ -1,7 +1,17 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
 import { runCounterKey } from './budget.js';
-import { counterChanges, counterId, lockBudgetCounters, readCounters, writeLedger, type CounterRef } from './budget-ledger-repository.js';
+import {
+  counterChanges,
+  counterId,
+  lockBudgetCounters,
+  lockOpenReservationsCharging,
+  readCounters,
+  rechargeReservations,
+  writeLedger,
+  type CounterRef,
+  type OpenReservation,
+} from './budget-ledger-repository.js';
 import { periodStart } from './budget-period.js';
 import { fromMicros, toMicros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';
@@ -86,23 +96,40 @@ export interface AllowanceReturn {
 
 /**
  * Turns the holds of ended sub-runs into what they used: the parent's counter loses the hold and
- * is charged the sub-run's use (its own calls and its sub-runs', including what is still in
- * flight, which is counted as used: a parent is never given back units that may yet be spent).
+ * is charged the sub-run's use (its own calls and its sub-runs'). A call still in flight is
+ * counted as used (a parent is never given back units that may yet be spent) and stays reserved
+ * on the parent: the parent's counter joins the counters its reservation is charged to, so that
+ * its settlement charges the parent what the call really cost, more or less than it reserved.
  * `ended` must list deeper sub-runs before their parents, so that a parent's use includes its
- * sub-runs'. Counters are locked in the ledger's global order, so this never deadlocks with it.
+ * sub-runs'. The open reservations are locked first, then the counters in the ledger's global
+ * order, as a settlement does, so this never deadlocks with the ledger.
  */
 export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedAllowance[], at: Date): Promise<AllowanceReturn[]> {
   if (ended.length === 0) return [];
+  const subRefs = ended.map((e) => runTotalRef(e.tenantId, e.subRunId));
+  const inFlight = await lockOpenReservationsCharging(trx, ended.map((e) => e.tenantId), subRefs);
   const refs = ended.flatMap((e) => [runTotalRef(e.tenantId, e.subRunId), runTotalRef(e.tenantId, e.parentRunId)]);
   const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, refs);
   const { deltas, add } = counterChanges(levels);
+  const recharged = new Set<OpenReservation>();
   const results = ended.map((e) => {
-    const sub = levels.get(counterId(runTotalRef(e.tenantId, e.subRunId)));
+    const subId = counterId(runTotalRef(e.tenantId, e.subRunId));
+    const parentRef = runTotalRef(e.tenantId, e.parentRunId);
+    const sub = levels.get(subId);
     const used = (sub?.spentMicros ?? 0) + (sub?.reservedMicros ?? 0);
     const held = toMicros(e.heldUnits);
-    add(runTotalRef(e.tenantId, e.parentRunId), used, -held);
+    // (A reservation recorded after the lock above is not among them: it is charged as spent.)
+    let stillReserved = 0;
+    for (const reservation of inFlight) {
+      if (!reservation.charges.some((charge) => counterId(charge) === subId)) continue;
+      reservation.charges = [...reservation.charges, parentRef];
+      recharged.add(reservation);
+      stillReserved += reservation.unitsMicros;
+    }
+    add(parentRef, used - stillReserved, stillReserved - held);
     return { usedUnits: fromMicros(used), returnedUnits: fromMicros(Math.max(0, held - used)), overshootUnits: fromMicros(Math.max(0, used - held)) };
   });
   await writeLedger(trx, [...deltas.values()], [], at, at);
+  await rechargeReservations(trx, [...recharged]);
   return results;
 }
