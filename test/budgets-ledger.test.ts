@@ -220,17 +220,28 @@ describe('settle and release', () => {
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 2 });
   });
 
-  it('releases reservations abandoned past their TTL, once', async () => {
+  it('releases reservations abandoned past their TTL, once, each on record', async () => {
     const tenant = freshTenant();
+    const runId = `abandoned-${tenant}`;
     const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
-    const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
+    const { reservation } = admitted(await ledger.reserve(call(tenant, 4, { runId })));
     expect(await ledger.releaseExpired()).toBe(0);
     clock.advance(client.app.services.config.budgetReservationTtlSeconds * 1000);
     expect(await ledger.releaseExpired()).toBeGreaterThanOrEqual(1);
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 0 });
-    // A settle arriving after the sweep is too late to count twice.
-    expect(await ledger.settle(reservation, 4)).toBe('already_closed');
     expect(await ledger.releaseExpired()).toBe(0);
+    const events = await client.get('/audit', { token: platform, query: { tenant_id: tenant, run_id: runId } });
+    expect(events.body.items).toEqual([
+      expect.objectContaining({
+        event_type: 'budget.reservation_expired',
+        actor: 'system.expiry',
+        tenant_id: tenant,
+        agent_id: 'agent.one',
+        run_id: runId,
+        status: 'expired',
+        details: expect.objectContaining({ reservation_id: reservation.id, released_units: 4, released_late_ms: 0 }),
+      }),
+    ]);
   });
 });
 

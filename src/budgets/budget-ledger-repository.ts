@@ -563,15 +563,34 @@ export async function lockLedgerForReservations(trx: Transaction<DB>): Promise<v
   await sql`lock table budget_reservations in row exclusive mode`.execute(trx);
 }
 
+/** An open reservation past its time to live. */
+export interface ExpiredReservation {
+  id: string;
+  tenantId: string;
+  agentId: string;
+  runId: string;
+  units: number;
+  reservedAt: Date;
+  expiresAt: Date;
+}
+
 /** Open reservations whose holder should long have settled them: its process is presumed gone. */
-export async function findExpiredReservations(db: Kysely<DB>, now: Date, limit: number): Promise<string[]> {
+export async function findExpiredReservations(db: Kysely<DB>, now: Date, limit: number): Promise<ExpiredReservation[]> {
   const rows = await db
     .selectFrom('budget_reservations')
-    .select('id')
+    .select(['id', 'tenant_id', 'agent_id', 'run_id', 'units', 'reserved_at', 'expires_at'])
     .where('status', '=', 'reserved')
     .where('expires_at', '<=', now)
     .orderBy('expires_at')
     .limit(limit)
     .execute();
-  return rows.map((row) => row.id);
+  return rows.map((row) => ({
+    id: row.id,
+    tenantId: row.tenant_id,
+    agentId: row.agent_id,
+    runId: row.run_id,
+    units: fromMicros(toMicros(row.units)),
+    reservedAt: new Date(row.reserved_at),
+    expiresAt: new Date(row.expires_at),
+  }));
 }

@@ -1,6 +1,8 @@
 import { nanoid } from 'nanoid';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
+import type { AuditEventInput } from '../audit/audit-event.js';
+import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
@@ -19,6 +21,7 @@ import {
   type ClosedStatus,
   type CounterDelta,
   type CounterRef,
+  type ExpiredReservation,
   type NewReservation,
   type ReservationClose,
   type Windows,
@@ -170,13 +173,25 @@ export class BudgetLedger {
     return (await this.batches.submit({ kind: 'close', close: { id: reservation.id, status: 'released', actualMicros: null } })) as CloseOutcome;
   }
 
-  /** Releases reservations left open past their TTL by a replica that died; returns how many. */
+  /**
+   * Releases reservations left open past their TTL by a replica that died, each with a
+   * `budget.reservation_expired` event in the same transaction; returns how many.
+   */
   async releaseExpired(limit = 500): Promise<number> {
-    const ids = await findExpiredReservations(this.db, this.options.now(), limit);
-    const outcomes = await Promise.all(
-      ids.map((id) => this.batches.submit({ kind: 'close', close: { id, status: 'expired', actualMicros: null } })),
+    const now = this.options.now();
+    const due = await findExpiredReservations(this.db, now, limit);
+    if (due.length === 0) return 0;
+    const { closed, levels } = await retryOnConflict(() =>
+      this.db.transaction().execute(async (trx) => {
+        // The audit chain's lock before the ledger's rows, as every transaction takes them.
+        await lockAuditChain(trx);
+        const result = await closeAndUncharge(trx, due.map((r) => ({ id: r.id, status: 'expired', actualMicros: null })), now);
+        await writeAuditEvents(trx, due.filter((r) => result.closed.has(r.id)).map((r) => ({ occurredAt: now, event: expiredEvent(r, now) })));
+        return result;
+      }),
     );
-    return outcomes.filter((outcome) => outcome === 'expired').length;
+    this.known.rememberLevels(levels);
+    return closed.size;
   }
 
   /** Stops the sweeper and waits for batches in flight. */
@@ -275,6 +290,25 @@ export class BudgetLedger {
     this.known.remember(subjects, locked.budgets, locked.levels);
     return locked.plan.results;
   }
+}
+
+/** The record of a reservation given back at its TTL: no call settled it in time. */
+function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInput {
+  return {
+    event_type: 'budget.reservation_expired',
+    actor: 'system.expiry',
+    tenant_id: reservation.tenantId,
+    agent_id: reservation.agentId,
+    run_id: reservation.runId,
+    status: 'expired',
+    details: {
+      reservation_id: reservation.id,
+      released_units: reservation.units,
+      reserved_at: reservation.reservedAt.toISOString(),
+      expires_at: reservation.expiresAt.toISOString(),
+      released_late_ms: now.getTime() - reservation.expiresAt.getTime(),
+    },
+  };
 }
 
 /** How many batches decide under row locks after an optimistic write lost a race. */
