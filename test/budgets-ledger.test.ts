@@ -243,6 +243,23 @@ describe('settle and release', () => {
       }),
     ]);
   });
+
+  it('charges a call that settles after its reservation expired, once', async () => {
+    const tenant = freshTenant();
+    const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
+    const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
+    clock.advance(client.app.services.config.budgetReservationTtlSeconds * 1000);
+    await ledger.releaseExpired();
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 0 });
+    // The units were given back as abandoned, but the call happened: what it cost is charged.
+    expect(await ledger.settle(reservation, 3)).toBe('settled_after_expiry');
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
+    expect(await ledger.settle(reservation, 3)).toBe('already_closed');
+    expect(await ledger.release(reservation)).toBe('already_closed');
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
+    const row = await testDb.database.db.selectFrom('budget_reservations').selectAll().where('id', '=', reservation.id).executeTakeFirstOrThrow();
+    expect(row).toMatchObject({ status: 'settled', units: '4.000000', actual_units: '3.000000' });
+  });
 });
 
 describe('periods', () => {

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
@@ -182,6 +183,31 @@ describe('reported costs and the bound on units', () => {
     expect(outcome).toMatchObject({ cost_units: 4, details: { reported_cost_units: 10, reported_cost_capped: true, charged_at_most: 4 } });
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T3) });
     expect(shown.body).toMatchObject({ spent_units: 4, reserved_units: 0 });
+  });
+
+  it('charges a call that outlived its reservation when it settles, and says so in audit', async () => {
+    const T4 = 'tenant-runs-outlived';
+    await registerTool(h.client, { id: 'slow.costly', backendUrl: `${backend.url}/gate/cost/3`, allowed_agents: [AGENT], cost_units: 2 });
+    await grantTool(h.client, { tenant: T4, agent: AGENT, tool: 'slow.costly' });
+    const budget = await createBudget(h.client, { tenant: T4, limit_units: 100 });
+    const shown = async () => (await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T4) })).body;
+    const runId = newRunId();
+    const running = execute({ run_id: runId, plan: [step('slow.costly')] }, tokens.agent(AGENT, { tenant: T4 }));
+    await backend.waitForHits('/gate/cost/3', 1);
+    // As if the call had been in flight past the reservation's TTL: the sweep gives its units back.
+    await sql`update budget_reservations set expires_at = now() - interval '1 second' where tenant_id = ${T4} and run_id = ${runId}`.execute(h.db.database.db);
+    expect(await h.client.app.services.budgets.releaseExpired()).toBe(1);
+    expect(await shown()).toMatchObject({ spent_units: 0, reserved_units: 0 });
+    backend.openGate();
+    const res = await running;
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 3 });
+    expect(await shown()).toMatchObject({ spent_units: 3, reserved_units: 0 });
+    const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T4), query: { run_id: runId } })).body.items as Array<Record<string, any>>;
+    const expired = events.find((e) => e.event_type === 'budget.reservation_expired');
+    expect(expired).toMatchObject({ actor: 'system.expiry', status: 'expired', details: { released_units: 2 } });
+    const late = events.find((e) => e.event_type === 'budget.reservation_settled_late');
+    expect(late).toMatchObject({ actor: `agent:${AGENT}`, status: 'settled', cost_units: 3, tool_id: 'slow.costly', details: { reservation_id: expired!.details.reservation_id, reserved_units: 2, charged_units: 3 } });
   });
 
   it('refuses amounts above MAX_UNITS with 400 instead of failing to store them', async () => {

@@ -127,6 +127,7 @@ export interface KillSwitchPort {
 }
 
 export interface Reservation {
+  readonly id: string;
   readonly units: number;
 }
 
@@ -149,7 +150,8 @@ export interface BudgetPort {
     units: number;
     requestLimitUnits?: number | undefined;
   }): Promise<{ ok: true; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] } | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }>;
-  settle(reservation: Reservation, actualUnits: number): Promise<unknown>;
+  /** `settled_after_expiry` when the reservation had expired before the call settled (its cost is charged all the same). */
+  settle(reservation: Reservation, actualUnits: number): Promise<string>;
   release(reservation: Reservation): Promise<unknown>;
 }
 

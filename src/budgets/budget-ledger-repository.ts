@@ -286,10 +286,12 @@ function isCounterCreatedMeanwhile(error: unknown): boolean {
 
 /**
  * Closes reservations that are still open and gives their counters back what they held (and
- * charges what a settled call cost), all in one statement; returns the ids it closed and the
- * levels it left the counters it changed at. One already settled, released or expired is left
- * alone, so settling twice never counts twice. When one id is closed twice in the batch, the
- * first close wins. Counters are locked in key order, as every writer does.
+ * charges what a settled call cost), all in one statement; returns the ids it closed, those of
+ * them it settled after they had expired (`late`), and the levels it left the counters it changed
+ * at. One already settled or released is left alone, so settling twice never counts twice; one
+ * expired (its units already given back) is still settled: the call happened, and what it cost is
+ * charged, once. When one id is closed twice in the batch, the first close wins. Counters are
+ * locked in key order, as every writer does.
  *
  * Each reservation is reached by its id from the batch (a lateral subquery the planner cannot
  * turn around, probing the primary key: the plan a hot connection keeps is made while the tables
@@ -301,10 +303,10 @@ export async function closeAndUncharge(
   db: Kysely<DB>,
   closes: ReservationClose[],
   at: Date,
-): Promise<{ closed: Set<string>; levels: Map<string, CounterLevel> }> {
+): Promise<{ closed: Set<string>; late: Set<string>; levels: Map<string, CounterLevel> }> {
   const unique = firstCloses(closes);
-  if (unique.length === 0) return { closed: new Set(), levels: new Map() };
-  const result = await sql<{ id: string | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
+  if (unique.length === 0) return { closed: new Set(), late: new Set(), levels: new Map() };
+  const result = await sql<{ id: string | null; was: string | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
     with closed as (
       update budget_reservations r
       set status = v.status, actual_units = v.actual, closed_at = ${at}
@@ -313,13 +315,14 @@ export async function closeAndUncharge(
         ${unique.map((c) => c.status)}::text[],
         ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
       ) as v(id, status, actual)
-      cross join lateral (select b.ctid as row_version from budget_reservations b where b.id = v.id limit 1) open
-      where r.ctid = open.row_version and r.status = 'reserved'
-      returning r.id, r.units, r.charges, v.actual
+      cross join lateral (select b.ctid as row_version, b.status as was from budget_reservations b where b.id = v.id limit 1) open
+      where r.ctid = open.row_version and (r.status = 'reserved' or (r.status = 'expired' and v.status = 'settled'))
+      returning r.id, r.units, r.charges, v.actual, open.was
     ),
     given_back as (
       select c ->> 'counter_key' as k, (c ->> 'period_start')::timestamptz as p,
-             sum(coalesce(closed.actual, 0)) as add_spent, -sum(closed.units) as add_reserved
+             sum(coalesce(closed.actual, 0)) as add_spent,
+             -sum(case closed.was when 'reserved' then closed.units else 0 end) as add_reserved
       from closed cross join lateral jsonb_array_elements(closed.charges) as c
       group by 1, 2
     ),
@@ -337,18 +340,22 @@ export async function closeAndUncharge(
       where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from given_back))
       returning c.counter_key, c.period_start, c.spent_units, c.reserved_units
     )
-    select id, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
+    select id, was, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
     from closed
     union all
-    select null, counter_key, period_start, spent_units, reserved_units from counters
+    select null, null, counter_key, period_start, spent_units, reserved_units from counters
   `.execute(db);
   const closed = new Set<string>();
+  const late = new Set<string>();
   const levels: CounterRow[] = [];
   for (const row of result.rows) {
-    if (row.id !== null) closed.add(row.id);
-    else levels.push(row as CounterRow);
+    if (row.id === null) levels.push(row as CounterRow);
+    else {
+      closed.add(row.id);
+      if (row.was === 'expired') late.add(row.id);
+    }
   }
-  return { closed, levels: levelsOf(levels) };
+  return { closed, late, levels: levelsOf(levels) };
 }
 
 /**

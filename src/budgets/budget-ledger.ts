@@ -69,8 +69,12 @@ export type BudgetCheckResult =
   | { ok: true; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
   | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };
 
-/** `already_closed`: the reservation was settled, released or expired before; nothing changed. */
-export type CloseOutcome = ClosedStatus | 'already_closed';
+/**
+ * `already_closed`: the reservation was settled or released before (or, for a release, expired);
+ * nothing changed. `settled_after_expiry`: it had expired, its units given back, before the call
+ * it held for settled; what the call cost is charged now.
+ */
+export type CloseOutcome = ClosedStatus | 'settled_after_expiry' | 'already_closed';
 
 /** What the composition root gives the ledger. */
 export interface BudgetLedgerOptions {
@@ -165,7 +169,11 @@ export class BudgetLedger {
   /** Records what the call actually cost and turns its reserved units into spent ones. */
   async settle(reservation: BudgetReservation, actualUnits: number): Promise<CloseOutcome> {
     const actualMicros = checkedMicros(actualUnits, 'actualUnits');
-    return (await this.batches.submit({ kind: 'close', close: { id: reservation.id, status: 'settled', actualMicros } })) as CloseOutcome;
+    const close: LedgerOp = { kind: 'close', close: { id: reservation.id, status: 'settled', actualMicros } };
+    const outcome = (await this.batches.submit(close)) as CloseOutcome;
+    // A sweep expiring the reservation at the same moment makes a close miss it; expired, it is
+    // still settled: one more look tells the two apart.
+    return outcome === 'already_closed' ? ((await this.batches.submit(close)) as CloseOutcome) : outcome;
   }
 
   /** Returns a reservation's units untouched: nothing was dispatched. */
@@ -208,9 +216,11 @@ export class BudgetLedger {
     const now = this.options.now();
     const closes = ops.flatMap((op) => (op.kind === 'close' ? [op.close] : []));
     let closed = new Set<string>();
+    let late = new Set<string>();
     if (closes.length > 0) {
       const result = await retryOnConflict(() => closeAndUncharge(this.db, closes, now));
       closed = result.closed;
+      late = result.late;
       this.known.rememberLevels(result.levels);
     }
     const reserves = ops.flatMap((op) => (op.kind === 'reserve' ? [op] : []));
@@ -227,7 +237,7 @@ export class BudgetLedger {
       if (op.kind === 'reserve') return reserved[next++]!;
       // The first close of an id in the batch is the one that happened; later ones were too late.
       if (!closed.delete(op.close.id)) return 'already_closed';
-      return op.close.status;
+      return late.has(op.close.id) ? 'settled_after_expiry' : op.close.status;
     });
   }
 

@@ -592,7 +592,7 @@ export class RunExecutor {
     const reported = result.ok ? result.reportedCostUnits : undefined;
     const cap = Math.min(typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS, MAX_UNITS);
     const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, cap);
-    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve();
+    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve(undefined);
 
     let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
       ? { ok: true, output: result.output }
@@ -618,7 +618,17 @@ export class RunExecutor {
         ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
         : { ...details, message: outcome.message, ...outcome.details },
     });
-    const [record] = await Promise.all([outcomeRecord, settled]);
+    const [record, settlement] = await Promise.all([outcomeRecord, settled]);
+    if (settlement === 'settled_after_expiry') {
+      // Its units had been given back as abandoned meanwhile: the call is charged all the same.
+      await this.deps.audit.append({
+        ...base,
+        event_type: 'budget.reservation_settled_late',
+        status: 'settled',
+        cost_units: costUnits,
+        details: { ...details, reservation_id: reservation!.id, reserved_units: reservation!.units, charged_units: costUnits },
+      });
+    }
     this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
     return outcome.ok
       ? { ok: true, output: outcome.output, costUnits, auditId: record.event_id }
