@@ -534,7 +534,7 @@ describe('closeAndUncharge', () => {
     expect(await runTotals(tenant, ['run-1'])).toEqual([{ spentMicros: 6_000_000, reservedMicros: 0 }]);
     expect(await reservationRow(done.id)).toMatchObject({ status: 'settled', actual_units: '6.000000', closed_at: first });
 
-    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual({ closed: new Set(), levels: new Map() });
+    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual({ closed: new Set(), late: new Set(), levels: new Map() });
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
   });
 
