@@ -1,7 +1,9 @@
+import { sql } from 'kysely';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import { closeAndUncharge } from '../src/budgets/budget-ledger-repository.js';
 import { openDatabase } from '../src/db/database.js';
 import { isDatabaseUnavailable } from '../src/db/unavailable.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
@@ -259,6 +261,24 @@ describe('settle and release', () => {
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
     const row = await testDb.database.db.selectFrom('budget_reservations').selectAll().where('id', '=', reservation.id).executeTakeFirstOrThrow();
     expect(row).toMatchObject({ status: 'settled', units: '4.000000', actual_units: '3.000000' });
+  });
+
+  it.skipIf(!hasPostgresServer)('charges a call whose settlement meets the sweep expiring its reservation (needs a PostgreSQL server)', async () => {
+    const tenant = freshTenant();
+    const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
+    const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
+    const db = testDb.database.db;
+    const lockWaits = async () => Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`.execute(db)).rows[0]!.n);
+    let settling: Promise<string> | undefined;
+    // The sweep has closed the reservation but not committed when the settlement reaches its row.
+    await db.transaction().execute(async (trx) => {
+      expect((await closeAndUncharge(trx, [{ id: reservation.id, status: 'expired', actualMicros: null }], clock.now())).closed).toEqual(new Set([reservation.id]));
+      settling = ledger.settle(reservation, 3);
+      for (let i = 0; i < 500 && (await lockWaits()) < 1; i += 1) await new Promise((r) => setTimeout(r, 10));
+      expect(await lockWaits()).toBe(1);
+    });
+    expect(await settling).toBe('settled_after_expiry');
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
   });
 });
 
