@@ -45,6 +45,11 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'summarize', backendUrl: `${backend.url}/echo`, cost_units: 1, ...everyone });
   await registerTool(h.client, { id: 'secret', backendUrl: `${backend.url}/echo`, cost_units: 1, ...everyone });
   await registerTool(h.client, { id: 'pricey', backendUrl: `${backend.url}/cost/7`, cost_units: 1, ...everyone });
+  // Calls held at the backend until `openGate()`, which then reports their cost.
+  await registerTool(h.client, { id: 'held.pricey', backendUrl: `${backend.url}/gate/cost/7`, cost_units: 1, allowed_agents: [ROOT, SUB, WRITER] });
+  await registerTool(h.client, { id: 'held.cheap', backendUrl: `${backend.url}/gate/cost/0.25`, cost_units: 1, allowed_agents: [ROOT, SUB] });
+  for (const agent of [ROOT, SUB]) for (const tool of ['held.pricey', 'held.cheap']) await grantTool(h.client, { tenant: T, agent, tool });
+  await grantTool(h.client, { tenant: T, agent: WRITER, tool: 'held.pricey' });
   for (const tool of ['search', 'summarize', 'pricey']) await grantTool(h.client, { tenant: T, agent: ROOT, tool });
   for (const tool of ['search', 'summarize', 'secret', 'pricey']) await grantTool(h.client, { tenant: T, agent: SUB, tool });
   await grantTool(h.client, { tenant: T, agent: WRITER, tool: 'search' });
@@ -324,9 +329,6 @@ describe('a sub-run', () => {
   });
 
   it('cancelled with a call in flight: the parent bears what the call really cost, more or less than it reserved', async () => {
-    await registerTool(h.client, { id: 'held.pricey', backendUrl: `${backend.url}/gate/cost/7`, cost_units: 1, allowed_agents: [ROOT, SUB] });
-    await registerTool(h.client, { id: 'held.cheap', backendUrl: `${backend.url}/gate/cost/0.25`, cost_units: 1, allowed_agents: [ROOT, SUB] });
-    for (const agent of [ROOT, SUB]) for (const tool of ['held.pricey', 'held.cheap']) await grantTool(h.client, { tenant: T, agent, tool });
     const root = await openRoot(100);
     for (const [tool, cost] of [['held.pricey', 7], ['held.cheap', 0.25]] as const) {
       const before = (await allowance(root, ROOT)).spent_units as number;
@@ -343,6 +345,25 @@ describe('a sub-run', () => {
       await running;
       expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before + cost, reserved_units: 0 });
     }
+  });
+
+  it('ended with a call in flight below it: every run up the chain bears what the call really cost', async () => {
+    const root = await openRoot(100);
+    const sub = (await handoff(ROOT, root, { budget_units: 20, delegable_tool_ids: ['search', 'held.pricey'], max_fanout: 1 })).body.sub_run_id as string;
+    expect((await execute(SUB, { run_id: sub, parent_run_id: root, keep_open: true, plan: [step('search', 'sub work')] })).body.status).toBe('running');
+    const created = await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 5, delegable_tool_ids: ['held.pricey'] });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const deep = created.body.sub_run_id as string;
+    const hits = backend.hitsOn('/gate/cost/7').length;
+    const running = execute(WRITER, { run_id: deep, parent_run_id: sub, plan: [step('held.pricey', 'deep, in flight')] });
+    await backend.waitForHits('/gate/cost/7', hits + 1);
+    // Cancelling the sub-run ends the one below it too: both hand-offs close with the call in flight.
+    expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 4, reserved_units: 1 });
+    backend.openGate();
+    await running;
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 11, reserved_units: 0 });
+    expect(await allowance(sub, SUB)).toMatchObject({ spent_units: 9, reserved_units: 0 });
   });
 
   it('waits for an operator to approve its hand-off when the parent asks for it', async () => {
