@@ -294,6 +294,17 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
     expect(events.every((e) => e.details.budget_id === id && e.tenant_id === null && e.details.caller_tenant_id === 'tenant-a')).toBe(true);
   });
 
+  it('answers a PUT with a refused body alike for another tenant’s budget and an invented id', async () => {
+    const id = await create(opsB, { scope: 'agent', agent_id: 'u.probed', period: 'day', limit_units: 10 });
+    const eve = tokens.tenantOperator('tenant-a', 'eve');
+    for (const body of [{}, { limit_units: 0 }, { scope: 'tenant' }]) {
+      const real = await h.client.put(`/budgets/${id}`, { token: eve, body });
+      const invented = await h.client.put('/budgets/bud_invented', { token: eve, body });
+      expect([real.status, invented.status], JSON.stringify(body)).toEqual([400, 400]);
+      expect(real.body.error).toEqual(invented.body.error);
+    }
+  });
+
   it('answers an unknown id with 404 and no security event', async () => {
     const before = (await auditEvents({ event_type: 'security.cross_tenant_attempt' })).length;
     const res = await h.client.get('/budgets/bud_doesnotexist', { token: opsA });

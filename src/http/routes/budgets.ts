@@ -168,8 +168,10 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
   });
 
   app.put('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
-    const id = await visibleBudgetId(request);
+    // The body first, as every route that names an object by id: another tenant's budget and an
+    // invented id must answer alike, and a body refused only for an invented id would tell them apart.
     const body = parseInput(updateBody, request.body, 'body');
+    const id = await visibleBudgetId(request);
     const usage = await changeBudgetLimits(
       deps.db,
       id,
