@@ -366,6 +366,31 @@ describe('a sub-run', () => {
     expect(await allowance(sub, SUB)).toMatchObject({ spent_units: 9, reserved_units: 0 });
   });
 
+  it('is killed for an overshoot when resumed, if it was paused while the call that passed its budget was in flight', async () => {
+    await registerTool(h.client, { id: 'slow.pricey.last', backendUrl: `${backend.url}/gate/cost/7`, cost_units: 1, allowed_agents: [ROOT, SUB] });
+    for (const agentId of [ROOT, SUB]) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'slow.pricey.last' });
+    const root = await openRoot(100);
+    const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['slow.pricey.last'] })).body.sub_run_id as string;
+    const gateHits = backend.hitsOn('/gate/cost/7').length;
+    // Its only call: nothing after it would meet the cost stage and notice the overshoot.
+    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('slow.pricey.last', 'reports 7')] });
+    await backend.waitForHits('/gate/cost/7', gateHits + 1);
+    expect((await h.client.post(`/runs/${sub}/pause`, { token: operator, body: {} })).status).toBe(200);
+    backend.openGate();
+    expect((await running).body.status).toBe('paused');
+    expect(await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' })).toEqual([]);
+
+    const resumed = await h.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
+    expect(resumed.status).toBe(402);
+    expect(resumed.body).toMatchObject({ status: 'killed', warnings: ['subagent_budget_exceeded'] });
+    expect(resumed.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed']);
+    const [overshoot, ...more] = await auditOf({ run_id: sub, event_type: 'run.subagent_budget_exceeded' });
+    expect(more).toEqual([]);
+    expect(overshoot!.details).toMatchObject({ used_units: 7, budget_units: 5, after_step: 0 });
+    const [closed] = await auditOf({ run_id: sub, event_type: 'handoff.closed' });
+    expect(closed).toMatchObject({ seq: overshoot!.seq + 1, status: 'killed' });
+  });
+
   it('waits for an operator to approve its hand-off when the parent asks for it', async () => {
     const root = await openRoot();
     const created = await handoff(ROOT, root, { approval_requirement: 'operator' });

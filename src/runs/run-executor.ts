@@ -308,6 +308,11 @@ export class RunExecutor {
     const { request } = exec;
     const steps: StepResult[] = [...completedBefore];
     const warnings: string[] = [];
+    // A sub-run paused between its last call's settlement and the kill that call's overshoot
+    // caused: taken up again, it is killed for it now, not let go on (or complete) over budget.
+    const last = completedBefore[completedBefore.length - 1];
+    const leftOver = exec.delegation && last ? await this.overshoot(exec, last) : undefined;
+    if (leftOver) return this.killForOvershoot(exec, steps, warnings, leftOver);
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
       const standing = justClaimed && index === completedBefore.length ? exec.run : await readRunStanding(this.deps.db, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
@@ -324,13 +329,17 @@ export class RunExecutor {
         return this.leave(exec, statusForCode(code), envelope, outcome.ending);
       }
       const overshoot = exec.delegation && outcome.step.status === 'completed' ? await this.overshoot(exec, outcome.step) : undefined;
-      if (overshoot) {
-        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
-        return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] }, [overshoot]);
-      }
+      if (overshoot) return this.killForOvershoot(exec, steps, warnings, overshoot);
     }
     const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
     return this.leave(exec, 200, { run_id: request.run_id, status, dry_run: false, steps, warnings });
+  }
+
+  /** Kills a sub-run whose calls passed its handed budget: the rest is skipped, the overshoot recorded with the kill. */
+  private killForOvershoot(exec: Execution, steps: StepResult[], warnings: string[], overshoot: AuditEventInput): Promise<RunAnswer> {
+    const { request } = exec;
+    for (let rest = steps.length; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
+    return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] }, [overshoot]);
   }
 
   private async runStep(exec: Execution, index: number, warnings: string[]): Promise<StepOutcome> {
