@@ -486,6 +486,30 @@ describe('approvals expire', () => {
     expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
   });
 
+  it('a hand-off proposal that lapsed expires when its sub-agent tries to start the sub-run, as on a resume', async () => {
+    const root = newRunId('root');
+    await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
+    const sub = newRunId('sub');
+    const created = await x.client.post(`/runs/${root}/handoffs`, {
+      token: agent,
+      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
+    });
+    const approvalId = created.body.approval_id as string;
+    const start = () => x.client.post('/runs/execute', { token: tokens.agent(SUB, { tenant: T }), body: { run_id: sub, parent_run_id: root, context: {}, plan: [step('search', 'sub')] } });
+    const early = await start();
+    expect(early.status).toBe(409);
+    expect(early.body.error.details).toEqual({ status: 'awaiting_approval' });
+    clock.advance(TTL_MS + 1);
+
+    const res = await start();
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expect(await statusOfApproval(approvalId)).toBe('expired');
+    expect(await expiries(sub)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: approvalId, noticed_by: `agent:${SUB}` }) })]);
+    expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
+    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === sub)).toEqual([]);
+  });
+
   it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
     const root = newRunId('root');
     const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });

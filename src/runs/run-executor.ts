@@ -4,8 +4,8 @@ import { admitStep, type Admission } from '../admission/admission-pipeline.js';
 import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold, Reservation } from '../admission/ports.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
-import { approvalStatusAt } from '../approvals/approval.js';
-import { cancelPendingApprovals, findNextStepApproval, insertApproval } from '../approvals/approval-repository.js';
+import { approvalStatusAt, type Approval } from '../approvals/approval.js';
+import { cancelPendingApprovals, findLatestApproval, findNextStepApproval, insertApproval } from '../approvals/approval-repository.js';
 import type { ApprovalService } from '../approvals/approval-service.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
@@ -231,6 +231,8 @@ export class RunExecutor {
         );
         if (started) return { run: started };
       }
+      // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
+      if (run.status === 'awaiting_approval') await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
       throw new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) });
     }
     if (run.request_sha256 !== start.request_sha256) {
@@ -250,7 +252,7 @@ export class RunExecutor {
       return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
     }
     if (run.status === 'throttled') {
-      await this.refuseLapsedApproval(principal, run, traceId);
+      await this.refuseLapsedApproval(principal, run, traceId, findNextStepApproval);
       const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
@@ -258,20 +260,21 @@ export class RunExecutor {
   }
 
   /**
-   * A throttled run whose next step's approval lapsed meanwhile (unused past its time) is not
-   * taken up again, as a resume would not take it up: the approval is recorded as expired, the
-   * run cancelled, and the resubmission refused with `409 run_not_resumable`.
+   * A waiting run whose approval lapsed meanwhile — a throttled run's next step's, unused past its
+   * time, or a sub-run's hand-off's, undecided — is not taken up again, as a resume would not take
+   * it up: the approval is recorded as expired, the run cancelled, and the request refused with
+   * `409 run_not_resumable`.
    */
-  private async refuseLapsedApproval(principal: AgentPrincipal, run: RunRecord, traceId: string): Promise<void> {
+  private async refuseLapsedApproval(principal: AgentPrincipal, run: RunRecord, traceId: string, approvalOf: (db: Kysely<DB>, run: RunRecord) => Promise<Approval | undefined>): Promise<void> {
     const now = this.deps.now();
-    const seen = await findNextStepApproval(this.deps.db, run);
+    const seen = await approvalOf(this.deps.db, run);
     if (!seen || approvalStatusAt(seen, now, seen.kind === 'tool_call') !== 'expired') return;
     const refusal = await this.deps.db.transaction().execute(async (trx) => {
       await lockAuditChain(trx);
       const locked = await lockRun(trx, run);
-      // Taken up or ended meanwhile: the resubmission is answered as that run stands.
-      if (!locked || locked.status !== 'throttled' || locked.busy) return undefined;
-      return this.deps.approvals.expireLapsed(trx, await findNextStepApproval(trx, locked), actorOf(principal), now, traceId);
+      // Taken up, ended or moved on meanwhile: the request is answered as that run stands.
+      if (!locked || locked.status !== run.status || locked.busy) return undefined;
+      return this.deps.approvals.expireLapsed(trx, await approvalOf(trx, locked), actorOf(principal), now, traceId);
     });
     if (refusal) throw new ApiError(refusal.code, refusal.message, refusal.details);
   }
@@ -759,6 +762,11 @@ export class RunExecutor {
       details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}) },
     };
   }
+}
+
+/** A sub-run's hand-off approval (its only approval before it starts). */
+function handoffApprovalOf(db: Kysely<DB>, run: RunRecord): Promise<Approval | undefined> {
+  return findLatestApproval(db, run.tenant_id, run.run_id, null);
 }
 
 /** Another principal's run id: a conflict, whatever the run is. */
