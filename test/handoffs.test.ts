@@ -147,6 +147,16 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     const taken = await handoff(ROOT, root, { sub_run_id: root });
     expect(taken.status).toBe(409);
     expect(taken.body.error.code).toBe('run_id_conflict');
+    // Refused as the other hand-off refusals are: on record under the parent run.
+    expect(await auditOf({ run_id: root, event_type: 'handoff.rejected' })).toEqual([
+      expect.objectContaining({
+        actor: `agent:${ROOT}`,
+        agent_id: ROOT,
+        status: 'denied',
+        reason_code: 'run_id_conflict',
+        details: expect.objectContaining({ sub_run_id: root, sub_agent_id: SUB }),
+      }),
+    ]);
     const finished = newRunId();
     await execute(ROOT, { run_id: finished, budget_units: 10, plan: [step('search', 'done')] });
     const late = await handoff(ROOT, finished, {});

@@ -69,8 +69,8 @@ export class HandoffService {
         approvalRequirement: envelope?.approval_requirement ?? 'none',
         remainingUnits: allowance?.remaining_units ?? null,
       };
-      const check = checkHandoff(request, authority, this.deps.maxDepth);
-      if (!check.ok) {
+      // Every refusal made here is on record (SPEC §8): under the parent run, in this transaction.
+      const refuse = async (refusal: HandoffRefusal): Promise<HandoffRefusal> => {
         await writeAuditEvents(trx, [
           {
             occurredAt: now,
@@ -82,12 +82,16 @@ export class HandoffService {
               run_id: parent.run_id,
               trace_id: traceId,
               status: 'denied',
-              reason_code: 'handoff_rejected',
-              details: { reason: check.reason, message: check.message, sub_agent_id: request.sub_agent_id, sub_run_id: request.sub_run_id, ...check.details, attribution: attributionOf(parent) },
+              reason_code: refusal.code,
+              details: { ...refusal.details, message: refusal.message, sub_agent_id: request.sub_agent_id, sub_run_id: request.sub_run_id, attribution: attributionOf(parent) },
             },
           },
         ]);
-        return { ok: false, code: 'handoff_rejected', message: check.message, details: { reason: check.reason, ...check.details } } as const;
+        return refusal;
+      };
+      const check = checkHandoff(request, authority, this.deps.maxDepth);
+      if (!check.ok) {
+        return refuse({ ok: false, code: 'handoff_rejected', message: check.message, details: { reason: check.reason, ...check.details } });
       }
       const lineage = attributionOf(parent);
       const sub = await insertSubRun(trx, {
@@ -102,7 +106,7 @@ export class HandoffService {
         trace_id: traceId,
         created_at: now,
       });
-      if (!sub) return { ok: false, code: 'run_id_conflict', message: `run_id ${request.sub_run_id} is already in use`, details: { sub_run_id: request.sub_run_id } } as const;
+      if (!sub) return refuse({ ok: false, code: 'run_id_conflict', message: `run_id ${request.sub_run_id} is already in use`, details: { sub_run_id: request.sub_run_id } });
       await markHandedOff(trx, parent);
       const handoff = await insertHandoff(trx, {
         id: `hof_${randomBytes(10).toString('hex')}`,
