@@ -1,6 +1,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { sql } from 'kysely';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { deleteFinishedRunTrees } from '../src/retention/retention-repository.js';
 import { TestBackend } from './helpers/backend.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
@@ -189,5 +193,48 @@ describe('many distinct runs at once', () => {
     expect(hitsOf(ids[bad]!)).toHaveLength(0);
     const types = await auditTypes(ids);
     ids.forEach((id, i) => expect(types.get(id)).toEqual(i === bad ? [] : ['run.step.dispatching', 'run.step.completed']));
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed (needs a PostgreSQL server)', () => {
+  it('is claimed again and runs, instead of failing the request', async () => {
+    const db = h.db.database.db;
+    const runId = newRunId('swept');
+    const body = { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'again' } }] };
+    const first = await execute(body);
+    expect(first.status).toBe(200);
+
+    const waiting = async (query: string) =>
+      Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike ${query}`.execute(db)).rows[0]!.n);
+    const until = async (what: string, check: () => Promise<boolean>) => {
+      for (let i = 0; i < 500 && !(await check()); i += 1) await sleep(10);
+      if (!(await check())) throw new Error(`timed out waiting for ${what}`);
+    };
+    // Another session changing the run (uncommitted) makes the claim wait for it, then find the id taken.
+    const holder = new pg.Client({ connectionString: h.db.url });
+    await holder.connect();
+    try {
+      await holder.query('begin');
+      await holder.query('update runs set updated_at = updated_at where tenant_id = $1 and run_id = $2', [T, runId]);
+      const again = execute(body);
+      await until('the claim to wait for the run', async () => (await waiting('%insert into runs%')) === 1);
+      // The retention sweep queues for the table behind the claim, and deletes the run once the
+      // claim has found it taken, before the executor reads it.
+      const sweep = db.transaction().execute(async (trx) => {
+        await sql`lock table runs in access exclusive mode`.execute(trx);
+        return deleteFinishedRunTrees(trx, [{ updated_at_text: '', tenant_id: T, run_id: runId }], new Date(Date.now() + 86_400_000));
+      });
+      await until('the sweep to wait for the table', async () => (await waiting('lock table runs%')) === 1);
+      await holder.query('commit');
+      expect((await sweep).runs).toBe(1);
+
+      const res = await again;
+      expect(res.status, res.text).toBe(200);
+      expect(res.headers['x-toolgate-replayed']).toBeUndefined();
+      expect(res.body).toMatchObject({ run_id: runId, status: 'completed' });
+      expect(hitsOf(runId)).toHaveLength(2);
+    } finally {
+      await holder.end();
+    }
   });
 });

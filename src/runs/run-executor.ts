@@ -174,7 +174,7 @@ export class RunExecutor {
     } else {
       // The first step's grants are read while the run is claimed, instead of after.
       const prefetched = this.deps.ports.grants.prefetch?.(grantQueryOf(principal, this.stepRequest(principal, request, 0, false, undefined).run, request.plan[0]!.tool_id));
-      const claimed = await this.claims.submit({
+      const claim = {
         ...start,
         tenant_id: principal.tenantId,
         run_id: request.run_id,
@@ -186,10 +186,16 @@ export class RunExecutor {
         budget_units: request.budget_units,
         created_at: this.deps.now(),
         executor_id: this.deps.replicaId,
-      });
-      if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
-      const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
-      if (!existing) throw new Error(`run ${request.run_id} vanished while being claimed`);
+      };
+      // A run id taken at the claim can be gone when it is read (the retention sweep deletes
+      // finished runs): it is free again then, and claimed once more.
+      let existing: RunRecord | undefined;
+      for (let attempt = 1; attempt <= 2 && !existing; attempt += 1) {
+        const claimed = await this.claims.submit(claim);
+        if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
+        existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+      }
+      if (!existing) throw new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`);
       run = existing;
     }
     const prior = await this.priorRun(principal, request, run, start, traceId);
