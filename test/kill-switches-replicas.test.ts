@@ -1,4 +1,3 @@
-import { createServer, connect, type AddressInfo, type Server, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
@@ -218,64 +217,16 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
   });
 });
 
-/**
- * A TCP proxy whose connections can be frozen: traffic stops but nothing is closed, as when the
- * database host vanishes behind a partition. Frozen connections stay frozen; connections made
- * after `thaw` work.
- */
-class FreezingProxy {
-  private server: Server | undefined;
-  private readonly links: Array<[Socket, Socket]> = [];
-  port = 0;
-
-  constructor(private readonly target: URL) {}
-
-  async start(): Promise<this> {
-    this.server = createServer((client) => {
-      const upstream = connect(Number(this.target.port || 5432), this.target.hostname);
-      for (const socket of [client, upstream]) socket.on('error', () => socket.destroy());
-      client.pipe(upstream).pipe(client);
-      this.links.push([client, upstream]);
-    });
-    await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
-    this.port = (this.server.address() as AddressInfo).port;
-    return this;
-  }
-
-  url(): string {
-    const url = new URL(this.target);
-    url.hostname = '127.0.0.1';
-    url.port = String(this.port);
-    return url.toString();
-  }
-
-  freezeAll(): void {
-    for (const [client, upstream] of this.links.splice(0)) {
-      client.unpipe(upstream);
-      upstream.unpipe(client);
-      client.pause();
-      upstream.pause();
-      this.frozen.push(client, upstream);
-    }
-  }
-
-  private readonly frozen: Socket[] = [];
-
-  async close(): Promise<void> {
-    for (const socket of [...this.frozen, ...this.links.flat()]) socket.destroy();
-    await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
-  }
-}
-
 describe.skipIf(!hasPostgresServer)('a replica whose database connection hangs (needs a PostgreSQL server)', () => {
   let h: Harness;
-  let proxy: FreezingProxy;
+  let proxy: TcpProxy;
   let database: Database;
 
   beforeAll(async () => {
     h = await startHarness();
-    proxy = await new FreezingProxy(new URL(h.db.url!)).start();
-    database = await openDatabase({ databaseUrl: proxy.url(), dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) });
+    const url = new URL(h.db.url!);
+    proxy = await new TcpProxy(url.hostname, Number(url.port || 5432)).start();
+    database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) });
   });
   afterAll(async () => {
     await proxy?.close();
@@ -296,11 +247,12 @@ describe.skipIf(!hasPostgresServer)('a replica whose database connection hangs (
     expect(snapshot.decide({ tenantId: T })).toEqual({ ok: true });
 
     // Every open connection goes silent, the pooled one included: the next read hangs on it.
-    proxy.freezeAll();
+    proxy.freeze();
     await expect(snapshot.refresh()).rejects.toThrow(/unanswered/);
     expect(snapshot.decide({ tenantId: T })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
 
-    // A new connection works; the hung read must not hold the snapshot back.
+    // A new connection works while the hung read's stays silent: that read must not hold the snapshot back.
+    proxy.restore({ keepFrozen: true });
     await snapshot.refresh();
     expect(snapshot.decide({ tenantId: T })).toEqual({ ok: true });
     await snapshot.stop();

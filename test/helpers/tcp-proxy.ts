@@ -73,9 +73,12 @@ export class TcpProxy {
     }
   }
 
-  /** New connections work again; connections frozen meanwhile are closed (as keep-alive would find them dead). */
-  restore(): void {
-    if (this.mode === 'frozen') for (const socket of this.sockets) socket.destroy();
+  /**
+   * New connections work again; connections frozen meanwhile are closed (as keep-alive would find
+   * them dead), or with `keepFrozen` stay open and silent, as before keep-alive has found out.
+   */
+  restore(options: { keepFrozen?: boolean } = {}): void {
+    if (this.mode === 'frozen' && !options.keepFrozen) for (const socket of this.sockets) socket.destroy();
     this.mode = 'open';
   }
 
