@@ -7,6 +7,7 @@ import { readBucket } from '../src/rate-limits/rate-bucket-repository.js';
 import { LEASE_WINDOW_MS, leaseSize, RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 
 // app.services.rateLimiter: token buckets per (tenant, agent, tool), shared by every replica.
 let testDb: TestDatabase;
@@ -151,6 +152,41 @@ describe('take', () => {
     expect(await stored()).toBe(13);
   });
 
+  it('gives back at a graceful close what it leased and did not spend, for another replica to take, never past capacity', async () => {
+    // A lease of 2; the clock stands still, so nothing refills unless it is moved.
+    const b = bucket(32, 20);
+    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    const closing = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+    const other = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+    try {
+      // One taken and two leased (32 → 29); one of the two spent.
+      expect((await closing.take(b)).ok).toBe(true);
+      expect((await closing.take(b)).ok).toBe(true);
+      expect(await stored()).toBe(29);
+      // The other replica takes everything the bucket holds.
+      let taken = 0;
+      while ((await other.take(b)).ok) taken += 1;
+      expect(taken).toBe(29);
+      await closing.close();
+      expect(await stored()).toBe(1);
+      expect((await other.take(b)).ok).toBe(true);
+      expect((await other.take(b)).ok).toBe(false);
+    } finally {
+      await Promise.all([closing.close(), other.close()]);
+    }
+
+    // Two replicas' leases given back into a bucket that refilled meanwhile: capped at its capacity.
+    const c = bucket(32, 20);
+    const [first, second] = [0, 1].map(() => new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() }));
+    expect((await first!.take(c)).ok).toBe(true); // 32 → 29, 2 leased
+    clock.advance(10_000);
+    expect((await second!.take(c)).ok).toBe(true); // refilled to 32 → 29, 2 leased
+    await first!.close();
+    expect(await readBucket(testDb.database.db, c)).toMatchObject({ tokens: 31 });
+    await second!.close();
+    expect(await readBucket(testDb.database.db, c)).toMatchObject({ tokens: 32 });
+  });
+
   it('counts refusals in the metrics', async () => {
     const b = bucket(1, 0.01);
     const count = () => countOf('toolgate_rate_limit_denials_total');
@@ -255,6 +291,23 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
 });
 
 describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL server)', () => {
+  it('does not fail a close whose leased tokens cannot go back: they are lost, as at a crash', async () => {
+    const server = new URL(testDb.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    const through = await openDatabase({ databaseUrl: proxy.urlFor(testDb.url!), dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    try {
+      const b = bucket(32, 20);
+      const leasing = new RateLimiter(through.db, { now: clock.now, registry: new Registry() });
+      expect((await leasing.take(b)).ok).toBe(true); // 32 → 29, 2 leased
+      proxy.cutConnections();
+      await expect(leasing.close()).resolves.toBeUndefined();
+      expect((await readBucket(testDb.database.db, b))!.tokens).toBe(29);
+    } finally {
+      await through.close();
+      await proxy.close();
+    }
+  });
+
   it('fails closed: take and peek throw, nothing is admitted', async () => {
     const unreachable = await openDatabase({
       databaseUrl: 'postgres://postgres@127.0.0.1:1/nowhere',

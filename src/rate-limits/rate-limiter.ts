@@ -2,7 +2,7 @@ import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { bucketId, lockBuckets, readBucket, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
+import { bucketId, lockBuckets, readBucket, returnTokens, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
 import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from './token-bucket.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
@@ -40,7 +40,7 @@ export interface RateLimiterOptions {
  * what the bucket refills in `LEASE_WINDOW_MS`), which this replica spends on its next takes
  * within that window without a statement. Leased tokens leave the stored level when leased, so
  * the bound above still holds for all replicas together; what a lease leaves unspent goes back
- * with this replica's next batch for the bucket. Tokens parked in a lease can make another
+ * with this replica's next batch for the bucket, or at its graceful close. Tokens parked in a lease can make another
  * replica refuse while they sit there, but only after the bucket fell from half full to empty
  * within the window, and its `Retry-After` then overstates the wait by at most the window per
  * replica holding a lease. Small and slow buckets, whose `Retry-After` matters most, are never
@@ -108,9 +108,25 @@ export class RateLimiter {
     return wait === 0 ? { ok: true, remaining: Math.floor(current.tokens + 1e-9) } : { ok: false, code: 'rate_limited', retryAfterSeconds: wait };
   }
 
-  /** Waits for takes in flight. */
+  /**
+   * Waits for takes in flight, then gives the tokens this replica leased and did not spend back to
+   * their buckets, so that other replicas can take them. Best-effort: if the database does not
+   * answer within `LEASE_RETURN_WAIT_MS`, or fails, they are lost (the strict side), as at a crash.
+   */
   async close(): Promise<void> {
     await this.batches.drain();
+    const unspent = [...this.leases.values()].filter((lease) => lease.tokens > 0);
+    // Out of the map first: nothing spends or returns them twice.
+    this.leases.clear();
+    if (unspent.length === 0) return;
+    const returned = returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity }))).catch(() => undefined);
+    let timer: NodeJS.Timeout | undefined;
+    const waited = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, LEASE_RETURN_WAIT_MS);
+      timer.unref();
+    });
+    await Promise.race([returned, waited]);
+    clearTimeout(timer);
   }
 
   /** One batch: each bucket's takes decided in arrival order, bucket by bucket (they are independent). */
@@ -190,14 +206,14 @@ export class RateLimiter {
     return states.get(bucketId(key))!;
   }
 
-  private remember(id: string, state: BucketState, lease: number, rule: BucketRule, nowMs: number): void {
+  private remember(id: string, state: BucketState, lease: number, rule: TakeRequest, nowMs: number): void {
     // A guess per bucket is small, but buckets are many: forget them all now and then.
     if (this.known.size >= 10_000 && !this.known.has(id)) this.known.clear();
     this.known.set(id, state);
     if (lease > 0) {
       // Dropping leases loses their tokens (the strict side); it takes 10,000 busy buckets.
       if (this.leases.size >= 10_000) this.leases.clear();
-      this.leases.set(id, { tokens: lease, untilMs: nowMs + LEASE_WINDOW_MS, capacity: rule.capacity, refillPerSecond: rule.refillPerSecond });
+      this.leases.set(id, { key: { tenantId: rule.tenantId, agentId: rule.agentId, toolId: rule.toolId }, tokens: lease, untilMs: nowMs + LEASE_WINDOW_MS, capacity: rule.capacity, refillPerSecond: rule.refillPerSecond });
     }
   }
 
@@ -221,12 +237,16 @@ export class RateLimiter {
 
 /** A replica's tokens taken ahead from a bucket, under the rule they were taken for. */
 interface Lease extends BucketRule {
+  key: BucketKey;
   tokens: number;
   untilMs: number;
 }
 
 /** How long a lease may be spent: also what it holds at most, in refill. */
 export const LEASE_WINDOW_MS = 100;
+
+/** How long a closing replica waits for its unspent leases to go back before it lets them go. */
+export const LEASE_RETURN_WAIT_MS = 1_000;
 
 /** The lease a batch may take from a bucket with this rule: none under two tokens. */
 export function leaseSize(rule: BucketRule): number {
