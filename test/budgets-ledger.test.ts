@@ -3,7 +3,9 @@ import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
-import { closeAndUncharge } from '../src/budgets/budget-ledger-repository.js';
+import { lockAuditChain } from '../src/audit/audit-repository.js';
+import { closeAndUncharge, counterId, readCounters } from '../src/budgets/budget-ledger-repository.js';
+import { holdRunUnits, lockRunAllowance, returnSubRunAllowances, runTotalRef } from '../src/budgets/run-allowance.js';
 import { openDatabase } from '../src/db/database.js';
 import { isDatabaseUnavailable } from '../src/db/unavailable.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
@@ -279,6 +281,56 @@ describe('settle and release', () => {
     });
     expect(await settling).toBe('settled_after_expiry');
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a PostgreSQL server)', () => {
+  const lockWaits = async () =>
+    Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`.execute(testDb.database.db)).rows[0]!.n);
+  const runTotal = async (tenant: string, runId: string) => {
+    const ref = runTotalRef(tenant, runId);
+    return (await readCounters(testDb.database.db, [ref])).get(counterId(ref));
+  };
+
+  /**
+   * A sub-run holding 5 of its parent's units has a call in flight (`units`); the sub-run's
+   * hand-off closes (its parent ended it), and `close` reaches the call's reservation while the
+   * hand-off, which has just charged it to the parent too, has not committed.
+   */
+  async function closeDuringHandoffEnd(units: number, close: (reservation: { id: string; tenantId: string; agentId: string; runId: string; units: number }) => Promise<string>) {
+    const tenant = freshTenant();
+    const db = testDb.database.db;
+    await db.transaction().execute(async (trx) => {
+      await lockRunAllowance(trx, tenant, 'parent', 10);
+      await holdRunUnits(trx, tenant, 'parent', 5, clock.now());
+    });
+    const { reservation } = admitted(await ledger.reserve(call(tenant, units, { runId: 'sub' })));
+    let closing: Promise<string> | undefined;
+    await db.transaction().execute(async (trx) => {
+      await lockAuditChain(trx);
+      await returnSubRunAllowances(trx, [{ tenantId: tenant, parentRunId: 'parent', subRunId: 'sub', heldUnits: 5 }], clock.now());
+      closing = close(reservation);
+      for (let i = 0; i < 500 && (await lockWaits()) < 1; i += 1) await new Promise((r) => setTimeout(r, 10));
+      expect(await lockWaits()).toBe(1);
+    });
+    return { tenant, reservation, outcome: await closing! };
+  }
+
+  it('gives back a released call on the sub-run and its parent', async () => {
+    const { tenant, reservation, outcome } = await closeDuringHandoffEnd(2, (r) => ledger.release(r));
+    // The hand-off changed the reservation (not closed it): the release still happens, now.
+    expect(outcome).toBe('released');
+    expect(await runTotal(tenant, 'sub')).toEqual({ spentMicros: 0, reservedMicros: 0 });
+    expect(await runTotal(tenant, 'parent')).toEqual({ spentMicros: 0, reservedMicros: 0 });
+    const row = await testDb.database.db.selectFrom('budget_reservations').select('status').where('id', '=', reservation.id).executeTakeFirstOrThrow();
+    expect(row.status).toBe('released');
+  });
+
+  it('charges a settled call what it cost to the sub-run and its parent', async () => {
+    const { tenant, outcome } = await closeDuringHandoffEnd(2, (r) => ledger.settle(r, 7));
+    expect(outcome).toBe('settled');
+    expect(await runTotal(tenant, 'sub')).toEqual({ spentMicros: 7_000_000, reservedMicros: 0 });
+    expect(await runTotal(tenant, 'parent')).toEqual({ spentMicros: 7_000_000, reservedMicros: 0 });
   });
 });
 

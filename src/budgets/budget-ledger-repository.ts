@@ -286,38 +286,65 @@ function isCounterCreatedMeanwhile(error: unknown): boolean {
 
 /**
  * Closes reservations that are still open and gives their counters back what they held (and
- * charges what a settled call cost), all in one statement; returns the ids it closed, those of
- * them it settled after they had expired (`late`), and the levels it left the counters it changed
- * at. One already settled or released is left alone, so settling twice never counts twice; one
- * expired (its units already given back) is still settled: the call happened, and what it cost is
- * charged, once. When one id is closed twice in the batch, the first close wins. Counters are
- * locked in key order, as every writer does.
+ * charges what a settled call cost); returns the ids it closed, those of them it settled after
+ * they had expired (`late`), and the levels it left the counters it changed at. One already
+ * settled or released is left alone, so settling twice never counts twice; one expired (its units
+ * already given back) is still settled: the call happened, and what it cost is charged, once. When
+ * one id is closed twice in the batch, the first close wins. Counters are locked in key order, as
+ * every writer does.
  *
  * Each reservation is reached by its id from the batch (a lateral subquery the planner cannot
  * turn around, probing the primary key: the plan a hot connection keeps is made while the tables
  * may be empty, and once walked every open reservation) and updated through the row version this
- * statement's snapshot holds; only a close changes a reservation, so one changed meanwhile is
- * closed already and left alone.
+ * statement's snapshot holds. A reservation changed meanwhile is missed: closed by someone else,
+ * or still open with other counters (a hand-off ending recharges its calls in flight to the
+ * parent). The ones still open are closed by one more statement, which sees them as they are now.
  */
 export async function closeAndUncharge(
   db: Kysely<DB>,
   closes: ReservationClose[],
   at: Date,
 ): Promise<{ closed: Set<string>; late: Set<string>; levels: Map<string, CounterLevel> }> {
-  const unique = firstCloses(closes);
-  if (unique.length === 0) return { closed: new Set(), late: new Set(), levels: new Map() };
-  const result = await sql<{ id: string | null; was: string | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
-    with closed as (
-      update budget_reservations r
-      set status = v.status, actual_units = v.actual, closed_at = ${at}
+  const closed = new Set<string>();
+  const late = new Set<string>();
+  const levels = new Map<string, CounterLevel>();
+  let pending = firstCloses(closes);
+  // Each pass that misses one follows a change committed meanwhile: a few hand-offs ending at most.
+  for (let pass = 0; pass < CLOSE_PASSES && pending.length > 0; pass += 1) {
+    const result = await closeOnce(db, pending, at);
+    for (const id of result.closed) closed.add(id);
+    for (const id of result.late) late.add(id);
+    for (const [id, level] of result.levels) levels.set(id, level);
+    pending = pending.filter((close) => result.changed.has(close.id));
+  }
+  return { closed, late, levels };
+}
+
+/** How many statements `closeAndUncharge` sends at most for reservations changed under it. */
+const CLOSE_PASSES = 8;
+
+/** One statement of `closeAndUncharge`; `changed`: the ids it missed because they had changed since its snapshot. */
+async function closeOnce(
+  db: Kysely<DB>,
+  unique: ReservationClose[],
+  at: Date,
+): Promise<{ closed: Set<string>; late: Set<string>; changed: Set<string>; levels: Map<string, CounterLevel> }> {
+  const result = await sql<{ id: string | null; was: string | null; changed: boolean | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
+    with seen as materialized (
+      select v.id, v.status, v.actual, open.row_version, open.was
       from unnest(
         ${unique.map((c) => c.id)}::text[],
         ${unique.map((c) => c.status)}::text[],
         ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
       ) as v(id, status, actual)
       cross join lateral (select b.ctid as row_version, b.status as was from budget_reservations b where b.id = v.id limit 1) open
-      where r.ctid = open.row_version and (r.status = 'reserved' or (r.status = 'expired' and v.status = 'settled'))
-      returning r.id, r.units, r.charges, v.actual, open.was
+    ),
+    closed as (
+      update budget_reservations r
+      set status = s.status, actual_units = s.actual, closed_at = ${at}
+      from seen s
+      where r.ctid = s.row_version and (r.status = 'reserved' or (r.status = 'expired' and s.status = 'settled'))
+      returning r.id, r.units, r.charges, s.actual, s.was
     ),
     given_back as (
       select c ->> 'counter_key' as k, (c ->> 'period_start')::timestamptz as p,
@@ -340,22 +367,29 @@ export async function closeAndUncharge(
       where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from given_back))
       returning c.counter_key, c.period_start, c.spent_units, c.reserved_units
     )
-    select id, was, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
+    select id, was, false as changed, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
     from closed
     union all
-    select null, null, counter_key, period_start, spent_units, reserved_units from counters
+    -- Open (or, to settle, expired) in this statement's snapshot, yet not closed: changed since.
+    select s.id, s.was, true, null, null, null, null
+    from seen s
+    where (s.was = 'reserved' or (s.was = 'expired' and s.status = 'settled')) and s.id not in (select id from closed)
+    union all
+    select null, null, null, counter_key, period_start, spent_units, reserved_units from counters
   `.execute(db);
   const closed = new Set<string>();
   const late = new Set<string>();
+  const changed = new Set<string>();
   const levels: CounterRow[] = [];
   for (const row of result.rows) {
     if (row.id === null) levels.push(row as CounterRow);
+    else if (row.changed) changed.add(row.id);
     else {
       closed.add(row.id);
       if (row.was === 'expired') late.add(row.id);
     }
   }
-  return { closed, late, levels: levelsOf(levels) };
+  return { closed, late, changed, levels: levelsOf(levels) };
 }
 
 /**
