@@ -1,5 +1,7 @@
 import pg from 'pg';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
@@ -355,6 +357,27 @@ describe('a sub-run', () => {
       await running;
       expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before + cost, reserved_units: 0 });
     }
+  });
+
+  it('ended after its call in flight outlived its reservation: the parent bears what the call cost when it settles late', async () => {
+    const root = await openRoot(100);
+    const before = (await allowance(root, ROOT)).spent_units as number;
+    const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['held.pricey'] })).body.sub_run_id as string;
+    const gateHits = backend.hitsOn('/gate/cost/7').length;
+    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('held.pricey', 'outlives its reservation')] });
+    await backend.waitForHits('/gate/cost/7', gateHits + 1);
+    // A sweep an hour on (another replica's clock) releases the call's reservation as abandoned.
+    const later = new Date(Date.now() + 3_600_000);
+    const sweeper = new BudgetLedger(h.db.database.db, { now: () => later, registry: new Registry(), reservationTtlMs: h.client.app.services.config.budgetReservationTtlSeconds * 1000, sweepIntervalMs: 0 });
+    expect(await sweeper.releaseExpired()).toBeGreaterThanOrEqual(1);
+    await sweeper.close();
+    expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before, reserved_units: 0 });
+    backend.openGate();
+    await running;
+    // The call happened: settled late, it is charged to the sub-run and to its parent alike.
+    expect(await allowance(sub, SUB)).toMatchObject({ spent_units: 7, reserved_units: 0 });
+    expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before + 7, reserved_units: 0 });
   });
 
   it('ended with a call in flight below it: every run up the chain bears what the call really cost', async () => {

@@ -411,39 +411,52 @@ export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: s
   return (await closeAndUncharge(trx, closes, at)).closed.size;
 }
 
-/** An open reservation and the counters it is charged to. */
+/** An open reservation, or an expired one (its call may yet settle late), and the counters it is charged to. */
 export interface OpenReservation {
   id: string;
   unitsMicros: Micros;
+  /** Its units were given back at its TTL: only what its call may yet cost is still to come. */
+  expired: boolean;
   charges: CounterRef[];
 }
 
 /**
- * The open reservations of these tenants charged to any of `refs`, locked in id order. A
- * settlement locks a reservation before its counters: a transaction that also changes those
- * counters calls this first, so that the two queue instead of deadlocking.
+ * The open reservations of these tenants charged to any of `refs`, and the expired ones (a call
+ * that outlived its reservation may still settle, late), locked in id order. A settlement locks a
+ * reservation before its counters: a transaction that also changes those counters calls this
+ * first, so that the two queue instead of deadlocking.
  */
 export async function lockOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<OpenReservation[]> {
   if (refs.length === 0) return [];
+  const tenants = [...new Set(tenantIds)];
+  const charging = sql<boolean>`charges @> any(${refs.map((ref) => chargesJson([ref]))}::jsonb[])`;
+  // Each by its index (the open ones, the expired ones of these tenants), then locked by id.
   const rows = await trx
     .selectFrom('budget_reservations')
-    .select(['id', 'units', 'charges'])
-    .where('status', '=', 'reserved')
-    .where('tenant_id', 'in', [...new Set(tenantIds)])
-    .where(sql<boolean>`charges @> any(${refs.map((ref) => chargesJson([ref]))}::jsonb[])`)
+    .select(['id', 'units', 'status', 'charges'])
+    .where('id', 'in', (eb) =>
+      eb
+        .selectFrom('budget_reservations')
+        .select('id')
+        .where('status', '=', 'reserved')
+        .where('tenant_id', 'in', tenants)
+        .where(charging)
+        .unionAll(eb.selectFrom('budget_reservations').select('id').where('status', '=', 'expired').where('tenant_id', 'in', tenants).where(charging)),
+    )
+    .where('status', 'in', ['reserved', 'expired'])
     .orderBy('id')
     .forUpdate()
     .execute();
-  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), charges: chargesOf(row.charges) }));
+  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), expired: row.status === 'expired', charges: chargesOf(row.charges) }));
 }
 
-/** Changes the counters open reservations (locked by `lockOpenReservationsCharging`) are charged to. */
+/** Changes the counters reservations (locked by `lockOpenReservationsCharging`) are charged to. */
 export async function rechargeReservations(trx: Transaction<DB>, reservations: OpenReservation[]): Promise<void> {
   if (reservations.length === 0) return;
   await sql`
     update budget_reservations r set charges = v.charges
     from unnest(${reservations.map((r) => r.id)}::text[], ${reservations.map((r) => chargesJson(r.charges))}::jsonb[]) as v(id, charges)
-    where r.id = v.id and r.status = 'reserved'
+    where r.id = v.id and r.status in ('reserved', 'expired')
   `.execute(trx);
 }
 

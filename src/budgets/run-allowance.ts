@@ -99,7 +99,9 @@ export interface AllowanceReturn {
  * is charged the sub-run's use (its own calls and its sub-runs'). A call still in flight is
  * counted as used (a parent is never given back units that may yet be spent) and stays reserved
  * on the parent: the parent's counter joins the counters its reservation is charged to, so that
- * its settlement charges the parent what the call really cost, more or less than it reserved.
+ * its settlement charges the parent what the call really cost, more or less than it reserved. A
+ * call whose reservation expired (its units already given back) may still settle late: the
+ * parent's counter joins its counters too, with nothing held.
  * `ended` must list deeper sub-runs before their parents, so that a parent's use includes its
  * sub-runs'. The open reservations are locked first, then the counters in the ledger's global
  * order, as a settlement does, so this never deadlocks with the ledger.
@@ -124,7 +126,8 @@ export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedA
       if (!reservation.charges.some((charge) => counterId(charge) === subId)) continue;
       reservation.charges = [...reservation.charges, parentRef];
       recharged.add(reservation);
-      stillReserved += reservation.unitsMicros;
+      // An expired one holds nothing any more; settled late, it charges the parent as the sub-run.
+      if (!reservation.expired) stillReserved += reservation.unitsMicros;
     }
     add(parentRef, used - stillReserved, stillReserved - held);
     return { usedUnits: fromMicros(used), returnedUnits: fromMicros(Math.max(0, held - used)), overshootUnits: fromMicros(Math.max(0, used - held)) };
