@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RetentionSweeper, type RetentionSweep } from '../src/retention/retention-sweeper.js';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -196,6 +197,38 @@ describe('the retention sweep', () => {
     expect(sweeps.reduce((sum, s) => sum + s.runs, 0)).toBe(6);
     expect(sweeps.reduce((sum, s) => sum + s.budget_reservations, 0)).toBe(6);
     expect(await rowsOf(runIds)).toMatchObject({ runs: 0, budget_reservations: 0, run_grant_uses: 0 });
+  });
+
+  it('frees a run id without handing the deleted run\'s calls to the next run under it, should that one\'s executor be lost', async () => {
+    // The first run under the id made three calls 100 days ago (its replica's clock says so, as
+    // its audit records do) and was deleted.
+    const runId = newRunId('old-reused');
+    const then = await startClient(h.db.database, new ManualClock(new Date(Date.now() - 100 * 86_400_000)));
+    try {
+      const plan = ['1', '2', '3'].map((q) => step('search', q));
+      expect((await then.post('/runs/execute', { token: as(AGENT), body: { run_id: runId, context: {}, plan } })).status).toBe(200);
+    } finally {
+      await then.close();
+    }
+    await age([runId], 100);
+    expect(await sweeper().sweep()).toMatchObject({ runs: 1 });
+
+    // The next run under the id makes its first call, then its executor is lost before its second
+    // (held between the two by a pause, then left busy by a replica that is gone).
+    const body = { run_id: runId, context: {}, plan: [step('slow', 'a'), step('search', 'b'), step('search', 'c')] };
+    const answer = h.client.post('/runs/execute', { token: as(AGENT), body });
+    await waitFor(async () => backend.hits.some((hit) => hit.path === '/gate' && hit.headers['x-toolgate-run-id'] === runId));
+    expect((await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).status).toBe(200);
+    backend.openGate();
+    expect((await answer).body.status).toBe('paused');
+    await h.db.database.db.updateTable('runs').set({ status: 'running', busy: true, executor_id: 'rep_gone' }).where('tenant_id', '=', T).where('run_id', '=', runId).execute();
+    expect(await h.client.app.services.recovery.recoverIfLost({ tenant_id: T, run_id: runId })).toBe(true);
+
+    // Recovery knows of its one call: the deleted run's second and third are not this run's.
+    const recovered = (await h.client.get(`/runs/${runId}`, { token: operator })).body;
+    expect(recovered.status).toBe('failed');
+    expect(recovered.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+    expect(recovered.steps[1].error).toMatchObject({ code: 'gateway_unavailable', details: { reason: 'executor_lost', in_doubt: false } });
   });
 
   it('forgets replicas whose lease lapsed long ago, and keeps live ones', async () => {

@@ -148,9 +148,10 @@ export type RunCallRecord = Pick<Selectable<AuditEventTable>, 'event_id' | 'even
 
 /**
  * The records of a run's tool calls made by one execution of it (`run_epoch` in their
- * details), in chain order: what is known of a run whose executor was lost.
+ * details) since `since`, in chain order: what is known of a run whose executor was lost.
+ * (`since` tells the run apart from an earlier one that had its id: see `RunRecovery`.)
  */
-export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenantId: string, runId: string, epoch: number): Promise<RunCallRecord[]> {
+export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenantId: string, runId: string, epoch: number, since: Date): Promise<RunCallRecord[]> {
   const rows = await db
     .selectFrom('audit_events')
     .select(['seq', 'event_id', 'event_type', 'status', 'reason_code', 'tool_call_id', 'tool_version', 'cost_units', 'duration_ms', sql<string | null>`details->>'message'`.as('message')])
@@ -158,6 +159,7 @@ export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenan
     .where('tenant_id', '=', tenantId)
     .where('tool_call_id', 'is not', null)
     .where(sql<string>`details->>'run_epoch'`, '=', String(epoch))
+    .where('occurred_at', '>=', since)
     .orderBy('seq')
     .execute();
   return rows.map((row) => ({ ...row, seq: Number(row.seq) }));

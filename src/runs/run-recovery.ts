@@ -15,6 +15,14 @@ export const RECOVERY_ACTOR = 'system.recovery';
 
 const BATCH = 100;
 
+/**
+ * How long before a run was created its calls' records may say they were made: replicas' clocks
+ * disagree by far less. Retention frees a run id at least 31 days after the run that had it last
+ * changed, and a new run under that id starts again at epoch 1: the calls of the deleted run,
+ * whose records stay in the audit log, are older than this new run by weeks, and are not its own.
+ */
+const CLOCK_SKEW_MARGIN_MS = 86_400_000;
+
 /** What recovery is built from, by the composition root. */
 export interface RunRecoveryOptions {
   db: Kysely<DB>;
@@ -113,7 +121,8 @@ export class RunRecovery {
       const lost = run.executor_id === this.options.replicaId ? (this.executing.get(keyOf(run)) ?? 0) <= callerHolds : !(await replicaAlive(trx, run.executor_id));
       if (!lost) return false;
 
-      const calls = await listRunCallRecords(trx, run.tenant_id, run.run_id, run.epoch);
+      const since = new Date(new Date(run.created_at).getTime() - CLOCK_SKEW_MARGIN_MS);
+      const calls = await listRunCallRecords(trx, run.tenant_id, run.run_id, run.epoch, since);
       const inDoubt = callsInDoubt(calls);
       const loss = {
         reason: 'executor_lost',
