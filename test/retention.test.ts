@@ -185,6 +185,30 @@ describe('the retention sweep', () => {
     expect(await rowsOf([killed])).toMatchObject({ runs: 0, budget_reservations: 0, budget_counters: 0 });
   });
 
+  it('keeps a finished run whose id a live run budget or per-run grant names, until they end: they would apply to the next run under the id', async () => {
+    const budgeted = newRunId('old-budgeted');
+    const granted = newRunId('old-granted');
+    const budget = await createBudget(h.client, { tenant: T, scope: 'run', run_id: budgeted, limit_units: 50 });
+    const grant = await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: granted });
+    const expired = newRunId('old-grant-expired');
+    await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: expired, expires_at: new Date(Date.now() + 1500).toISOString() });
+    expect((await execute({ run_id: budgeted, plan: [step('search', 'budgeted')] })).status).toBe(200);
+    expect((await execute({ run_id: granted, plan: [step('search', 'granted')] }, SUB)).status).toBe(200);
+    expect((await execute({ run_id: expired, plan: [step('search', 'expiring')] }, SUB)).status).toBe(200);
+    await age([budgeted, granted, expired], 100);
+    await waitFor(async () => Date.now() > Date.parse((await h.client.get(`/grants?agent_id=${SUB}`, { token: operator })).body.items.find((g: { scope_ref: string }) => g.scope_ref === expired).expires_at));
+
+    // The expired grant names its run no more: that run goes; the two others stay.
+    expect(await sweeper().sweep()).toMatchObject({ runs: 1 });
+    expect(await rowsOf([expired])).toMatchObject({ runs: 0 });
+    expect(await rowsOf([budgeted, granted])).toMatchObject({ runs: 2 });
+
+    expect((await h.client.request('DELETE', `/budgets/${budget.id}`, { token: operator })).status).toBe(200);
+    expect((await h.client.post(`/grants/${grant.id}/revoke`, { token: operator, body: { reason: 'done with it' } })).status).toBe(200);
+    expect(await sweeper().sweep()).toMatchObject({ runs: 2 });
+    expect(await rowsOf([budgeted, granted])).toMatchObject({ runs: 0, budget_reservations: 0 });
+  });
+
   it('is safe with several replicas sweeping at once: each tree is deleted once', async () => {
     const runIds: string[] = [];
     for (let i = 0; i < 6; i += 1) {

@@ -222,7 +222,7 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
       // claim has found it taken, before the executor reads it.
       const sweep = db.transaction().execute(async (trx) => {
         await sql`lock table runs in access exclusive mode`.execute(trx);
-        return deleteFinishedRunTrees(trx, [{ updated_at_text: '', tenant_id: T, run_id: runId }], new Date(Date.now() + 86_400_000));
+        return deleteFinishedRunTrees(trx, [{ updated_at_text: '', tenant_id: T, run_id: runId }], new Date(Date.now() + 86_400_000), new Date());
       });
       await until('the sweep to wait for the table', async () => (await waiting('lock table runs%')) === 1);
       await holder.query('commit');

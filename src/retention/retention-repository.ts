@@ -52,7 +52,8 @@ export const NO_DELETIONS: RetentionCounts = { runs: 0, approvals: 0, handoffs: 
 /**
  * Deletes the run trees of these roots (locked by `lockFinishedRoots`) whose every run — the root
  * and all its sub-runs — is finished, no longer held by an executor, last changed before
- * `before`, and holds no open budget reservation; with them, everything kept only for those runs:
+ * `before`, holds no open budget reservation, and is named by no live run budget or per-run grant
+ * (they would apply to the next run under the id); with them, everything kept only for those runs:
  * their approvals, hand-offs, grant uses, closed budget reservations (what the settled ones spent
  * is added to `budget_spend_archive`) and run-total counters. Other trees are left whole.
  *
@@ -61,7 +62,7 @@ export const NO_DELETIONS: RetentionCounts = { runs: 0, approvals: 0, handoffs: 
  * Locks follow the order every transaction that changes runs uses: runs, then approvals and
  * hand-offs, then the ledger, then counters.
  */
-export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPosition[], before: Date): Promise<RetentionCounts> {
+export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPosition[], before: Date, now: Date): Promise<RetentionCounts> {
   if (roots.length === 0) return NO_DELETIONS;
   const found = await sql<{ root_tenant: string; root_run: string; tenant_id: string; run_id: string; done: boolean }>`
     with recursive tree(root_tenant, root_run, tenant_id, run_id) as (
@@ -73,7 +74,15 @@ export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPo
     select tree.root_tenant, tree.root_run, tree.tenant_id, tree.run_id,
            r.status in ('completed', 'failed', 'cancelled', 'killed') and not r.busy and r.updated_at < ${before}
              and not exists (select 1 from budget_reservations b
-                             where b.tenant_id = r.tenant_id and b.run_id = r.run_id and b.status = 'reserved') as done
+                             where b.tenant_id = r.tenant_id and b.run_id = r.run_id and b.status = 'reserved')
+             -- What an operator set on the run id still applies to whoever uses the id next: the
+             -- id is not freed while a live run budget or a live per-run grant names it.
+             and not exists (select 1 from budgets bu
+                             where bu.tenant_id = r.tenant_id and bu.scope = 'run' and coalesce(bu.agent_id, '') = ''
+                               and coalesce(bu.run_id, '') = r.run_id and bu.removed_at is null)
+             and not exists (select 1 from grants g
+                             where g.tenant_id = r.tenant_id and g.scope = 'per-run' and g.scope_ref = r.run_id
+                               and g.revoked_at is null and g.expires_at > ${now}) as done
     from tree join runs r on r.tenant_id = tree.tenant_id and r.run_id = tree.run_id`.execute(trx);
   const trees = new Map<string, { done: boolean; runs: Array<{ tenant_id: string; run_id: string }> }>();
   for (const row of found.rows) {

@@ -79,7 +79,7 @@ export class RetentionSweeper {
       const batch = await this.options.db.transaction().execute(async (trx) => {
         if (!(await takeRetentionTurn(trx))) return undefined;
         const roots = await lockFinishedRoots(trx, before, after, batchSize);
-        return { roots, counts: await deleteFinishedRunTrees(trx, roots, before) };
+        return { roots, counts: await deleteFinishedRunTrees(trx, roots, before, this.options.now()) };
       });
       if (!batch) {
         skipped = true;
