@@ -233,6 +233,29 @@ describe('a sub-run', () => {
     ]);
   });
 
+  it('has each of its own agent’s refusals on record: the wrong parent, none, a run it cannot start', async () => {
+    const root = await openRoot();
+    const other = await openRoot();
+    const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
+    const wrong = await execute(SUB, { run_id: sub, parent_run_id: other, plan: [step('search', 'x')] });
+    expect(wrong.status).toBe(409);
+    expect(wrong.body.error).toMatchObject({ code: 'run_id_conflict', details: { parent_run_id: root } });
+    const none = await execute(SUB, { run_id: sub, plan: [step('search', 'x')] });
+    expect(none.body.error).toMatchObject({ code: 'run_id_conflict', details: { parent_run_id: root } });
+    const held = (await handoff(ROOT, root, { approval_requirement: 'operator' })).body.sub_run_id as string;
+    const early = await execute(SUB, { run_id: held, parent_run_id: root, plan: [step('search', 'x')] });
+    expect(early.body.error).toMatchObject({ code: 'run_not_resumable', details: { status: 'awaiting_approval' } });
+    const refusal = { event_type: 'run.rejected', actor: `agent:${SUB}`, agent_id: SUB, status: 'denied' };
+    expect(await auditOf({ run_id: sub, event_type: 'run.rejected' })).toEqual([
+      expect.objectContaining({ ...refusal, reason_code: 'run_id_conflict', details: { parent_run_id: root, message: none.body.error.message } }),
+      expect.objectContaining({ ...refusal, reason_code: 'run_id_conflict', details: { parent_run_id: root, requested_parent_run_id: other, message: wrong.body.error.message } }),
+    ]);
+    expect(await auditOf({ run_id: held, event_type: 'run.rejected' })).toEqual([
+      expect.objectContaining({ ...refusal, reason_code: 'run_not_resumable', details: { status: 'awaiting_approval', parent_run_id: root, message: early.body.error.message } }),
+    ]);
+    expect(hitsOf(sub)).toEqual([]);
+  });
+
   it('is dry-run within its hand-off: its envelope, its budget, and only from the parent that made it', async () => {
     const root = await openRoot();
     const dry = (agentId: string, body: Record<string, unknown>) => execute(agentId, { dry_run: true, ...body });

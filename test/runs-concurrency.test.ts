@@ -55,6 +55,12 @@ function isConflict(res: TestResponse): boolean {
   return res.status === 409 && res.body.error?.code === 'run_id_conflict';
 }
 
+/** A run's records: its one call's intent and outcome, and one `run.rejected` for each copy refused with 409. */
+function expectOneCallAndRefusals(types: string[] | undefined, refusals: number): void {
+  expect(types?.filter((type) => type !== 'run.rejected')).toEqual(['run.step.dispatching', 'run.step.completed']);
+  expect(types?.filter((type) => type === 'run.rejected')).toHaveLength(refusals);
+}
+
 /**
  * Of the answers to copies of one request, exactly one ran the run (200, not replayed); every
  * other one is a 409 run_id_conflict or a replay of that very envelope. Returns the one that ran.
@@ -84,7 +90,7 @@ describe('one run id sent many times at once', () => {
     expect(hitsOf(runId)).toHaveLength(1);
     const winner = theOneThatRan(answers);
     expect(winner.body).toMatchObject({ run_id: runId, status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'only once' } } }] });
-    expect((await auditTypes([runId])).get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+    expectOneCallAndRefusals((await auditTypes([runId])).get(runId), answers.filter(isConflict).length);
   });
 
   it('refuses every copy that arrives while the first is still executing, and replays after', async () => {
@@ -118,7 +124,8 @@ describe('one run id sent many times at once', () => {
     expect(again.headers['x-toolgate-replayed']).toBe('true');
     expect(again.body).toEqual(winner.body);
     expect(hitsOf(runId)).toHaveLength(1);
-    expect((await auditTypes([runId])).get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+    // Each copy refused is on record; the replay is not a refusal.
+    expectOneCallAndRefusals((await auditTypes([runId])).get(runId), 9);
   });
 
   it('executes each of several ids once when every id is sent several times in one burst', async () => {
@@ -130,10 +137,11 @@ describe('one run id sent many times at once', () => {
     const types = await auditTypes(runIds);
     for (const runId of runIds) {
       expect(hitsOf(runId)).toHaveLength(1);
-      const winner = theOneThatRan(answers.filter((_, i) => order[i]!.run_id === runId));
+      const copies = answers.filter((_, i) => order[i]!.run_id === runId);
+      const winner = theOneThatRan(copies);
       expect(winner.body).toMatchObject({ run_id: runId, status: 'completed' });
       expect(winner.body.steps[0].output).toEqual({ echo: { q: runId } });
-      expect(types.get(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+      expectOneCallAndRefusals(types.get(runId), copies.filter(isConflict).length);
     }
   });
 });
@@ -235,6 +243,28 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
       expect(hitsOf(runId)).toHaveLength(2);
     } finally {
       await holder.end();
+    }
+  });
+
+  it('answers 409 on record when the id vanishes again, at the second claim too', async () => {
+    const db = h.db.database.db;
+    const runId = newRunId('vanishing');
+    // What the executor sees when the id is taken at each claim and deleted before each read: the
+    // claim inserts nothing, the read finds nothing. Made with a trigger on this run id alone.
+    await sql`create function test_vanishing_claim() returns trigger language plpgsql as $$ begin return null; end $$`.execute(db);
+    await sql`create trigger test_vanishing_claim before insert on runs for each row when (new.run_id = ${sql.lit(runId)}) execute function test_vanishing_claim()`.execute(db);
+    try {
+      const res = await execute({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'never' } }] });
+      expect(res.status, res.text).toBe(409);
+      expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
+      expect(hitsOf(runId)).toEqual([]);
+      const refused = await h.client.get('/audit', { token: tokens.tenantOperator(T), query: { run_id: runId } });
+      expect(refused.body.items).toEqual([
+        expect.objectContaining({ event_type: 'run.rejected', actor: `agent:${AGENT}`, status: 'denied', reason_code: 'run_id_conflict', details: { message: res.body.error.message } }),
+      ]);
+    } finally {
+      await sql`drop trigger test_vanishing_claim on runs`.execute(db);
+      await sql`drop function test_vanishing_claim()`.execute(db);
     }
   });
 });

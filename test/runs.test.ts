@@ -397,11 +397,43 @@ describe('run ownership and replay', () => {
     ]);
   });
 
-  it('gives the owner 409 for a different request under a used run id', async () => {
+  it('gives the owner 409 for a different request under a used run id, on record; a replay is not', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0')] });
+    const body = { run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0')] };
+    await execute(body);
+    expect((await execute(body)).headers['x-toolgate-replayed']).toBe('true');
     const res = await execute({ run_id: runId, plan: [step('echo', { q: 'b' }, '1.0.0')] });
     expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'completed' } });
+    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.rejected' } });
+    expect(refused.body.items).toEqual([
+      expect.objectContaining({
+        actor: `agent:${AGENT}`,
+        agent_id: AGENT,
+        status: 'denied',
+        reason_code: 'run_id_conflict',
+        details: { status: 'completed', message: res.body.error.message },
+      }),
+    ]);
+  });
+
+  it('gives the owner 409 for its run while it executes, on record', async () => {
+    await registerTool(h.client, { id: 'slow.echo', backendUrl: `${backend.url}/gate`, allowed_agents: [AGENT] });
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'slow.echo' });
+    const runId = newRunId();
+    const body = { run_id: runId, plan: [step('slow.echo')] };
+    const gated = backend.hitsOn('/gate').length;
+    const running = execute(body);
+    await backend.waitForHits('/gate', gated + 1);
+    const busy = await execute(body);
+    expect(busy.status).toBe(409);
+    expect(busy.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'running' } });
+    backend.openGate();
+    expect((await running).status).toBe(200);
+    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.rejected' } });
+    expect(refused.body.items).toEqual([
+      expect.objectContaining({ actor: `agent:${AGENT}`, status: 'denied', reason_code: 'run_id_conflict', details: { status: 'running', message: busy.body.error.message } }),
+    ]);
   });
 
   it('lets the owner and its tenant’s operators read the run, and no one else', async () => {

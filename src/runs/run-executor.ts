@@ -195,7 +195,7 @@ export class RunExecutor {
         if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
         existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       }
-      if (!existing) throw new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`);
+      if (!existing) return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
       run = existing;
     }
     const prior = await this.priorRun(principal, request, run, start, traceId);
@@ -226,7 +226,7 @@ export class RunExecutor {
     if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
-        throw new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id });
+        return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
       }
       if (run.status === 'queued') {
         const started = await startQueuedRun(
@@ -239,10 +239,10 @@ export class RunExecutor {
       }
       // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
       if (run.status === 'awaiting_approval') await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
-      throw new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) });
+      return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
     }
     if (run.request_sha256 !== start.request_sha256) {
-      throw new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status });
+      return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
     }
     if (run.busy) {
       // Ends the run if its executor was lost (this request's own mark on it does not count);
@@ -262,7 +262,7 @@ export class RunExecutor {
       const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
-    throw new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status });
+    return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
   }
 
   /**
@@ -287,9 +287,11 @@ export class RunExecutor {
 
   /**
    * Refuses a whole request, on record as every denial is (SPEC §8): under the run id asked for
-   * and the agent that asked, saying no more than the answer does.
+   * and the agent that asked, saying no more than the answer does. The parent_run_id the request
+   * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */
   private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, eventType: string, error: ApiError): Promise<never> {
+    const named = request.parent_run_id === undefined ? {} : 'parent_run_id' in error.details ? { requested_parent_run_id: request.parent_run_id } : { parent_run_id: request.parent_run_id };
     await this.deps.audit.append({
       event_type: eventType,
       actor: actorOf(principal),
@@ -299,7 +301,7 @@ export class RunExecutor {
       trace_id: traceId,
       status: 'denied',
       reason_code: error.code,
-      details: { ...error.details, message: error.message, ...(request.parent_run_id !== undefined ? { parent_run_id: request.parent_run_id } : {}) },
+      details: { ...error.details, message: error.message, ...named },
     });
     throw error;
   }
