@@ -279,7 +279,11 @@ describe('tamper evidence, each on a fresh chain', () => {
     withChain(async (t) => {
       await sql`alter table audit_events drop constraint if exists audit_events_seq_positive`.execute(t.db);
       await insertForgedRow(t.db, t.records[0]!, { seq: 0, prev_hash: GENESIS_HASH });
-      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: 0 });
+      await insertForgedRow(t.db, t.records[0]!, { seq: -1, prev_hash: GENESIS_HASH });
+      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: -1 });
+      // GET /audit lists them as stored, as openapi.yaml describes a record.
+      const listed = await t.h.client.get('/audit', { token: platform });
+      expect(listed.body.items.map((e: AuditRecord) => e.seq)).toEqual([...t.records.map((r) => r.seq).reverse(), 0, -1]);
     }));
 
   it('reports a row appended past the chain head as that row', () =>
