@@ -281,9 +281,19 @@ describe('tamper evidence, each on a fresh chain', () => {
       await insertForgedRow(t.db, t.records[0]!, { seq: 0, prev_hash: GENESIS_HASH });
       await insertForgedRow(t.db, t.records[0]!, { seq: -1, prev_hash: GENESIS_HASH });
       expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: -1 });
-      // GET /audit lists them as stored, as openapi.yaml describes a record.
+      // GET /audit lists them as stored, as openapi.yaml describes a record, and pages on past them.
       const listed = await t.h.client.get('/audit', { token: platform });
-      expect(listed.body.items.map((e: AuditRecord) => e.seq)).toEqual([...t.records.map((r) => r.seq).reverse(), 0, -1]);
+      const stored = [...t.records.map((r) => r.seq).reverse(), 0, -1];
+      expect(listed.body.items.map((e: AuditRecord) => e.seq)).toEqual(stored);
+      const paged: number[] = [];
+      let cursor: string | undefined;
+      do {
+        const page = await t.h.client.get('/audit', { token: platform, query: { limit: 2, ...(cursor ? { cursor } : {}) } });
+        expect(page.status, page.text).toBe(200);
+        paged.push(...page.body.items.map((e: AuditRecord) => e.seq));
+        cursor = page.body.next_cursor ?? undefined;
+      } while (cursor);
+      expect(paged).toEqual(stored);
     }));
 
   it('reports a row appended past the chain head as that row', () =>

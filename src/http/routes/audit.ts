@@ -39,7 +39,8 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
       eventType: query.event_type,
       since: query.since ? new Date(query.since) : undefined,
       until: query.until ? new Date(query.until) : undefined,
-      beforeSeq: query.cursor === undefined ? undefined : decodeCursor(query.cursor, z.number().int().positive()),
+      // Any seq it issued: a row forged below 1 is listed as stored, and so are the rows after it.
+      beforeSeq: query.cursor === undefined ? undefined : decodeCursor(query.cursor, z.number().int()),
       limit: query.limit,
     });
     return { items: page.items, next_cursor: page.nextBeforeSeq === null ? null : encodeCursor(page.nextBeforeSeq) };
