@@ -1,9 +1,12 @@
-import { sql } from 'kysely';
+import { Kysely, PostgresDialect, sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RetentionSweeper, type RetentionSweep } from '../src/retention/retention-sweeper.js';
+import type { DB } from '../src/db/schema.js';
 import { TestBackend } from './helpers/backend.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
@@ -221,6 +224,100 @@ describe('the retention sweep', () => {
     expect(sweeps.reduce((sum, s) => sum + s.runs, 0)).toBe(6);
     expect(sweeps.reduce((sum, s) => sum + s.budget_reservations, 0)).toBe(6);
     expect(await rowsOf(runIds)).toMatchObject({ runs: 0, budget_reservations: 0, run_grant_uses: 0 });
+  });
+
+  it('sets aside a tree whose deletion always fails, reports it, and still deletes the trees after it', async () => {
+    const db = h.db.database.db;
+    const stuck = newRunId('old-stuck');
+    const others: string[] = [];
+    expect((await execute({ run_id: stuck, plan: [step('search', 'stuck')] })).status).toBe(200);
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId('old-after-stuck');
+      expect((await execute({ run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
+      others.push(runId);
+    }
+    // The oldest, so that every round meets it first.
+    await age([stuck], 101);
+    await age(others, 100);
+    // A row only this test has refers to its run: deleting the tree fails, every time.
+    await sql`create table retention_pins (tenant_id text, run_id text, foreign key (tenant_id, run_id) references runs)`.execute(db);
+    try {
+      await sql`insert into retention_pins values (${T}, ${stuck})`.execute(db);
+      const lines: Array<Record<string, unknown>> = [];
+      const registry = new Registry();
+      let now = Date.now();
+      const retention = new RetentionSweeper({
+        db, now: () => new Date(now), retentionDays: 90, intervalMs: 60_000, registry, batchSize: 2,
+        logger: pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line)) }),
+      });
+      const failedTrees = async () => (await registry.getSingleMetric('toolgate_retention_failed_trees_total')!.get()).values[0]?.value;
+
+      expect(await retention.sweep()).toMatchObject({ runs: 3, failed: [{ tenant_id: T, run_id: stuck }], skipped: false });
+      expect(await rowsOf(others)).toMatchObject({ runs: 0, budget_reservations: 0 });
+      expect(await rowsOf([stuck])).toMatchObject({ runs: 1, budget_reservations: 1 });
+      expect(await failedTrees()).toBe(1);
+      const warned = lines.filter((line) => line.run_id === stuck);
+      expect(warned).toHaveLength(1);
+      expect(warned[0]).toMatchObject({ tenant_id: T, msg: expect.stringMatching(/could not delete/) });
+      expect(String((warned[0]!.err as { message: string }).message)).toMatch(/foreign key/);
+
+      // Set aside: later sweeps pass it by, and delete what finished after it.
+      const later = newRunId('old-later');
+      expect((await execute({ run_id: later, plan: [step('search', 'later')] })).status).toBe(200);
+      await age([later], 100);
+      expect(await retention.sweep()).toMatchObject({ runs: 1, failed: [] });
+      expect(await rowsOf([later])).toMatchObject({ runs: 0 });
+      expect(await failedTrees()).toBe(1);
+
+      // A day later it is tried again, and goes once nothing holds it.
+      await sql`delete from retention_pins`.execute(db);
+      expect(await retention.sweep()).toMatchObject({ runs: 0, failed: [] });
+      now += 86_400_000 + 1;
+      expect(await retention.sweep()).toMatchObject({ runs: 1, budget_reservations: 1, failed: [] });
+      expect(await rowsOf([stuck])).toMatchObject({ runs: 0, budget_reservations: 0, budget_counters: 0 });
+    } finally {
+      await sql`drop table retention_pins`.execute(db);
+    }
+  });
+
+  it.skipIf(!hasPostgresServer)('sets aside a tree whose deletion times out, and leaves the rest of that batch to the next round (needs a PostgreSQL server)', async () => {
+    const stuck = newRunId('old-slow');
+    const others: string[] = [];
+    expect((await execute({ run_id: stuck, plan: [step('search', 'slow to delete')] })).status).toBe(200);
+    for (let i = 0; i < 2; i += 1) {
+      const runId = newRunId('old-after-slow');
+      expect((await execute({ run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
+      others.push(runId);
+    }
+    await age([stuck], 101);
+    await age(others, 100);
+    // Another client holds the tree's reservation locked, and the sweeper's statements time out
+    // waiting for it; a short statement_timeout stands in for a tree too large to delete in time.
+    const holder = new pg.Client({ connectionString: h.db.url });
+    const pool = new pg.Pool({ connectionString: h.db.url, max: 2, statement_timeout: 300 });
+    const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+    await holder.connect();
+    try {
+      await holder.query('begin');
+      await holder.query('select 1 from budget_reservations where tenant_id = $1 and run_id = $2 for update', [T, stuck]);
+      let now = Date.now();
+      const retention = new RetentionSweeper({ db, now: () => new Date(now), retentionDays: 90, intervalMs: 60_000, logger: pino({ level: 'silent' }), registry: new Registry(), batchSize: 3 });
+
+      // The timeout ends the round at the tree that timed out: the server itself might be the slow one.
+      expect(await retention.sweep()).toMatchObject({ runs: 0, failed: [{ tenant_id: T, run_id: stuck }], skipped: false });
+      expect(await rowsOf([stuck, ...others])).toMatchObject({ runs: 3 });
+      // The next round passes it by.
+      expect(await retention.sweep()).toMatchObject({ runs: 2, failed: [] });
+      expect(await rowsOf(others)).toMatchObject({ runs: 0 });
+
+      await holder.query('rollback');
+      now += 86_400_000 + 1;
+      expect(await retention.sweep()).toMatchObject({ runs: 1, failed: [] });
+      expect(await rowsOf([stuck])).toMatchObject({ runs: 0, budget_reservations: 0 });
+    } finally {
+      await holder.end();
+      await db.destroy();
+    }
   });
 
   it('frees a run id without handing the deleted run\'s calls to the next run under it, should that one\'s executor be lost', async () => {

@@ -37,6 +37,19 @@ export async function lockFinishedRoots(trx: Transaction<DB>, before: Date, afte
   return result.rows;
 }
 
+/**
+ * One root `lockFinishedRoots` found, locked again by a transaction of its own: none if it is
+ * gone or somebody holds it (the next round finds it).
+ */
+export async function lockFinishedRoot(trx: Transaction<DB>, root: RootPosition, before: Date): Promise<RootPosition[]> {
+  const result = await sql<RootPosition>`
+    select updated_at::text as updated_at_text, tenant_id, run_id from runs
+    where tenant_id = ${root.tenant_id} and run_id = ${root.run_id}
+      and parent_run_id is null and status in ('completed', 'failed', 'cancelled', 'killed') and updated_at < ${before}
+    for update skip locked`.execute(trx);
+  return result.rows;
+}
+
 /** How many rows of each table a deletion removed. */
 export interface RetentionCounts {
   runs: number;
