@@ -1,7 +1,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runTotalRef } from '../src/budgets/run-allowance.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
@@ -335,5 +337,102 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
     expect(run.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'gateway_unavailable', details: { reason: 'executor_lost', in_doubt: false } } });
     const ok = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId('after'), context: {}, plan: [{ tool_id: 'echo', input: { q: 'again' } }] } });
     expect(ok.status).toBe(200);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor settles its call (needs a PostgreSQL server)', () => {
+  const TL = 'tenant-recovery-locks';
+  const PARENT = 'lockstep.parent';
+  const SUB = 'lockstep.sub';
+  let watcher: pg.Client;
+
+  beforeAll(async () => {
+    const base = { allowed_agents: [PARENT, SUB], timeout_ms: 20_000 };
+    await registerTool(h.client, { id: 'settle.held', backendUrl: `${backend.url}/gate`, cost_units: 2, ...base });
+    await registerTool(h.client, { id: 'settle.quick', backendUrl: `${backend.url}/echo`, cost_units: 1, ...base });
+    for (const tool of ['settle.held', 'settle.quick']) await grantTool(h.client, { tenant: TL, agent: PARENT, tool });
+    await grantTool(h.client, { tenant: TL, agent: SUB, tool: 'settle.quick' });
+    watcher = new pg.Client({ connectionString: h.db.url });
+    await watcher.connect();
+  });
+
+  afterAll(async () => {
+    await watcher?.end();
+  });
+
+  /** Sessions waiting for a row lock whose statement matches `pattern`. */
+  const waiting = async (pattern: string) =>
+    Number(
+      (await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike $1`, [pattern])).rows[0].n,
+    );
+
+  it('is ended without a deadlock: recovery takes the reservation before any counter, as the settlement does', async () => {
+    // This replica's sweep stays out of the way: the test ends the run itself, at a chosen moment.
+    await h.client.app.services.recovery.stop();
+    const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    const subCounterHolder = new pg.Client({ connectionString: h.db.url });
+    const budgetCounterHolder = new pg.Client({ connectionString: h.db.url });
+    await subCounterHolder.connect();
+    await budgetCounterHolder.connect();
+    try {
+      const budget = await createBudget(h.client, { tenant: TL, limit_units: 1000 });
+      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      // The parent's call is at its backend, and it has handed a budget to a sub-run, still open.
+      // (Ids in this order, so that the parent's run-total counter is locked before the sub-run's.)
+      const runId = newRunId('lockstep-a');
+      const subRunId = newRunId('lockstep-z');
+      const parentToken = tokens.agent(PARENT, { tenant: TL });
+      const answer = ghost.post('/runs/execute', { token: parentToken, body: { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'settle me' } }] } });
+      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
+        token: parentToken,
+        body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.quick'], max_fanout: 0 },
+      });
+      expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
+      // As far as this replica can tell, the ghost is gone; it is alive, and about to settle.
+      await ghost.app.services.lease.stop();
+
+      // Recovery is held at the sub-run's run-total counter, as the hand-off closes (it holds the
+      // parent's by then); the settlement at the tenant budget's counter (after its reservation,
+      // before the parent's run-total counter: counters go in key order).
+      const sub = runTotalRef(TL, subRunId);
+      await subCounterHolder.query('begin');
+      await subCounterHolder.query(
+        'insert into budget_counters (counter_key, period_start) values ($1, $2) on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key',
+        [sub.key, sub.periodStart],
+      );
+      await budgetCounterHolder.query('begin');
+      await budgetCounterHolder.query('select 1 from budget_counters where counter_key = $1 for update', [budget.id]);
+      const recovered = h.client.app.services.recovery.recoverIfLost({ tenant_id: TL, run_id: runId });
+      const outcome = recovered.then(
+        () => 'recovered',
+        (error: Error) => error.message,
+      );
+      await waitUntil('recovery to wait for the sub-run\'s counter', async () => (await waiting('%with applicable as%')) === 1);
+      backend.openGate();
+      await waitUntil('the settlement to wait', async () => (await waiting('%with seen as materialized%')) === 1);
+      await subCounterHolder.query('commit');
+      // Recovery goes on to close the parent's reservation: both now wait on the ledger.
+      await waitUntil('recovery to reach the reservation', async () => (await waiting('%with seen as materialized%')) === 2);
+      await budgetCounterHolder.query('commit');
+
+      expect(await outcome).toBe('recovered');
+      expect(await recovered).toBe(true);
+      expect((await answer).body.status).toBe('failed');
+      const operator = tokens.tenantOperator(TL);
+      const run = (await h.client.get(`/runs/${runId}`, { token: operator })).body;
+      expect(run.steps[0]).toMatchObject({ status: 'failed', error: { details: { reason: 'executor_lost', in_doubt: true } } });
+      expect((await h.client.get(`/runs/${subRunId}`, { token: operator })).body.status).toBe('cancelled');
+      // The call is charged once: by recovery, at its price (in doubt); the settlement found it closed.
+      const reservations = await h.db.database.db.selectFrom('budget_reservations').select(['status', 'actual_units']).where('tenant_id', '=', TL).where('run_id', '=', runId).execute();
+      expect(reservations.map((r) => [r.status, Number(r.actual_units)])).toEqual([['settled', 2]]);
+      expect((await h.client.get(`/budgets/${budget.id}`, { token: operator })).body).toMatchObject({ spent_units: 2, reserved_units: 0 });
+    } finally {
+      backend.openGate();
+      await subCounterHolder.end();
+      await budgetCounterHolder.end();
+      await ghost.close();
+      h.client.app.services.recovery.start();
+    }
   });
 });

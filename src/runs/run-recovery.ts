@@ -2,12 +2,13 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
 import { listRunCallRecords, lockAuditChain, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
-import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
+import { closeLostRunReservations, lockOpenReservationsCharging } from '../budgets/budget-ledger-repository.js';
+import { runTotalRef } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../http/errors.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import { findBusyRunsToCheck, lockRun, releaseLostRun, replicaAlive, type RunKey, type RunRecord } from './run-repository.js';
+import { findBusyRunsToCheck, lockOpenRunTrees, lockRun, releaseLostRun, replicaAlive, type RunKey, type RunRecord } from './run-repository.js';
 import { isTerminal, stepIndexOfToolCall, type RunEnvelope, type RunStatus, type RunStop, type StepResult } from './run-types.js';
 
 /** The audit actor of recovery: no operator ended these runs; their executor was lost. */
@@ -142,6 +143,12 @@ export class RunRecovery {
           message: `the replica executing run ${run.run_id} stopped before the run ended${inDoubt.length > 0 ? '; a call in doubt may have reached its backend' : ''}`,
           details: loss,
         };
+        // An executor taken for lost may be alive and settling its call: a settlement locks its
+        // reservation, then counters. The reservations this recovery closes (the run's own) or
+        // recharges (its sub-runs', as their hand-offs close) are locked first, in one statement
+        // and in id order, as a settlement locks them; only then does endRunTrees lock counters.
+        const tree = await lockOpenRunTrees(trx, [run]);
+        await lockOpenReservationsCharging(trx, [run.tenant_id], tree.map((r) => runTotalRef(r.tenant_id, r.run_id)));
         const [ended] = await endRunTrees(trx, { roots: [run], status, stop: cause, eventType: 'run.executor_lost', actor: RECOVERY_ACTOR }, now);
         stop = { ...cause, audit_id: ended!.audit_id };
         httpStatus = status === 'completed' ? 200 : statusForCode(cause.code);
