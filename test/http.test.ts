@@ -113,7 +113,7 @@ describe('HTTP conventions', () => {
 });
 
 /** Sends raw bytes on a fresh connection and returns everything the gateway answers until it closes. */
-async function rawExchange(port: number, bytes: string): Promise<{ head: string; headers: Record<string, string>; body: string }> {
+async function rawExchange(port: number, bytes: string): Promise<{ head: string; headers: Record<string, string>; body: string; raw: string }> {
   const socket = connect(port, '127.0.0.1');
   await once(socket, 'connect');
   let reply = '';
@@ -124,7 +124,7 @@ async function rawExchange(port: number, bytes: string): Promise<{ head: string;
   const [head = '', body = ''] = reply.split('\r\n\r\n');
   const [statusLine = '', ...lines] = head.split('\r\n');
   const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
-  return { head: statusLine, headers, body };
+  return { head: statusLine, headers, body, raw: reply };
 }
 
 describe("requests Node's HTTP parser refuses", () => {
@@ -160,6 +160,17 @@ describe("requests Node's HTTP parser refuses", () => {
     const reply = await rawExchange(port, 'GET /health HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n\r\n');
     expect(reply.head).toMatch(/^HTTP\/1\.1 200 /);
     expect(reply.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
+  it('answers the good requests pipelined before a refused one first, each in its turn, then the refusal', async () => {
+    const good = 'GET /health HTTP/1.1\r\nhost: toolgate\r\n\r\n';
+    const reply = await rawExchange(port, `${good}GET /ready HTTP/1.1\r\nhost: toolgate\r\n\r\nGET /health HTTP/1.1\r\nthis is no header\r\n\r\n`);
+    // Read as a client reads: each answer is taken for the request in the same position.
+    const statuses = [...reply.raw.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((match) => match[1]);
+    expect(statuses).toEqual(['200', '200', '400']);
+    expect(reply.raw).toContain('{"status":"ok"}');
+    expect(reply.raw).toContain('{"status":"ready","database":"postgres"}');
+    expect(reply.raw).toContain('"reason":"HPE_INVALID_HEADER_TOKEN"');
   });
 });
 

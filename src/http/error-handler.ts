@@ -69,6 +69,7 @@ const UNPARSEABLE: Record<string, string> = {
  * here, on the socket, as `400 invalid_request` in the error envelope with a fresh request id
  * (the headers that might have carried one could not be read), and logged under it. The closed
  * set of codes has none for Node's 408 and 431; `details.reason` names what the parser found.
+ * Requests read before the refused one on the same connection (pipelined) are answered first.
  */
 export function clientErrorHandler(logger: FastifyBaseLogger): (error: ConnectionError, socket: Socket) => void {
   return (error, socket) => {
@@ -77,22 +78,38 @@ export function clientErrorHandler(logger: FastifyBaseLogger): (error: Connectio
     const requestId = randomUUID();
     const reason = error.code ?? 'bad_request';
     logger.info({ request_id: requestId, status: 400, reason }, 'request refused by the HTTP parser');
-    // As Node's own handler: never write into an answer already on its way on this connection.
-    const answering = (socket as Socket & { _httpMessage?: ServerResponse })._httpMessage;
-    if (socket.writable && !answering?.headersSent) {
-      const body = JSON.stringify(errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }));
-      socket.write(
-        [
-          'HTTP/1.1 400 Bad Request',
-          'content-type: application/json; charset=utf-8',
-          `content-length: ${Buffer.byteLength(body)}`,
-          `x-request-id: ${requestId}`,
-          'connection: close',
-          '',
-          body,
-        ].join('\r\n'),
-      );
-    }
-    socket.destroy(error);
+    afterAnswersInFlight(socket, () => {
+      if (socket.writable) {
+        const body = JSON.stringify(errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }));
+        socket.write(
+          [
+            'HTTP/1.1 400 Bad Request',
+            'content-type: application/json; charset=utf-8',
+            `content-length: ${Buffer.byteLength(body)}`,
+            `x-request-id: ${requestId}`,
+            'connection: close',
+            '',
+            body,
+          ].join('\r\n'),
+        );
+      }
+      socket.destroy(error);
+    });
   };
+}
+
+/**
+ * Calls `then` once every answer owed on the connection has been sent. Node hands the socket to
+ * the next pipelined answer when one finishes (before our own 'finish' listener runs), so a
+ * refusal written now would go out in place of the answers to the good requests read before
+ * it, and the client would take it for theirs.
+ */
+function afterAnswersInFlight(socket: Socket, then: () => void): void {
+  const answering = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+  if (!answering || answering.writableFinished || socket.destroyed) return then();
+  answering.once('finish', () => afterAnswersInFlight(socket, then));
+  // A connection lost meanwhile: there is no one left to answer.
+  answering.once('close', () => {
+    if (!answering.writableFinished) then();
+  });
 }
