@@ -291,6 +291,36 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
 });
 
 describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL server)', () => {
+  it('does not hold the pool open after a close that gave up on a lease return blocked by a held row', async () => {
+    // The replica's own pools, as the app's: closing them waits for every statement they run.
+    const own = await openDatabase({ databaseUrl: testDb.url!, dataDir: '', poolSize: 4, logger: pino({ level: 'silent' }) });
+    const b = bucket(32, 20);
+    const leasing = new RateLimiter(own.hotAsync, { now: clock.now, registry: new Registry() });
+    expect((await leasing.take(b)).ok).toBe(true); // 32 → 29, 2 leased
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    // Another transaction holds the bucket's row for longer than the close waits.
+    const holder = testDb.database.db.transaction().execute(async (trx) => {
+      await trx.selectFrom('rate_buckets').select('tokens').where('tenant_id', '=', b.tenantId).forUpdate().execute();
+      locked();
+      await held;
+    });
+    try {
+      await isLocked;
+      await leasing.close();
+      // The return statement must not outlive the close that stopped waiting for it: the pools
+      // close while the row is still held (before, they waited out the 15 s statement timeout).
+      await own.close();
+    } finally {
+      release();
+      await holder;
+    }
+    // The tokens went unreturned, as at a crash: never more than the bucket held.
+    expect((await readBucket(testDb.database.db, b))!.tokens).toBe(29);
+  }, 10_000);
+
   it('does not fail a close whose leased tokens cannot go back: they are lost, as at a crash', async () => {
     const server = new URL(testDb.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();

@@ -105,20 +105,26 @@ export async function storeBuckets(trx: Transaction<DB>, buckets: Array<{ key: B
 /**
  * Gives leased tokens back to their buckets, each up to `capacity` and never past it (a bucket
  * already that full, or fuller under a contract lowered since, is left as it is). One statement,
- * rows in one order, so that two replicas closing together queue instead of deadlocking.
+ * rows in one order, so that two replicas closing together queue instead of deadlocking. The
+ * server cancels it after `timeoutMs` (a row held by another transaction, a slow server): a
+ * closing replica's pool waits for its connections, so a statement left running would hold the
+ * shutdown after the caller stopped waiting for it.
  */
-export async function returnTokens(db: Kysely<DB>, returns: Array<{ key: BucketKey; tokens: number; capacity: number }>): Promise<void> {
+export async function returnTokens(db: Kysely<DB>, returns: Array<{ key: BucketKey; tokens: number; capacity: number }>, timeoutMs: number): Promise<void> {
   if (returns.length === 0) return;
   const ordered = [...returns].sort((x, y) => (bucketId(x.key) < bucketId(y.key) ? -1 : 1));
-  await sql`
-    update rate_buckets b set tokens = least(v.c, b.tokens + v.n)
-    from unnest(
-      ${ordered.map((r) => r.key.tenantId)}::text[],
-      ${ordered.map((r) => r.key.agentId)}::text[],
-      ${ordered.map((r) => r.key.toolId)}::text[],
-      ${ordered.map((r) => r.tokens)}::float8[],
-      ${ordered.map((r) => r.capacity)}::float8[]
-    ) as v(t, a, k, n, c)
-    where b.tenant_id = v.t and b.agent_id = v.a and b.tool_id = v.k and b.tokens < v.c
-  `.execute(db);
+  await db.transaction().execute(async (trx) => {
+    await sql`select set_config('statement_timeout', ${String(Math.ceil(timeoutMs))}, true)`.execute(trx);
+    await sql`
+      update rate_buckets b set tokens = least(v.c, b.tokens + v.n)
+      from unnest(
+        ${ordered.map((r) => r.key.tenantId)}::text[],
+        ${ordered.map((r) => r.key.agentId)}::text[],
+        ${ordered.map((r) => r.key.toolId)}::text[],
+        ${ordered.map((r) => r.tokens)}::float8[],
+        ${ordered.map((r) => r.capacity)}::float8[]
+      ) as v(t, a, k, n, c)
+      where b.tenant_id = v.t and b.agent_id = v.a and b.tool_id = v.k and b.tokens < v.c
+    `.execute(trx);
+  });
 }

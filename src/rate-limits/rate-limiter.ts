@@ -111,7 +111,8 @@ export class RateLimiter {
   /**
    * Waits for takes in flight, then gives the tokens this replica leased and did not spend back to
    * their buckets, so that other replicas can take them. Best-effort: if the database does not
-   * answer within `LEASE_RETURN_WAIT_MS`, or fails, they are lost (the strict side), as at a crash.
+   * answer within `LEASE_RETURN_WAIT_MS`, or fails, they are lost (the strict side), as at a crash;
+   * the server gives the statement up by then too, so it does not keep holding the pool's close.
    */
   async close(): Promise<void> {
     await this.batches.drain();
@@ -119,7 +120,7 @@ export class RateLimiter {
     // Out of the map first: nothing spends or returns them twice.
     this.leases.clear();
     if (unspent.length === 0) return;
-    const returned = returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity }))).catch(() => undefined);
+    const returned = returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity })), LEASE_RETURN_WAIT_MS).catch(() => undefined);
     let timer: NodeJS.Timeout | undefined;
     const waited = new Promise<void>((resolve) => {
       timer = setTimeout(resolve, LEASE_RETURN_WAIT_MS);
