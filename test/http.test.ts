@@ -4,9 +4,11 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
 import { hasPostgresServer } from './helpers/database.js';
+import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
 
 let h: Harness;
 beforeAll(async () => {
@@ -171,6 +173,43 @@ describe("requests Node's HTTP parser refuses", () => {
     expect(reply.raw).toContain('{"status":"ok"}');
     expect(reply.raw).toContain('{"status":"ready","database":"postgres"}');
     expect(reply.raw).toContain('"reason":"HPE_INVALID_HEADER_TOKEN"');
+  });
+
+  it('refuses a connection once, however much more it sends while the answer before the refusal is still owed', async () => {
+    const backend = await new TestBackend().start();
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error) => warnings.push(warning);
+    process.on('warning', onWarning);
+    try {
+      await registerTool(h.client, { id: 'parser.held', backendUrl: `${backend.url}/gate`, allowed_agents: ['parser.agent'], category: 'read_only', cost_units: 0 });
+      await grantTool(h.client, { tenant: 'parser-tenant', agent: 'parser.agent', tool: 'parser.held' });
+      const body = JSON.stringify({ run_id: newRunId(), context: {}, plan: [{ tool_id: 'parser.held', input: { q: 'held' } }] });
+      const socket = connect(port, '127.0.0.1');
+      await once(socket, 'connect');
+      let reply = '';
+      socket.on('data', (chunk: Buffer) => (reply += chunk.toString('utf8')));
+      socket.on('error', () => undefined);
+      const closed = once(socket, 'close');
+      const token = tokens.agent('parser.agent', { tenant: 'parser-tenant' });
+      socket.write(
+        `POST /runs/execute HTTP/1.1\r\nhost: toolgate\r\nauthorization: Bearer ${token}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}` +
+          'GET /health HTTP/1.1\r\nthis is no header\r\n\r\n',
+      );
+      await backend.waitForHits('/gate', 1);
+      // While the run is held at its backend, the client keeps sending: each chunk fails the parser again.
+      for (let i = 0; i < 15; i += 1) {
+        socket.write('still no header\r\n');
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+      backend.openGate();
+      await closed;
+      const statuses = [...reply.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((match) => match[1]);
+      expect(statuses).toEqual(['200', '400']);
+      expect(warnings.map((warning) => warning.name)).not.toContain('MaxListenersExceededWarning');
+    } finally {
+      process.off('warning', onWarning);
+      await backend.close();
+    }
   });
 });
 

@@ -72,9 +72,13 @@ const UNPARSEABLE: Record<string, string> = {
  * Requests read before the refused one on the same connection (pipelined) are answered first.
  */
 export function clientErrorHandler(logger: FastifyBaseLogger): (error: ConnectionError, socket: Socket) => void {
+  // Connections whose refusal is written or waiting on the answers before it: the parser stays
+  // failed and refuses again every further chunk the client sends meanwhile.
+  const refused = new WeakSet<Socket>();
   return (error, socket) => {
     // The client went away: there is no one to answer.
-    if (error.code === 'ECONNRESET' || socket.destroyed) return;
+    if (error.code === 'ECONNRESET' || socket.destroyed || refused.has(socket)) return;
+    refused.add(socket);
     const requestId = randomUUID();
     const reason = error.code ?? 'bad_request';
     logger.info({ request_id: requestId, status: 400, reason }, 'request refused by the HTTP parser');
