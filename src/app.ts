@@ -9,6 +9,7 @@ import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
 import { GroupCommit } from './db/group-commit.js';
 import { jsonProblem } from './db/json-limits.js';
+import { waitAtMost } from './db/wait-at-most.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
@@ -254,12 +255,18 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     recovery.start();
     retention.start();
   });
+  // Each step that needs the database waits for it at most CLOSE_STEP_WAIT_MS: in a silent
+  // partition none would ever finish, and closing the database (the caller's next step) destroys
+  // the connections still waiting.
   app.addHook('onClose', async () => {
     await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop()]);
-    // Every call in flight has finished: nothing this replica held is busy any more.
-    await lease.stop();
-    await Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop(), backend.close()]);
-    await audit.drain();
+    await Promise.all([
+      // Every call in flight has finished: nothing this replica held is busy any more.
+      lease.stop(),
+      waitAtMost(Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop()])),
+      backend.close(),
+    ]);
+    await waitAtMost(audit.drain());
   });
 
   await app.register(authPlugin, {

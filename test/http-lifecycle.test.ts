@@ -1,8 +1,12 @@
 import { once } from 'node:events';
 import { connect, type AddressInfo } from 'node:net';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
-import { startHarness, type Harness } from './helpers/harness.js';
+import { hasPostgresServer } from './helpers/database.js';
+import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -142,5 +146,53 @@ describe('closing the app (SIGTERM)', () => {
     const events = await h.db.database.db.selectFrom('audit_events').select(['event_type', 'event_id']).where('run_id', '=', runId).orderBy('seq').execute();
     expect(events.map((e) => e.event_type)).toEqual(['run.step.dispatching', 'run.step.completed']);
     expect(events[1]!.event_id).toBe(envelope.steps[0]!.audit_id);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('closing the app and its database through a proxy (needs a PostgreSQL server)', () => {
+  /** An app whose every connection to the database goes through `proxy`; its background work runs every few hundred ms. */
+  async function proxiedApp() {
+    const server = new URL(h.db.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 4, logger: pino({ level: 'silent' }) });
+    const client = await AppClient.start(database, { TOOLGATE_REPLICA_LEASE_MS: '900', TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '200' });
+    // Connections in every pool, idle once the calls are over.
+    for (let i = 0; i < 3; i += 1) await Promise.all([client.get('/ready'), client.get('/audit', { token: tokens.platform() })]);
+    return { proxy, database, client, replicaId: client.app.services.lease.id };
+  }
+
+  const replicaRow = (id: string) => h.db.database.db.selectFrom('replicas').select('id').where('id', '=', id).executeTakeFirst();
+
+  it('gives the replica lease up when the database answers', async () => {
+    const { proxy, database, client, replicaId } = await proxiedApp();
+    try {
+      expect(await replicaRow(replicaId)).toBeDefined();
+      await client.close();
+      await database.close();
+      expect(await replicaRow(replicaId)).toBeUndefined();
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  // A silent partition: connections stay open, nothing crosses them. The close gives each step
+  // that needs the database up after a short wait and destroys the connections still waiting,
+  // instead of waiting for answers that never come. (The test's time limit is a liveness bound,
+  // under the client's 20 s query timeout: a close that waits on any statement's timeout is one
+  // the shutdown timeout kills.)
+  it('completes during a silent partition, leaving the lease to lapse', { timeout: 19_000 }, async () => {
+    const { proxy, database, client, replicaId } = await proxiedApp();
+    try {
+      proxy.freeze();
+      // Background rounds (lease renewal, sweeps, registry checks) start, and hang.
+      await new Promise((r) => setTimeout(r, 1_000));
+      await client.close();
+      await database.close();
+      proxy.restore();
+      // It could not be given up: it lapses, as a killed replica's does.
+      expect(await replicaRow(replicaId)).toBeDefined();
+    } finally {
+      await proxy.close();
+    }
   });
 });

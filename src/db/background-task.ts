@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { waitAtMost } from './wait-at-most.js';
 
 /** What a background task is built from. */
 export interface BackgroundTaskOptions {
@@ -30,11 +31,14 @@ export class BackgroundTask {
     this.schedule();
   }
 
-  /** Stops scheduling rounds, and waits for one in progress. */
+  /**
+   * Stops scheduling rounds, and waits for one in progress — at most `CLOSE_STEP_WAIT_MS`: a round
+   * a silent database holds goes on unwaited for, until closing the database ends it.
+   */
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
-    await this.running;
+    await waitAtMost(this.running);
   }
 
   private schedule(): void {

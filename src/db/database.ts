@@ -6,6 +6,7 @@ import pg from 'pg';
 import type { Logger } from 'pino';
 import { PGlitePool } from './pglite-pool.js';
 import type { DB } from './schema.js';
+import { waitAtMost } from './wait-at-most.js';
 
 export type NotificationHandler = (payload: string) => void;
 
@@ -76,15 +77,16 @@ const HOT_SETTINGS = ['plan_cache_mode=force_generic_plan', 'enable_seqscan=off'
 
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
   const sent = { count: 0 };
+  const connections = new Set<pg.Client>();
   // The pool size is that of the general pool, where prepared statements are parsed once but
   // planned for each execution, with its values and the tables as they are now (operator
   // queries: the best plan depends on their filters). The per-call statements have two pools of
   // a quarter of that size each: each group commit has one batch in flight at a time, so a
   // handful of connections carry them.
   const hotSize = Math.max(2, Math.ceil(poolSize / 4));
-  const general = openPool(connectionString, poolSize, logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent);
-  const hotPool = openPool(connectionString, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent);
-  const hotAsyncPool = openPool(connectionString, hotSize, logger, 'toolgate-hot-async', [...HOT_SETTINGS, 'synchronous_commit=off'], sent);
+  const general = openPool(connectionString, poolSize, logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent, connections);
+  const hotPool = openPool(connectionString, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent, connections);
+  const hotAsyncPool = openPool(connectionString, hotSize, logger, 'toolgate-hot-async', [...HOT_SETTINGS, 'synchronous_commit=off'], sent, connections);
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: general }) });
   const hot = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotPool }) });
   const hotAsync = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotAsyncPool }) });
@@ -99,14 +101,42 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
     ping: async () => {
       await sql`select 1`.execute(db);
     },
+    // The pools end once every connection is back and each has said goodbye. A connection still
+    // busy (a statement a closing step gave up on), or whose server does not answer (a silent
+    // partition), is destroyed after CLOSE_STEP_WAIT_MS instead of being waited for.
     close: async () => {
-      await listener.close();
-      await Promise.all([db.destroy(), hot.destroy(), hotAsync.destroy()]);
+      const pools = Promise.all([db.destroy(), hot.destroy(), hotAsync.destroy()]);
+      const ended = pools.then(() => Promise.all([...connections].map((client) => new Promise((resolve) => client.once('end', resolve)))));
+      const [, settled] = await Promise.all([listener.close(), waitAtMost(ended)]);
+      if (!settled) for (const client of connections) destroyConnection(client);
+      await pools;
     },
   };
 }
 
-function openPool(connectionString: string, max: number, logger: Logger, applicationName: string, settings: string[], sent: { count: number }): pg.Pool {
+/**
+ * Closes a connection without waiting for its server: a statement in flight fails, and its
+ * socket is destroyed. (Ended first, so that pg reports no unexpected disconnection.)
+ */
+function destroyConnection(client: pg.Client): void {
+  client.end().catch(() => undefined);
+  client.connection.stream.destroy();
+}
+
+/** Ends a connection, gracefully if its server answers within CLOSE_STEP_WAIT_MS, else by destroying it. */
+async function endConnection(client: pg.Client): Promise<void> {
+  if (!(await waitAtMost(client.end()))) destroyConnection(client);
+}
+
+function openPool(
+  connectionString: string,
+  max: number,
+  logger: Logger,
+  applicationName: string,
+  settings: string[],
+  sent: { count: number },
+  connections: Set<pg.Client>,
+): pg.Pool {
   const pool = new pg.Pool({
     connectionString,
     max,
@@ -126,6 +156,8 @@ function openPool(connectionString: string, max: number, logger: Logger, applica
   // pg-pool listens for errors only on idle clients; a checked-out client whose server goes away
   // would emit an unhandled 'error' and kill the process. The query in flight rejects regardless.
   pool.on('connect', (client) => {
+    connections.add(client as pg.Client);
+    client.once('end', () => connections.delete(client as pg.Client));
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
     // Queued before any query the pool hands the client out for.
     const set = settings.map((setting) => `SET ${setting.replace('=', ' = ')}`).join('; ');
@@ -209,6 +241,8 @@ async function openPGlite(dataDir: string): Promise<Database> {
 /** A dedicated pg connection for LISTEN that reconnects by itself with backoff. */
 class PgNotificationListener extends EventEmitter implements NotificationListener {
   private client: pg.Client | undefined;
+  /** The connection being established, until it is (or fails). */
+  private opening: pg.Client | undefined;
   private readonly handlers = new Map<string, NotificationHandler[]>();
   private closed = false;
   private connecting: Promise<void> | undefined;
@@ -258,6 +292,7 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
     });
     client.on('error', (error) => this.dropped(client, error));
     client.on('end', () => this.dropped(client, undefined));
+    this.opening = client;
     try {
       await client.connect();
       for (const channel of this.handlers.keys()) {
@@ -266,9 +301,11 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
     } catch (error) {
       this.dropped(client, error as Error);
       return;
+    } finally {
+      this.opening = undefined;
     }
     if (this.closed) {
-      await client.end().catch(() => undefined);
+      await endConnection(client);
       return;
     }
     this.client = client;
@@ -298,17 +335,18 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
     this.retryTimer.unref();
   }
 
+  /** Ends the connection, or the one being established: destroyed if its server does not answer in time. */
   async close(): Promise<void> {
     this.closed = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    await this.connecting;
-    const client = this.client;
+    const client = this.client ?? this.opening;
     this.client = undefined;
     this.connected = false;
     if (client) {
       client.removeAllListeners('end');
-      await client.end().catch(() => undefined);
+      await endConnection(client);
     }
+    await this.connecting;
   }
 }
 

@@ -3,6 +3,7 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
+import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
 import { removeReplica, renewReplica, type ReplicaIdentity } from './replica-repository.js';
 
 /** What a lease is built from, by the composition root. */
@@ -62,13 +63,18 @@ export class ReplicaLease {
     return performance.now() - this.renewedAt < this.options.leaseMs;
   }
 
-  /** Stops renewing and gives the lease up (call once nothing executes any more): nothing is dispatched after. */
+  /**
+   * Stops renewing and gives the lease up (call once nothing executes any more): nothing is
+   * dispatched after. A database that does not answer within `CLOSE_STEP_WAIT_MS` (a silent
+   * partition) is not waited for: the lease lapses, as a killed replica's does.
+   */
   async stop(): Promise<void> {
     await this.task.stop();
     this.renewedAt = Number.NEGATIVE_INFINITY;
-    await removeReplica(this.options.db, this.id).catch((error: unknown) => {
+    const removed = removeReplica(this.options.db, this.id, CLOSE_STEP_WAIT_MS).catch((error: unknown) => {
       this.options.logger.warn({ err: error }, 'could not give the replica lease up; it will lapse');
     });
+    if (!(await waitAtMost(removed))) this.options.logger.warn('the database did not answer giving the replica lease up; it will lapse');
   }
 
   private async renew(): Promise<void> {

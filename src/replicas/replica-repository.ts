@@ -19,7 +19,14 @@ export async function renewReplica(db: Kysely<DB>, replica: ReplicaIdentity, lea
     on conflict (id) do update set renewed_at = now(), expires_at = excluded.expires_at`.execute(db);
 }
 
-/** A replica stopping cleanly gives its lease up: nothing it held is busy any more. */
-export async function removeReplica(db: Kysely<DB>, id: string): Promise<void> {
-  await db.deleteFrom('replicas').where('id', '=', id).execute();
+/**
+ * A replica stopping cleanly gives its lease up: nothing it held is busy any more. The server
+ * cancels it after `timeoutMs` (its row held by another transaction, a slow server), so that it
+ * does not go on holding a connection the closing replica's pool waits for.
+ */
+export async function removeReplica(db: Kysely<DB>, id: string, timeoutMs: number): Promise<void> {
+  await db.transaction().execute(async (trx) => {
+    await sql`select set_config('statement_timeout', ${String(Math.ceil(timeoutMs))}, true)`.execute(trx);
+    await trx.deleteFrom('replicas').where('id', '=', id).execute();
+  });
 }
