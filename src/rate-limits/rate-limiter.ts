@@ -3,6 +3,7 @@ import { Counter, type Registry } from 'prom-client';
 import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { bucketId, lockBuckets, readBucket, returnTokens, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
+import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
 import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from './token-bucket.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
@@ -111,7 +112,7 @@ export class RateLimiter {
   /**
    * Waits for takes in flight, then gives the tokens this replica leased and did not spend back to
    * their buckets, so that other replicas can take them. Best-effort: if the database does not
-   * answer within `LEASE_RETURN_WAIT_MS`, or fails, they are lost (the strict side), as at a crash;
+   * answer within `CLOSE_STEP_WAIT_MS`, or fails, they are lost (the strict side), as at a crash;
    * the server gives the statement up by then too, so it does not keep holding the pool's close.
    */
   async close(): Promise<void> {
@@ -120,14 +121,7 @@ export class RateLimiter {
     // Out of the map first: nothing spends or returns them twice.
     this.leases.clear();
     if (unspent.length === 0) return;
-    const returned = returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity })), LEASE_RETURN_WAIT_MS).catch(() => undefined);
-    let timer: NodeJS.Timeout | undefined;
-    const waited = new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, LEASE_RETURN_WAIT_MS);
-      timer.unref();
-    });
-    await Promise.race([returned, waited]);
-    clearTimeout(timer);
+    await waitAtMost(returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity })), CLOSE_STEP_WAIT_MS));
   }
 
   /** One batch: each bucket's takes decided in arrival order, bucket by bucket (they are independent). */
@@ -245,9 +239,6 @@ interface Lease extends BucketRule {
 
 /** How long a lease may be spent: also what it holds at most, in refill. */
 export const LEASE_WINDOW_MS = 100;
-
-/** How long a closing replica waits for its unspent leases to go back before it lets them go. */
-export const LEASE_RETURN_WAIT_MS = 1_000;
 
 /** The lease a batch may take from a bucket with this rule: none under two tokens. */
 export function leaseSize(rule: BucketRule): number {
