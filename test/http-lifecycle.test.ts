@@ -1,5 +1,6 @@
 import { once } from 'node:events';
 import { connect, type AddressInfo } from 'node:net';
+import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
@@ -171,6 +172,46 @@ describe.skipIf(!hasPostgresServer)('closing the app and its database through a 
       await database.close();
       expect(await replicaRow(replicaId)).toBeUndefined();
     } finally {
+      await proxy.close();
+    }
+  });
+
+  // A healthy but busy database: a background round the close stops waiting for (here recovery,
+  // held on a run another session has locked) is cut mid-transaction when the database closes.
+  // Nothing of it is committed, and another replica ends the run later, once.
+  it('rolls back a recovery round it stops waiting for, and another replica recovers the run', async () => {
+    const { proxy, database, client } = await proxiedApp();
+    // Another replica, whose own sweeps stay out of the way (a long lease: a slow sweep).
+    const other = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: '600000' });
+    const holder = new pg.Client({ connectionString: h.db.url });
+    await holder.connect();
+    try {
+      // A run whose call completed, put back as a crash after the outcome record leaves it.
+      const runId = newRunId('cut');
+      const answer = other.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'cut' } }] } });
+      await waitForHit(runId);
+      backend.openGate();
+      expect((await answer).status).toBe(200);
+      const run = () => h.db.database.db.updateTable('runs').where('tenant_id', '=', T).where('run_id', '=', runId);
+      const runState = () => h.db.database.db.selectFrom('runs').select(['status', 'busy']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
+      await run().set({ status: 'running', busy: true, executor_id: 'rep_gone', envelope: null, http_status: null }).execute();
+      await holder.query('begin');
+      await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [T, runId]);
+      // The closing replica's recovery round waits on the lock (its sweep runs every 450 ms).
+      const waiting = async () => (await holder.query("select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()")).rows[0].n as number;
+      for (let i = 0; i < 300 && (await waiting()) === 0; i += 1) await new Promise((r) => setTimeout(r, 20));
+      expect(await waiting()).toBe(1);
+      await client.close();
+      await database.close();
+      await holder.query('commit');
+      expect(await runState()).toEqual({ status: 'running', busy: true });
+      expect(await auditedEvents(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
+      expect(await other.app.services.recovery.recoverIfLost({ tenant_id: T, run_id: runId })).toBe(true);
+      expect(await runState()).toEqual({ status: 'completed', busy: false });
+      expect(await auditedEvents(runId)).toEqual(['run.step.dispatching', 'run.step.completed', 'run.executor_lost']);
+    } finally {
+      await holder.end();
+      await other.close();
       await proxy.close();
     }
   });
