@@ -7,6 +7,12 @@ import { openDatabase } from './db/database.js';
 import { migrate } from './db/migrate.js';
 import { createLogger } from './logger.js';
 
+/** The signals that ask for a graceful shutdown. */
+const SHUTDOWN_SIGNALS = ['SIGTERM', 'SIGINT'] as const;
+
+/** How soon the same signal again is taken as the first one delivered twice, not as "exit now". */
+const REPEATED_SIGNAL_MS = 1_000;
+
 /** The process: configuration, database, migrations, the app, signals. */
 async function main(): Promise<void> {
   let config;
@@ -32,12 +38,35 @@ async function main(): Promise<void> {
   logger.info({ applied, database: database.kind }, 'migrations applied');
   const app = await buildApp({ config, database, keys, logger });
 
-  closeWithGrace({ delay: config.shutdownTimeoutMs, logger }, async ({ signal, err }) => {
-    if (err) logger.error({ err }, 'shutting down after an error');
-    else logger.info({ signal }, 'shutting down');
+  // SIGTERM and SIGINT are taken here rather than by close-with-grace, which takes any second
+  // signal as "exit now": `npm start` forwards to node the signal its process group has already
+  // delivered to node (Ctrl-C in a terminal, `kill -- -PGID`, systemd stopping the service), and
+  // exiting on that copy cut the calls in flight. The same signal again within a second is that
+  // one request; a later or different one still forces the exit.
+  let shutdown: { signal: NodeJS.Signals; atMs: number } | undefined;
+  let erroredOut = false;
+  const grace = closeWithGrace({ delay: config.shutdownTimeoutMs, logger, skip: [...SHUTDOWN_SIGNALS] }, async ({ err }) => {
+    if (err) {
+      erroredOut = true;
+      logger.error({ err }, 'shutting down after an error');
+    }
     await app.close();
     await database.close();
   });
+  for (const signal of SHUTDOWN_SIGNALS) {
+    process.on(signal, () => {
+      if (shutdown === undefined && !erroredOut) {
+        shutdown = { signal, atMs: Date.now() };
+        logger.info({ signal }, 'shutting down');
+        grace.close();
+      } else if (shutdown?.signal === signal && Date.now() - shutdown.atMs < REPEATED_SIGNAL_MS) {
+        logger.info({ signal }, 'the same signal again at once (delivered to the process group, then forwarded): still shutting down');
+      } else {
+        logger.error({ signal }, 'another signal while shutting down: exiting now');
+        process.exit(1);
+      }
+    });
+  }
 
   await app.listen({ port: config.port, host: config.host });
   if (keys.kind === 'secret' && keys.development) {

@@ -1,6 +1,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -96,6 +97,68 @@ describe('npm start on a fresh machine', () => {
       } catch {
         // the group is gone already
       }
+      await db.drop();
+    }
+  }, 120_000);
+
+  it('takes the same signal again within a second as one request to shut down (npm forwards node a copy of its group\'s signal); later, as "exit now"', async () => {
+    // Ctrl-C in a terminal, `kill -- -PGID` and systemd signal every process of the group: node
+    // gets the signal, and `npm start` forwards it the same signal again.
+    const db = await createEmptyDatabaseUrl();
+    /** A gateway process (node itself, no launcher that forwards signals) with a request in flight, its body still arriving. */
+    const startHeld = async () => {
+      const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-signals-'));
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], { cwd: root, env: bareEnv({ PORT: '0', DATABASE_URL: db.url, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'info' }) });
+      children.push(child);
+      let output = '';
+      child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+      child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+      const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(output); i += 1) await new Promise((r) => setTimeout(r, 100));
+      const port = Number(/127\.0\.0\.1:(\d+)\/whoami/.exec(output)?.[1]);
+      expect(port).toBeGreaterThan(0);
+      const socket = connect(port, '127.0.0.1');
+      let answer = '';
+      socket.on('data', (chunk: Buffer) => (answer += chunk.toString()));
+      socket.on('error', () => undefined);
+      const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+      await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
+      const token = /TOOLGATE_TOKEN=(\S+)/.exec(output)?.[1];
+      expect(token).toBeDefined();
+      // Authenticated, so that it waits for its body (an unauthenticated one is answered at once).
+      const body = JSON.stringify({ scope: 'tenant', period: 'day', limit_units: 'not a number' });
+      socket.write(
+        `POST /budgets HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${token}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body.slice(0, 5)}`,
+      );
+      // The headers are read: the request is in flight, and holds the graceful close open.
+      await new Promise((r) => setTimeout(r, 300));
+      const shuttingDown = async () => {
+        for (let i = 0; i < 200 && !output.includes('"shutting down"'); i += 1) await new Promise((r) => setTimeout(r, 25));
+        expect(output).toContain('"shutting down"');
+      };
+      return { child, exited, shuttingDown, finish: () => socket.end(body.slice(5)), answered: closed.then(() => answer), output: () => output };
+    };
+    try {
+      const twice = await startHeld();
+      twice.child.kill('SIGTERM');
+      await twice.shuttingDown();
+      twice.child.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 200));
+      twice.finish();
+      // Answered (its body is refused: 400), then a clean exit: the copy did not cut the request off.
+      expect(await twice.answered).toMatch(/^HTTP\/1\.1 400 /);
+      expect(await twice.exited).toBe(0);
+
+      const later = await startHeld();
+      later.child.kill('SIGTERM');
+      await later.shuttingDown();
+      await new Promise((r) => setTimeout(r, 1_200));
+      later.child.kill('SIGTERM');
+      // A second signal well after the first still means "exit now".
+      expect(await later.exited).toBe(1);
+      expect(await later.answered).toBe('');
+      expect(later.output()).toContain('exiting now');
+    } finally {
       await db.drop();
     }
   }, 120_000);
