@@ -340,6 +340,20 @@ describe('approvals expire', () => {
     await x?.close();
   });
 
+  /** A root kept open, and a sub-run handed off from it that waits for an operator to approve the hand-off. */
+  const handoffAwaitingApproval = async () => {
+    const root = newRunId('root');
+    const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
+    expect(started.body.status).toBe('running');
+    const sub = newRunId('sub');
+    const created = await x.client.post(`/runs/${root}/handoffs`, {
+      token: agent,
+      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
+    });
+    expect(created.status).toBe(201);
+    return { root, sub, approvalId: created.body.approval_id as string };
+  };
+
   const held = async (toolId = 'publish.draft') => {
     const runId = newRunId();
     const res = await x.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step(toolId, 'stale')] } });
@@ -466,14 +480,7 @@ describe('approvals expire', () => {
   });
 
   it('a hand-off proposal that lapsed expires on a resume of its waiting sub-run, as on a decision', async () => {
-    const root = newRunId('root');
-    await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
-    const sub = newRunId('sub');
-    const created = await x.client.post(`/runs/${root}/handoffs`, {
-      token: agent,
-      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
-    });
-    const approvalId = created.body.approval_id as string;
+    const { sub, approvalId } = await handoffAwaitingApproval();
     const early = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
     expect(early.body.error).toMatchObject({ code: 'run_not_resumable', details: { reason: 'handoff_awaiting_approval' } });
     clock.advance(TTL_MS + 1);
@@ -487,14 +494,7 @@ describe('approvals expire', () => {
   });
 
   it('a hand-off proposal that lapsed expires when its sub-agent tries to start the sub-run, as on a resume', async () => {
-    const root = newRunId('root');
-    await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
-    const sub = newRunId('sub');
-    const created = await x.client.post(`/runs/${root}/handoffs`, {
-      token: agent,
-      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
-    });
-    const approvalId = created.body.approval_id as string;
+    const { root, sub, approvalId } = await handoffAwaitingApproval();
     const start = () => x.client.post('/runs/execute', { token: tokens.agent(SUB, { tenant: T }), body: { run_id: sub, parent_run_id: root, context: {}, plan: [step('search', 'sub')] } });
     const early = await start();
     expect(early.status).toBe(409);
@@ -511,16 +511,7 @@ describe('approvals expire', () => {
   });
 
   it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
-    const root = newRunId('root');
-    const started = await x.client.post('/runs/execute', { token: agent, body: { run_id: root, keep_open: true, budget_units: 10, context: {}, plan: [step('search', 'root')] } });
-    expect(started.body.status).toBe('running');
-    const sub = newRunId('sub');
-    const created = await x.client.post(`/runs/${root}/handoffs`, {
-      token: agent,
-      body: { sub_agent_id: SUB, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0, approval_requirement: 'operator' },
-    });
-    expect(created.status).toBe(201);
-    const approvalId = created.body.approval_id as string;
+    const { root, sub, approvalId } = await handoffAwaitingApproval();
     expect((await x.client.post(`/runs/${sub}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
     clock.advance(TTL_MS + 1);
 
