@@ -51,7 +51,9 @@ export class BackgroundTask {
           this.failing = false;
         })
         .catch((error: unknown) => {
-          if (!this.failing) this.options.logger.warn({ err: error }, `${this.options.name} failed; retrying`);
+          // A round cut off by the close (its connection destroyed) is no failure to report.
+          if (this.stopped) this.options.logger.debug({ err: error }, `${this.options.name} stopped mid-round`);
+          else if (!this.failing) this.options.logger.warn({ err: error }, `${this.options.name} failed; retrying`);
           this.failing = true;
         })
         .finally(() => {
