@@ -5,7 +5,7 @@ import { BudgetLedger } from '../src/budgets/budget-ledger.js';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
-import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
 // SPEC §6 hand-offs: a running agent hands a sub-agent part of its budget and a narrower authority.
 const T = 'tenant-handoffs';
@@ -420,6 +420,42 @@ describe('a sub-run', () => {
     await running;
     expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 11, reserved_units: 0 });
     expect(await allowance(sub, SUB)).toMatchObject({ spent_units: 9, reserved_units: 0 });
+  });
+
+  it('stopped while its call is being admitted sends nothing: the hand-off closed without it, so nothing could charge the parent', async () => {
+    // Its own agent's budget counter, held by another client, keeps the call between its claim of
+    // the run and its reservation while an operator cancels the sub-run and its hand-off closes.
+    const COURIER = 'nuru.courier';
+    await registerTool(h.client, { id: 'courier.fetch', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
+    for (const agent of [ROOT, COURIER]) await grantTool(h.client, { tenant: T, agent, tool: 'courier.fetch' });
+    const courierBudget = await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: COURIER, limit_units: 1000, warn_ratio: 1 });
+    expect((await execute(COURIER, { run_id: newRunId('warm'), plan: [step('courier.fetch', 'makes the counter')] })).status).toBe(200);
+    const root = await openRoot(100);
+    const before = (await allowance(root, ROOT)).spent_units as number;
+    const sub = (await handoff(ROOT, root, { sub_agent_id: COURIER, budget_units: 5, delegable_tool_ids: ['courier.fetch'] })).body.sub_run_id as string;
+    const counters = new pg.Client({ connectionString: h.db.url });
+    const watcher = new pg.Client({ connectionString: h.db.url });
+    await Promise.all([counters.connect(), watcher.connect()]);
+    try {
+      await counters.query('begin');
+      await counters.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
+      const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.fetch', 'admitted while cancelled')] });
+      const lockWaits = async () => Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
+      for (let i = 0; i < 500 && (await lockWaits()) === 0; i += 1) await new Promise((r) => setTimeout(r, 10));
+      expect(await lockWaits()).toBeGreaterThan(0);
+      expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
+      await counters.query('commit');
+      const res = await running;
+      expect(res.body.status).toBe('cancelled');
+      expect(hitsOf(sub)).toEqual([]);
+      const reservations = await watcher.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, sub]);
+      expect(reservations.rows.map((r) => r.status)).toEqual(['released']);
+      expect(await allowance(sub, COURIER)).toMatchObject({ spent_units: 0, reserved_units: 0 });
+      expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before, reserved_units: 0 });
+    } finally {
+      await counters.query('rollback').catch(() => undefined);
+      await Promise.all([counters.end(), watcher.end()]);
+    }
   });
 
   it('is killed for an overshoot when resumed, if it was paused while the call that passed its budget was in flight', async () => {

@@ -108,6 +108,8 @@ interface StepOutcome {
   ending?: AuditEventInput[];
   held?: Hold;
   tool?: AdmissibleTool;
+  /** The run moved on while the call was admitted: nothing was sent, its reservation released. */
+  movedOn?: Pick<RunRecord, 'status' | 'stop'>;
 }
 
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
@@ -330,6 +332,7 @@ export class RunExecutor {
         return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
       const outcome = await this.runStep(exec, index, warnings);
+      if (outcome.movedOn) return this.interrupted(exec, steps, warnings, outcome.movedOn.status, outcome.movedOn.stop);
       steps.push(outcome.step);
       if (outcome.held) return this.hold(exec, steps, warnings, outcome.held, outcome.tool!);
       if (outcome.stop) {
@@ -374,6 +377,17 @@ export class RunExecutor {
     warnings.push(...admission.state.warnings);
     const admitted = admission.state.tool!;
     const reservation = admission.state.reservation;
+    // A sub-run stopped while its call was admitted (its parent ended, a control, a cascade) has
+    // had its hand-off closed and its use handed back to the parent: a call sent now would spend
+    // beyond the parent's reach. Its reservation was written to the sub-run's counter, which that
+    // close locks, so reading the run after the reservation sees any close that missed it.
+    if (exec.delegation) {
+      const standing = await readRunStanding(this.deps.db, exec.run);
+      if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
+        if (reservation) await this.deps.ports.budgets.release(reservation);
+        return { step: stepAt(request, index, 'skipped'), movedOn: { status: standing?.status ?? 'cancelled', stop: standing?.stop ?? null } };
+      }
+    }
     this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
     const result = await this.dispatch(exec, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {}, admission.state.approvalId);
     const durationMs = elapsed(started);
