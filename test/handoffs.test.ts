@@ -12,6 +12,8 @@ const T = 'tenant-handoffs';
 const ROOT = 'veritas.orchestrator';
 const SUB = 'sophia.researcher';
 const WRITER = 'isis.writer';
+/** A sub-agent with a budget of its own (see `courierBudgetWithCounter`). */
+const COURIER = 'nuru.courier';
 const CHAIN = ['chain.a0', 'chain.a1', 'chain.a2', 'chain.a3', 'chain.a4', 'chain.a5'];
 const operator = tokens.tenantOperator(T);
 const as = (agentId: string) => tokens.agent(agentId, { tenant: T });
@@ -29,6 +31,14 @@ const handoff = (agentId: string, parentRunId: string, body: Record<string, unkn
 const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
 const auditOf = async (query: Record<string, string>) => (await h.client.get('/audit', { token: operator, query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
 const allowance = async (runId: string, agentId: string) => (await h.client.get(`/runs/${runId}`, { token: as(agentId) })).body.budget;
+
+/** COURIER's own budget, its counter made by a first call: a test holds it to keep a call at its reservation. */
+async function courierBudgetWithCounter(): Promise<{ id: string }> {
+  const made = (await h.client.get('/budgets', { token: operator })).body.items.find((b: { agent_id: string | null }) => b.agent_id === COURIER) as { id: string } | undefined;
+  const budget = made ?? (await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: COURIER, limit_units: 1000, warn_ratio: 1 }));
+  expect((await execute(COURIER, { run_id: newRunId('warm'), plan: [step('courier.fetch', 'makes the counter')] })).status).toBe(200);
+  return budget;
+}
 
 /** A root run of ROOT kept open, with a budget and one completed call to `search` (2 units). */
 async function openRoot(budget: number | null = 100, agentId = ROOT): Promise<string> {
@@ -56,6 +66,9 @@ beforeAll(async () => {
   for (const tool of ['search', 'summarize', 'secret', 'pricey']) await grantTool(h.client, { tenant: T, agent: SUB, tool });
   await grantTool(h.client, { tenant: T, agent: WRITER, tool: 'search' });
   for (const agentId of CHAIN) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search' });
+  await registerTool(h.client, { id: 'courier.fetch', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
+  await registerTool(h.client, { id: 'courier.pricey', backendUrl: `${backend.url}/cost/7`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
+  for (const agent of [ROOT, COURIER]) for (const tool of ['courier.fetch', 'courier.pricey']) await grantTool(h.client, { tenant: T, agent, tool });
 });
 
 afterAll(async () => {
@@ -425,11 +438,7 @@ describe('a sub-run', () => {
   it('stopped while its call is being admitted sends nothing: the hand-off closed without it, so nothing could charge the parent', async () => {
     // Its own agent's budget counter, held by another client, keeps the call between its claim of
     // the run and its reservation while an operator cancels the sub-run and its hand-off closes.
-    const COURIER = 'nuru.courier';
-    await registerTool(h.client, { id: 'courier.fetch', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
-    for (const agent of [ROOT, COURIER]) await grantTool(h.client, { tenant: T, agent, tool: 'courier.fetch' });
-    const courierBudget = await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: COURIER, limit_units: 1000, warn_ratio: 1 });
-    expect((await execute(COURIER, { run_id: newRunId('warm'), plan: [step('courier.fetch', 'makes the counter')] })).status).toBe(200);
+    const courierBudget = await courierBudgetWithCounter();
     const root = await openRoot(100);
     const before = (await allowance(root, ROOT)).spent_units as number;
     const sub = (await handoff(ROOT, root, { sub_agent_id: COURIER, budget_units: 5, delegable_tool_ids: ['courier.fetch'] })).body.sub_run_id as string;
@@ -455,6 +464,47 @@ describe('a sub-run', () => {
     } finally {
       await counters.query('rollback').catch(() => undefined);
       await Promise.all([counters.end(), watcher.end()]);
+    }
+  });
+
+  it('reserving while a cancel is closing its hand-off sends nothing: the parent keeps what the call reserved, not less than it would cost', async () => {
+    // The call is kept at its reservation (its agent's budget counter held) until the cancel has
+    // locked the sub-run and looked for its calls in flight, and is let go while the cancel waits
+    // for the parent's counter (held too): its reservation lands between the two.
+    const courierBudget = await courierBudgetWithCounter();
+    const root = await openRoot(100);
+    const before = (await allowance(root, ROOT)).spent_units as number;
+    const sub = (await handoff(ROOT, root, { sub_agent_id: COURIER, budget_units: 5, delegable_tool_ids: ['courier.pricey'] })).body.sub_run_id as string;
+    const [agentCounter, parentCounter, watcher] = [1, 2, 3].map(() => new pg.Client({ connectionString: h.db.url }));
+    await Promise.all([agentCounter!.connect(), parentCounter!.connect(), watcher!.connect()]);
+    const lockWaits = async () => Number((await watcher!.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
+    const until = async (check: () => Promise<boolean>) => {
+      for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
+      expect(await check()).toBe(true);
+    };
+    try {
+      await agentCounter!.query('begin');
+      await agentCounter!.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
+      const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.pricey', 'reserved mid-close')] });
+      await until(async () => (await lockWaits()) === 1);
+      await parentCounter!.query('begin');
+      await parentCounter!.query('select * from budget_counters where counter_key = $1 for update', [`run/${T}/${root}`]);
+      const cancelled = h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } });
+      await until(async () => (await lockWaits()) === 2);
+      await agentCounter!.query('commit');
+      // The reservation commits; the call then waits for the cancel (or, read around it, is sent).
+      await until(async () => hitsOf(sub).length > 0 || (await lockWaits()) === 2);
+      await parentCounter!.query('commit');
+      expect((await cancelled).status).toBe(200);
+      expect((await running).body.status).toBe('cancelled');
+      expect(hitsOf(sub)).toEqual([]);
+      const reservations = await watcher!.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, sub]);
+      expect(reservations.rows.map((r) => r.status)).toEqual(['released']);
+      // The close counted the reservation as used: the parent bears it, on the strict side.
+      expect(await allowance(root, ROOT)).toMatchObject({ spent_units: before + 1, reserved_units: 0 });
+    } finally {
+      for (const client of [agentCounter, parentCounter]) await client!.query('rollback').catch(() => undefined);
+      await Promise.all([agentCounter!.end(), parentCounter!.end(), watcher!.end()]);
     }
   });
 

@@ -31,6 +31,7 @@ import {
   lockRun,
   leaveRuns,
   readRunStanding,
+  readRunStandingSettled,
   resumeThrottledRun,
   startQueuedRun,
   type NewRun,
@@ -380,9 +381,10 @@ export class RunExecutor {
     // A sub-run stopped while its call was admitted (its parent ended, a control, a cascade) has
     // had its hand-off closed and its use handed back to the parent: a call sent now would spend
     // beyond the parent's reach. Its reservation was written to the sub-run's counter, which that
-    // close locks, so reading the run after the reservation sees any close that missed it.
+    // close locks after the run's row: read after the reservation, and after whatever holds the
+    // row, the run shows any close that did not recharge the reservation to the parent.
     if (exec.delegation) {
-      const standing = await readRunStanding(this.deps.db, exec.run);
+      const standing = await readRunStandingSettled(this.deps.db, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         if (reservation) await this.deps.ports.budgets.release(reservation);
         return { step: stepAt(request, index, 'skipped'), movedOn: { status: standing?.status ?? 'cancelled', stop: standing?.stop ?? null } };

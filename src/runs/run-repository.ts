@@ -325,6 +325,16 @@ export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick
   return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
 }
 
+/**
+ * `readRunStanding` once every transaction changing the run has committed: the row is
+ * share-locked for the read, so a control or cascade holding it (which may have closed the run's
+ * hand-off already) is waited for, not read around.
+ */
+export async function readRunStandingSettled(db: Kysely<DB>, key: RunKey): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
+  const row = await db.selectFrom('runs').select(['status', 'epoch', 'stop']).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).forShare().executeTakeFirst();
+  return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
+}
+
 /** That a run relies on a grant. */
 export interface GrantUse {
   tenant_id: string;
