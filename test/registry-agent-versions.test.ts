@@ -161,6 +161,68 @@ describe('a newer version in a category agents may not use', () => {
   });
 });
 
+describe('a grant made while the newest version is final_write (SPEC §1: it never confers that version)', () => {
+  const SUB = 'split.sub';
+  const sub = tokens.agent(SUB, { tenant: T });
+  const operator = tokens.tenantOperator(T);
+
+  it('runs the usable version for a range that also matches the blocked one, and refuses a range only the blocked one matches', async () => {
+    for (const range of ['*', '>=1.0.0', '^1 || ^2']) {
+      const runId = newRunId();
+      const res = await execute({ run_id: runId, plan: [step('shift.tool', range)] });
+      expect(res.status, range).toBe(200);
+      expect(res.body.steps[0], range).toMatchObject({ version: '1.0.0', status: 'completed' });
+      expect(reached(runId), range).toEqual(['/echo']);
+    }
+    for (const range of ['^2', '>1.0.0']) {
+      const runId = newRunId();
+      const res = await execute({ run_id: runId, plan: [step('shift.tool', range)] });
+      expect(res.status, range).toBe(403);
+      expect(res.body.steps[0], range).toMatchObject({ version: '2.0.0', error: { code: 'tool_category_blocked' } });
+      const dry = await execute({ run_id: newRunId(), dry_run: true, plan: [step('shift.tool', range)] });
+      expect(dry.body.steps[0], range).toMatchObject({ version: '2.0.0', status: 'denied', error: { code: 'tool_category_blocked' } });
+      expect(reached(runId), range).toEqual([]);
+    }
+  });
+
+  it('resumes a call approved before a blocked version was registered on the version approved', async () => {
+    await registerTool(h.client, { id: 'held.tool', version: '1.0.0', category: 'draft_write', allowed_agents: [AGENT], requires_approval: true, backendUrl: `${backend.url}/echo` });
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'held.tool' });
+    const runId = newRunId();
+    const held = await execute({ run_id: runId, plan: [step('held.tool', '*')] });
+    expect(held.status).toBe(202);
+    await registerTool(h.client, { id: 'held.tool', version: '1.1.0', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/cost/2` });
+    expect((await h.client.post(`/approvals/${held.body.steps[0].approval_id}/approve`, { token: operator, body: { rationale: 'checked' } })).status).toBe(200);
+    const resumed = await h.client.post(`/runs/${runId}/resume`, { token: agent, body: {} });
+    expect(resumed.status, JSON.stringify(resumed.body)).toBe(200);
+    expect(resumed.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
+    expect(reached(runId)).toEqual(['/echo']);
+  });
+
+  it('gives a sub-agent it was handed to the usable version only, a blocked version registered after the grants included', async () => {
+    await registerTool(h.client, { id: 'handed.tool', version: '1.0.0', allowed_agents: [AGENT, SUB], backendUrl: `${backend.url}/echo` });
+    for (const agentId of [AGENT, SUB]) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'handed.tool' });
+    await registerTool(h.client, { id: 'handed.tool', version: '2.0.0', category: 'admin', risk_level: 'critical', backendUrl: `${backend.url}/cost/2` });
+    for (const [range, status, expected] of [
+      ['*', 200, { version: '1.0.0', status: 'completed' }],
+      ['2.0.0', 403, { version: '2.0.0', error: { code: 'tool_category_blocked' } }],
+    ] as const) {
+      const root = newRunId('root');
+      expect((await execute({ run_id: root, keep_open: true, budget_units: 10, plan: [step('handed.tool')] })).status).toBe(200);
+      const subRun = newRunId('sub');
+      const handed = await h.client.post(`/runs/${root}/handoffs`, {
+        token: agent,
+        body: { sub_agent_id: SUB, sub_run_id: subRun, budget_units: 5, delegable_tool_ids: ['handed.tool'], max_fanout: 0 },
+      });
+      expect(handed.status, JSON.stringify(handed.body)).toBe(201);
+      const res = await execute({ run_id: subRun, parent_run_id: root, plan: [step('handed.tool', range)] }, sub);
+      expect(res.status, range).toBe(status);
+      expect(res.body.steps[0], range).toMatchObject(expected);
+      expect(reached(subRun), range).toEqual(status === 200 ? ['/echo'] : []);
+    }
+  });
+});
+
 describe('a newer external_call version', () => {
   it('is skipped while the tenant has external calls off, for views and calls alike', async () => {
     expect((await offered()).find((t) => t.id === 'reach.tool')).toMatchObject({ version: '1.0.0' });
