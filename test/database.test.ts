@@ -1,8 +1,9 @@
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
 import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 
 // src/db/database.ts: the pg pool sends parameterised statements as named prepared statements.
 describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL server)', () => {
@@ -87,4 +88,26 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
       await empty.drop();
     }
   });
+});
+
+// src/db/database.ts: closing must not wait for ever on a connection that never got going.
+describe.skipIf(!hasPostgresServer)('closing (needs a PostgreSQL server)', () => {
+  it('closes while its notification listener is still connecting, as after an outage, instead of waiting for ever', async () => {
+    const server = new URL(inject('testDatabaseUrl'));
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    try {
+      // The server takes the connection and never answers: the listener stays in its handshake.
+      proxy.freeze();
+      const database = await openDatabase({ databaseUrl: proxy.urlFor(inject('testDatabaseUrl')), dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+      const subscribed = database.listener.subscribe('toolgate_test_channel', () => undefined);
+      while (proxy.accepted === 0) await new Promise((r) => setTimeout(r, 10));
+      // A close that hangs is told apart from one that ends; 10 s is far beyond any bounded step.
+      const hung = new Promise<'hung'>((resolve) => setTimeout(() => resolve('hung'), 10_000).unref());
+      expect(await Promise.race([database.close().then(() => 'closed'), hung])).toBe('closed');
+      expect(await Promise.race([subscribed.then(() => 'settled'), hung])).toBe('settled');
+      expect(database.listener.connected).toBe(false);
+    } finally {
+      await proxy.close();
+    }
+  }, 20_000);
 });

@@ -335,18 +335,24 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
     this.retryTimer.unref();
   }
 
-  /** Ends the connection, or the one being established: destroyed if its server does not answer in time. */
+  /**
+   * Ends the connection (destroyed if its server does not answer in time), or destroys the one
+   * being established. That one is never ended: pg never settles a `connect()` that `end()` cut
+   * short, and closing would wait for it for ever (a close during a reconnection after an outage).
+   */
   async close(): Promise<void> {
     this.closed = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    const client = this.client ?? this.opening;
+    const client = this.client;
+    const opening = this.opening;
     this.client = undefined;
     this.connected = false;
+    if (opening) opening.connection.stream.destroy();
     if (client) {
       client.removeAllListeners('end');
       await endConnection(client);
     }
-    await this.connecting;
+    await waitAtMost(this.connecting);
   }
 }
 

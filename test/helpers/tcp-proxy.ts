@@ -26,6 +26,7 @@ export class TcpProxy {
         return;
       }
       this.track(client);
+      this.accepted += 1;
       if (this.mode === 'frozen') {
         // Accepted, never answered: as a connection attempt into a partition.
         client.pause();
@@ -42,6 +43,9 @@ export class TcpProxy {
     this.port = (this.server.address() as AddressInfo).port;
     return this;
   }
+
+  /** How many connections the proxy has accepted from its clients so far. */
+  accepted = 0;
 
   private track(socket: Socket): void {
     this.sockets.add(socket);
