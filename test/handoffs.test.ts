@@ -66,6 +66,10 @@ beforeAll(async () => {
   for (const tool of ['search', 'summarize', 'secret', 'pricey']) await grantTool(h.client, { tenant: T, agent: SUB, tool });
   await grantTool(h.client, { tenant: T, agent: WRITER, tool: 'search' });
   for (const agentId of CHAIN) await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search' });
+  // ROOT may not spend more than 2 units a call on `capped` (it costs 3); SUB's own grant is unlimited.
+  await registerTool(h.client, { id: 'capped', backendUrl: `${backend.url}/echo`, cost_units: 3, ...everyone });
+  await grantTool(h.client, { tenant: T, agent: ROOT, tool: 'capped', capability_modifiers: { max_cost_units: 2 } });
+  await grantTool(h.client, { tenant: T, agent: SUB, tool: 'capped' });
   await registerTool(h.client, { id: 'courier.fetch', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
   await registerTool(h.client, { id: 'courier.pricey', backendUrl: `${backend.url}/cost/7`, cost_units: 1, allowed_agents: [ROOT, COURIER] });
   for (const agent of [ROOT, COURIER]) for (const tool of ['courier.fetch', 'courier.pricey']) await grantTool(h.client, { tenant: T, agent, tool });
@@ -121,6 +125,23 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     const weaker = await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, capability_modifiers: { max_cost_units: 1 }, approval_requirement: 'none' });
     expect(weaker.body.error.details.field).toBe('approval_requirement');
     expect(reasonOf(await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 1, max_fanout: 3, capability_modifiers: { max_cost_units: 1 }, approval_requirement: 'operator' }))).toBe('authority_widening_rejected');
+  });
+
+  it('authority_widening_rejected: an envelope that drops or raises a limit the parent’s own grant sets on a tool it hands on', async () => {
+    const root = await openRoot();
+    const own = await execute(ROOT, { run_id: newRunId('capped'), plan: [step('capped', 'the root itself')] });
+    expect(own.body.steps[0].error).toMatchObject({ code: 'budget_exceeded', details: { max_cost_units: 2 } });
+    // Handing `capped` on without the limit would let the sub-agent make the call its parent may not.
+    for (const capability_modifiers of [{}, { max_cost_units: 3 }]) {
+      const refused = await handoff(ROOT, root, { delegable_tool_ids: ['search', 'capped'], capability_modifiers });
+      expect(reasonOf(refused)).toBe('authority_widening_rejected');
+      expect(refused.body.error.details).toMatchObject({ field: 'capability_modifiers.max_cost_units', tool_id: 'capped' });
+    }
+    const kept = await handoff(ROOT, root, { delegable_tool_ids: ['search', 'capped'], capability_modifiers: { max_cost_units: 2 } });
+    expect(kept.status, JSON.stringify(kept.body)).toBe(201);
+    const res = await execute(SUB, { run_id: kept.body.sub_run_id, parent_run_id: root, plan: [step('capped', 'the sub-agent'), step('search', 'after')] });
+    expect(res.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'budget_exceeded', details: { max_cost_units: 2 } } });
+    expect(hitsOf(kept.body.sub_run_id)).toEqual([]);
   });
 
   it('authority_widening_rejected: a hand-off beyond the parent’s fan-out', async () => {

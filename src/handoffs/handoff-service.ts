@@ -7,9 +7,11 @@ import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { holdRunUnits, lockRunAllowance } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
+import type { CapabilityModifiers } from '../grants/grant.js';
 import { attributionOf } from '../runs/run-lifecycle.js';
 import { findRun, insertSubRun, lockRun, markHandedOff, type RunRecord } from '../runs/run-repository.js';
 import { isTerminal } from '../runs/run-types.js';
+import { narrowestModifiers } from './authority-envelope.js';
 import type { ApprovalRequirement, Handoff, HandoffRequest } from './handoff.js';
 import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from './handoff-repository.js';
 import { checkHandoff, type ParentAuthority } from './handoff-validation.js';
@@ -50,7 +52,7 @@ export class HandoffService {
     if (!seen || seen.agent_id !== agent.id) return { ok: false, code: 'not_found', message: `run ${parentRunId} not found` };
     if (isTerminal(seen.status)) return notResumable(seen);
     const envelope = seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
-    const toolIds = await this.handOnable(seen, request.delegable_tool_ids, envelope);
+    const tools = await this.handOnable(seen, request.delegable_tool_ids, envelope);
     const now = this.deps.now();
     const actor = actorOf(agent);
 
@@ -62,10 +64,9 @@ export class HandoffService {
       const allowance = parent.budget_units === null ? null : await lockRunAllowance(trx, parent.tenant_id, parent.run_id, parent.budget_units);
       const authority: ParentAuthority = {
         trace: attributionOf(parent).map((a) => a.agent_id),
-        toolIds,
+        tools,
         maxFanout: envelope?.max_fanout ?? this.deps.rootMaxFanout,
         handoffsMade: made.length,
-        capabilityModifiers: envelope?.capability_modifiers ?? {},
         approvalRequirement: envelope?.approval_requirement ?? 'none',
         remainingUnits: allowance?.remaining_units ?? null,
       };
@@ -176,11 +177,12 @@ export class HandoffService {
 
   /**
    * Of the tools asked for, those the parent can hand on: inside its own envelope (a sub-run) and
-   * backed by a live grant of its own in its run's context. The grants are recorded as ones the
-   * parent relies on, so that pulling one stops the parent and everything it handed on.
+   * backed by a live grant of its own in its run's context, each with the modifiers the parent's
+   * own calls of it run under (its grant's, narrowed by its envelope's). The grants are recorded
+   * as ones the parent relies on, so that pulling one stops the parent and everything it handed on.
    */
-  private async handOnable(parent: RunRecord, asked: readonly string[], envelope: Handoff | undefined): Promise<Set<string>> {
-    const tools = new Set<string>();
+  private async handOnable(parent: RunRecord, asked: readonly string[], envelope: Handoff | undefined): Promise<Map<string, CapabilityModifiers>> {
+    const tools = new Map<string, CapabilityModifiers>();
     for (const toolId of new Set(asked)) {
       if (envelope && !envelope.delegable_tool_ids.includes(toolId)) continue;
       const resolved = await this.deps.grants.resolve({
@@ -195,7 +197,10 @@ export class HandoffService {
           user_id: parent.user_id ?? undefined,
         },
       });
-      if (resolved.ok && (await this.deps.grantUses.record({ tenantId: parent.tenant_id, runId: parent.run_id, grantId: resolved.grant.id }))) tools.add(toolId);
+      if (resolved.ok && (await this.deps.grantUses.record({ tenantId: parent.tenant_id, runId: parent.run_id, grantId: resolved.grant.id }))) {
+        const own = resolved.grant.capability_modifiers;
+        tools.set(toolId, envelope ? narrowestModifiers(own, envelope.capability_modifiers) : own);
+      }
     }
     return tools;
   }

@@ -7,12 +7,15 @@ import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffReject
 export interface ParentAuthority {
   /** Agent ids from the root run's to the parent run's own: a sub-agent among them is a cycle. */
   trace: string[];
-  /** Tools the parent may hand on: its envelope's (if it is a sub-run) that it holds a live grant for. */
-  toolIds: ReadonlySet<string>;
+  /**
+   * Tools the parent may hand on — its envelope's (if it is a sub-run) that it holds a live grant
+   * for — each with the modifiers the parent's own calls of it run under: its grant's, narrowed by
+   * its envelope's.
+   */
+  tools: ReadonlyMap<string, CapabilityModifiers>;
   maxFanout: number;
   /** Hand-offs the parent has made already. */
   handoffsMade: number;
-  capabilityModifiers: CapabilityModifiers;
   approvalRequirement: ApprovalRequirement;
   /** What is left of the parent's budget; null when it has none to hand on. */
   remainingUnits: number | null;
@@ -26,7 +29,8 @@ export type HandoffCheck =
 /**
  * SPEC §6: a hand-off is refused, with the first reason that applies, in this order — the
  * sub-agent is already in the trace; the trace has reached the depth cap; the envelope widens
- * the parent's authority (tools, fan-out, modifiers, approval); the budget is not positive; the
+ * the parent's authority (tools, fan-out, the modifiers of any tool it hands on, approval); the
+ * budget is not positive; the
  * budget is more than the parent has left.
  */
 export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, maxDepth: number): HandoffCheck {
@@ -56,7 +60,7 @@ export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, m
 }
 
 function wideningOf(request: HandoffRequest, parent: ParentAuthority): { message: string; details: Record<string, unknown> } | undefined {
-  const outside = request.delegable_tool_ids.filter((tool) => !parent.toolIds.has(tool));
+  const outside = request.delegable_tool_ids.filter((tool) => !parent.tools.has(tool));
   if (outside.length > 0) {
     return { message: `the parent cannot hand on ${outside.join(', ')}`, details: { field: 'delegable_tool_ids', tool_ids: outside } };
   }
@@ -66,8 +70,12 @@ function wideningOf(request: HandoffRequest, parent: ParentAuthority): { message
   if (parent.handoffsMade >= parent.maxFanout) {
     return { message: `the parent has made the ${parent.maxFanout} hand-offs its fan-out allows`, details: { field: 'fanout', parent_max_fanout: parent.maxFanout, handoffs_made: parent.handoffsMade } };
   }
-  const path = wideningIn(request.capability_modifiers, parent.capabilityModifiers, 'capability_modifiers');
-  if (path) return { message: `${path} is wider than the parent's`, details: { field: path } };
+  // The envelope's modifiers bind every tool it hands on, so they may be no wider than the
+  // parent's for any of them: a limit the parent's grant sets must be set again, no wider.
+  for (const toolId of request.delegable_tool_ids) {
+    const path = wideningIn(request.capability_modifiers, parent.tools.get(toolId), 'capability_modifiers');
+    if (path) return { message: `${path} is wider than the parent's for ${toolId}`, details: { field: path, tool_id: toolId } };
+  }
   if (APPROVAL_REQUIREMENT_RANK[request.approval_requirement] < APPROVAL_REQUIREMENT_RANK[parent.approvalRequirement]) {
     return {
       message: `approval_requirement ${request.approval_requirement} is weaker than the parent's ${parent.approvalRequirement}`,

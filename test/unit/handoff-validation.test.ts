@@ -4,10 +4,12 @@ import { checkHandoff, type ParentAuthority } from '../../src/handoffs/handoff-v
 
 const parent: ParentAuthority = {
   trace: ['root.agent', 'parent.agent'],
-  toolIds: new Set(['search', 'summarize']),
+  tools: new Map([
+    ['search', { max_cost_units: 5 }],
+    ['summarize', { max_cost_units: 5 }],
+  ]),
   maxFanout: 3,
   handoffsMade: 0,
-  capabilityModifiers: { max_cost_units: 5 },
   approvalRequirement: 'none',
   remainingUnits: 50,
 };
@@ -49,9 +51,20 @@ describe('hand-off validation', () => {
     ['a hand-off beyond the parent’s fan-out', {}, { handoffsMade: 3 }],
     ['a wider modifier', { capability_modifiers: { max_cost_units: 9 } }, {}],
     ['a dropped modifier', { capability_modifiers: {} }, {}],
+    ['a modifier wider than the parent’s for one of the tools handed on', { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } }, { tools: new Map([['search', { max_cost_units: 5 }], ['fetch', { max_cost_units: 1 }]]) }],
+    ['a modifier dropped that only one tool’s grant sets', { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: {} }, { tools: new Map([['search', {}], ['fetch', { egress_domains: ['a.example'] }]]) }],
     ['a weaker approval requirement', { approval_requirement: 'none' }, { approvalRequirement: 'operator' }],
   ])('refuses %s as authority widening', (_name, r, p) => {
     expect(reasonOf(r, p)).toBe('authority_widening_rejected');
+  });
+
+  it('names the tool whose modifiers the envelope would widen', () => {
+    const check = checkHandoff({ ...request, delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } }, { ...parent, tools: new Map([['search', { max_cost_units: 5 }], ['fetch', { max_cost_units: 1 }]]) }, 5);
+    expect(check).toMatchObject({ ok: false, reason: 'authority_widening_rejected', details: { field: 'capability_modifiers.max_cost_units', tool_id: 'fetch' } });
+  });
+
+  it('accepts any modifiers for tools the parent holds unlimited', () => {
+    expect(reasonOf({ capability_modifiers: {} }, { tools: new Map([['search', {}]]) })).toBe('ok');
   });
 
   it('refuses a budget that is not positive, then one above what the parent has left', () => {
