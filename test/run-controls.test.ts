@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
@@ -128,7 +129,92 @@ describe('run controls', () => {
     expect(twice.status).toBe(409);
     expect(twice.body.error.code).toBe('run_not_resumable');
     const types = (await audit({ run_id: runId })).map((e) => e.event_type).reverse();
-    expect(types.slice(-2)).toEqual(['run.paused', 'run.resumed']);
+    expect(types.slice(-3)).toEqual(['run.paused', 'run.resumed', 'run.control_rejected']);
+  });
+
+  it('a control refused for the run’s state is on record as run.control_rejected, under the run and whoever asked', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'e')] });
+    const refused: Array<{ control: string; actor: string; error: { code: string; message: string; details: Record<string, unknown> } }> = [];
+    const control = async (name: string, token: string, actor: string, body: Record<string, unknown> = {}) => {
+      const res = await h.client.post(`/runs/${runId}/${name}`, { token, body, query: token === tokens.platform() ? { tenant_id: T } : {} });
+      if (res.status >= 400) refused.push({ control: name, actor, error: res.body.error });
+      return res;
+    };
+    const opActor = `operator:ops.${T}`;
+
+    // A run at rest, still running: nothing to resume. Paused: not an open run at rest to complete.
+    expect((await control('resume', operator, opActor)).status).toBe(409);
+    expect((await control('pause', operator, opActor, { reason: 'look first' })).body.status).toBe('paused');
+    expect((await control('complete', as(OWNER), `agent:${OWNER}`)).status).toBe(409);
+    expect((await control('kill', tokens.platform(), 'operator:ops.platform', { reason: 'enough' })).body.status).toBe('killed');
+    // Ended: every control is refused, for an operator of the tenant, the platform's or the owner.
+    for (const [name, token, actor] of [
+      ['cancel', as(OWNER), `agent:${OWNER}`],
+      ['kill', operator, opActor],
+      ['pause', tokens.platform(), 'operator:ops.platform'],
+      ['resume', as(OWNER), `agent:${OWNER}`],
+      ['complete', as(OWNER), `agent:${OWNER}`],
+    ] as const) {
+      const res = await control(name, token, actor);
+      expect(res.status).toBe(409);
+      expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { status: 'killed' } });
+    }
+    // A run the caller may not see stays a run that does not exist: its 404 records nothing under it.
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: as(A), body: {} })).status).toBe(404);
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status).toBe(404);
+
+    expect(refused.map((r) => r.control)).toEqual(['resume', 'complete', 'cancel', 'kill', 'pause', 'resume', 'complete']);
+    const events = (await audit({ run_id: runId, event_type: 'run.control_rejected' })).reverse();
+    expect(events).toEqual(
+      refused.map(({ control, actor, error }) =>
+        expect.objectContaining({
+          tenant_id: T,
+          agent_id: OWNER,
+          run_id: runId,
+          actor,
+          status: 'denied',
+          reason_code: error.code,
+          details: { ...error.details, message: error.message, control, run_depth: 0, attribution: [{ run_id: runId, agent_id: OWNER }] },
+        }),
+      ),
+    );
+    expect(events.slice(0, 2).map((e) => e.details.status)).toEqual(['running', 'paused']);
+    // The controls that succeeded recorded what they did, and no rejection.
+    const types = (await audit({ run_id: runId })).map((e) => e.event_type).reverse();
+    expect(types.slice(-9)).toEqual(['run.control_rejected', 'run.paused', 'run.control_rejected', 'run.killed', ...Array(5).fill('run.control_rejected')]);
+  });
+
+  it('a successful control records its transition and no rejection', async () => {
+    const runId = newRunId();
+    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'f')] });
+    expect((await h.client.post(`/runs/${runId}/complete`, { token: as(OWNER), body: {} })).body.status).toBe('completed');
+    const types = (await audit({ run_id: runId })).map((e) => e.event_type);
+    expect(types[0]).toBe('run.completed');
+    expect(types).not.toContain('run.control_rejected');
+  });
+
+  it('a refusal that cannot be recorded is 503 gateway_unavailable, not the refusal', async () => {
+    const db = h.db.database.db;
+    const runId = newRunId('unrecorded');
+    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'g')] });
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
+    // The database fails this run's rejection record alone, as a dropped connection would.
+    await sql`create function test_unrecorded_refusal() returns trigger language plpgsql as $$ begin raise exception 'connection lost' using errcode = '08006'; end $$`.execute(db);
+    await sql`create trigger test_unrecorded_refusal before insert on audit_events for each row when (new.event_type = 'run.control_rejected' and new.run_id = ${sql.lit(runId)}) execute function test_unrecorded_refusal()`.execute(db);
+    try {
+      for (const name of ['cancel', 'kill', 'pause', 'resume']) {
+        const res = await h.client.post(`/runs/${runId}/${name}`, { token: operator, body: {} });
+        expect(res.status, name).toBe(503);
+        expect(res.body.error.code).toBe('gateway_unavailable');
+      }
+    } finally {
+      await sql`drop trigger test_unrecorded_refusal on audit_events`.execute(db);
+      await sql`drop function test_unrecorded_refusal()`.execute(db);
+    }
+    expect(await audit({ run_id: runId, event_type: 'run.control_rejected' })).toEqual([]);
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).status).toBe(409);
+    expect(await audit({ run_id: runId, event_type: 'run.control_rejected' })).toHaveLength(1);
   });
 });
 
@@ -186,6 +272,11 @@ describe('a kill switch stops the runs whose next calls it would stop, resolved 
       expect(await statusOf(h.client, runId)).toBe('killed');
       const [stop] = await audit({ run_id: runId, event_type: 'run.stopped' });
       expect(stop).toMatchObject({ reason_code: 'kill_switch_active', details: { kill_switch_id: armed[1], scope: 'region', target: called } });
+      // Resuming it is refused with the reason it was stopped, and that refusal is on record too.
+      const resumed = await h.client.post(`/runs/${runId}/resume`, { token: operator, body: {} });
+      expect(resumed.body.error).toMatchObject({ code: 'kill_switch_active', details: { kill_switch_id: armed[1] } });
+      const [rejected] = await audit({ run_id: runId, event_type: 'run.control_rejected' });
+      expect(rejected).toMatchObject({ actor: `operator:ops.${T}`, status: 'denied', reason_code: 'kill_switch_active', details: { control: 'resume', kill_switch_id: armed[1], status: 'killed' } });
     } finally {
       for (const id of armed) await disarm(id);
     }

@@ -22,6 +22,9 @@ export interface RunControlDeps {
   now: () => Date;
 }
 
+/** The run controls, as `run.control_rejected` names them in `details.control`. */
+export type RunControl = 'cancel' | 'kill' | 'pause' | 'resume' | 'complete';
+
 /** A control's caller: the run's owning agent or an operator who may reach its tenant. */
 export interface Controller {
   principal: Principal;
@@ -34,24 +37,25 @@ export interface Controller {
  * limit for) and `complete` (the owner, for a run kept open). Each transition is audited in its
  * transaction; a run that has ended refuses them all with `409 run_not_resumable` — or, when a
  * cascade stopped it, with the reason it was stopped (`grant_revoked`, `kill_switch_active`…).
- * A run that is executing notices a change at its next call boundary.
+ * Every such refusal of a run the caller may see is on record as `run.control_rejected`, in the
+ * transaction that decided it. A run that is executing notices a change at its next call boundary.
  */
 export class RunControls {
   constructor(private readonly deps: RunControlDeps) {}
 
   cancel(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
-    return this.end(caller, key, 'cancelled', 'run.cancelled', reason);
+    return this.end(caller, key, 'cancel', 'cancelled', 'run.cancelled', reason);
   }
 
   kill(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
-    return this.end(caller, key, 'killed', 'run.killed', reason);
+    return this.end(caller, key, 'kill', 'killed', 'run.killed', reason);
   }
 
   /** Ends a run kept open (`keep_open`) whose plan is done; its open sub-runs are cancelled. */
   complete(caller: Controller, key: RunKey): Promise<RunRecord> {
-    return this.change(caller, key, async (trx, run) => {
+    return this.change(caller, key, 'complete', async (trx, run) => {
       if (run.status !== 'running' || !run.keep_open || run.busy) {
-        throw new ApiError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
+        return new ApiError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
       }
       await endRunTrees(trx, this.ending(caller, run, 'completed', 'run.completed', undefined), this.deps.now());
     });
@@ -59,7 +63,7 @@ export class RunControls {
 
   /** Pauses an open run: an executing one stops before its next call, the rest stay put. */
   pause(caller: Controller, key: RunKey, reason: string | undefined): Promise<RunRecord> {
-    return this.change(caller, key, async (trx, run) => {
+    return this.change(caller, key, 'pause', async (trx, run) => {
       if (run.status === 'paused') return;
       await writeRunPaused(trx, run, run.busy ? null : pausedEnvelope(run));
       await this.record(trx, caller, run, 'run.paused', 'paused', { previous_status: run.status, reason: reason ?? null });
@@ -87,7 +91,8 @@ export class RunControls {
     const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: ApiError }> => {
       await lockAuditChain(trx);
       const run = await this.lockOwned(trx, caller, key);
-      if (isTerminal(run.status)) throw stoppedError(run);
+      const reject = (error: ApiError) => this.reject(trx, caller, run, 'resume', error);
+      if (isTerminal(run.status)) return reject(stoppedError(run));
       const agent = caller.principal.kind === 'agent';
       switch (run.status) {
         case 'paused': {
@@ -96,7 +101,7 @@ export class RunControls {
             await this.record(trx, caller, run, 'security.escalation_attempt', 'denied', { control: 'resume', run_status: run.status }, 'agent_forbidden');
             return { refuse: new ApiError('agent_forbidden', 'a paused run is resumed by an operator', { status: run.status }) };
           }
-          if (run.busy) throw new ApiError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' });
+          if (run.busy) return reject(new ApiError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' }));
           if (!run.request) {
             // Never started: back to waiting for its agent (or for its hand-off's approval).
             const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
@@ -125,16 +130,16 @@ export class RunControls {
           if (!run.request) {
             const lapsed = await this.expireLapsed(trx, caller, await findLatestApproval(trx, run.tenant_id, run.run_id, null), now);
             if (lapsed) return { refuse: lapsed };
-            throw new ApiError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' });
+            return reject(new ApiError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' }));
           }
           const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
           const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
-          if (!approval) throw new ApiError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status });
+          if (!approval) return reject(new ApiError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status }));
           const lapsed = await this.expireLapsed(trx, caller, approval, now);
           if (lapsed) return { refuse: lapsed };
           const status = approvalStatusAt(approval, now);
           if (status !== 'approved') {
-            throw new ApiError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status });
+            return reject(new ApiError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status }));
           }
           break;
         }
@@ -144,10 +149,10 @@ export class RunControls {
           break;
         }
         default:
-          throw new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status });
+          return reject(new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status }));
       }
       const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
-      if (!taken) throw new ApiError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status });
+      if (!taken) return reject(new ApiError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }));
       await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
       return { run: taken };
     });
@@ -163,8 +168,8 @@ export class RunControls {
     return lapsed && new ApiError(lapsed.code, lapsed.message, lapsed.details);
   }
 
-  private end(caller: Controller, key: RunKey, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
-    return this.change(caller, key, async (trx, run) => {
+  private end(caller: Controller, key: RunKey, control: RunControl, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
+    return this.change(caller, key, control, async (trx, run) => {
       await endRunTrees(trx, this.ending(caller, run, status, eventType, reason), this.deps.now());
     });
   }
@@ -182,15 +187,31 @@ export class RunControls {
     };
   }
 
-  /** Locks the caller's run, refuses an ended one, applies the change, and answers the run as it is now. */
-  private async change(caller: Controller, key: RunKey, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<void>): Promise<RunRecord> {
-    return this.deps.db.transaction().execute(async (trx) => {
+  /**
+   * Locks the caller's run, refuses an ended one, applies the change (which may refuse it
+   * before changing anything), and answers the run as it is now. A refusal is recorded and
+   * committed before it is thrown.
+   */
+  private async change(caller: Controller, key: RunKey, control: RunControl, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<ApiError | void>): Promise<RunRecord> {
+    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { refuse: ApiError }> => {
       await lockAuditChain(trx);
       const run = await this.lockOwned(trx, caller, key);
-      if (isTerminal(run.status)) throw stoppedError(run);
-      await apply(trx, run);
-      return (await lockRun(trx, key))!;
+      const refusal = isTerminal(run.status) ? stoppedError(run) : await apply(trx, run);
+      if (refusal) return this.reject(trx, caller, run, control, refusal);
+      return { run: (await lockRun(trx, key))! };
     });
+    if ('refuse' in outcome) throw outcome.refuse;
+    return outcome.run;
+  }
+
+  /**
+   * A control refused for the state of a run the caller may see, on record as every denial is
+   * (SPEC §8): `run.control_rejected`, `denied`, the answer's code, details and message, in the
+   * transaction that decided it — so a refusal that cannot be recorded is no answer (503).
+   */
+  private async reject(trx: Transaction<DB>, caller: Controller, run: RunRecord, control: RunControl, error: ApiError): Promise<{ refuse: ApiError }> {
+    await this.record(trx, caller, run, 'run.control_rejected', 'denied', { ...error.details, message: error.message, control }, error.code);
+    return { refuse: error };
   }
 
   /** The run, if the caller may act on it: an agent only on its own (others' do not exist for it). */
