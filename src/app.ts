@@ -140,7 +140,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
   // The kill-switch target of the version an agent's call gets, as the executor resolves it.
-  const callTarget = async (agent: AgentIdentity, toolId: string, range: string | undefined, externalCallEnabled: () => Promise<boolean>) => {
+  const callTarget = async (agent: AgentIdentity | null, toolId: string, range: string | undefined, externalCallEnabled: () => Promise<boolean>) => {
     const resolved = await catalog.resolveCall(agent, toolId, range, externalCallEnabled);
     return resolved.ok ? resolved.tool.target : undefined;
   };
@@ -288,8 +288,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     service: new KillSwitchService(database.db, killSwitches, now, cascades.killSwitchArmed),
     snapshot: killSwitches,
     audit,
-    tools: catalog,
-    agentCallTarget: (agent, toolId, tenantId) =>
+    callTarget: (agent, toolId, tenantId) =>
       callTarget(agent, toolId, undefined, async () => (await getTenantPolicy(database.db, tenantId)).external_call_enabled),
   });
   await app.register(tenantRoutes, { db: database.db, audit, now });

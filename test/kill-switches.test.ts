@@ -6,7 +6,7 @@ import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
-import { registerTool } from './helpers/world.js';
+import { egressSchemas, registerTool } from './helpers/world.js';
 
 const A = 'tenant-ks-a';
 const B = 'tenant-ks-b';
@@ -357,6 +357,43 @@ describe('GET /kill-switches/decide', () => {
       expect((await decide(opA, { tool_id: 'decide.split' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
       expect((await decide(opA, { tool_id: 'decide.split', agent_id: 'someone.else' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
     } finally {
+      await h.client.post(`/kill-switches/${region.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
+    }
+  });
+
+  it('judges, without an agent, the version a call would run: the newest one agents may use in the tenant, allowlists aside', async () => {
+    // Each newer version is one no call runs: final_write, or an external_call while tenant A has
+    // external calls off. A call runs 1.0.0, so a switch on its region stops it.
+    await registerTool(h.client, { id: 'decide.blocked', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'blocked', provider: 'p', region: 'eu-usable' } });
+    await registerTool(h.client, { id: 'decide.blocked', version: '2.0.0', category: 'final_write', risk_level: 'high', target: { family: 'blocked', provider: 'p', region: 'us-blocked' } });
+    await registerTool(h.client, { id: 'decide.reach', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'reach', provider: 'p', region: 'eu-usable' } });
+    await registerTool(h.client, {
+      id: 'decide.reach',
+      version: '2.0.0',
+      category: 'external_call',
+      risk_level: 'medium',
+      allowed_agents: ['decide.agent'],
+      egress: { allowed_hosts: ['api.example.test'] },
+      ...egressSchemas,
+      target: { family: 'reach', provider: 'p', region: 'us-blocked' },
+    });
+    // No version is one agents may use: the call path judges the newest, and so does decide.
+    await registerTool(h.client, { id: 'decide.locked', version: '1.0.0', category: 'admin', risk_level: 'high', target: { family: 'locked', provider: 'p', region: 'eu-usable' } });
+    await registerTool(h.client, { id: 'decide.locked', version: '2.0.0', category: 'final_write', risk_level: 'high', target: { family: 'locked', provider: 'p', region: 'us-blocked' } });
+    const region = await arm(platform, { scope: 'region', target: 'eu-usable' });
+    try {
+      for (const tool_id of ['decide.blocked', 'decide.reach']) {
+        const res = await decide(opA, { tool_id });
+        expect(res.body, tool_id).toMatchObject({ ok: false, blamed: { id: region.body.id }, call: { tool_target: { region: 'eu-usable' } } });
+        // As the agent's own call resolves, and as its run's cascade judges it.
+        expect((await decide(opA, { tool_id, agent_id: 'decide.agent' })).body, tool_id).toMatchObject({ ok: false, call: { tool_target: { region: 'eu-usable' } } });
+      }
+      expect((await decide(opA, { tool_id: 'decide.locked' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-blocked' } } });
+      // In a tenant that enables external calls, the external_call version is what a call runs.
+      expect((await h.client.put(`/tenants/${B}/policy`, { token: platform, body: { external_call_enabled: true } })).status).toBe(200);
+      expect((await decide(opB, { tool_id: 'decide.reach' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-blocked' } } });
+    } finally {
+      await h.client.put(`/tenants/${B}/policy`, { token: platform, body: { external_call_enabled: false } });
       await h.client.post(`/kill-switches/${region.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
     }
   });

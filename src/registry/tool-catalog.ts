@@ -4,7 +4,7 @@ import { resolveBackendHeaders } from './backend-headers.js';
 import { dependencyNodeOf, resolveDependencies, type DependencyResolution } from './dependency-resolution.js';
 import { surfaceDeprecations, type DeprecationNotice } from './deprecation-report.js';
 import { agentMayUse, type AgentIdentity } from './tool-access.js';
-import { isDeprecatedAt, versionKey, type ToolContract } from './tool-contract.js';
+import { AGENT_FORBIDDEN_CATEGORIES, isDeprecatedAt, versionKey, type ToolContract } from './tool-contract.js';
 import { REGISTRY_CHANNEL, loadChangesSince, type StoredToolVersion } from './tool-repository.js';
 import { compileSchema, createSchemaCompiler, refusingValidator, type ToolValidators } from './tool-schemas.js';
 import { newestFirst, pickVersion } from './version-resolution.js';
@@ -158,8 +158,18 @@ export class ToolCatalog {
    * (`resolveCall`).
    */
   resolveFor(agent: AgentIdentity, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
+    return this.resolveUsable(agent, toolId, range, options);
+  }
+
+  /**
+   * `resolveFor`, where no agent means a call whose agent no allowlist leaves out: only the
+   * categories agents may never use and the tenant's external call policy rule versions out.
+   */
+  private resolveUsable(agent: AgentIdentity | null, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
     const usable = this.versions(toolId).filter(
-      (tool) => agentMayUse(tool, agent) && (tool.category !== 'external_call' || (options.externalCallEnabled && tool.egress !== null)),
+      (tool) =>
+        (agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) : agentMayUse(tool, agent)) &&
+        (tool.category !== 'external_call' || (options.externalCallEnabled && tool.egress !== null)),
     );
     if (usable.length === 0) return { ok: false, code: 'tool_not_registered' };
     const now = this.options.now();
@@ -181,9 +191,14 @@ export class ToolCatalog {
    * the newest one it may: that version's own contract, allowlist and category still apply, the
    * agent could name it anyway, and the run reports the version it ran. An operator retires a
    * version by deprecating it, which ranges and the default then skip.
+   *
+   * `agent` null asks for a call by no agent in particular (`GET /kill-switches/decide` without
+   * an `agent_id`): allowlists aside, what any call in the tenant would run — a newer version no
+   * call can run (`final_write`/`admin`, an `external_call` the tenant has not enabled) is
+   * skipped as it is for every agent.
    */
   async resolveCall(
-    agent: AgentIdentity,
+    agent: AgentIdentity | null,
     toolId: string,
     range: string | undefined,
     externalCallEnabled: () => Promise<boolean>,
@@ -192,9 +207,10 @@ export class ToolCatalog {
     if (!anyone.ok) return anyone;
     // The usual case, and the cheap one: the version anyone gets is one the agent may use (the
     // newest match overall is then the newest it may use too).
-    if (anyone.tool.category !== 'external_call' && agentMayUse(anyone.tool, agent)) return anyone;
+    const mayUse = agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(anyone.tool.category) : agentMayUse(anyone.tool, agent);
+    if (anyone.tool.category !== 'external_call' && mayUse) return anyone;
     const pick = (enabled: boolean): ToolContract => {
-      const usable = this.resolveFor(agent, toolId, range, { externalCallEnabled: enabled });
+      const usable = this.resolveUsable(agent, toolId, range, { externalCallEnabled: enabled });
       return usable.ok ? usable.tool : anyone.tool;
     };
     const ifEnabled = pick(true);

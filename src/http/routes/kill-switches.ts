@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { actorOf } from '../../auth/principal.js';
-import type { ToolFacts, ToolFactsLookup } from '../../grants/tool-facts.js';
+import type { ToolFacts } from '../../grants/tool-facts.js';
 import {
   GLOBAL_TARGET,
   KILL_SWITCH_SCOPES,
@@ -22,13 +22,12 @@ export interface KillSwitchRouteDeps {
   service: KillSwitchService;
   snapshot: KillSwitchSnapshot;
   audit: AuditLog;
-  /** Where a tool's server-side `{family, provider, region}` target comes from. */
-  tools: ToolFactsLookup;
   /**
-   * The target of the version an agent's call in a tenant resolves to, as the executor resolves
-   * it (the newest matching version the agent may use): what the safety stage judges.
+   * The server-side `{family, provider, region}` target of the version a call in a tenant resolves
+   * to, as the executor resolves it (the newest matching version the agent may use; with no agent,
+   * allowlists aside): what the safety stage judges.
    */
-  agentCallTarget(agent: { agentId: string; family: string | undefined }, toolId: string, tenantId: string): Promise<ToolFacts['target'] | undefined>;
+  callTarget(agent: { agentId: string; family: string | undefined } | null, toolId: string, tenantId: string): Promise<ToolFacts['target'] | undefined>;
 }
 
 const nonBlank = (max: number) =>
@@ -150,11 +149,10 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
     const query = parseInput(decideQuery, request.query, 'query');
     const tenantId = (await tenantInReach(request, audit, query.tenant_id)) ?? operator.tenantId;
     let toolTarget: { family?: string | null; provider?: string | null; region?: string | null } | null = null;
-    if (query.tool_id !== undefined && query.agent_id !== undefined) {
-      toolTarget = (await deps.agentCallTarget({ agentId: query.agent_id, family: query.family }, query.tool_id, tenantId)) ?? null;
-    } else if (query.tool_id !== undefined) {
-      const found = await deps.tools.resolve(query.tool_id);
-      if (found.ok) toolTarget = found.tool.target;
+    if (query.tool_id !== undefined) {
+      // Without an agent, the version any call would run: not a newer one no call can run.
+      const agent = query.agent_id === undefined ? null : { agentId: query.agent_id, family: query.family };
+      toolTarget = (await deps.callTarget(agent, query.tool_id, tenantId)) ?? null;
     }
     const decision = snapshot.decide({
       tenantId,
