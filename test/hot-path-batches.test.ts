@@ -724,7 +724,7 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
       db,
       hot: testDb.database.hot,
       audit: new AuditLog(testDb.database.hot, () => clock.now()),
-      tools: { resolve: () => ({ ok: false, reason: 'not_registered' }) as never, versions: () => [] },
+      tools: { resolve: () => ({ ok: false, reason: 'not_registered' }) as never, versions: () => [], resolveFor: () => ({ ok: false, code: 'tool_not_registered' }) },
       now: () => clock.now(),
     });
   const principal = (tenant: string): AgentPrincipal => ({ kind: 'agent', id: 'agent.batch', tenantId: tenant, family: 'batchers', scopes: new Set(['scf:read']) }) as unknown as AgentPrincipal;

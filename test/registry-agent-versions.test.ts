@@ -223,6 +223,59 @@ describe('a grant made while the newest version is final_write (SPEC §1: it nev
   });
 });
 
+describe("a grant's capability modifiers are bounded by the version its agent's calls run", () => {
+  const operator = tokens.tenantOperator(T);
+  const grantWith = (agentId: string, egress_domains: string[]) =>
+    h.client.post('/grants', {
+      token: operator,
+      body: {
+        agent_id: agentId,
+        tool_id: 'egress.split',
+        scope: 'per-tenant',
+        scope_ref: T,
+        capability_modifiers: { egress_domains },
+        expires_at: new Date(Date.now() + 3600_000).toISOString(),
+        rationale: 'narrowed egress',
+      },
+    });
+  const wider = { code: 'invalid_request', details: { issues: [{ field: 'body.capability_modifiers.egress_domains.0' }] } };
+
+  beforeAll(async () => {
+    // Each version reaches its own host and is on its own allowlist: AGENT's calls run 1.0.0 (once
+    // its tenant enables external calls; T has them off, and a grant outlives that policy).
+    const external = { category: 'external_call' as const, risk_level: 'medium' as const, ...egressSchemas };
+    await registerTool(h.client, { id: 'egress.split', version: '1.0.0', allowed_agents: [AGENT], egress: { allowed_hosts: ['one.example.test'] }, ...external });
+    await registerTool(h.client, { id: 'egress.split', version: '2.0.0', allowed_agents: ['someone.else'], egress: { allowed_hosts: ['two.example.test'] }, ...external });
+  });
+
+  it('admits modifiers within the version the grantee runs, and refuses ones only a version it never gets would allow', async () => {
+    expect((await grantWith(AGENT, ['one.example.test'])).status).toBe(201);
+    const refused = await grantWith(AGENT, ['two.example.test']);
+    expect(refused.status).toBe(400);
+    expect(refused.body.error).toMatchObject(wider);
+    // The agents on the newer allowlist run 2.0.0: the other way round.
+    expect((await grantWith('someone.else', ['two.example.test'])).status).toBe(201);
+    expect((await grantWith('someone.else', ['one.example.test'])).body.error).toMatchObject(wider);
+  });
+
+  it('judges a renewal the same way', async () => {
+    const granted = await grantWith(AGENT, ['one.example.test']);
+    expect(granted.status).toBe(201);
+    const renew = (egress_domains: string[]) =>
+      h.client.post(`/grants/${granted.body.id}/renew`, {
+        token: operator,
+        body: { rationale: 'still needed', expires_at: new Date(Date.now() + 7200_000).toISOString(), capability_modifiers: { egress_domains } },
+      });
+    expect((await renew(['two.example.test'])).body.error).toMatchObject(wider);
+    expect((await renew(['one.example.test'])).status).toBe(201);
+  });
+
+  it('judges by the newest version agents may use, as before, a grantee no allowlist names by id', async () => {
+    expect((await grantWith('stranger.agent', ['two.example.test'])).status).toBe(201);
+    expect((await grantWith('stranger.agent', ['one.example.test'])).body.error).toMatchObject(wider);
+  });
+});
+
 describe('a newer external_call version', () => {
   it('is skipped while the tenant has external calls off, for views and calls alike', async () => {
     expect((await offered()).find((t) => t.id === 'reach.tool')).toMatchObject({ version: '1.0.0' });

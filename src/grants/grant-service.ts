@@ -314,9 +314,17 @@ export class GrantService {
         details: { tool_id: newest.id, category: newest.category },
       };
     }
-    const modifiers = checkModifiersWithinTool(request.capabilityModifiers, tool);
+    // Modifiers narrow the contract of the version the grantee's calls run (the newest it may use),
+    // not of a version only other agents get: else a grant is refused for hosts its agent's version
+    // allows, and accepted for hosts only another version does. External calls are taken as
+    // enabled: egress_domains only narrow egress, which exists only where the tenant enables it,
+    // and the grant outlives a policy change. A grant names an agent, whose family claim is not
+    // known here: a grantee no allowlist names by id is judged by the newest version agents may use.
+    const runs = await this.deps.tools.resolveFor({ agentId: request.agentId, family: undefined }, request.toolId, undefined, { externalCallEnabled: true });
+    const bound = runs.ok ? runs.tool : tool;
+    const modifiers = checkModifiersWithinTool(request.capabilityModifiers, bound);
     if (!modifiers.ok) return invalid(modifiers.field, modifiers.message);
-    return { ok: true, tool };
+    return { ok: true, tool: bound };
   }
 }
 

@@ -18,6 +18,16 @@ export interface ToolFactsLookup {
   resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
   /** Every registered version of a tool, newest first (deprecated ones too); empty when unknown. */
   versions(toolId: string): readonly ToolFacts[] | Promise<readonly ToolFacts[]>;
+  /**
+   * The version an agent's call gets among the versions it may use (allowlist, category, external
+   * call policy), as its views show and its calls resolve; not ok when it may use none.
+   */
+  resolveFor(
+    agent: { agentId: string; family: string | undefined },
+    toolId: string,
+    range: undefined,
+    options: { externalCallEnabled: boolean },
+  ): ToolFactsResult | Promise<ToolFactsResult>;
   /** Whether the answers are current (the catalog's copy confirmed recently); absent: always. */
   readiness?(): { ok: boolean; reason?: string | undefined };
 }
