@@ -198,6 +198,10 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     const late = await handoff(ROOT, finished, {});
     expect(late.status).toBe(409);
     expect(late.body.error.code).toBe('run_not_resumable');
+    // An ended parent's refusal is on record too, and it relied on no grant for it.
+    expect(await auditOf({ run_id: finished, event_type: 'handoff.rejected' })).toEqual([
+      expect.objectContaining({ actor: `agent:${ROOT}`, status: 'denied', reason_code: 'run_not_resumable', details: expect.objectContaining({ status: 'completed', sub_agent_id: SUB, message: late.body.error.message }) }),
+    ]);
   });
 });
 

@@ -50,26 +50,17 @@ export class HandoffService {
   async create(agent: AgentPrincipal, parentRunId: string, request: HandoffRequest, traceId: string): Promise<{ ok: true; handoff: Handoff; approvalId: string | null } | HandoffRefusal> {
     const seen = await findRun(this.deps.db, agent.tenantId, parentRunId);
     if (!seen || seen.agent_id !== agent.id) return { ok: false, code: 'not_found', message: `run ${parentRunId} not found` };
-    if (isTerminal(seen.status)) return notResumable(seen);
-    const envelope = seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
-    const tools = await this.handOnable(seen, request.delegable_tool_ids, envelope);
+    // An ended parent hands nothing on, and relies on no grant: its refusal is recorded below.
+    const ended = isTerminal(seen.status);
+    const envelope = !ended && seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
+    const tools = ended ? new Map<string, CapabilityModifiers>() : await this.handOnable(seen, request.delegable_tool_ids, envelope);
     const now = this.deps.now();
     const actor = actorOf(agent);
 
     return this.deps.db.transaction().execute(async (trx) => {
       await lockAuditChain(trx);
       const parent = await lockRun(trx, seen);
-      if (!parent || isTerminal(parent.status)) return notResumable(parent ?? seen);
-      const made = await listHandoffsFrom(trx, parent.tenant_id, parent.run_id);
-      const allowance = parent.budget_units === null ? null : await lockRunAllowance(trx, parent.tenant_id, parent.run_id, parent.budget_units);
-      const authority: ParentAuthority = {
-        trace: attributionOf(parent).map((a) => a.agent_id),
-        tools,
-        maxFanout: envelope?.max_fanout ?? this.deps.rootMaxFanout,
-        handoffsMade: made.length,
-        approvalRequirement: envelope?.approval_requirement ?? 'none',
-        remainingUnits: allowance?.remaining_units ?? null,
-      };
+      if (!parent) return notResumable(seen);
       // Every refusal made here is on record (SPEC §8): under the parent run, in this transaction.
       const refuse = async (refusal: HandoffRefusal): Promise<HandoffRefusal> => {
         await writeAuditEvents(trx, [
@@ -89,6 +80,17 @@ export class HandoffService {
           },
         ]);
         return refusal;
+      };
+      if (ended || isTerminal(parent.status)) return refuse(notResumable(parent));
+      const made = await listHandoffsFrom(trx, parent.tenant_id, parent.run_id);
+      const allowance = parent.budget_units === null ? null : await lockRunAllowance(trx, parent.tenant_id, parent.run_id, parent.budget_units);
+      const authority: ParentAuthority = {
+        trace: attributionOf(parent).map((a) => a.agent_id),
+        tools,
+        maxFanout: envelope?.max_fanout ?? this.deps.rootMaxFanout,
+        handoffsMade: made.length,
+        approvalRequirement: envelope?.approval_requirement ?? 'none',
+        remainingUnits: allowance?.remaining_units ?? null,
       };
       const check = checkHandoff(request, authority, this.deps.maxDepth);
       if (!check.ok) {
