@@ -392,9 +392,8 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       // As far as this replica can tell, the ghost is gone; it is alive, and about to settle.
       await ghost.app.services.lease.stop();
 
-      // Recovery is held at the sub-run's run-total counter, as the hand-off closes (it holds the
-      // parent's by then); the settlement at the tenant budget's counter (after its reservation,
-      // before the parent's run-total counter: counters go in key order).
+      // Recovery is held at a counter (the tenant budget's, or the sub-run's run total) after it
+      // locked the parent's reservation; the settlement then waits for that reservation.
       const sub = runTotalRef(TL, subRunId);
       await subCounterHolder.query('begin');
       await subCounterHolder.query(
@@ -408,12 +407,13 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
         () => 'recovered',
         (error: Error) => error.message,
       );
-      await waitUntil('recovery to wait for the sub-run\'s counter', async () => (await waiting('%with applicable as%')) === 1);
+      await waitUntil('recovery to wait for a counter', async () => (await waiting('%with applicable as%')) === 1);
       backend.openGate();
       await waitUntil('the settlement to wait', async () => (await waiting('%with seen as materialized%')) === 1);
       await subCounterHolder.query('commit');
-      // Recovery goes on to close the parent's reservation: both now wait on the ledger.
-      await waitUntil('recovery to reach the reservation', async () => (await waiting('%with seen as materialized%')) === 2);
+      // Recovery still waits for the tenant budget's counter (it locks every counter it changes
+      // in one statement, in key order), the settlement for the reservation recovery holds.
+      await waitUntil('both to wait on the ledger', async () => (await waiting('%with applicable as%')) === 1 && (await waiting('%with seen as materialized%')) === 1);
       await budgetCounterHolder.query('commit');
 
       expect(await outcome).toBe('recovered');
@@ -431,6 +431,158 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       backend.openGate();
       await subCounterHolder.end();
       await budgetCounterHolder.end();
+      await ghost.close();
+      h.client.app.services.recovery.start();
+    }
+  });
+
+  it('is ended without a deadlock while a sub-run reserves: recovery locks every counter it needs in one statement, in key order', async () => {
+    // A sub-run's reservation locks its counters in key order: the tenant's budgets (`bud_…`),
+    // then its own run total (`run/…`). Recovery used to lock the run totals first (closing the
+    // hand-offs) and the budgets' counters after (closing the parent's reservation): reversed.
+    const TS = 'tenant-recovery-subrun';
+    for (const tool of ['settle.held', 'settle.quick']) await grantTool(h.client, { tenant: TS, agent: PARENT, tool });
+    await grantTool(h.client, { tenant: TS, agent: SUB, tool: 'settle.quick' });
+    await h.client.app.services.recovery.stop();
+    const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    const counterHolder = new pg.Client({ connectionString: h.db.url });
+    await counterHolder.connect();
+    let answer: Promise<unknown> | undefined;
+    try {
+      // Two tenant budgets, charged by the parent's call and the sub-run's alike.
+      const budgets = [await createBudget(h.client, { tenant: TS, limit_units: 1000 }), await createBudget(h.client, { tenant: TS, period: 'month', limit_units: 1000 })];
+      const [first, second] = budgets.map((b) => b.id).sort();
+      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      const runId = newRunId('subrun-parent');
+      const subRunId = newRunId('subrun-sub');
+      const parentToken = tokens.agent(PARENT, { tenant: TS });
+      const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
+      answer = ghost.post('/runs/execute', { token: parentToken, body });
+      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
+        token: parentToken,
+        body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.quick'], max_fanout: 0 },
+      });
+      expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
+      await ghost.app.services.lease.stop();
+
+      // The sub-run's reservation holds the first budget's counter and waits for the second's.
+      await counterHolder.query('begin');
+      await counterHolder.query('select 1 from budget_counters where counter_key = $1 for update', [second]);
+      const subAnswer = h.client.post('/runs/execute', {
+        token: tokens.agent(SUB, { tenant: TS }),
+        body: { run_id: subRunId, parent_run_id: runId, context: {}, plan: [{ tool_id: 'settle.quick', input: { q: 'sub call' } }] },
+      });
+      await waitUntil('the sub-run\'s reservation to wait', async () => (await waiting('%with expected as%')) === 1);
+      // The owner resubmits: its replica ends the lost run, and waits for the first budget's counter.
+      const resubmitted = h.client.post('/runs/execute', { token: parentToken, body });
+      await waitUntil('recovery to wait too', async () => (await waiting('%')) === 2);
+      await counterHolder.query('commit');
+
+      const res = await resubmitted;
+      expect(res.status, JSON.stringify(res.body)).toBe(503);
+      expect(res.body).toMatchObject({ status: 'failed', warnings: ['executor_lost'] });
+      expect(res.body.steps[0]).toMatchObject({ status: 'failed', error: { details: { reason: 'executor_lost', in_doubt: true } } });
+      // The sub-run ended with its parent, its call sent or not; nothing stays reserved.
+      const sub = await subAnswer;
+      expect(['cancelled', 'completed'], JSON.stringify(sub.body)).toContain(sub.body.status);
+      const operator = tokens.tenantOperator(TS);
+      expect((await h.client.get(`/runs/${subRunId}`, { token: operator })).body.status).toBe(sub.body.status);
+      const subCalls = hitsOf(subRunId).length;
+      for (const id of [first, second]) {
+        // The parent's call in doubt (2) and the sub-run's call if it was sent (1), charged once.
+        expect((await h.client.get(`/budgets/${id}`, { token: operator })).body).toMatchObject({ spent_units: 2 + subCalls, reserved_units: 0 });
+      }
+      const open = await h.db.database.db.selectFrom('budget_reservations').select('id').where('tenant_id', '=', TS).where('status', '=', 'reserved').execute();
+      expect(open).toEqual([]);
+    } finally {
+      await counterHolder.query('rollback').catch(() => undefined);
+      backend.openGate();
+      await answer;
+      await counterHolder.end();
+      await ghost.close();
+      h.client.app.services.recovery.start();
+    }
+  });
+
+  it('starts over, without a deadlock, when a sub-run\'s reservation lands between its locks and is being released', async () => {
+    // Recovery locks the tree's reservations, then its counters. A reservation recorded between
+    // the two is not locked; its release (here: the rate stage refused the call) locks it, then
+    // its counters — which recovery holds. Recovery must not go on to lock it: it starts over.
+    const TR = 'tenant-recovery-release';
+    await registerTool(h.client, { id: 'settle.limited', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [PARENT, SUB], rate_limit: { capacity: 1, refill_per_second: 0.000001 }, timeout_ms: 20_000 });
+    for (const tool of ['settle.held', 'settle.limited']) await grantTool(h.client, { tenant: TR, agent: PARENT, tool });
+    await grantTool(h.client, { tenant: TR, agent: SUB, tool: 'settle.limited' });
+    await h.client.app.services.recovery.stop();
+    const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    const [parentBudgetHolder, subBudgetHolder, bucketHolder] = [1, 2, 3].map(() => new pg.Client({ connectionString: h.db.url }));
+    for (const client of [parentBudgetHolder!, subBudgetHolder!, bucketHolder!]) await client.connect();
+    let answer: Promise<unknown> | undefined;
+    try {
+      // The parent's call charges its agent's budget only, the sub-run's its own agent's.
+      const parentBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: PARENT, limit_units: 1000 });
+      const subBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: SUB, limit_units: 1000 });
+      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok && h.client.app.services.catalog.resolve('settle.limited').ok);
+      const runId = newRunId('released-parent');
+      const subRunId = newRunId('released-sub');
+      const parentToken = tokens.agent(PARENT, { tenant: TR });
+      const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
+      answer = ghost.post('/runs/execute', { token: parentToken, body });
+      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
+        token: parentToken,
+        body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.limited'], max_fanout: 0 },
+      });
+      expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
+      await ghost.app.services.lease.stop();
+
+      // The sub-run's call, claimed, is kept at its reservation (its budget's counter held) ...
+      const counter = { key: subBudget.id, periodStart: runTotalRef(TR, subRunId).periodStart };
+      await subBudgetHolder!.query('begin');
+      await subBudgetHolder!.query(
+        'insert into budget_counters (counter_key, period_start) values ($1, $2) on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key',
+        [counter.key, counter.periodStart],
+      );
+      await bucketHolder!.query('begin');
+      await bucketHolder!.query('insert into rate_buckets (tenant_id, agent_id, tool_id, tokens, updated_at) values ($1, $2, $3, 0, now())', [TR, SUB, 'settle.limited']);
+      const subAnswer = h.client.post('/runs/execute', {
+        token: tokens.agent(SUB, { tenant: TR }),
+        body: { run_id: subRunId, parent_run_id: runId, context: {}, plan: [{ tool_id: 'settle.limited', input: { q: 'refused' } }] },
+      });
+      await waitUntil('the sub-run\'s reservation to wait', async () => (await waiting('%')) === 1);
+      // ... until recovery has locked the parent's reservation and waits for its budget's counter.
+      await parentBudgetHolder!.query('begin');
+      await parentBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [parentBudget.id]);
+      const resubmitted = h.client.post('/runs/execute', { token: parentToken, body });
+      await waitUntil('recovery to wait for the parent budget\'s counter', async () => (await waiting('%')) === 2);
+      // Reserved, the call waits at the rate stage for an empty bucket.
+      await subBudgetHolder!.query('commit');
+      await waitUntil('the call to wait at the rate stage', async () => (await waiting('%rate_buckets%')) === 1);
+      // Refused, its reservation's release locks it and waits for the sub-run budget's counter.
+      await subBudgetHolder!.query('begin');
+      await subBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [counter.key]);
+      await bucketHolder!.query('commit');
+      await waitUntil('the release to wait', async () => (await waiting('%with seen as materialized%')) === 1);
+      // Recovery takes its counters (the sub-run's run total among them), then meets the reservation.
+      await parentBudgetHolder!.query('commit');
+      await waitUntil('recovery to wait for the reservation', async () => (await waiting('%')) === 2);
+      await subBudgetHolder!.query('commit');
+
+      const res = await resubmitted;
+      expect(res.status, JSON.stringify(res.body)).toBe(503);
+      expect(res.body).toMatchObject({ status: 'failed', warnings: ['executor_lost'] });
+      await subAnswer;
+      expect(hitsOf(subRunId)).toEqual([]);
+      const reservations = await h.db.database.db.selectFrom('budget_reservations').select(['run_id', 'status']).where('tenant_id', '=', TR).execute();
+      expect(reservations.map((r) => [r.run_id === runId ? 'parent' : 'sub', r.status]).sort()).toEqual([['parent', 'settled'], ['sub', 'released']]);
+      const operator = tokens.tenantOperator(TR);
+      expect((await h.client.get(`/budgets/${subBudget.id}`, { token: operator })).body).toMatchObject({ spent_units: 0, reserved_units: 0 });
+      expect((await h.client.get(`/budgets/${parentBudget.id}`, { token: operator })).body).toMatchObject({ spent_units: 2, reserved_units: 0 });
+    } finally {
+      for (const client of [parentBudgetHolder!, subBudgetHolder!, bucketHolder!]) await client.query('rollback').catch(() => undefined);
+      backend.openGate();
+      await answer;
+      for (const client of [parentBudgetHolder!, subBudgetHolder!, bucketHolder!]) await client.end();
       await ghost.close();
       h.client.app.services.recovery.start();
     }

@@ -428,12 +428,23 @@ export interface OpenReservation {
  */
 export async function lockOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<OpenReservation[]> {
   if (refs.length === 0) return [];
+  const rows = await openReservationsCharging(trx, tenantIds, refs).select(['units', 'status', 'charges']).orderBy('id').forUpdate().execute();
+  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), expired: row.status === 'expired', charges: chargesOf(row.charges) }));
+}
+
+/** The ids of the reservations `lockOpenReservationsCharging` would lock, read without locking them. */
+export async function findOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<string[]> {
+  if (refs.length === 0) return [];
+  return (await openReservationsCharging(trx, tenantIds, refs).execute()).map((row) => row.id);
+}
+
+function openReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]) {
   const tenants = [...new Set(tenantIds)];
   const charging = sql<boolean>`charges @> any(${refs.map((ref) => chargesJson([ref]))}::jsonb[])`;
-  // Each by its index (the open ones, the expired ones of these tenants), then locked by id.
-  const rows = await trx
+  // Each by its index (the open ones, the expired ones of these tenants).
+  return trx
     .selectFrom('budget_reservations')
-    .select(['id', 'units', 'status', 'charges'])
+    .select('id')
     .where('id', 'in', (eb) =>
       eb
         .selectFrom('budget_reservations')
@@ -443,11 +454,7 @@ export async function lockOpenReservationsCharging(trx: Transaction<DB>, tenantI
         .where(charging)
         .unionAll(eb.selectFrom('budget_reservations').select('id').where('status', '=', 'expired').where('tenant_id', 'in', tenants).where(charging)),
     )
-    .where('status', 'in', ['reserved', 'expired'])
-    .orderBy('id')
-    .forUpdate()
-    .execute();
-  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), expired: row.status === 'expired', charges: chargesOf(row.charges) }));
+    .where('status', 'in', ['reserved', 'expired']);
 }
 
 /** Changes the counters reservations (locked by `lockOpenReservationsCharging`) are charged to. */

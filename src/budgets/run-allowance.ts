@@ -4,6 +4,7 @@ import { runCounterKey } from './budget.js';
 import {
   counterChanges,
   counterId,
+  findOpenReservationsCharging,
   lockBudgetCounters,
   lockOpenReservationsCharging,
   readCounters,
@@ -77,6 +78,35 @@ export async function lockRunAllowance(trx: Transaction<DB>, tenantId: string, r
 /** Holds `units` of a run's allowance for a sub-run; check first with `lockRunAllowance`. */
 export async function holdRunUnits(trx: Transaction<DB>, tenantId: string, runId: string, units: number, at: Date): Promise<void> {
   await writeLedger(trx, [{ ...runTotalRef(tenantId, runId), spentMicros: 0, reservedMicros: toMicros(units) }], [], at, at);
+}
+
+/** A run to end, with its parent (whose run total its hand-off's close changes). */
+export interface RunToEnd {
+  tenant_id: string;
+  run_id: string;
+  parent_run_id: string | null;
+}
+
+/**
+ * Locks, before a transaction ends these runs (closing their hand-offs) and closes their
+ * reservations, everything of the ledger it will change, in the order every other writer takes
+ * it: the reservations charged to their run totals (open or expired), in id order; then, in one
+ * statement and in key order, the counters those reservations are charged to (budgets' and runs')
+ * and the run totals of these runs and of their parents. Counters taken in two steps would not be
+ * in key order: a sub-run's reservation, which locks its budgets' counters then its run total,
+ * would deadlock with it. False when a reservation was recorded between the two steps: it is not
+ * locked, and locking it now (after counters) could deadlock with its release; the caller starts
+ * over. (Once the run totals are locked, none of these runs can record another.)
+ */
+export async function lockRunTreeLedger(trx: Transaction<DB>, runs: RunToEnd[]): Promise<boolean> {
+  if (runs.length === 0) return true;
+  const tenants = runs.map((r) => r.tenant_id);
+  const totals = runs.map((r) => runTotalRef(r.tenant_id, r.run_id));
+  const reservations = await lockOpenReservationsCharging(trx, tenants, totals);
+  const parents = runs.flatMap((r) => (r.parent_run_id === null ? [] : [runTotalRef(r.tenant_id, r.parent_run_id)]));
+  await lockBudgetCounters(trx, [], NO_WINDOWS, [...totals, ...parents, ...reservations.flatMap((r) => r.charges)]);
+  const locked = new Set(reservations.map((r) => r.id));
+  return (await findOpenReservationsCharging(trx, tenants, totals)).every((id) => locked.has(id));
 }
 
 /** A sub-run that ended, and the budget its parent held for it. */

@@ -2,8 +2,8 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
 import { listRunCallRecords, lockAuditChain, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
-import { closeLostRunReservations, lockOpenReservationsCharging } from '../budgets/budget-ledger-repository.js';
-import { runTotalRef } from '../budgets/run-allowance.js';
+import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
+import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../http/errors.js';
@@ -15,6 +15,15 @@ import { isTerminal, stepIndexOfToolCall, type RunEnvelope, type RunStatus, type
 export const RECOVERY_ACTOR = 'system.recovery';
 
 const BATCH = 100;
+
+/**
+ * How many times a recovery starts over when a reservation of the run's tree was recorded while
+ * it locked the ledger; the last attempt goes on regardless, and locks that one when it meets it.
+ */
+const LEDGER_ATTEMPTS = 3;
+
+/** A reservation was recorded while recovery locked the ledger: its transaction starts over. */
+class LedgerMoved extends Error {}
 
 /**
  * How long before a run was created its calls' records may say they were made: replicas' clocks
@@ -115,6 +124,17 @@ export class RunRecovery {
    */
   async recoverIfLost(key: RunKey, callerHolds = 0): Promise<boolean> {
     const now = this.options.now();
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        return await this.recoverOnce(key, callerHolds, now, attempt === LEDGER_ATTEMPTS);
+      } catch (error) {
+        if (!(error instanceof LedgerMoved)) throw error;
+      }
+    }
+  }
+
+  /** One attempt of `recoverIfLost`, in one transaction; `lastAttempt`: it does not start over. */
+  private async recoverOnce(key: RunKey, callerHolds: number, now: Date, lastAttempt: boolean): Promise<boolean> {
     const done = await this.options.db.transaction().execute(async (trx) => {
       await lockAuditChain(trx);
       const run = await lockRun(trx, key);
@@ -143,12 +163,13 @@ export class RunRecovery {
           message: `the replica executing run ${run.run_id} stopped before the run ended${inDoubt.length > 0 ? '; a call in doubt may have reached its backend' : ''}`,
           details: loss,
         };
-        // An executor taken for lost may be alive and settling its call: a settlement locks its
-        // reservation, then counters. The reservations this recovery closes (the run's own) or
-        // recharges (its sub-runs', as their hand-offs close) are locked first, in one statement
-        // and in id order, as a settlement locks them; only then does endRunTrees lock counters.
+        // An executor taken for lost may be alive and settling its call, and its sub-runs'
+        // executors reserving theirs: a settlement locks its reservation, then counters; a
+        // reservation locks its counters, in key order. The reservations this recovery closes (the
+        // run's own) or recharges (its sub-runs', as their hand-offs close) are locked first, then
+        // every counter it changes, in one statement in key order, before endRunTrees changes any.
         const tree = await lockOpenRunTrees(trx, [run]);
-        await lockOpenReservationsCharging(trx, [run.tenant_id], tree.map((r) => runTotalRef(r.tenant_id, r.run_id)));
+        if (!(await lockRunTreeLedger(trx, tree)) && !lastAttempt) throw new LedgerMoved();
         const [ended] = await endRunTrees(trx, { roots: [run], status, stop: cause, eventType: 'run.executor_lost', actor: RECOVERY_ACTOR }, now);
         stop = { ...cause, audit_id: ended!.audit_id };
         httpStatus = status === 'completed' ? 200 : statusForCode(cause.code);
