@@ -213,7 +213,7 @@ describe('tamper evidence', () => {
       await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
     }
     const res = await h.client.get('/audit/verify', { token: platform });
-    expect(res.body).toEqual({ ok: false, checked: 2, first_bad_seq: 3 });
+    expect(res.body).toEqual({ ok: false, checked: 2, first_bad_seq: 3, head: null });
   });
 
   it('reports a deleted row as the first gap', async () => {
@@ -280,7 +280,7 @@ describe('tamper evidence, each on a fresh chain', () => {
       await sql`alter table audit_events drop constraint if exists audit_events_seq_positive`.execute(t.db);
       await insertForgedRow(t.db, t.records[0]!, { seq: 0, prev_hash: GENESIS_HASH });
       await insertForgedRow(t.db, t.records[0]!, { seq: -1, prev_hash: GENESIS_HASH });
-      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: -1 });
+      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: -1, head: null });
       // GET /audit lists them as stored, as openapi.yaml describes a record, and pages on past them.
       const listed = await t.h.client.get('/audit', { token: platform });
       const stored = [...t.records.map((r) => r.seq).reverse(), 0, -1];
@@ -300,7 +300,7 @@ describe('tamper evidence, each on a fresh chain', () => {
     withChain(async (t) => {
       const head = await readChainHead(t.db);
       await insertForgedRow(t.db, t.records[0]!, { seq: head.seq + 1, prev_hash: head.hash });
-      expect(await verify(t)).toEqual({ ok: false, checked: head.seq, first_bad_seq: head.seq + 1 });
+      expect(await verify(t)).toEqual({ ok: false, checked: head.seq, first_bad_seq: head.seq + 1, head: null });
     }));
 
   it('reports a last row replaced by a well-chained forgery as that row', () =>
@@ -308,14 +308,14 @@ describe('tamper evidence, each on a fresh chain', () => {
       const [, second, third] = t.records;
       await withTriggerOff(t.db, () => sql`delete from audit_events where seq = ${third!.seq}`.execute(t.db));
       await insertForgedRow(t.db, third!, { seq: third!.seq, prev_hash: second!.hash });
-      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq, head: null });
     }));
 
   it('reports rows cut off at the tail as the first missing seq', () =>
     withChain(async (t) => {
       const [, second, third] = t.records;
       await withTriggerOff(t.db, () => sql`delete from audit_events where seq = ${third!.seq}`.execute(t.db));
-      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: second!.seq, first_bad_seq: third!.seq, head: null });
     }));
 
   it('reports an edit of occurred_at by less than a millisecond', () =>
@@ -326,14 +326,14 @@ describe('tamper evidence, each on a fresh chain', () => {
       await withTriggerOff(t.db, () =>
         sql`update audit_events set occurred_at = occurred_at + interval '1 microsecond' where seq = ${second!.seq}`.execute(t.db),
       );
-      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq, head: null });
     }));
 
   it('reports an occurred_at no JavaScript Date can hold instead of failing', () =>
     withChain(async (t) => {
       const [first, second] = t.records;
       await withTriggerOff(t.db, () => sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db));
-      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq, head: null });
     }));
 
   it('lists a row whose occurred_at no RFC 3339 time can write, with occurred_at null, instead of failing', () =>
@@ -354,7 +354,7 @@ describe('tamper evidence, each on a fresh chain', () => {
       // The time filters still place such a row where the database does.
       const future = await t.h.client.get('/audit', { token: platform, query: { since: new Date().toISOString() } });
       expect(future.body.items.map((e: AuditRecord) => e.seq).sort()).toEqual([first!.seq, second!.seq]);
-      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: first!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: 0, first_bad_seq: first!.seq, head: null });
     }));
 
   it('reports a number in details edited beyond what a double can tell apart', () =>
@@ -367,10 +367,10 @@ describe('tamper evidence, each on a fresh chain', () => {
       await withTriggerOff(t.db, () =>
         sql`update audit_events set details = jsonb_set(details, '{nested,list,0}', '0.1000000000000000000001') where seq = ${first!.seq}`.execute(t.db),
       );
-      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq, head: null });
       // Compared page by page, the row found on whichever page it falls.
       for (const pageSize of [1, 2, 3]) {
-        expect(await verifyAuditChain(t.db, pageSize)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq });
+        expect(await verifyAuditChain(t.db, pageSize)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq, head: null });
       }
     }));
 
@@ -378,7 +378,7 @@ describe('tamper evidence, each on a fresh chain', () => {
     withChain(async (t) => {
       const [extra] = await t.h.client.app.services.audit.appendMany([{ event_type: 'chain.test', actor: 'system.numbers', details: { limit: null } }]);
       await withTriggerOff(t.db, () => sql`update audit_events set details = '{"limit": 1e400}' where seq = ${extra!.seq}`.execute(t.db));
-      expect(await verify(t)).toEqual({ ok: false, checked: extra!.seq - 1, first_bad_seq: extra!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: extra!.seq - 1, first_bad_seq: extra!.seq, head: null });
     }));
 
   it('reports a null cost or duration edited to NaN or infinity, which hash as null', () =>
@@ -388,7 +388,7 @@ describe('tamper evidence, each on a fresh chain', () => {
         await sql`update audit_events set cost_units = 'NaN' where seq = ${second!.seq}`.execute(t.db);
         await sql`update audit_events set duration_ms = '-Infinity' where seq = ${second!.seq + 1}`.execute(t.db);
       });
-      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq });
+      expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq, head: null });
     }));
 
   it('verifies numbers a double holds exactly, however they are written', () =>
@@ -398,5 +398,154 @@ describe('tamper evidence, each on a fresh chain', () => {
         { event_type: 'chain.test', actor: 'system.numbers', cost_units: 0.1 + 0.2, duration_ms: 1e-7, details: { awkward, deep: { awkward } } },
       ]);
       expect(await verify(t)).toMatchObject({ ok: true, first_bad_seq: null });
+    }));
+
+  const verifyWith = async (t: { h: Harness }, anchor: { seq: number; hash: string }) =>
+    (await t.h.client.get('/audit/verify', { token: platform, query: { anchor_seq: anchor.seq, anchor_hash: anchor.hash } })).body;
+
+  /** Replaces the chain from `from` on with well-chained forgeries and moves the head onto them. */
+  async function forgeTail(db: Kysely<DB>, records: AuditRecord[], from: number): Promise<AuditRecord[]> {
+    await withTriggerOff(db, () => sql`delete from audit_events where seq >= ${from}`.execute(db));
+    const forged: AuditRecord[] = [];
+    let prev = records.find((r) => r.seq === from - 1)?.hash ?? GENESIS_HASH;
+    for (const template of records.filter((r) => r.seq >= from)) {
+      const row = await insertForgedRow(db, template, { seq: template.seq, prev_hash: prev });
+      forged.push(row);
+      prev = row.hash;
+    }
+    const last = forged[forged.length - 1]!;
+    await sql`update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1`.execute(db);
+    return forged;
+  }
+
+  it('answers the head of the chain it verified: its last row', () =>
+    withChain(async (t) => {
+      const third = t.records[2]!;
+      const res = await verify(t);
+      expect(res).toMatchObject({ ok: true, first_bad_seq: null, head: { seq: third.seq, hash: third.hash } });
+      expect(res.head).toEqual(await readChainHead(t.db));
+      expect(res.checked).toBe(third.seq);
+      expect(res).not.toHaveProperty('anchor');
+    }));
+
+  it('answers no head for an empty log, and an anchor there as missing', async () => {
+    const empty = await startHarness();
+    try {
+      expect(await readChainHead(empty.db.database.db)).toEqual({ seq: 0, hash: GENESIS_HASH });
+      expect(await verify({ h: empty })).toEqual({ ok: true, checked: 0, first_bad_seq: null, head: null });
+      expect(await verifyWith({ h: empty }, { seq: 1, hash: 'a'.repeat(64) })).toEqual({
+        ok: false,
+        checked: 0,
+        first_bad_seq: 1,
+        head: null,
+        anchor: { seq: 1, ok: false, reason: 'missing' },
+      });
+    } finally {
+      await empty.close();
+    }
+  });
+
+  it('holds an anchor across honest appends made after it', () =>
+    withChain(async (t) => {
+      const anchor = (await verify(t)).head;
+      const [, later] = await t.h.client.app.services.audit.appendMany([
+        { event_type: 'chain.test', actor: 'system.fourth' },
+        { event_type: 'chain.test', actor: 'system.fifth' },
+      ]);
+      expect(await verifyWith(t, anchor)).toEqual({
+        ok: true,
+        checked: later!.seq,
+        first_bad_seq: null,
+        head: { seq: later!.seq, hash: later!.hash },
+        anchor: { seq: anchor.seq, ok: true, reason: null },
+      });
+      // An anchor below the head holds as well.
+      const first = t.records[0]!;
+      expect(await verifyWith(t, first)).toMatchObject({ ok: true, anchor: { seq: first.seq, ok: true, reason: null } });
+    }));
+
+  it('reports a forged tail with the head moved onto it, which verifies without an anchor, as a hash mismatch', () =>
+    withChain(async (t) => {
+      const [first, second, third] = t.records;
+      const anchor = (await verify(t)).head;
+      expect(anchor).toEqual({ seq: third!.seq, hash: third!.hash });
+      const forged = await forgeTail(t.db, t.records, second!.seq);
+      // The attack: without an anchor the forgery is an intact chain, head and all.
+      expect(await verify(t)).toEqual({ ok: true, checked: third!.seq, first_bad_seq: null, head: { seq: third!.seq, hash: forged[1]!.hash } });
+      expect(await verifyWith(t, anchor)).toEqual({
+        ok: false,
+        checked: third!.seq - 1,
+        first_bad_seq: third!.seq,
+        head: null,
+        anchor: { seq: third!.seq, ok: false, reason: 'hash_mismatch' },
+      });
+      // Page by page alike.
+      for (const pageSize of [1, 2]) {
+        expect(await verifyAuditChain(t.db, pageSize, anchor)).toMatchObject({ ok: false, first_bad_seq: third!.seq, anchor: { reason: 'hash_mismatch' } });
+      }
+      // An older anchor, of a row kept, still holds: the rewrite began after it.
+      expect(await verifyWith(t, first!)).toMatchObject({ ok: true, anchor: { seq: first!.seq, ok: true, reason: null } });
+      expect(await verifyWith(t, second!)).toMatchObject({ ok: false, first_bad_seq: second!.seq, anchor: { reason: 'hash_mismatch' } });
+    }));
+
+  it('reports rows cut off below the anchor, with the head moved back, as missing', () =>
+    withChain(async (t) => {
+      const [first, , third] = t.records;
+      const anchor = { seq: third!.seq, hash: third!.hash };
+      await withTriggerOff(t.db, () => sql`delete from audit_events where seq > ${first!.seq}`.execute(t.db));
+      await sql`update audit_chain_head set seq = ${first!.seq}, hash = ${first!.hash} where id = 1`.execute(t.db);
+      expect(await verify(t)).toMatchObject({ ok: true, head: { seq: first!.seq, hash: first!.hash } });
+      expect(await verifyWith(t, anchor)).toEqual({
+        ok: false,
+        checked: first!.seq,
+        first_bad_seq: first!.seq + 1,
+        head: null,
+        anchor: { seq: third!.seq, ok: false, reason: 'missing' },
+      });
+    }));
+
+  it('reports an anchor the chain breaks before as not held, and the break as the first bad seq', () =>
+    withChain(async (t) => {
+      const [first, second, third] = t.records;
+      await withTriggerOff(t.db, () => sql`update audit_events set actor = 'operator:mallory' where seq = ${second!.seq}`.execute(t.db));
+      // The anchored row itself is untouched, hash and all.
+      expect(await verifyWith(t, third!)).toEqual({
+        ok: false,
+        checked: first!.seq,
+        first_bad_seq: second!.seq,
+        head: null,
+        anchor: { seq: third!.seq, ok: false, reason: 'chain_broken' },
+      });
+      // An anchor below the break holds; the chain still does not.
+      expect(await verifyWith(t, first!)).toEqual({
+        ok: false,
+        checked: first!.seq,
+        first_bad_seq: second!.seq,
+        head: null,
+        anchor: { seq: first!.seq, ok: true, reason: null },
+      });
+    }));
+
+  it('refuses a malformed or half-given anchor with 400 invalid_request naming the field', () =>
+    withChain(async (t) => {
+      const hash = t.records[0]!.hash;
+      const cases: [Record<string, string>, string][] = [
+        [{ anchor_seq: '0', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: '-1', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: '1.5', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: '1e3', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: ' 1', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: '9007199254740993', anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor_seq: '1', anchor_hash: hash.toUpperCase() }, 'query.anchor_hash'],
+        [{ anchor_seq: '1', anchor_hash: hash.slice(1) }, 'query.anchor_hash'],
+        [{ anchor_seq: '1' }, 'query.anchor_hash'],
+        [{ anchor_hash: hash }, 'query.anchor_seq'],
+        [{ anchor: hash }, 'query'],
+      ];
+      for (const [query, field] of cases) {
+        const res = await t.h.client.get('/audit/verify', { token: platform, query });
+        expect(res.status, JSON.stringify(query)).toBe(400);
+        expect(res.body.error).toMatchObject({ code: 'invalid_request', message: expect.stringContaining(field) });
+      }
     }));
 });

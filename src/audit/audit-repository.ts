@@ -169,6 +169,23 @@ export interface ChainVerification {
   ok: boolean;
   checked: number;
   first_bad_seq: number | null;
+  /** The last row of the chain, when it verified and has rows: what an operator anchors elsewhere. */
+  head: ChainHead | null;
+  /** Present when an anchor was given: whether the chain still holds it. */
+  anchor?: AnchorCheck;
+}
+
+/**
+ * Why a chain does not hold an anchor: `missing`, no row at its seq (rows were cut off);
+ * `hash_mismatch`, the row there has another hash (it, or a row before it, was rewritten);
+ * `chain_broken`, the row is as anchored but the chain breaks before reaching it.
+ */
+export type AnchorFailure = 'missing' | 'hash_mismatch' | 'chain_broken';
+
+export interface AnchorCheck {
+  seq: number;
+  ok: boolean;
+  reason: AnchorFailure | null;
 }
 
 /**
@@ -182,61 +199,92 @@ export interface ChainVerification {
  * checked apart: a part of a millisecond, a time RFC 3339 cannot write, a NaN or infinite number,
  * and numbers in `details` (jsonb keeps them as exact decimals, a double does not), which the
  * database compares with what was hashed, once per page.
+ *
+ * The chain head is its own anchor, so whoever can move it can rewrite the tail unseen. `anchor`,
+ * a head an earlier verification answered and the operator kept outside the database, closes
+ * that: the chain must still hold that row, with that hash, verified (one more lookup).
  */
-export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000): Promise<ChainVerification> {
+export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000, anchor?: ChainHead): Promise<ChainVerification> {
   // One snapshot: an append committing during the walk would otherwise pass for rows cut off.
   return db.transaction().setIsolationLevel('repeatable read').setAccessMode('read only').execute(async (trx) => {
     const head = await readChainHead(trx);
-    let expectedSeq = 1;
-    let prevHash = GENESIS_HASH;
-    let checked = 0;
-    let pastHeadSeq: number | undefined;
-    let afterSeq: number | undefined;
-    for (;;) {
-      let page = trx
-        .selectFrom('audit_events')
-        .selectAll()
-        .select(sql<boolean>`occurred_at = date_trunc('milliseconds', occurred_at)`.as('whole_milliseconds'));
-      // No lower bound at first: a row below seq 1 is walked too, and reported as itself.
-      if (afterSeq !== undefined) page = page.where('seq', '>', afterSeq);
-      const rows = await page.orderBy('seq', 'asc').limit(pageSize).execute();
-      const numbered: Pick<AuditRecord, 'seq' | 'details'>[] = [];
-      let brokenAt: number | undefined;
-      for (const { whole_milliseconds, ...row } of rows) {
-        const seq = Number(row.seq);
-        afterSeq = seq;
-        if (seq > head.seq) {
-          pastHeadSeq = seq;
-          break;
-        }
-        // The hash covers the row as JavaScript reads it: a part of a millisecond, a time RFC 3339
-        // cannot write, or a NaN or infinite float (hashed as null) would be an edit it cannot see.
-        const record = toRecord(row);
-        const readExactly = whole_milliseconds && record.occurred_at !== null && finiteOrNull(record.duration_ms) && finiteOrNull(record.cost_units);
-        if (!readExactly || seq !== expectedSeq || !linksTo(record, prevHash)) {
-          brokenAt = Math.min(seq, expectedSeq);
-          break;
-        }
-        if (holdsNumber(record.details)) numbered.push(record);
-        checked += 1;
-        expectedSeq += 1;
-        prevHash = record.hash;
-      }
-      // Rows checked so far run from seq 1 without gaps: the rows before an edited one number seq - 1.
-      const edited = await firstDetailsUnlikeHashed(trx, numbered);
-      if (edited !== undefined) return { ok: false, checked: edited - 1, first_bad_seq: edited };
-      if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
-      if (pastHeadSeq !== undefined || rows.length < pageSize) break;
-    }
-    if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
-    if (prevHash !== head.hash) {
-      // The last row is not the one the head names (an empty chain's head names seq 1's place).
-      const lastSeq = Math.max(head.seq, 1);
-      return { ok: false, checked: lastSeq - 1, first_bad_seq: lastSeq };
-    }
-    if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
-    return { ok: true, checked, first_bad_seq: null };
+    const walked = await walkChain(trx, head, pageSize);
+    const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
+    if (anchor === undefined) return verified;
+    const check = await checkAnchor(trx, anchor, walked.checked);
+    if (check.ok) return { ...verified, anchor: check };
+    // Where the anchor proves the log differs: the first seq missing up to it, or the anchored row
+    // itself (the anchor tells that some row up to it was rewritten, not which). An earlier break
+    // of the chain comes first, as it does without an anchor.
+    const provenBad = check.reason === 'missing' ? walked.checked + 1 : anchor.seq;
+    const firstBad = walked.first_bad_seq === null ? provenBad : Math.min(walked.first_bad_seq, provenBad);
+    // A head the anchor refutes is no head to anchor next.
+    return { ok: false, checked: Math.min(walked.checked, provenBad - 1), first_bad_seq: firstBad, head: null, anchor: check };
   });
+}
+
+/** The chain walk of `verifyAuditChain`, against the head read in the same snapshot. */
+async function walkChain(trx: Transaction<DB>, head: ChainHead, pageSize: number): Promise<Pick<ChainVerification, 'ok' | 'checked' | 'first_bad_seq'>> {
+  let expectedSeq = 1;
+  let prevHash = GENESIS_HASH;
+  let checked = 0;
+  let pastHeadSeq: number | undefined;
+  let afterSeq: number | undefined;
+  for (;;) {
+    let page = trx
+      .selectFrom('audit_events')
+      .selectAll()
+      .select(sql<boolean>`occurred_at = date_trunc('milliseconds', occurred_at)`.as('whole_milliseconds'));
+    // No lower bound at first: a row below seq 1 is walked too, and reported as itself.
+    if (afterSeq !== undefined) page = page.where('seq', '>', afterSeq);
+    const rows = await page.orderBy('seq', 'asc').limit(pageSize).execute();
+    const numbered: Pick<AuditRecord, 'seq' | 'details'>[] = [];
+    let brokenAt: number | undefined;
+    for (const { whole_milliseconds, ...row } of rows) {
+      const seq = Number(row.seq);
+      afterSeq = seq;
+      if (seq > head.seq) {
+        pastHeadSeq = seq;
+        break;
+      }
+      // The hash covers the row as JavaScript reads it: a part of a millisecond, a time RFC 3339
+      // cannot write, or a NaN or infinite float (hashed as null) would be an edit it cannot see.
+      const record = toRecord(row);
+      const readExactly = whole_milliseconds && record.occurred_at !== null && finiteOrNull(record.duration_ms) && finiteOrNull(record.cost_units);
+      if (!readExactly || seq !== expectedSeq || !linksTo(record, prevHash)) {
+        brokenAt = Math.min(seq, expectedSeq);
+        break;
+      }
+      if (holdsNumber(record.details)) numbered.push(record);
+      checked += 1;
+      expectedSeq += 1;
+      prevHash = record.hash;
+    }
+    // Rows checked so far run from seq 1 without gaps: the rows before an edited one number seq - 1.
+    const edited = await firstDetailsUnlikeHashed(trx, numbered);
+    if (edited !== undefined) return { ok: false, checked: edited - 1, first_bad_seq: edited };
+    if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
+    if (pastHeadSeq !== undefined || rows.length < pageSize) break;
+  }
+  if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
+  if (prevHash !== head.hash) {
+    // The last row is not the one the head names (an empty chain's head names seq 1's place).
+    const lastSeq = Math.max(head.seq, 1);
+    return { ok: false, checked: lastSeq - 1, first_bad_seq: lastSeq };
+  }
+  if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
+  return { ok: true, checked, first_bad_seq: null };
+}
+
+/**
+ * Whether the chain holds `anchor`: its row is there with its hash, among the `checked` rows the
+ * walk verified from seq 1 (a verified row's stored hash is the one recomputed).
+ */
+async function checkAnchor(trx: Transaction<DB>, anchor: ChainHead, checked: number): Promise<AnchorCheck> {
+  const row = await trx.selectFrom('audit_events').select('hash').where('seq', '=', anchor.seq).executeTakeFirst();
+  const reason: AnchorFailure | null =
+    row === undefined ? 'missing' : row.hash !== anchor.hash ? 'hash_mismatch' : anchor.seq > checked ? 'chain_broken' : null;
+  return { seq: anchor.seq, ok: reason === null, reason };
 }
 
 /**

@@ -26,6 +26,28 @@ const listQuery = z.strictObject({
   cursor: z.string().optional(),
 });
 
+/**
+ * An anchor to check the chain against: both parts or neither. The seq is digits only (no `1e3`,
+ * `0x10` or spaces, which a number coercion would take) and within what a double holds exactly.
+ */
+const verifyQuery = z
+  .strictObject({
+    anchor_seq: z
+      .string()
+      .regex(/^[1-9][0-9]*$/, 'must be an integer of 1 or more')
+      .transform(Number)
+      .refine(Number.isSafeInteger, 'must be at most 9007199254740991')
+      .optional(),
+    anchor_hash: z.string().regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits').optional(),
+  })
+  .superRefine((query, ctx) => {
+    if (query.anchor_seq !== undefined && query.anchor_hash === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['anchor_hash'], message: 'is required with anchor_seq' });
+    } else if (query.anchor_hash !== undefined && query.anchor_seq === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['anchor_seq'], message: 'is required with anchor_hash' });
+    }
+  });
+
 /** `GET /audit` and `GET /audit/verify`. Tenant-operators see only their own tenant. */
 export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): Promise<void> {
   app.get('/audit', { config: { access: 'operator' } }, async (request) => {
@@ -47,5 +69,9 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
   });
 
   // The chain spans every tenant, so only a platform-operator verifies it.
-  app.get('/audit/verify', { config: { access: 'platform-operator' } }, async () => verifyAuditChain(deps.db));
+  app.get('/audit/verify', { config: { access: 'platform-operator' } }, async (request) => {
+    const query = parseInput(verifyQuery, request.query, 'query');
+    const anchor = query.anchor_seq !== undefined && query.anchor_hash !== undefined ? { seq: query.anchor_seq, hash: query.anchor_hash } : undefined;
+    return verifyAuditChain(deps.db, undefined, anchor);
+  });
 }
