@@ -587,4 +587,55 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       h.client.app.services.recovery.start();
     }
   });
+
+  it('runs again when PostgreSQL ends a deadlock by aborting it, instead of failing the resubmission', async () => {
+    // A writer that locks out of order: it holds the budget's counter that recovery waits for,
+    // then asks for the run recovery holds. Recovery, waiting first, is the deadlock's victim.
+    const TD = 'tenant-recovery-victim';
+    await grantTool(h.client, { tenant: TD, agent: PARENT, tool: 'settle.held' });
+    await h.client.app.services.recovery.stop();
+    const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+    const holder = new pg.Client({ connectionString: h.db.url });
+    await holder.connect();
+    let answer: Promise<unknown> | undefined;
+    try {
+      const budget = await createBudget(h.client, { tenant: TD, limit_units: 1000 });
+      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      const runId = newRunId('victim');
+      const token = tokens.agent(PARENT, { tenant: TD });
+      const body = { run_id: runId, context: {}, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
+      answer = ghost.post('/runs/execute', { token, body });
+      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      await ghost.app.services.lease.stop();
+
+      // The holder's own deadlock check comes long after recovery's (1 s), so recovery is the victim.
+      await holder.query("set deadlock_timeout = '20s'");
+      await holder.query('begin');
+      await holder.query('select 1 from budget_counters where counter_key = $1 for update', [budget.id]);
+      const resubmitted = h.client.post('/runs/execute', { token, body });
+      await waitUntil('recovery to wait for the counter', async () => (await waiting('%')) === 1);
+      const outOfOrder = holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [TD, runId]).then(
+        () => 'locked',
+        (error: { code?: string }) => error.code,
+      );
+      // Had the holder been the victim instead (a machine too slow to ask within a second), the
+      // resubmission would pass either way; this test then proves less, but does not fail.
+      expect(['locked', '40P01']).toContain(await outOfOrder);
+      await holder.query('commit').catch(() => undefined);
+
+      const res = await resubmitted;
+      expect(res.status, JSON.stringify(res.body)).toBe(503);
+      expect(res.body).toMatchObject({ status: 'failed', warnings: ['executor_lost'] });
+      expect(res.body.steps[0]).toMatchObject({ status: 'failed', error: { details: { reason: 'executor_lost', in_doubt: true } } });
+      expect((await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(TD) })).body).toMatchObject({ spent_units: 2, reserved_units: 0 });
+      expect(await recoveryEvents(runId)).toHaveLength(1);
+    } finally {
+      await holder.query('rollback').catch(() => undefined);
+      backend.openGate();
+      await answer;
+      await holder.end();
+      await ghost.close();
+      h.client.app.services.recovery.start();
+    }
+  });
 });

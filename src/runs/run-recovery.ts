@@ -5,6 +5,7 @@ import { listRunCallRecords, lockAuditChain, writeAuditEvents, type RunCallRecor
 import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
 import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
+import { retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../http/errors.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
@@ -126,7 +127,10 @@ export class RunRecovery {
     const now = this.options.now();
     for (let attempt = 1; ; attempt += 1) {
       try {
-        return await this.recoverOnce(key, callerHolds, now, attempt === LEDGER_ATTEMPTS);
+        // Chosen as a deadlock's victim (a writer that locks out of order, or the last attempt
+        // locking a late reservation after counters), it committed nothing: it runs again, rather
+        // than failing the owner's resubmission with a 500 or losing the sweep's round.
+        return await retryOnConflict(() => this.recoverOnce(key, callerHolds, now, attempt === LEDGER_ATTEMPTS));
       } catch (error) {
         if (!(error instanceof LedgerMoved)) throw error;
       }
