@@ -366,6 +366,26 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       (await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike $1`, [pattern])).rows[0].n,
     );
 
+  /**
+   * A root run of PARENT in `tenant` whose call is held at its backend by `ghost`, with a sub-run
+   * handed `subTool`; then the ghost gives its lease up, so the run is taken for lost.
+   */
+  async function lostParentWithSubRun(ghost: AppClient, tenant: string, name: string, subTool: string) {
+    const runId = newRunId(`${name}-parent`);
+    const subRunId = newRunId(`${name}-sub`);
+    const parentToken = tokens.agent(PARENT, { tenant });
+    const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
+    const answer = ghost.post('/runs/execute', { token: parentToken, body });
+    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
+      token: parentToken,
+      body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: [subTool], max_fanout: 0 },
+    });
+    expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
+    await ghost.app.services.lease.stop();
+    return { runId, subRunId, parentToken, body, answer };
+  }
+
   it('is ended without a deadlock: recovery takes the reservation before any counter, as the settlement does', async () => {
     // This replica's sweep stays out of the way: the test ends the run itself, at a chosen moment.
     await h.client.app.services.recovery.stop();
@@ -453,18 +473,9 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       const budgets = [await createBudget(h.client, { tenant: TS, limit_units: 1000 }), await createBudget(h.client, { tenant: TS, period: 'month', limit_units: 1000 })];
       const [first, second] = budgets.map((b) => b.id).sort();
       await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
-      const runId = newRunId('subrun-parent');
-      const subRunId = newRunId('subrun-sub');
-      const parentToken = tokens.agent(PARENT, { tenant: TS });
-      const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
-      answer = ghost.post('/runs/execute', { token: parentToken, body });
-      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
-      const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
-        token: parentToken,
-        body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.quick'], max_fanout: 0 },
-      });
-      expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
-      await ghost.app.services.lease.stop();
+      const lost = await lostParentWithSubRun(ghost, TS, 'subrun', 'settle.quick');
+      const { runId, subRunId, parentToken, body } = lost;
+      answer = lost.answer;
 
       // The sub-run's reservation holds the first budget's counter and waits for the second's.
       await counterHolder.query('begin');
@@ -523,18 +534,9 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       const parentBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: PARENT, limit_units: 1000 });
       const subBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: SUB, limit_units: 1000 });
       await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok && h.client.app.services.catalog.resolve('settle.limited').ok);
-      const runId = newRunId('released-parent');
-      const subRunId = newRunId('released-sub');
-      const parentToken = tokens.agent(PARENT, { tenant: TR });
-      const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
-      answer = ghost.post('/runs/execute', { token: parentToken, body });
-      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
-      const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
-        token: parentToken,
-        body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.limited'], max_fanout: 0 },
-      });
-      expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
-      await ghost.app.services.lease.stop();
+      const lost = await lostParentWithSubRun(ghost, TR, 'released', 'settle.limited');
+      const { runId, subRunId, parentToken, body } = lost;
+      answer = lost.answer;
 
       // The sub-run's call, claimed, is kept at its reservation (its budget's counter held) ...
       const counter = { key: subBudget.id, periodStart: runTotalRef(TR, subRunId).periodStart };
