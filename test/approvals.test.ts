@@ -365,6 +365,11 @@ describe('approvals expire', () => {
   const listed = async (runId: string, status?: string) =>
     (await x.client.get('/approvals', { token: operator, query: { run_id: runId, ...(status ? { status } : {}) } })).body.items.map((a: { id: string; status: string }) => [a.id, a.status]);
   const runStatus = async (runId: string) => (await x.client.get(`/runs/${runId}`, { token: agent })).body.status as string;
+  /** The answer to going on with an approval that lapsed: 409, naming it as expired. */
+  const expectLapsed = (res: { status: number; body: any }, approvalId: string) => {
+    expect(res.status).toBe(409);
+    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+  };
   const expiries = async (runId: string) => (await x.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'approval.expired' } })).body.items as Array<Record<string, any>>;
 
   it('a proposal nobody decided in time cannot be approved, and its run is cancelled', async () => {
@@ -428,8 +433,7 @@ describe('approvals expire', () => {
     expect((await x.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
     clock.advance(TTL_MS + 1);
     const res = await x.client.post(`/runs/${runId}/resume`, { token: otherOperator, body: {} });
-    expect(res.status).toBe(409);
-    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expectLapsed(res, approvalId);
     expect(await runStatus(runId)).toBe('cancelled');
     expect(await listed(runId)).toEqual([[approvalId, 'expired']]);
     expect(await expiries(runId)).toHaveLength(1);
@@ -451,8 +455,7 @@ describe('approvals expire', () => {
     clock.advance(TTL_MS + 1);
     for (const [{ runId, approvalId }, token] of [[paused, otherOperator], [throttled, agent]] as const) {
       const res = await x.client.post(`/runs/${runId}/resume`, { token, body: {} });
-      expect(res.status).toBe(409);
-      expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+      expectLapsed(res, approvalId);
       expect(await runStatus(runId)).toBe('cancelled');
       expect(await listed(runId)).toEqual([[approvalId, 'expired']]);
       expect(await expiries(runId)).toHaveLength(1);
@@ -471,8 +474,7 @@ describe('approvals expire', () => {
     clock.advance(TTL_MS + 1);
     // The identical request, resubmitted after Retry-After: it resumes the throttled run.
     const res = await x.client.post('/runs/execute', { token: agent, body: { run_id: throttled.runId, context: {}, plan: [step('scarce.draft', 'stale')] } });
-    expect(res.status).toBe(409);
-    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: throttled.approvalId, approval_status: 'expired' } });
+    expectLapsed(res, throttled.approvalId);
     expect(await runStatus(throttled.runId)).toBe('cancelled');
     expect(await listed(throttled.runId)).toEqual([[throttled.approvalId, 'expired']]);
     expect(await expiries(throttled.runId)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: throttled.approvalId, noticed_by: `agent:${AGENT}` }) })]);
@@ -486,8 +488,7 @@ describe('approvals expire', () => {
     clock.advance(TTL_MS + 1);
 
     const res = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
-    expect(res.status).toBe(409);
-    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expectLapsed(res, approvalId);
     expect(await statusOfApproval(approvalId)).toBe('expired');
     expect(await expiries(sub)).toHaveLength(1);
     expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
@@ -502,8 +503,7 @@ describe('approvals expire', () => {
     clock.advance(TTL_MS + 1);
 
     const res = await start();
-    expect(res.status).toBe(409);
-    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expectLapsed(res, approvalId);
     expect(await statusOfApproval(approvalId)).toBe('expired');
     expect(await expiries(sub)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: approvalId, noticed_by: `agent:${SUB}` }) })]);
     expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
@@ -516,8 +516,7 @@ describe('approvals expire', () => {
     clock.advance(TTL_MS + 1);
 
     const res = await x.client.post(`/runs/${sub}/resume`, { token: operator, body: {} });
-    expect(res.status).toBe(409);
-    expect(res.body.error).toMatchObject({ code: 'run_not_resumable', details: { approval_id: approvalId, approval_status: 'expired' } });
+    expectLapsed(res, approvalId);
     expect(await statusOfApproval(approvalId)).toBe('expired');
     expect(await expiries(sub)).toHaveLength(1);
     const start = await x.client.post('/runs/execute', { token: tokens.agent(SUB, { tenant: T }), body: { run_id: sub, parent_run_id: root, context: {}, plan: [step('search', 'unapproved')] } });
