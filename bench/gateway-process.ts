@@ -74,3 +74,29 @@ export async function createBenchDatabase(serverUrl: string): Promise<{ url: str
     },
   };
 }
+
+/**
+ * Starts the bench's floor (bench/floor-proxy.ts) as its own process on `port`, in front of
+ * `backendUrl`: a proxy that commits `commits` rows durably per call (0, 1 or 2) and nothing else.
+ */
+export async function startFloorProxy(options: { databaseUrl: string; backendUrl: string; port: number; commits: number }): Promise<ChildProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'bench/floor-proxy.ts'], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: options.databaseUrl, BACKEND_URL: options.backendUrl, PORT: String(options.port), FLOOR_COMMITS: String(options.commits) },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`floor proxy on ${options.port} did not start`)), 30_000);
+    child.once('exit', (code) => reject(new Error(`floor proxy exited (${code})`)));
+    child.stdout!.on('data', (chunk: Buffer) => {
+      if (chunk.toString().includes('ready')) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+  }).catch((error: unknown) => {
+    child.kill('SIGTERM');
+    throw error;
+  });
+  return child;
+}

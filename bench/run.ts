@@ -14,19 +14,22 @@
  * calls/s and a quarter of what one gateway sustained at concurrency 64 in the same run, each
  * timed from the moment it was due, so a late answer delays no later call's clock.
  *
+ * Beside the gateway, the same phases measure the floor (bench/floor-proxy.ts): a proxy that
+ * commits two rows durably per call and does nothing else, and a bare proxy hop.
+ *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8),
  * BENCH_PACED_RATES (calls/s of the paced phases, comma-separated; default 100 and a quarter of one
  * gateway's throughput at concurrency 64), BENCH_WARMUP_SECONDS (calls through the gateway
  * before measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2";
- * empty: the moderate phases only).
+ * empty: the moderate phases only), BENCH_HEAVY (the concurrency of the heavy phases, default 64).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { createBenchDatabase, startGateway } from './gateway-process.js';
+import { createBenchDatabase, startFloorProxy, startGateway } from './gateway-process.js';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
@@ -194,6 +197,7 @@ async function main(): Promise<void> {
   const dbUrl = database.url;
   const backend = await startBackend();
   const gateways: ChildProcess[] = [];
+  const floors: ChildProcess[] = [];
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
     const maxGateways = Math.max(1, ...gatewayCounts);
@@ -229,11 +233,21 @@ async function main(): Promise<void> {
 
     const direct = new Pool(backend.url, { connections: 128 });
     const body = JSON.stringify({ q: 'hello' });
-    const callDirect = async () => {
-      const res = await direct.request({ path: '/echo', method: 'POST', body, headers: { 'content-type': 'application/json' } });
+    const callThrough = (pool: Pool) => async () => {
+      const res = await pool.request({ path: '/echo', method: 'POST', body, headers: { 'content-type': 'application/json' } });
       await res.body.text();
       return res.statusCode === 200;
     };
+    const callDirect = callThrough(direct);
+    // The floor (bench/floor-proxy.ts): a proxy that commits two rows durably per call and does
+    // nothing else, and a bare proxy hop that commits nothing. What they add is what any gateway
+    // that records an intent before and an outcome after each call would pay on this machine.
+    const floorPort = basePort + maxGateways;
+    floors.push(await startFloorProxy({ databaseUrl: dbUrl, backendUrl: backend.url, port: floorPort, commits: 2 }));
+    floors.push(await startFloorProxy({ databaseUrl: dbUrl, backendUrl: backend.url, port: floorPort + 1, commits: 0 }));
+    const floorPools = [new Pool(`http://127.0.0.1:${floorPort}`, { connections: 128 }), new Pool(`http://127.0.0.1:${floorPort + 1}`, { connections: 128 })];
+    const callFloor = callThrough(floorPools[0]!);
+    const callBareProxy = callThrough(floorPools[1]!);
     const gatewayPools = gateways.map((_, i) => new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 128 }));
     let counter = 0;
     let made = 0;
@@ -278,18 +292,22 @@ async function main(): Promise<void> {
     };
 
     await load('warm-up', 8, 2, callDirect);
+    await load('warm-up', 8, 2, callFloor);
+    await load('warm-up', 8, 2, callBareProxy);
     // Long enough for V8 to finish optimising the hot path (its compiler threads count as the
     // gateway's CPU): after 2 s the gateway still spent 3.1 ms of CPU per call at concurrency 8,
     // after 15 s 2.0 ms. A gateway is a long-running process; the bench measures it warm.
     await load('warm-up', 8, warmupSeconds, callGateway(1));
     const rows: Array<[string, ReturnType<typeof summary>]> = [];
     const moderate = moderateConcurrency;
-    const heavy = 64;
+    const heavy = Number(process.env.BENCH_HEAVY ?? 64);
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
     const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, 1, (call) => load('gateway', moderate, seconds, call));
     rows.push([`direct, concurrency ${moderate}`, d8], [`gateway x1, concurrency ${moderate}`, g8]);
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
+    rows.push([`floor: bare proxy, concurrency ${heavy}`, summary(await load('bare proxy', heavy, seconds, callBareProxy))]);
+    rows.push([`floor: 2 commits, concurrency ${heavy}`, summary(await load('floor', heavy, seconds, callFloor))]);
     for (const count of gatewayCounts) {
       rows.push([`gateway x${count}, concurrency ${heavy}`, await gatewayPhase(`gateway x${count}, concurrency ${heavy}`, count, (call) => load('gateway', heavy, seconds, call))]);
     }
@@ -298,23 +316,32 @@ async function main(): Promise<void> {
     // gateway measured).
     const heavyOne = rows.find(([label]) => label === `gateway x1, concurrency ${heavy}`)?.[1].rps;
     const rates = pacedRates ?? [100, ...(heavyOne ? [Math.round(heavyOne / 4)] : [])];
-    const pacedPairs: Array<[number, ReturnType<typeof summary>, ReturnType<typeof summary>]> = [];
+    const pacedPairs: Array<[number, ReturnType<typeof summary>, ReturnType<typeof summary>, ReturnType<typeof summary>]> = [];
     for (const rate of rates.filter((r) => r > 0)) {
       const dPaced = summary(await paced('direct', rate, seconds, callDirect));
+      const fPaced = summary(await paced('floor', rate, seconds, callFloor));
       const gPaced = await gatewayPhase(`gateway x1, ${rate} calls/s paced`, 1, (call) => paced('gateway', rate, seconds, call));
-      rows.push([`direct, ${rate} calls/s paced`, dPaced], [`gateway x1, ${rate} calls/s paced`, gPaced]);
-      pacedPairs.push([rate, dPaced, gPaced]);
+      rows.push([`direct, ${rate} calls/s paced`, dPaced], [`floor: 2 commits, ${rate} calls/s paced`, fPaced], [`gateway x1, ${rate} calls/s paced`, gPaced]);
+      pacedPairs.push([rate, dPaced, fPaced, gPaced]);
     }
 
     const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
     console.log('\nphase                              req/s      p50 ms   p99 ms   errors');
     for (const [label, s] of rows) console.log(`${label.padEnd(34)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
     console.log('');
-    for (const [rate, d, g] of pacedPairs) console.log(`added latency at ${rate} calls/s paced (open loop): p50 +${fmt(g.p50 - d.p50)} ms, p99 +${fmt(g.p99 - d.p99)} ms`);
+    for (const [rate, d, f, g] of pacedPairs) {
+      console.log(
+        `added latency at ${rate} calls/s paced (open loop): p50 +${fmt(g.p50 - d.p50)} ms, p99 +${fmt(g.p99 - d.p99)} ms; ` +
+          `the floor (two durable commits and a proxy hop, nothing else) p50 +${fmt(f.p50 - d.p50)} ms, p99 +${fmt(f.p99 - d.p99)} ms`,
+      );
+    }
     console.log(`added latency at concurrency ${moderate} (closed loop): p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`);
     console.log(`ratios gateway/direct at concurrency ${moderate}: req/s ${fmt(g8.rps / d8.rps)}, p50 ${fmt(g8.p50 / d8.p50)}, p99 ${fmt(g8.p99 / d8.p99)}`);
     for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.endsWith(`concurrency ${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
+    }
+    for (const [label, s] of rows.filter(([l]) => l.startsWith('floor') && l.endsWith(`concurrency ${heavy}`))) {
+      console.log(`${label}: ${fmt(s.rps)} calls/s (${fmt(s.rps / d64.rps)} of direct)`);
     }
     for (const [label, n] of perCall) {
       console.log(
@@ -324,7 +351,7 @@ async function main(): Promise<void> {
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
 
     await direct.close();
-    for (const pool of gatewayPools) await pool.close();
+    for (const pool of [...gatewayPools, ...floorPools]) await pool.close();
     const check = new pg.Client({ connectionString: dbUrl });
     await check.connect();
     const { rows: counted } = await check.query<{ outcomes: number; intents: number }>(
@@ -338,7 +365,7 @@ async function main(): Promise<void> {
     console.log(`audit: ${outcomes} outcome records and ${intents} intent records for ${made} calls made: ${outcomes === made && intents === made ? 'exact' : 'MISMATCH'}`);
     if (outcomes !== made || intents !== made) process.exitCode = 1;
   } finally {
-    for (const g of gateways) g.kill('SIGTERM');
+    for (const g of [...gateways, ...floors]) g.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));
     await backend.close();
     await database.drop();
