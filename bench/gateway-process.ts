@@ -34,7 +34,7 @@ export async function startGateway(options: {
   const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean);
   buildOnce();
   // The flags the Docker image runs the gateway with (see its NODE_OPTIONS and CMD).
-  const child = spawn(process.execPath, ['--max-semi-space-size=8', '--max-old-space-size=1024', ...nodeArgs, 'dist/server.js'], {
+  const child = spawn(process.execPath, ['--max-semi-space-size=32', '--max-old-space-size=1024', ...nodeArgs, 'dist/server.js'], {
     cwd: root,
     env: {
       ...process.env,
