@@ -3,6 +3,7 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger } from '../src/budgets/budget-ledger.js';
 import { TestBackend } from './helpers/backend.js';
+import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
@@ -460,7 +461,7 @@ describe('a sub-run', () => {
     expect(await allowance(sub, SUB)).toMatchObject({ spent_units: 9, reserved_units: 0 });
   });
 
-  it('stopped while its call is being admitted sends nothing: the hand-off closed without it, so nothing could charge the parent', async () => {
+  it.skipIf(!hasPostgresServer)('stopped while its call is being admitted sends nothing: the hand-off closed without it, so nothing could charge the parent (needs a PostgreSQL server)', async () => {
     // Its own agent's budget counter, held by another client, keeps the call between its claim of
     // the run and its reservation while an operator cancels the sub-run and its hand-off closes.
     const courierBudget = await courierBudgetWithCounter();
@@ -492,7 +493,7 @@ describe('a sub-run', () => {
     }
   });
 
-  it('reserving while a cancel is closing its hand-off sends nothing: the parent keeps what the call reserved, not less than it would cost', async () => {
+  it.skipIf(!hasPostgresServer)('reserving while a cancel is closing its hand-off sends nothing: the parent keeps what the call reserved, not less than it would cost (needs a PostgreSQL server)', async () => {
     // The call is kept at its reservation (its agent's budget counter held) until the cancel has
     // locked the sub-run and looked for its calls in flight, and is let go while the cancel waits
     // for the parent's counter (held too): its reservation lands between the two.
@@ -614,7 +615,7 @@ describe('a parent kept open', () => {
     expect((await h.client.post(`/runs/${root}/complete`, { token: as(ROOT), body: {} })).status).toBe(409);
   });
 
-  it('ends with its parent even when the hand-off commits while the parent is ending', async () => {
+  it.skipIf(!hasPostgresServer)('ends with its parent even when the hand-off commits while the parent is ending (needs a PostgreSQL server)', async () => {
     // The parent's end (one statement shared with other runs ending) takes its snapshot before
     // the sub-run exists, then waits for the parent row, which the hand-off holds until it commits.
     await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, cost_units: 1, allowed_agents: [ROOT] });

@@ -19,8 +19,14 @@ import { createBudget, grantTool, newRunId, registerTool } from './helpers/world
 const T = 'tenant-recovery';
 const AGENT = 'recovery.agent';
 const agent = tokens.agent(AGENT, { tenant: T });
-// Short enough to wait out in a test, long enough that a busy test machine never lets a live lease lapse.
+// The lease of the replicas a test takes for lost: short enough to wait out in a test.
 const LEASE_MS = '1500';
+// The lease of the replica that recovers them (and dispatches the calls the tests check): longer,
+// because a live lease must never lapse here. Under the whole suite a renewal was seen to take a
+// second (a durable commit while other test files create and drop databases), and with a 1.5 s
+// lease renewed every 0.5 s that let it lapse for a moment: a call dispatched then was refused
+// 503 gateway_unavailable, failing a test about something else.
+const RECOVERER_LEASE_MS = '4500';
 const root = new URL('..', import.meta.url).pathname;
 
 let h: Harness;
@@ -58,7 +64,7 @@ async function recoveryEvents(runId: string) {
 }
 
 beforeAll(async () => {
-  h = await startHarness({ TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
+  h = await startHarness({ TOOLGATE_REPLICA_LEASE_MS: RECOVERER_LEASE_MS });
   backend = await new TestBackend().start();
   const base = { allowed_agents: [AGENT], timeout_ms: 20_000 };
   await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, cost_units: 2, ...base });
