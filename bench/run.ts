@@ -326,8 +326,9 @@ async function main(): Promise<void> {
     }
 
     const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
-    console.log('\nphase                              req/s      p50 ms   p99 ms   errors');
-    for (const [label, s] of rows) console.log(`${label.padEnd(34)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
+    const width = Math.max(...rows.map(([label]) => label.length));
+    console.log(`\n${'phase'.padEnd(width)}     req/s   p50 ms   p99 ms   errors`);
+    for (const [label, s] of rows) console.log(`${label.padEnd(width)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
     console.log('');
     for (const [rate, d, f, g] of pacedPairs) {
       console.log(
