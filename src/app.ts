@@ -127,6 +127,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+    closes: database.hot,
   });
   new Counter({
     name: 'toolgate_db_statements_total',

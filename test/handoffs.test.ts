@@ -616,46 +616,39 @@ describe('a parent kept open', () => {
   });
 
   it.skipIf(!hasPostgresServer)('ends with its parent even when the hand-off commits while the parent is ending (needs a PostgreSQL server)', async () => {
-    // The parent's end (one statement shared with other runs ending) takes its snapshot before
-    // the sub-run exists, then waits for the parent row, which the hand-off holds until it commits.
+    // The parent's last call answers while a hand-off, holding the audit chain and the parent's
+    // row, waits for the sub-run's id: the call's outcome record, which carries the parent's end,
+    // waits for the chain. Once the hand-off commits, the record goes in, but the parent has a
+    // sub-run now and does not end with it: it ends under the chain's lock, and takes the sub-run.
     await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, cost_units: 1, allowed_agents: [ROOT] });
     await grantTool(h.client, { tenant: T, agent: ROOT, tool: 'held' });
     const parent = newRunId('ending');
     const sub = newRunId('sub');
-    const counters = new pg.Client({ connectionString: h.db.url });
     const subRunId = new pg.Client({ connectionString: h.db.url });
     const watcher = new pg.Client({ connectionString: h.db.url });
-    await Promise.all([counters.connect(), subRunId.connect(), watcher.connect()]);
-    const lockWaits = async () => Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
+    await Promise.all([subRunId.connect(), watcher.connect()]);
     const until = async (check: () => Promise<boolean>) => {
       for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
       expect(await check()).toBe(true);
     };
+    const blockedBy = async (pid: number) =>
+      (await watcher.query(`select pid from pg_stat_activity where datname = current_database() and $1 = any(pg_blocking_pids(pid))`, [pid])).rows.map((r) => r.pid as number);
     try {
       const running = execute(ROOT, { run_id: parent, budget_units: 50, plan: [step('held', 'slow')] });
       await until(async () => hitsOf(parent).length === 1);
-      // `counters` holds the parent's budget counter: its settlement, and the hand-off (after it
-      // has locked the parent), queue behind it. `subRunId` holds the sub-run's id.
-      await counters.query('begin');
-      await counters.query('select * from budget_counters where counter_key = $1 for update', [`run/${T}/${parent}`]);
+      // `subRunId` holds the sub-run's id: the hand-off, once it has locked the parent, waits for it.
       await subRunId.query('begin');
       await subRunId.query(`insert into runs (tenant_id, run_id, owner_agent_id, status, request_sha256) values ($1, $2, 'nobody', 'queued', null)`, [T, sub]);
-      backend.openGate();
-      await until(async () => (await lockWaits()) >= 1);
-      const handedOff = handoff(ROOT, parent, { sub_run_id: sub, budget_units: 5 });
-      await until(async () => (await lockWaits()) >= 2);
-      // The settlement goes first; the parent's end then waits for the parent row, and the
-      // hand-off for the sub-run's id.
-      await counters.query('commit');
-      // Counting waits again could pass on the two from before the commit: wait for the hand-off
-      // to be blocked by the sub-run's id, and the parent's end by the hand-off.
       const subRunIdPid = (await subRunId.query('select pg_backend_pid() as pid')).rows[0].pid;
-      const blockedBy = async (pid: number) =>
-        (await watcher.query(`select pid from pg_stat_activity where datname = current_database() and $1 = any(pg_blocking_pids(pid))`, [pid])).rows.map((r) => r.pid as number);
+      const handedOff = handoff(ROOT, parent, { sub_run_id: sub, budget_units: 5 });
+      let handOffPid = 0;
       await until(async () => {
-        const handOff = await blockedBy(subRunIdPid);
-        return handOff.length === 1 && (await blockedBy(handOff[0]!)).length >= 1;
+        [handOffPid = 0] = await blockedBy(subRunIdPid);
+        return handOffPid !== 0;
       });
+      backend.openGate();
+      // The outcome record (with the parent's end) waits for the hand-off.
+      await until(async () => (await blockedBy(handOffPid)).length >= 1);
       await subRunId.query('rollback');
       expect((await handedOff).status).toBe(201);
       const ended = await running;
@@ -666,8 +659,10 @@ describe('a parent kept open', () => {
       const refused = await execute(SUB, { run_id: sub, parent_run_id: parent, plan: [step('search', 'too late')] });
       expect(refused.status).toBe(409);
       expect(hitsOf(sub)).toEqual([]);
+      const [outcome] = await auditOf({ run_id: parent, event_type: 'run.step.completed' });
+      expect(outcome).toMatchObject({ status: 'completed' });
     } finally {
-      await Promise.all([counters.end(), subRunId.end(), watcher.end()]);
+      await Promise.all([subRunId.end(), watcher.end()]);
     }
   });
 

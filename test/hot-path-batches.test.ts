@@ -16,6 +16,7 @@ import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
 import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
 import { AuditLog } from '../src/audit/audit-log.js';
+import { appendIfHead, readChainHead } from '../src/audit/audit-repository.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
@@ -289,6 +290,58 @@ describe('leaveRuns', () => {
     const answers = await leaveRuns(db, [leave(tenant, 'twice', 1, 'failed', 500), leave(tenant, 'twice', 2, 'completed', 200)]);
     expect(await rowOf(tenant, 'twice')).toMatchObject({ status: 'completed', http_status: 200, epoch: 2 });
     expect(answers).toEqual([false, true]);
+  });
+});
+
+describe('appendIfHead carrying run ends', () => {
+  const leave = (tenant: string, runId: string, epoch = 1): RunLeave => ({ tenant_id: tenant, run_id: runId, epoch, status: 'completed', httpStatus: 200, envelope: envelope(runId, 'completed') });
+  const event = (tenant: string, runId: string) => ({ occurredAt: clock.now(), event: { event_type: 'run.step.completed', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId } });
+  const statusOf = async (tenant: string, runId: string) => (await findRun(db, tenant, runId))!.status;
+
+  it('ends the runs its events carry, in the statement that appends them, and answers which ended', async () => {
+    const tenant = fresh('append-end-t');
+    await claimOne(tenant, 'ends');
+    await claimOne(tenant, 'other-epoch');
+    await claimOne(tenant, 'carried-none');
+    const head = await readChainHead(db);
+    const appended = await appendIfHead(db, head, [
+      { ...event(tenant, 'ends'), eventId: '00000000-0000-4000-8000-00000000e0d1', endRun: leave(tenant, 'ends') },
+      event(tenant, 'carried-none'),
+      { ...event(tenant, 'other-epoch'), endRun: leave(tenant, 'other-epoch', 2) },
+    ]);
+    expect(appended?.runsEnded).toEqual([true, false, false]);
+    expect(appended?.records[0]!.event_id).toBe('00000000-0000-4000-8000-00000000e0d1');
+    expect(await statusOf(tenant, 'ends')).toBe('completed');
+    expect((await findRun(db, tenant, 'ends'))!.envelope).toEqual(envelope('ends', 'completed'));
+    expect(await statusOf(tenant, 'other-epoch')).toBe('running');
+    expect(await statusOf(tenant, 'carried-none')).toBe('running');
+    // The record and the run's end are one commit.
+    const xids = await sql<{ xid: string }>`
+      select xmin::text as xid from audit_events where event_id = '00000000-0000-4000-8000-00000000e0d1'
+      union all select xmin::text from runs where tenant_id = ${tenant} and run_id = 'ends'`.execute(db);
+    expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
+  });
+
+  it('ends nothing when the head moved: the events are not appended either', async () => {
+    const tenant = fresh('append-end-t');
+    await claimOne(tenant, 'stale');
+    const head = await readChainHead(db);
+    await appendIfHead(db, head, [event(tenant, 'mover')]);
+    expect(await appendIfHead(db, head, [{ ...event(tenant, 'stale'), endRun: leave(tenant, 'stale') }])).toBeUndefined();
+    expect(await statusOf(tenant, 'stale')).toBe('running');
+    const rows = await db.selectFrom('audit_events').select('seq').where('tenant_id', '=', tenant).where('run_id', '=', 'stale').execute();
+    expect(rows).toEqual([]);
+  });
+
+  it('does not end a run that has a sub-run', async () => {
+    const tenant = fresh('append-end-t');
+    await claimOne(tenant, 'parent');
+    await db.transaction().execute((trx) =>
+      insertSubRun(trx, { tenant_id: tenant, run_id: 'parent.sub', agent_id: 'agent.sub', parent_run_id: 'parent', status: 'queued', depth: 1, lineage: [{ run_id: 'parent', agent_id: 'agent.batch' }], budget_units: 3, trace_id: null, created_at: clock.now() }),
+    );
+    const appended = await appendIfHead(db, await readChainHead(db), [{ ...event(tenant, 'parent'), endRun: leave(tenant, 'parent') }]);
+    expect(appended?.runsEnded).toEqual([false]);
+    expect(await statusOf(tenant, 'parent')).toBe('running');
   });
 });
 

@@ -1,8 +1,9 @@
 import type { Kysely } from 'kysely';
 import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
+import type { RunLeave } from '../runs/run-repository.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import { appendIfHead, readChainHead, writeAuditEvents, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
+import { appendIfHead, readChainHead, writeAuditEventsEndingRuns, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
 
 /** How many batches append under the chain's lock after the head moved under this replica. */
 const LOCKED_BATCHES_AFTER_CONFLICT = 50;
@@ -13,7 +14,7 @@ const LOCKED_BATCHES_AFTER_CONFLICT = 50;
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
 export class AuditLog {
-  private readonly batches: GroupCommit<TimedAuditEvent, AuditRecord>;
+  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; runEnded: boolean }>;
   private head: ChainHead | undefined;
   /** Batches still to append under the chain's lock since another writer last moved the head. */
   private lockedBatchesLeft = 0;
@@ -24,9 +25,9 @@ export class AuditLog {
     onCommit: (batchSize: number) => void = () => undefined,
   ) {
     this.batches = new GroupCommit(async (batch) => {
-      const records = await this.commit(db, batch);
+      const { records, runsEnded } = await this.commit(db, batch);
       onCommit(batch.length);
-      return records;
+      return records.map((record, i) => ({ record, runEnded: runsEnded[i]! }));
     });
   }
 
@@ -36,7 +37,7 @@ export class AuditLog {
    * lock — and keeps doing so for the next batches, since replicas writing at the same time
    * keep moving the head under each other.
    */
-  private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<AuditRecord[]> {
+  private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
     if (this.lockedBatchesLeft > 0) {
       this.lockedBatchesLeft -= 1;
     } else {
@@ -45,20 +46,30 @@ export class AuditLog {
         const appended = await appendIfHead(db, head, batch);
         if (appended) {
           this.head = appended.last;
-          return appended.records;
+          return appended;
         }
         this.head = undefined;
       }
       this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
     }
-    const records = await db.transaction().execute((trx) => writeAuditEvents(trx, batch));
-    const last = records[records.length - 1];
+    const appended = await db.transaction().execute((trx) => writeAuditEventsEndingRuns(trx, batch));
+    const last = appended.records[appended.records.length - 1];
     this.head = last ? { seq: last.seq, hash: last.hash } : undefined;
-    return records;
+    return appended;
   }
 
-  append(event: AuditEventInput): Promise<AuditRecord> {
-    return this.batches.submit({ event, occurredAt: this.now() });
+  async append(event: AuditEventInput): Promise<AuditRecord> {
+    return (await this.batches.submit({ event, occurredAt: this.now() })).record;
+  }
+
+  /**
+   * Appends a call's last record together with its run's end, in one commit: the run ends only
+   * if the record is appended, and it does not end (`runEnded: false`) when another transaction
+   * holds the run's row, when it moved on, or when it has sub-runs — the caller then ends it the
+   * usual way. The record's id is the caller's (`leave`'s envelope names it).
+   */
+  appendEnding(event: AuditEventInput, eventId: string, leave: RunLeave | undefined): Promise<{ record: AuditRecord; runEnded: boolean }> {
+    return this.batches.submit({ event, occurredAt: this.now(), eventId, ...(leave ? { endRun: leave } : {}) });
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {

@@ -1,12 +1,26 @@
 import { randomUUID } from 'node:crypto';
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
+import { endedOf, leaveRunsWithoutWaiting, runEndSteps, type EndedRunRow, type RunLeave } from '../runs/run-repository.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
 import { canonicalJson, chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
 
 export interface TimedAuditEvent {
   event: AuditEventInput;
   occurredAt: Date;
+  /** The record's id, when the caller had to name it before the append (see `endRun`). */
+  eventId?: string;
+  /**
+   * The run this event ends (a call's outcome record that is its run's last word): the run is
+   * ended in the same commit, if its row is free, or not at all (see `leaveRunsWithoutWaiting`).
+   */
+  endRun?: RunLeave;
+}
+
+/** Appended records, and for each event that carried a run's end, whether the run ended with it. */
+export interface Appended {
+  records: AuditRecord[];
+  runsEnded: boolean[];
 }
 
 /**
@@ -32,11 +46,11 @@ function chainAfter(head: ChainHead, events: TimedAuditEvent[]): { records: Audi
   let prevHash = head.hash;
   const records: AuditRecord[] = [];
   const rows: string[] = [];
-  for (const { event, occurredAt } of events) {
+  for (const { event, occurredAt, eventId } of events) {
     seq += 1;
     const unhashed: Omit<AuditRecord, 'hash'> = {
       seq,
-      event_id: randomUUID(),
+      event_id: eventId ?? randomUUID(),
       occurred_at: occurredAt.toISOString(),
       actor: event.actor,
       event_type: event.event_type,
@@ -74,6 +88,27 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
   return records;
 }
 
+/**
+ * `writeAuditEvents`, and the runs the events end (`endRun`) ended in the same transaction, each
+ * only if its row is free: the chain's lock is held meanwhile.
+ */
+export async function writeAuditEventsEndingRuns(trx: Transaction<DB>, events: TimedAuditEvent[]): Promise<Appended> {
+  const records = await writeAuditEvents(trx, events);
+  const leaves = runLeavesOf(events);
+  const ended = leaves.length > 0 ? await leaveRunsWithoutWaiting(trx, leaves) : [];
+  return { records, runsEnded: spreadOver(events, ended) };
+}
+
+function runLeavesOf(events: TimedAuditEvent[]): RunLeave[] {
+  return events.flatMap((e) => (e.endRun ? [e.endRun] : []));
+}
+
+/** Each event's answer from the answers of those that carried a run's end, in order. */
+function spreadOver(events: TimedAuditEvent[], ended: boolean[]): boolean[] {
+  let next = 0;
+  return events.map((e) => (e.endRun ? ended[next++]! : false));
+}
+
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
   const head = await db.selectFrom('audit_chain_head').select(['seq', 'hash']).where('id', '=', 1).executeTakeFirstOrThrow();
   return { seq: Number(head.seq), hash: head.hash };
@@ -82,11 +117,16 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
 /**
  * Appends events in one statement, provided `expected` is still the head of the chain: the head
  * moves and the rows go in together, or (another writer moved the head first) nothing happens
- * and the answer is `undefined`. One round trip instead of a locking transaction's four.
+ * and the answer is `undefined`. One round trip instead of a locking transaction's four. The runs
+ * the events end are ended in the same statement, only if the rows go in, and only those whose
+ * row is free: this statement holds the chain's head.
  */
-export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; last: ChainHead } | undefined> {
+export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<(Appended & { last: ChainHead }) | undefined> {
   const { records, last, json } = chainAfter(expected, events);
-  const result = await sql<{ n: number }>`
+  const leaves = runLeavesOf(events);
+  const ends = leaves.length > 0 ? sql`, ${runEndSteps(leaves, { waitForLocks: false, when: sql`exists (select 1 from moved)` })}` : sql``;
+  const endedRows = leaves.length > 0 ? sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)` : sql`'[]'::json`;
+  const result = await sql<{ n: number; ended: EndedRunRow[] }>`
     with moved as (
       update audit_chain_head set seq = ${last.seq}, hash = ${last.hash}
       where id = 1 and seq = ${expected.seq} and hash = ${expected.hash}
@@ -96,9 +136,11 @@ export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: 
       select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)
       where exists (select 1 from moved)
       returning 1
-    )
-    select count(*)::int as n from appended`.execute(db);
-  return Number(result.rows[0]?.n ?? 0) === records.length ? { records, last } : undefined;
+    )${ends}
+    select (select count(*)::int from appended) as n, ${endedRows} as ended`.execute(db);
+  const row = result.rows[0];
+  if (Number(row?.n ?? 0) !== records.length) return undefined;
+  return { records, last, runsEnded: spreadOver(events, leaves.length > 0 ? endedOf(leaves, row!.ended) : []) };
 }
 
 function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {

@@ -86,6 +86,13 @@ export interface BudgetLedgerOptions {
   sweepIntervalMs: number;
   /** Told when a background sweep fails (the next one tries again). */
   onSweepError?: (error: unknown) => void;
+  /**
+   * Where settlements and releases commit, when not where reservations do: a pool whose commits
+   * wait for the disk. A call's settlement commits alongside its outcome record, and the answer
+   * may leave once both have, with no later commit to flush a settlement that did not wait (a
+   * reservation needs none: the call's intent record, committed durably after it, flushes it).
+   */
+  closes?: Kysely<DB>;
 }
 
 type LedgerOp =
@@ -216,7 +223,7 @@ export class BudgetLedger {
     let closed = new Set<string>();
     let late = new Set<string>();
     if (closes.length > 0) {
-      const result = await retryOnConflict(() => closeAndUncharge(this.db, closes, now));
+      const result = await retryOnConflict(() => closeAndUncharge(this.options.closes ?? this.db, closes, now));
       closed = result.closed;
       late = result.late;
       this.known.rememberLevels(result.levels);

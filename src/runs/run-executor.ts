@@ -111,7 +111,20 @@ interface StepOutcome {
   tool?: AdmissibleTool;
   /** The run moved on while the call was admitted: nothing was sent, its reservation released. */
   movedOn?: Pick<RunRecord, 'status' | 'stop'>;
+  /** The step ended the run in the commit of its own record: the run's answer. */
+  ended?: RunAnswer;
 }
+
+/**
+ * The run's end after a step, for a step whose record can carry it (see `closingAt`): the
+ * answer, when the step ends the run, or undefined when the run goes on or must end otherwise.
+ */
+type Closing = (step: StepResult, stop: StepOutcome['stop']) => RunAnswer | undefined;
+
+/** What became of an admitted call: its output or failure, what it cost, its record. */
+type Dispatched =
+  | { ok: true; output: unknown; costUnits: number; auditId: string }
+  | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null };
 
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
 class RunMovedOn extends Error {}
@@ -332,7 +345,8 @@ export class RunExecutor {
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
-      const outcome = await this.runStep(exec, index, warnings);
+      const outcome = await this.runStep(exec, index, warnings, this.closingAt(exec, steps, warnings, index));
+      if (outcome.ended) return outcome.ended;
       if (outcome.movedOn) return this.interrupted(exec, steps, warnings, outcome.movedOn.status, outcome.movedOn.stop);
       steps.push(outcome.step);
       if (outcome.held) return this.hold(exec, steps, warnings, outcome.held, outcome.tool!);
@@ -350,6 +364,39 @@ export class RunExecutor {
     return this.leave(exec, 200, { run_id: request.run_id, status, dry_run: false, steps, warnings });
   }
 
+  /**
+   * How the step at `index` ends the run when its record can carry the run's end (one commit
+   * instead of two): a root run's last step, or a step that stops it in a final status. A sub-run
+   * (its end closes a hand-off, under the audit chain's lock) and a run kept open end otherwise.
+   * The envelope is the one `runFrom` would store after the step.
+   */
+  private closingAt(exec: Execution, steps: StepResult[], warnings: string[], index: number): Closing | undefined {
+    const { request, run } = exec;
+    if (run.depth > 0 || exec.delegation || run.keep_open) return undefined;
+    return (step, stop) => {
+      const all = [...steps, step];
+      if (!stop) {
+        if (index !== request.plan.length - 1) return undefined;
+        return { httpStatus: 200, envelope: { run_id: request.run_id, status: 'completed', dry_run: false, steps: all, warnings }, replayed: false };
+      }
+      const status = statusAfter(stop.code);
+      if (!isTerminal(status)) return undefined;
+      for (let rest = index + 1; rest < request.plan.length; rest += 1) all.push(stepAt(request, rest, 'skipped'));
+      const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps: all, warnings };
+      if (stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = stop.retryAfterSeconds;
+      return { httpStatus: statusForCode(stop.code), envelope, replayed: false };
+    };
+  }
+
+  /** The run's end `closing` gives for a step, as the audit log carries it; the answer kept in `answered`. */
+  private endFor(exec: Execution, closing: Closing | undefined, step: StepResult, stop: StepOutcome['stop'], answered: { answer?: RunAnswer }): RunLeave | undefined {
+    const answer = closing?.(step, stop);
+    if (!answer) return undefined;
+    answered.answer = answer;
+    const { run } = exec;
+    return { tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, status: answer.envelope.status, httpStatus: answer.httpStatus, envelope: answer.envelope };
+  }
+
   /** Kills a sub-run whose calls passed its handed budget: the rest is skipped, the overshoot recorded with the kill. */
   private killForOvershoot(exec: Execution, steps: StepResult[], warnings: string[], overshoot: AuditEventInput): Promise<RunAnswer> {
     const { request } = exec;
@@ -357,7 +404,7 @@ export class RunExecutor {
     return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] }, [overshoot]);
   }
 
-  private async runStep(exec: Execution, index: number, warnings: string[]): Promise<StepOutcome> {
+  private async runStep(exec: Execution, index: number, warnings: string[], closing: Closing | undefined): Promise<StepOutcome> {
     const { request } = exec;
     const planned = request.plan[index]!;
     const started = performance.now();
@@ -373,7 +420,7 @@ export class RunExecutor {
       this.deps.metrics.decisions.inc({ outcome: 'held', reason: 'awaiting_approval' });
       return { step: { ...stepHead(request, index, tool), status: 'awaiting_approval', cost_units: 0, duration_ms: elapsed(started), audit_id: null }, held: admission.held, tool: tool! };
     }
-    if (!admission.ok) return this.denied(exec, admission, base, index, started);
+    if (!admission.ok) return this.denied(exec, admission, base, index, started, closing);
 
     warnings.push(...admission.state.warnings);
     const admitted = admission.state.tool!;
@@ -391,38 +438,43 @@ export class RunExecutor {
       }
     }
     this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
-    const result = await this.dispatch(exec, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {}, admission.state.approvalId);
-    const durationMs = elapsed(started);
-    if (result.ok) {
-      return {
-        step: { ...stepHead(request, index, admitted), status: 'completed', output: result.output, cost_units: result.costUnits, duration_ms: durationMs, audit_id: result.auditId },
-      };
-    }
-    return {
-      step: { ...stepHead(request, index, admitted), status: 'failed', error: { code: result.code, message: result.message, details: result.details }, cost_units: result.costUnits, duration_ms: durationMs, audit_id: result.auditId },
-      stop: { code: result.code },
-    };
+    // The step as the envelope shows it, made once: when it ends the run, before its record is
+    // appended (the record carries the run's end, whose envelope holds the step).
+    let step: StepResult | undefined;
+    const stepOf = (result: Dispatched): StepResult =>
+      (step ??= result.ok
+        ? { ...stepHead(request, index, admitted), status: 'completed', output: result.output, cost_units: result.costUnits, duration_ms: elapsed(started), audit_id: result.auditId }
+        : { ...stepHead(request, index, admitted), status: 'failed', error: { code: result.code, message: result.message, details: result.details }, cost_units: result.costUnits, duration_ms: elapsed(started), audit_id: result.auditId });
+    const answered: { answer?: RunAnswer } = {};
+    const end = closing && ((result: Dispatched) => this.endFor(exec, closing, stepOf(result), result.ok ? undefined : { code: result.code }, answered));
+    const result = await this.dispatch(exec, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {}, admission.state.approvalId, end);
+    const done = stepOf(result);
+    if (result.runEnded) return { step: done, ended: answered.answer! };
+    return result.ok ? { step: done } : { step: done, stop: { code: result.code } };
   }
 
-  private async denied(exec: Execution, admission: Admission & { ok: false }, base: AuditEventInput, index: number, started: number): Promise<StepOutcome> {
+  private async denied(exec: Execution, admission: Admission & { ok: false }, base: AuditEventInput, index: number, started: number, closing: Closing | undefined): Promise<StepOutcome> {
     const denial = admission.denial!;
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
     // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
     const overshoot = exec.delegation !== undefined && stage === 'cost' && denial.details?.source === 'request' && exec.run.budget_units === exec.delegation.budget_units;
-    const record = await this.deps.audit.append({
+    const event: AuditEventInput = {
       ...base,
       event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
       status: 'denied',
       reason_code: denial.code,
       details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
-    });
-    const error = errorOf(overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial);
-    return {
-      step: { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: record.event_id },
-      stop: { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) },
-      ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}),
     };
+    const error = errorOf(overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial);
+    const stop = { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) };
+    const eventId = randomUUID();
+    const step: StepResult = { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: eventId };
+    const answered: { answer?: RunAnswer } = {};
+    const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
+    const { runEnded } = await this.deps.audit.appendEnding(event, eventId, leave);
+    if (runEnded) return { step, ended: answered.answer! };
+    return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
   }
 
   /**
@@ -579,10 +631,8 @@ export class RunExecutor {
     reservation: Reservation | undefined,
     grantModifiers: Record<string, unknown>,
     approvalId: string | undefined,
-  ): Promise<
-    | { ok: true; output: unknown; costUnits: number; auditId: string }
-    | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null }
-  > {
+    end?: (result: Dispatched) => RunLeave | undefined,
+  ): Promise<Dispatched & { runEnded?: boolean }> {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
     const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
@@ -640,23 +690,31 @@ export class RunExecutor {
         outcome = { ok: false, code: 'tool_output_schema_invalid', message: 'the backend output does not match the output schema; it was withheld', details: { errors } };
       }
     }
-    const outcomeRecord = this.deps.audit.append({
-      ...base,
-      // Egress refused at a redirect hop is the same security event as at the input stage.
-      event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
-      status: outcome.ok ? 'completed' : 'failed',
-      reason_code: outcome.ok ? null : outcome.code,
-      input_sha256: inputSha256,
-      output_sha256: result.ok ? payloadHash(result.output) : null,
-      duration_ms: backendMs,
-      cost_units: costUnits,
-      details: outcome.ok
-        ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
-        : { ...details, message: outcome.message, ...outcome.details },
-    });
-    const [record, settlement] = await Promise.all([outcomeRecord, settled]);
+    const eventId = randomUUID();
+    const dispatched: Dispatched = outcome.ok ? { ok: true, output: outcome.output, costUnits, auditId: eventId } : { ...outcome, costUnits, auditId: eventId };
+    // The call's last record: when it ends the run, the run's end goes in the same commit.
+    const outcomeRecord = this.deps.audit.appendEnding(
+      {
+        ...base,
+        // Egress refused at a redirect hop is the same security event as at the input stage.
+        event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
+        status: outcome.ok ? 'completed' : 'failed',
+        reason_code: outcome.ok ? null : outcome.code,
+        input_sha256: inputSha256,
+        output_sha256: result.ok ? payloadHash(result.output) : null,
+        duration_ms: backendMs,
+        cost_units: costUnits,
+        details: outcome.ok
+          ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
+          : { ...details, message: outcome.message, ...outcome.details },
+      },
+      eventId,
+      end?.(dispatched),
+    );
+    const [{ runEnded }, settlement] = await Promise.all([outcomeRecord, settled]);
     if (settlement === 'settled_after_expiry') {
       // Its units had been given back as abandoned meanwhile: the call is charged all the same.
+      // (Recorded after the outcome, and after the run's end when that went with the outcome.)
       await this.deps.audit.append({
         ...base,
         event_type: 'budget.reservation_settled_late',
@@ -666,9 +724,7 @@ export class RunExecutor {
       });
     }
     this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
-    return outcome.ok
-      ? { ok: true, output: outcome.output, costUnits, auditId: record.event_id }
-      : { ...outcome, costUnits, auditId: record.event_id };
+    return { ...dispatched, runEnded };
   }
 
   /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */

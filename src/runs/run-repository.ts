@@ -1,4 +1,4 @@
-import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
 import { OPEN_STATUSES, type Attribution, type RunEnvelope, type RunRequest, type RunStatus, type RunStop } from './run-types.js';
 
@@ -282,6 +282,36 @@ export interface RunLeave extends RunKey {
  * Ends many runs that never handed off, in one statement: for each, whether it ended (false when
  * the run moved on without its executor, or has a sub-run and must end under the audit chain's
  * lock). The runs are locked in key order first, as controls and cascades lock them.
+ */
+export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
+  if (leaves.length === 0) return [];
+  const result = await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: true })} select * from run_ends_done`.execute(db);
+  return endedOf(leaves, result.rows);
+}
+
+/**
+ * `leaveRuns` inside a transaction that holds the audit chain's lock (an outcome record that ends
+ * its run, appended under the lock): a run row another transaction holds is not waited for —
+ * that would stall every replica's appends behind one run — and stays running; its executor then
+ * ends it the usual way.
+ */
+export async function leaveRunsWithoutWaiting(trx: Transaction<DB>, leaves: RunLeave[]): Promise<boolean[]> {
+  if (leaves.length === 0) return [];
+  const result = await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: false })} select * from run_ends_done`.execute(trx);
+  return endedOf(leaves, result.rows);
+}
+
+/** A run a run-end statement ended. */
+export interface EndedRunRow {
+  tenant_id: string;
+  run_id: string;
+  epoch: number;
+}
+
+/**
+ * The common table expressions of a run-end statement, ending in `run_ends_done` (the runs it
+ * ended). `when`: a condition of the statement they join (the audit append that carries them),
+ * without which nothing ends. `waitForLocks: false` skips a run row another transaction holds.
  *
  * Every row is reached by its key from the batch, one probe per run (a lateral subquery the
  * planner cannot turn around), and updated through the row version it locked: the plan this
@@ -290,32 +320,37 @@ export interface RunLeave extends RunKey {
  * end cost more the more runs its tenant had). A row another transaction changed after this
  * statement's snapshot is not ended here; the caller then ends it under the lock.
  */
-export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
-  if (leaves.length === 0) return [];
+export function runEndSteps(leaves: RunLeave[], options: { waitForLocks: boolean; when?: RawBuilder<unknown> }): RawBuilder<unknown> {
   const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
-  const result = await sql<{ tenant_id: string; run_id: string; epoch: number }>`
-    with v as materialized (
+  const when = options.when ?? sql`true`;
+  const lock = options.waitForLocks ? sql`for no key update` : sql`for no key update skip locked`;
+  return sql`run_ends as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
+      where ${when}
       -- In the server's key order (its collation, not JavaScript's): the probes lock in this order.
       order by tenant_id, run_id
-    ), locked as materialized (
-      select l.row_version, v.* from v
+    ), run_ends_locked as materialized (
+      select l.row_version, v.* from run_ends v
       cross join lateral (
         select r.ctid as row_version from runs r
         where r.tenant_id = v.tenant_id and r.run_id = v.run_id and r.status = 'running' and r.epoch = v.epoch
         limit 1
-        for no key update
+        ${lock}
       ) l
       where not exists (select 1 from runs sub where sub.tenant_id = v.tenant_id and sub.parent_run_id = v.run_id)
-    )
-    update runs r
-    set status = l.status, http_status = l.http_status, envelope = l.envelope, busy = false, updated_at = now()
-    from locked l
-    where r.ctid = l.row_version and r.status = 'running' and r.epoch = l.epoch
-    returning r.tenant_id, r.run_id, l.epoch`.execute(db);
-  // Keyed by epoch too: only the executor of the run's current epoch ended it.
-  const left = new Set(result.rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
+    ), run_ends_done as (
+      update runs r
+      set status = l.status, http_status = l.http_status, envelope = l.envelope, busy = false, updated_at = now()
+      from run_ends_locked l
+      where r.ctid = l.row_version and r.status = 'running' and r.epoch = l.epoch
+      returning r.tenant_id, r.run_id, l.epoch
+    )`;
+}
+
+/** For each leave, whether the statement ended its run (keyed by epoch too: only the executor of the run's current epoch ends it). */
+export function endedOf(leaves: RunLeave[], rows: EndedRunRow[]): boolean[] {
+  const left = new Set(rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
   return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
 }
 
