@@ -5,6 +5,7 @@ import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // The grant stage resolves a live grant, then records the run's reliance on it under the grant's
 // share lock. A revocation that lands in between refuses the call at the grant stage: nothing is
@@ -34,12 +35,6 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
 
   const call = (runId: string) =>
     h.client.post('/runs/execute', { token: tokens.agent(agent, { tenant: T }), body: { run_id: runId, context: {}, plan: [{ tool_id: 'raced', input: { q: 'x' } }] } });
-  const until = async (what: string, check: () => Promise<boolean>) => {
-    for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
-    if (!(await check())) throw new Error(`timed out waiting for ${what}`);
-  };
-  const lockWaits = async () =>
-    Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
   const reservationsOf = async (runId: string) =>
     (await watcher.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, runId])).rows.map((row) => row.status as string);
 
@@ -55,7 +50,7 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
       await revoker.query('begin');
       await revoker.query("update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1", [revoked.id]);
       const answer = call(runId);
-      await until('the grant-use record to wait for the revocation', async () => (await lockWaits()) === 1);
+      await until('the grant-use record to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
       await revoker.query('commit');
       const res = await answer;
       expect(res.status, JSON.stringify(res.body)).toBe(403);

@@ -5,6 +5,7 @@ import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // A budget changed while a reservation is in flight (SPEC §5: exact under concurrency). The
 // reservation is held on a counter row by another session, on a replica that knows nothing of
@@ -35,12 +36,6 @@ describe.skipIf(!hasPostgresServer)('budget changes racing reservations (needs a
 
   const call = (client: AppClient, agent: string, tool: string) =>
     client.post('/runs/execute', { token: tokens.agent(agent, { tenant: T }), body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input: { q: 'x' } }] } });
-  const lockWaits = async () =>
-    Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
-  const until = async (what: string, check: () => Promise<boolean>) => {
-    for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
-    if (!(await check())) throw new Error(`timed out waiting for ${what}`);
-  };
   const spentPerLedger = async (agent: string) =>
     Number(
       (
@@ -60,11 +55,11 @@ describe.skipIf(!hasPostgresServer)('budget changes racing reservations (needs a
       await holder.query('begin');
       await holder.query('select * from budget_counters where counter_key = $1 for update', [counterKey]);
       const inFlight = call(fresh, agent, 'three');
-      await until('the reservation to wait for the counter', async () => (await lockWaits()) >= 1);
+      await until('the reservation to wait for the counter', async () => (await lockWaits(watcher)) >= 1);
       const change = during();
       // Give the change its chance to answer while the reservation is still in flight (it used
       // to; now it waits for it), then let the reservation go on.
-      for (let i = 0; i < 100 && (await lockWaits()) < 2; i += 1) await new Promise((r) => setTimeout(r, 10));
+      for (let i = 0; i < 100 && (await lockWaits(watcher)) < 2; i += 1) await new Promise((r) => setTimeout(r, 10));
       await holder.query('commit');
       expect((await inFlight).status).toBe(200);
       await change;

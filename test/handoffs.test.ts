@@ -7,6 +7,7 @@ import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { blockedBy, lockWaits, until } from './helpers/waits.js';
 
 // SPEC §6 hand-offs: a running agent hands a sub-agent part of its budget and a narrower authority.
 const T = 'tenant-handoffs';
@@ -475,9 +476,7 @@ describe('a sub-run', () => {
       await counters.query('begin');
       await counters.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
       const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.fetch', 'admitted while cancelled')] });
-      const lockWaits = async () => Number((await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
-      for (let i = 0; i < 500 && (await lockWaits()) === 0; i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await lockWaits()).toBeGreaterThan(0);
+      await until('the call to wait for the counter', async () => (await lockWaits(watcher)) > 0);
       expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
       await counters.query('commit');
       const res = await running;
@@ -503,23 +502,18 @@ describe('a sub-run', () => {
     const sub = (await handoff(ROOT, root, { sub_agent_id: COURIER, budget_units: 5, delegable_tool_ids: ['courier.pricey'] })).body.sub_run_id as string;
     const [agentCounter, parentCounter, watcher] = [1, 2, 3].map(() => new pg.Client({ connectionString: h.db.url }));
     await Promise.all([agentCounter!.connect(), parentCounter!.connect(), watcher!.connect()]);
-    const lockWaits = async () => Number((await watcher!.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)).rows[0].n);
-    const until = async (check: () => Promise<boolean>) => {
-      for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await check()).toBe(true);
-    };
     try {
       await agentCounter!.query('begin');
       await agentCounter!.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
       const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.pricey', 'reserved mid-close')] });
-      await until(async () => (await lockWaits()) === 1);
+      await until('the call to wait for its agent’s counter', async () => (await lockWaits(watcher!)) === 1);
       await parentCounter!.query('begin');
       await parentCounter!.query('select * from budget_counters where counter_key = $1 for update', [`run/${T}/${root}`]);
       const cancelled = h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } });
-      await until(async () => (await lockWaits()) === 2);
+      await until('the cancel to wait for the parent’s counter', async () => (await lockWaits(watcher!)) === 2);
       await agentCounter!.query('commit');
       // The reservation commits; the call then waits for the cancel (or, read around it, is sent).
-      await until(async () => hitsOf(sub).length > 0 || (await lockWaits()) === 2);
+      await until('the call to be sent or to wait', async () => hitsOf(sub).length > 0 || (await lockWaits(watcher!)) === 2);
       await parentCounter!.query('commit');
       expect((await cancelled).status).toBe(200);
       expect((await running).body.status).toBe('cancelled');
@@ -627,28 +621,22 @@ describe('a parent kept open', () => {
     const subRunId = new pg.Client({ connectionString: h.db.url });
     const watcher = new pg.Client({ connectionString: h.db.url });
     await Promise.all([subRunId.connect(), watcher.connect()]);
-    const until = async (check: () => Promise<boolean>) => {
-      for (let i = 0; i < 500 && !(await check()); i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await check()).toBe(true);
-    };
-    const blockedBy = async (pid: number) =>
-      (await watcher.query(`select pid from pg_stat_activity where datname = current_database() and $1 = any(pg_blocking_pids(pid))`, [pid])).rows.map((r) => r.pid as number);
     try {
       const running = execute(ROOT, { run_id: parent, budget_units: 50, plan: [step('held', 'slow')] });
-      await until(async () => hitsOf(parent).length === 1);
+      await until('the parent’s call to reach its backend', () => hitsOf(parent).length === 1);
       // `subRunId` holds the sub-run's id: the hand-off, once it has locked the parent, waits for it.
       await subRunId.query('begin');
       await subRunId.query(`insert into runs (tenant_id, run_id, owner_agent_id, status, request_sha256) values ($1, $2, 'nobody', 'queued', null)`, [T, sub]);
       const subRunIdPid = (await subRunId.query('select pg_backend_pid() as pid')).rows[0].pid;
       const handedOff = handoff(ROOT, parent, { sub_run_id: sub, budget_units: 5 });
       let handOffPid = 0;
-      await until(async () => {
-        [handOffPid = 0] = await blockedBy(subRunIdPid);
+      await until('the hand-off to wait for the sub-run’s id', async () => {
+        [handOffPid = 0] = await blockedBy(watcher, subRunIdPid);
         return handOffPid !== 0;
       });
       backend.openGate();
       // The outcome record (with the parent's end) waits for the hand-off.
-      await until(async () => (await blockedBy(handOffPid)).length >= 1);
+      await until('the outcome record to wait for the hand-off', async () => (await blockedBy(watcher, handOffPid)).length >= 1);
       await subRunId.query('rollback');
       expect((await handedOff).status).toBe(201);
       const ended = await running;

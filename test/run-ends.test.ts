@@ -5,6 +5,7 @@ import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
 
 // A run's last call ends the run in the commit of its own record (one commit instead of two):
@@ -118,8 +119,7 @@ describe.skipIf(!hasPostgresServer)('a run whose row is held when its last recor
       await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for no key update', [T, runId]);
       backend.openGate();
       const recorded = async () => (await holder.query("select count(*)::int as n from audit_events where run_id = $1 and event_type = 'run.step.completed'", [runId])).rows[0].n === 1;
-      for (let i = 0; i < 500 && !(await recorded()); i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await recorded()).toBe(true);
+      await until('the outcome record to go in without the run’s end', recorded);
       // Another run's calls are recorded and answered while the row is held.
       const meanwhile = await execute(other, { run_id: newRunId('meanwhile'), plan: [step('echo')] });
       expect(meanwhile.status).toBe(200);

@@ -8,6 +8,7 @@ import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 // POST /runs/execute under concurrency: claims, grant uses and run ends of calls arriving
 // together share statements (group commit). Sharing must not let a run id execute twice, nor
@@ -214,10 +215,6 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
 
     const waiting = async (query: string) =>
       Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike ${query}`.execute(db)).rows[0]!.n);
-    const until = async (what: string, check: () => Promise<boolean>) => {
-      for (let i = 0; i < 500 && !(await check()); i += 1) await sleep(10);
-      if (!(await check())) throw new Error(`timed out waiting for ${what}`);
-    };
     // Another session changing the run (uncommitted) makes the claim wait for it, then find the id taken.
     const holder = new pg.Client({ connectionString: h.db.url });
     await holder.connect();
