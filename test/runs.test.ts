@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { closeLostRunReservations } from '../src/budgets/budget-ledger-repository.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
@@ -208,6 +209,63 @@ describe('reported costs and the bound on units', () => {
     expect(expired).toMatchObject({ actor: 'system.expiry', status: 'expired', details: { released_units: 2 } });
     const late = events.find((e) => e.event_type === 'budget.reservation_settled_late');
     expect(late).toMatchObject({ actor: `agent:${AGENT}`, status: 'settled', cost_units: 3, tool_id: 'slow.costly', details: { reservation_id: expired!.details.reservation_id, reserved_units: 2, charged_units: 3 } });
+  });
+
+  describe('a call whose settlement was lost with its replica (its outcome recorded, its reservation left open)', () => {
+    const T5 = 'tenant-runs-lost-settlement';
+    let budgetId: string;
+    const shown = async () => (await h.client.get(`/budgets/${budgetId}`, { token: tokens.tenantOperator(T5) })).body;
+
+    beforeAll(async () => {
+      await registerTool(h.client, { id: 'costs.three', backendUrl: `${backend.url}/cost/3`, allowed_agents: [AGENT], cost_units: 2 });
+      await grantTool(h.client, { tenant: T5, agent: AGENT, tool: 'costs.three' });
+      budgetId = (await createBudget(h.client, { tenant: T5, limit_units: 100 })).id;
+    });
+
+    /** Runs a call, then puts its reservation and counters back as they stood before its settlement committed. */
+    async function callLosingItsSettlement(): Promise<{ runId: string; outcomeId: string }> {
+      const before = await shown();
+      const runId = newRunId('lost');
+      const res = await execute({ run_id: runId, plan: [step('costs.three')] }, tokens.agent(AGENT, { tenant: T5 }));
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      const { db } = h.db.database;
+      await sql`
+        update budget_counters c set spent_units = c.spent_units - r.actual_units, reserved_units = c.reserved_units + r.units
+        from budget_reservations r cross join lateral jsonb_array_elements(r.charges) ch
+        where r.tenant_id = ${T5} and r.run_id = ${runId}
+          and c.counter_key = ch->>'counter_key' and c.period_start = (ch->>'period_start')::timestamptz`.execute(db);
+      await sql`
+        update budget_reservations set status = 'reserved', actual_units = null, closed_at = null, expires_at = now() - interval '1 second'
+        where tenant_id = ${T5} and run_id = ${runId}`.execute(db);
+      expect(await shown()).toMatchObject({ spent_units: before.spent_units, reserved_units: 2 });
+      return { runId, outcomeId: res.body.steps[0].audit_id };
+    }
+
+    it('is charged what its outcome record says when the sweep finds its reservation, not given back', async () => {
+      const before = (await shown()).spent_units as number;
+      const { runId, outcomeId } = await callLosingItsSettlement();
+      const outcome = (await h.client.get('/audit', { token: tokens.tenantOperator(T5), query: { run_id: runId, event_type: 'run.step.completed' } })).body.items[0];
+      expect(outcome).toMatchObject({ cost_units: 3, details: { reservation_id: expect.any(String) } });
+      expect(await h.client.app.services.budgets.releaseExpired()).toBe(1);
+      expect(await shown()).toMatchObject({ spent_units: before + 3, reserved_units: 0 });
+      const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T5), query: { run_id: runId } })).body.items as Array<Record<string, any>>;
+      expect(events.find((e) => e.event_type === 'budget.reservation_expired')).toBeUndefined();
+      expect(events.find((e) => e.event_type === 'budget.reservation_settled_late')).toMatchObject({
+        actor: 'system.expiry',
+        status: 'settled',
+        cost_units: 3,
+        details: { reservation_id: outcome.details.reservation_id, reserved_units: 2, charged_units: 3, reason: 'settlement_lost', outcome_event_id: outcomeId },
+      });
+    });
+
+    it('is charged what its outcome record says when recovery closes its run’s reservations', async () => {
+      const before = (await shown()).spent_units as number;
+      const { runId } = await callLosingItsSettlement();
+      // No call of the run is in doubt, so recovery would give its open reservations back.
+      const closed = await h.db.database.db.transaction().execute((trx) => closeLostRunReservations(trx, T5, runId, 'release', new Date()));
+      expect(closed).toBe(1);
+      expect(await shown()).toMatchObject({ spent_units: before + 3, reserved_units: 0 });
+    });
   });
 
   it('refuses amounts above MAX_UNITS with 400 instead of failing to store them', async () => {

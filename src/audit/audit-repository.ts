@@ -207,6 +207,39 @@ export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenan
   return rows.map((row) => ({ ...row, seq: Number(row.seq) }));
 }
 
+/** A budget reservation, by its id and the run it was made for. */
+export interface ReservationOfRun {
+  id: string;
+  tenantId: string;
+  runId: string;
+}
+
+/** What a call's outcome record says it cost, and which record says so. */
+export interface RecordedCost {
+  costUnits: number;
+  eventId: string;
+}
+
+/**
+ * For reservations still open, what their calls' outcome records say they cost: a call whose
+ * outcome was recorded reached its backend and was charged that, even if its settlement was lost
+ * with its replica. Reservations with no outcome record are absent. Reached through each run's
+ * records (`audit_events_run_seq`).
+ */
+export async function findRecordedCosts(db: Kysely<DB> | Transaction<DB>, reservations: ReservationOfRun[]): Promise<Map<string, RecordedCost>> {
+  if (reservations.length === 0) return new Map();
+  const rows = await db
+    .selectFrom('audit_events')
+    .select(['event_id', 'cost_units', sql<string>`details->>'reservation_id'`.as('reservation_id')])
+    .where('run_id', '=', (eb) => eb.fn.any(eb.val([...new Set(reservations.map((r) => r.runId))])))
+    .where('tenant_id', '=', (eb) => eb.fn.any(eb.val([...new Set(reservations.map((r) => r.tenantId))])))
+    .where('tool_call_id', 'is not', null)
+    .where('status', 'in', ['completed', 'failed'])
+    .where(sql<string>`details->>'reservation_id'`, '=', (eb) => eb.fn.any(eb.val(reservations.map((r) => r.id))))
+    .execute();
+  return new Map(rows.filter((row) => row.cost_units !== null).map((row) => [row.reservation_id, { costUnits: Number(row.cost_units), eventId: row.event_id }]));
+}
+
 export interface ChainVerification {
   ok: boolean;
   checked: number;

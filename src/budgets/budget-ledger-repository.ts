@@ -1,4 +1,5 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
+import { findRecordedCosts } from '../audit/audit-repository.js';
 import type { BudgetTable, DB } from '../db/schema.js';
 import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';
@@ -394,11 +395,18 @@ async function closeOnce(
 
 /**
  * Closes the open reservations of a run whose executor was lost, in the caller's transaction
- * (which holds the run): charged at what they reserved (`charge`: the call may have reached its
- * backend, and a budget errs on the strict side), or released (`release`: nothing was sent).
- * Returns how many it closed.
+ * (which holds the run): one whose call's outcome was recorded is charged what the record says
+ * (`recorded`: the call reached its backend; its settlement was lost); the others are charged at
+ * what they reserved (`charge`: the call may have reached its backend, and a budget errs on the
+ * strict side), or released (`release`: nothing was sent). Returns how many it closed.
  */
-export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: string, runId: string, mode: 'charge' | 'release', at: Date): Promise<number> {
+export async function closeLostRunReservations(
+  trx: Transaction<DB>,
+  tenantId: string,
+  runId: string,
+  mode: 'charge' | 'release',
+  at: Date,
+): Promise<number> {
   const open = await trx
     .selectFrom('budget_reservations')
     .select(['id', 'units'])
@@ -407,7 +415,12 @@ export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: s
     .where('status', '=', 'reserved')
     .execute();
   if (open.length === 0) return 0;
-  const closes: ReservationClose[] = open.map((r) => (mode === 'charge' ? { id: r.id, status: 'settled', actualMicros: toMicros(r.units) } : { id: r.id, status: 'released', actualMicros: null }));
+  const recorded = await findRecordedCosts(trx, open.map((r) => ({ id: r.id, tenantId, runId })));
+  const closes: ReservationClose[] = open.map((r) => {
+    const cost = recorded.get(r.id);
+    if (cost) return { id: r.id, status: 'settled', actualMicros: toMicros(cost.costUnits) };
+    return mode === 'charge' ? { id: r.id, status: 'settled', actualMicros: toMicros(r.units) } : { id: r.id, status: 'released', actualMicros: null };
+  });
   return (await closeAndUncharge(trx, closes, at)).closed.size;
 }
 

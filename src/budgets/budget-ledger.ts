@@ -2,7 +2,7 @@ import { nanoid } from 'nanoid';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { findRecordedCosts, lockAuditChain, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
@@ -198,8 +198,20 @@ export class BudgetLedger {
       this.db.transaction().execute(async (trx) => {
         // The audit chain's lock before the ledger's rows, as every transaction takes them.
         await lockAuditChain(trx);
-        const result = await closeAndUncharge(trx, due.map((r) => ({ id: r.id, status: 'expired', actualMicros: null })), now);
-        await writeAuditEvents(trx, due.filter((r) => result.closed.has(r.id)).map((r) => ({ occurredAt: now, event: expiredEvent(r, now) })));
+        // A call whose outcome was recorded reached its backend: its settlement was lost (its
+        // replica died between the two commits), and it is charged what the record says, not
+        // given back.
+        const recorded = await findRecordedCosts(trx, due);
+        const closes = due.map((r): ReservationClose => {
+          const cost = recorded.get(r.id);
+          return cost ? { id: r.id, status: 'settled', actualMicros: toMicros(cost.costUnits) } : { id: r.id, status: 'expired', actualMicros: null };
+        });
+        const result = await closeAndUncharge(trx, closes, now);
+        const events = due.filter((r) => result.closed.has(r.id)).map((r) => {
+          const cost = recorded.get(r.id);
+          return { occurredAt: now, event: cost ? settledFromRecordEvent(r, cost) : expiredEvent(r, now) };
+        });
+        await writeAuditEvents(trx, events);
         return result;
       }),
     );
@@ -308,6 +320,20 @@ export class BudgetLedger {
 }
 
 /** The record of a reservation given back at its TTL: no call settled it in time. */
+/** The record of a reservation past its TTL whose call's outcome was recorded: charged what it cost. */
+function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedCost): AuditEventInput {
+  return {
+    event_type: 'budget.reservation_settled_late',
+    actor: 'system.expiry',
+    tenant_id: reservation.tenantId,
+    agent_id: reservation.agentId,
+    run_id: reservation.runId,
+    status: 'settled',
+    cost_units: cost.costUnits,
+    details: { reservation_id: reservation.id, reserved_units: reservation.units, charged_units: cost.costUnits, reason: 'settlement_lost', outcome_event_id: cost.eventId },
+  };
+}
+
 function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInput {
   return {
     event_type: 'budget.reservation_expired',

@@ -655,7 +655,7 @@ export class RunExecutor {
         // Another replica may already have ended this replica's runs as lost.
         throw new ApiError('gateway_unavailable', 'this replica could not renew its lease in time; it dispatches nothing until it can');
       }
-      await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details });
+      await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details: withReservation(details, reservation) });
     } catch (error) {
       if (reservation) await budgets.release(reservation).catch(() => undefined);
       throw error;
@@ -704,9 +704,10 @@ export class RunExecutor {
         output_sha256: result.ok ? payloadHash(result.output) : null,
         duration_ms: backendMs,
         cost_units: costUnits,
+        // The reservation it settles: a settlement lost with its replica is made from this record.
         details: outcome.ok
-          ? { ...details, reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
-          : { ...details, message: outcome.message, ...outcome.details },
+          ? { ...withReservation(details, reservation), reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
+          : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
       },
       eventId,
       end?.(dispatched),
@@ -871,6 +872,11 @@ function stepAt(request: RunRequest, index: number, status: 'skipped' | 'pending
 
 function errorOf(denial: Denial) {
   return { code: denial.code, message: denial.message, details: denial.details ?? {} };
+}
+
+/** A call's record details naming the budget reservation it holds, if it holds one. */
+function withReservation(details: Record<string, unknown>, reservation: Reservation | undefined): Record<string, unknown> {
+  return reservation ? { ...details, reservation_id: reservation.id } : details;
 }
 
 function elapsed(started: number): number {

@@ -56,7 +56,8 @@ export interface RunRecoveryOptions {
  * from the audit records of the lost execution: calls that completed (their outputs were not
  * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. The budget
  * reservation of the call in hand is charged at its price if the call is in doubt (the strict
- * side), else released. A run whose
+ * side), else released; one whose call's outcome was recorded but whose settlement was lost with
+ * the replica is charged what that record says. A run whose
  * calls had all completed ends `completed` (one kept open stays `running`, at rest); a run a
  * control or cascade ended meanwhile keeps that end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
  * its open sub-runs end with it. Every replica sweeps; the run's lock makes each recovery happen once.
@@ -202,7 +203,8 @@ export class RunRecovery {
           httpStatus = run.status === 'running' ? 200 : 202;
         }
       }
-      // The reservation of the call in hand: charged if the call may have been made, else given back.
+      // The reservation of the call in hand: charged if the call may have been made, else given
+      // back; one whose call's outcome was recorded (its settlement lost) at what the record says.
       const reservationsClosed = await closeLostRunReservations(trx, run.tenant_id, run.run_id, inDoubt.length > 0 ? 'charge' : 'release', now);
       const envelope: RunEnvelope = {
         run_id: run.run_id,
