@@ -1,4 +1,5 @@
 import { sql, type Kysely } from 'kysely';
+import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCounterKey } from '../src/budgets/budget.js';
@@ -11,12 +12,12 @@ import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
 import { claimRuns, findRun, insertSubRun, leaveRuns, recordGrantUses, type NewRun, type RunLeave } from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
 import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { appendIfHead, readChainHead } from '../src/audit/audit-repository.js';
+import { appendIfHead, readChainHead, writeAuditEventsEndingRuns } from '../src/audit/audit-repository.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
@@ -331,6 +332,31 @@ describe('appendIfHead carrying run ends', () => {
     expect(await statusOf(tenant, 'stale')).toBe('running');
     const rows = await db.selectFrom('audit_events').select('seq').where('tenant_id', '=', tenant).where('run_id', '=', 'stale').execute();
     expect(rows).toEqual([]);
+  });
+
+  it.skipIf(!hasPostgresServer)('under the chain’s lock, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)', async () => {
+    const tenant = fresh('append-end-t');
+    await claimOne(tenant, 'free');
+    await claimOne(tenant, 'held');
+    const holder = new pg.Client({ connectionString: testDb.url! });
+    await holder.connect();
+    try {
+      await holder.query('begin');
+      await holder.query("select 1 from runs where tenant_id = $1 and run_id = 'held' for no key update", [tenant]);
+      const appended = await db.transaction().execute((trx) =>
+        writeAuditEventsEndingRuns(trx, [
+          { ...event(tenant, 'held'), endRun: leave(tenant, 'held') },
+          { ...event(tenant, 'free'), endRun: leave(tenant, 'free') },
+        ]),
+      );
+      expect(appended.runsEnded).toEqual([false, true]);
+      expect(appended.records).toHaveLength(2);
+    } finally {
+      await holder.query('rollback');
+      await holder.end();
+    }
+    expect(await statusOf(tenant, 'free')).toBe('completed');
+    expect(await statusOf(tenant, 'held')).toBe('running');
   });
 
   it('does not end a run that has a sub-run', async () => {
