@@ -395,18 +395,12 @@ async function closeOnce(
 
 /**
  * Closes the open reservations of a run whose executor was lost, in the caller's transaction
- * (which holds the run): one whose call's outcome was recorded is charged what the record says
- * (`recorded`: the call reached its backend; its settlement was lost); the others are charged at
- * what they reserved (`charge`: the call may have reached its backend, and a budget errs on the
- * strict side), or released (`release`: nothing was sent). Returns how many it closed.
+ * (which holds the run): one whose call's outcome was recorded is charged what that record says
+ * (the call reached its backend; its settlement was lost); the others are charged at what they
+ * reserved (`charge`: the call may have reached its backend, and a budget errs on the strict
+ * side), or released (`release`: nothing was sent). Returns how many it closed.
  */
-export async function closeLostRunReservations(
-  trx: Transaction<DB>,
-  tenantId: string,
-  runId: string,
-  mode: 'charge' | 'release',
-  at: Date,
-): Promise<number> {
+export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: string, runId: string, mode: 'charge' | 'release', at: Date): Promise<number> {
   const open = await trx
     .selectFrom('budget_reservations')
     .select(['id', 'units'])

@@ -319,7 +319,6 @@ export class BudgetLedger {
   }
 }
 
-/** The record of a reservation given back at its TTL: no call settled it in time. */
 /** The record of a reservation past its TTL whose call's outcome was recorded: charged what it cost. */
 function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedCost): AuditEventInput {
   return {
@@ -334,6 +333,7 @@ function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedC
   };
 }
 
+/** The record of a reservation given back at its TTL: no call settled it in time. */
 function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInput {
   return {
     event_type: 'budget.reservation_expired',
