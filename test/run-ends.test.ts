@@ -94,6 +94,18 @@ describe('a run ends in the commit of its last record', () => {
     expect(first!.xid).not.toBe(seen.run);
   });
 
+  it('not when its envelope is large: the run ends right after, in a commit of its own', async () => {
+    const runId = newRunId('large');
+    const input = { q: 'x'.repeat(100_000) };
+    const res = await execute(agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] });
+    expect(res.status).toBe(200);
+    expect(res.body.steps[0].output).toEqual({ echo: input });
+    const seen = await writers(runId);
+    expect(seen.status).toBe('completed');
+    expect(seen.records.get(res.body.steps[0].audit_id)!.xid).not.toBe(seen.run);
+    expect((await execute(agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] })).body).toEqual(res.body);
+  });
+
   it('not when the run is kept open: it rests running', async () => {
     const runId = newRunId('open');
     const res = await execute(agent, { run_id: runId, keep_open: true, plan: [step('echo')] });

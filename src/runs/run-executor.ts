@@ -126,6 +126,9 @@ type Dispatched =
   | { ok: true; output: unknown; costUnits: number; auditId: string }
   | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null };
 
+/** The largest envelope (in UTF-16 code units of its JSON) a run's last record carries with it. */
+const MAX_ENVELOPE_WITH_RECORD = 64 * 1024;
+
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
 class RunMovedOn extends Error {}
 
@@ -388,10 +391,15 @@ export class RunExecutor {
     };
   }
 
-  /** The run's end `closing` gives for a step, as the audit log carries it; the answer kept in `answered`. */
+  /**
+   * The run's end `closing` gives for a step, as the audit log carries it; the answer kept in
+   * `answered`. A large envelope (outputs of megabytes) ends the run the usual way: the record that
+   * would carry it holds the audit chain's head while PostgreSQL reads it, and every replica's
+   * appends wait meanwhile.
+   */
   private endFor(exec: Execution, closing: Closing | undefined, step: StepResult, stop: StepOutcome['stop'], answered: { answer?: RunAnswer }): RunLeave | undefined {
     const answer = closing?.(step, stop);
-    if (!answer) return undefined;
+    if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
     answered.answer = answer;
     const { run } = exec;
     return { tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, status: answer.envelope.status, httpStatus: answer.httpStatus, envelope: answer.envelope };
