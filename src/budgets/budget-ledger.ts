@@ -319,14 +319,16 @@ export class BudgetLedger {
   }
 }
 
+/** Who and what a record of the TTL sweep about a reservation names. */
+function sweptRecord(reservation: ExpiredReservation): Pick<AuditEventInput, 'actor' | 'tenant_id' | 'agent_id' | 'run_id'> {
+  return { actor: 'system.expiry', tenant_id: reservation.tenantId, agent_id: reservation.agentId, run_id: reservation.runId };
+}
+
 /** The record of a reservation past its TTL whose call's outcome was recorded: charged what it cost. */
 function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedCost): AuditEventInput {
   return {
     event_type: 'budget.reservation_settled_late',
-    actor: 'system.expiry',
-    tenant_id: reservation.tenantId,
-    agent_id: reservation.agentId,
-    run_id: reservation.runId,
+    ...sweptRecord(reservation),
     status: 'settled',
     cost_units: cost.costUnits,
     details: { reservation_id: reservation.id, reserved_units: reservation.units, charged_units: cost.costUnits, reason: 'settlement_lost', outcome_event_id: cost.eventId },
@@ -337,10 +339,7 @@ function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedC
 function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInput {
   return {
     event_type: 'budget.reservation_expired',
-    actor: 'system.expiry',
-    tenant_id: reservation.tenantId,
-    agent_id: reservation.agentId,
-    run_id: reservation.runId,
+    ...sweptRecord(reservation),
     status: 'expired',
     details: {
       reservation_id: reservation.id,
