@@ -248,6 +248,22 @@ describe('settle and release', () => {
     ]);
   });
 
+  it('releases many abandoned reservations a chunk per transaction, so the audit chain is never held for all of them', async () => {
+    const tenant = freshTenant();
+    const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 1000 });
+    await Promise.all(Array.from({ length: 120 }, (_, i) => ledger.reserve(call(tenant, 1, { runId: `abandoned-${i}` })).then(admitted)));
+    expect(await usage(id)).toMatchObject({ reserved_units: 120 });
+    clock.advance(client.app.services.config.budgetReservationTtlSeconds * 1000);
+    expect(await ledger.releaseExpired()).toBeGreaterThanOrEqual(120);
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 0 });
+    const commits = await sql<{ xid: string; n: number }>`
+      select xmin::text as xid, count(*)::int as n from audit_events
+      where tenant_id = ${tenant} and event_type = 'budget.reservation_expired' group by 1`.execute(testDb.database.db);
+    expect(commits.rows.reduce((sum, row) => sum + row.n, 0)).toBe(120);
+    expect(commits.rows.length).toBeGreaterThanOrEqual(3);
+    expect(Math.max(...commits.rows.map((row) => row.n))).toBeLessThanOrEqual(50);
+  });
+
   it('charges a call that settles after its reservation expired, once', async () => {
     const tenant = freshTenant();
     const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });

@@ -193,7 +193,15 @@ export class BudgetLedger {
   async releaseExpired(limit = 500): Promise<number> {
     const now = this.options.now();
     const due = await findExpiredReservations(this.db, now, limit);
-    if (due.length === 0) return 0;
+    let closed = 0;
+    // A transaction per chunk: each holds the audit chain's lock, and every replica's appends
+    // wait for it meanwhile.
+    for (let start = 0; start < due.length; start += SWEEP_CHUNK) closed += await this.expire(due.slice(start, start + SWEEP_CHUNK), now);
+    return closed;
+  }
+
+  /** Closes reservations past their TTL in one transaction, each on record; returns how many. */
+  private async expire(due: ExpiredReservation[], now: Date): Promise<number> {
     const { closed, levels } = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
         // The audit chain's lock before the ledger's rows, as every transaction takes them.
@@ -350,6 +358,9 @@ function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInp
     },
   };
 }
+
+/** How many reservations past their TTL the sweep closes per transaction. */
+const SWEEP_CHUNK = 50;
 
 /** How many batches decide under row locks after an optimistic write lost a race. */
 const LOCKED_BATCHES_AFTER_CONFLICT = 50;
