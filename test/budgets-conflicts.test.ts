@@ -12,7 +12,7 @@ import { ManualClock } from './helpers/manual-clock.js';
 
 // A ledger decides a batch against the counters as it read them and writes with a compare and
 // set. When another replica moved a counter in between, it must see so, count it
-// (toolgate_budget_write_conflicts_total) and decide again under the row locks, exactly.
+// (toolgate_budget_write_conflicts_total) and decide again from the counter as it stands, exactly.
 let testDb: TestDatabase;
 const clock = new ManualClock('2030-07-01T08:00:00.000Z');
 let seq = 0;
@@ -144,6 +144,44 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
       expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 2 })).ok).toBe(true);
       expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 0.000001 })).ok).toBe(false);
       expect(await usage(id)).toEqual({ spent: 0, reserved: 10 });
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it('admits a plain ok call over a move that leaves it ok, without a conflict', async () => {
+    const tenant = freshTenant();
+    const budget = await totalBudget(tenant, 100);
+    const registry = new Registry();
+    const ledger = newLedger(testDb.database.db, registry);
+    try {
+      // As read: 0 + 5 of 100. As it stands: 30 + 5, still ok: no need to decide it again.
+      const result = await reserveAcrossAMove(ledger, tenant, budget, 5, 30);
+      expect(result).toMatchObject({ ok: true, verdict: 'ok', warnings: [] });
+      expect(await conflicts(registry)).toBe(0);
+      expect(await usage(budget)).toEqual({ spent: 0, reserved: 35 });
+      expect(await reservationsOf(tenant)).toBe(1);
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it('decides again a plain ok call that a move brings exactly to the warn ratio', async () => {
+    const tenant = freshTenant();
+    const created = await createBudget(
+      testDb.database.db,
+      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits: 10, warnRatio: 0.5, graceUnits: 0 },
+      { actor: 'operator:test', traceId: null, now: clock.now() },
+    );
+    if (!created.ok) throw new Error('budget conflict');
+    const registry = new Registry();
+    const ledger = newLedger(testDb.database.db, registry);
+    try {
+      // As read: 0 + 4 of 10, ok. As it stands: 1 + 4 = 5, which is 0.5 × 10: warn.
+      const result = await reserveAcrossAMove(ledger, tenant, created.usage.budget.id, 4, 1);
+      expect(result).toMatchObject({ ok: true, verdict: 'warn' });
+      expect(await conflicts(registry)).toBe(1);
+      expect(await usage(created.usage.budget.id)).toEqual({ spent: 0, reserved: 5 });
     } finally {
       await ledger.close();
     }

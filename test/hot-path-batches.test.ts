@@ -17,7 +17,8 @@ import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
 import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { appendIfHead, readChainHead, writeAuditEventsEndingRuns } from '../src/audit/audit-repository.js';
+import { appendIfHead, readChainHead, verifyAuditChain, writeAuditEvents, writeAuditEventsEndingRuns } from '../src/audit/audit-repository.js';
+import { lockWaits, until } from './helpers/waits.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
@@ -310,8 +311,8 @@ describe('appendIfHead carrying run ends', () => {
       event(tenant, 'carried-none'),
       { ...event(tenant, 'other-epoch'), endRun: leave(tenant, 'other-epoch', 2) },
     ]);
-    expect(appended?.runsEnded).toEqual([true, false, false]);
-    expect(appended?.records[0]!.event_id).toBe('00000000-0000-4000-8000-00000000e0d1');
+    expect(appended.ok && appended.runsEnded).toEqual([true, false, false]);
+    expect(appended.ok && appended.records[0]!.event_id).toBe('00000000-0000-4000-8000-00000000e0d1');
     expect(await statusOf(tenant, 'ends')).toBe('completed');
     expect((await findRun(db, tenant, 'ends'))!.envelope).toEqual(envelope('ends', 'completed'));
     expect(await statusOf(tenant, 'other-epoch')).toBe('running');
@@ -323,15 +324,51 @@ describe('appendIfHead carrying run ends', () => {
     expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
   });
 
-  it('ends nothing when the head moved: the events are not appended either', async () => {
+  it('ends nothing when the head moved: the events are not appended either, and the head as it stands is the answer', async () => {
     const tenant = fresh('append-end-t');
     await claimOne(tenant, 'stale');
     const head = await readChainHead(db);
-    await appendIfHead(db, head, [event(tenant, 'mover')]);
-    expect(await appendIfHead(db, head, [{ ...event(tenant, 'stale'), endRun: leave(tenant, 'stale') }])).toBeUndefined();
+    const mover = await appendIfHead(db, head, [event(tenant, 'mover')]);
+    expect(mover.ok).toBe(true);
+    const stale = await appendIfHead(db, head, [{ ...event(tenant, 'stale'), endRun: leave(tenant, 'stale') }]);
+    expect(stale).toEqual({ ok: false, head: mover.ok && mover.last });
+    expect(await readChainHead(db)).toEqual(mover.ok && mover.last);
     expect(await statusOf(tenant, 'stale')).toBe('running');
     const rows = await db.selectFrom('audit_events').select('seq').where('tenant_id', '=', tenant).where('run_id', '=', 'stale').execute();
     expect(rows).toEqual([]);
+  });
+
+  it.skipIf(!hasPostgresServer)('answers the head another writer committed while it waited for the lock, which the next try appends after (needs a PostgreSQL server)', async () => {
+    const tenant = fresh('append-fresh-t');
+    const stale = await readChainHead(db);
+    const watcher = new pg.Client({ connectionString: testDb.url! });
+    await watcher.connect();
+    let letGo!: () => void;
+    const gate = new Promise<void>((resolve) => (letGo = resolve));
+    let wrote!: () => void;
+    const written = new Promise<void>((resolve) => (wrote = resolve));
+    try {
+      // Another writer holds the head, uncommitted, having appended a record after `stale`.
+      const holder = db.transaction().execute(async (trx) => {
+        const [record] = await writeAuditEvents(trx, [event(tenant, 'holder')]);
+        wrote();
+        await gate;
+        return record!;
+      });
+      await written;
+      const attempt = appendIfHead(db, stale, [event(tenant, 'waiter')]);
+      await until('the append to wait for the head', async () => (await lockWaits(watcher)) > 0);
+      letGo();
+      const held = await holder;
+      // Read as it stood when the statement began, the head would still be `stale`.
+      expect(await attempt).toEqual({ ok: false, head: { seq: held.seq, hash: held.hash } });
+      const again = await appendIfHead(db, { seq: held.seq, hash: held.hash }, [event(tenant, 'waiter')]);
+      expect(again.ok && again.records[0]!.prev_hash).toBe(held.hash);
+    } finally {
+      letGo();
+      await watcher.end();
+    }
+    expect((await verifyAuditChain(db)).ok).toBe(true);
   });
 
   it.skipIf(!hasPostgresServer)('under the chain’s lock, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)', async () => {
@@ -366,7 +403,7 @@ describe('appendIfHead carrying run ends', () => {
       insertSubRun(trx, { tenant_id: tenant, run_id: 'parent.sub', agent_id: 'agent.sub', parent_run_id: 'parent', status: 'queued', depth: 1, lineage: [{ run_id: 'parent', agent_id: 'agent.batch' }], budget_units: 3, trace_id: null, created_at: clock.now() }),
     );
     const appended = await appendIfHead(db, await readChainHead(db), [{ ...event(tenant, 'parent'), endRun: leave(tenant, 'parent') }]);
-    expect(appended?.runsEnded).toEqual([false]);
+    expect(appended.ok && appended.runsEnded).toEqual([false]);
     expect(await statusOf(tenant, 'parent')).toBe('running');
   });
 });
@@ -676,13 +713,15 @@ describe('writeLedgerIf', () => {
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(true);
+    expect(ok.ok).toBe(true);
     expect(await levels([a!, b!])).toEqual(
       new Map([
         [counterId(a!), { spentMicros: 0, reservedMicros: 2_000_000 }],
         [counterId(b!), { spentMicros: 1_500_000, reservedMicros: 2_000_000 }],
       ]),
     );
+    // It answers the levels it left.
+    expect(ok.levels).toEqual(await levels([a!, b!]));
     const row = await db.selectFrom('budget_reservations').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
     expect(row).toMatchObject({ tenant_id: 'cas-tenant', agent_id: 'agent.batch', run_id: 'run-cas', units: '2.000000', status: 'reserved', reserved_at: reservedAt, expires_at: expiresAt, closed_at: null });
     expect(row.charges).toEqual([
@@ -692,7 +731,7 @@ describe('writeLedgerIf', () => {
 
     // Read again, written again: the expectation is the level the first write left.
     const again = await writeLedgerIf(db, await levels([a!, b!]), [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }], [], reservedAt, expiresAt);
-    expect(again).toBe(true);
+    expect(again.ok).toBe(true);
     expect((await levels([a!]))!.get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 3_000_000 });
   });
 
@@ -713,7 +752,7 @@ describe('writeLedgerIf', () => {
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(false);
+    expect(ok.ok).toBe(false);
     expect(await levels([a!, b!])).toEqual(
       new Map([
         [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
@@ -721,6 +760,8 @@ describe('writeLedgerIf', () => {
       ]),
     );
     expect(await reservationCount(id)).toBe(0);
+    // It answers the levels as they stand, for the batch to be decided again from.
+    expect(ok).toEqual({ ok: false, budgetsHeld: true, levels: await levels([a!, b!]) });
   });
 
   it('creates a counter it expects not to exist, with its delta', async () => {
@@ -738,7 +779,8 @@ describe('writeLedgerIf', () => {
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(true);
+    expect(ok.ok).toBe(true);
+    expect(ok.levels).toEqual(await levels([a!, absent]));
     expect(await levels([a!, absent])).toEqual(
       new Map([
         [counterId(a!), { spentMicros: 0, reservedMicros: 1_000_000 }],
@@ -765,7 +807,7 @@ describe('writeLedgerIf', () => {
       reservedAt,
       expiresAt,
     );
-    expect(ok).toBe(false);
+    expect(ok).toEqual({ ok: false, budgetsHeld: false, levels: new Map() });
     expect(await levels([a!, appeared!])).toEqual(
       new Map([
         [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
@@ -784,7 +826,7 @@ describe('writeLedgerIf', () => {
       { ...a!, spentMicros: 0, reservedMicros: 1_000_000 },
       { ...b!, spentMicros: 0, reservedMicros: 0 },
     ];
-    expect(await writeLedgerIf(db, expected, changes, [], reservedAt, expiresAt)).toBe(false);
+    expect((await writeLedgerIf(db, expected, changes, [], reservedAt, expiresAt)).ok).toBe(false);
     expect(await levels([a!, b!])).toEqual(
       new Map([
         [counterId(a!), { spentMicros: 0, reservedMicros: 0 }],
@@ -792,8 +834,31 @@ describe('writeLedgerIf', () => {
       ]),
     );
     // Decided again from what the counters hold now, it is written.
-    expect(await writeLedgerIf(db, await levels([a!, b!]), changes, [], reservedAt, expiresAt)).toBe(true);
+    expect((await writeLedgerIf(db, await levels([a!, b!]), changes, [], reservedAt, expiresAt)).ok).toBe(true);
     expect((await levels([a!])).get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 1_000_000 });
+  });
+
+  it('with bounds, writes over counters that moved but stay within them, and nothing over one past its bound', async () => {
+    const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
+    const expected = await levels([a!, b!]);
+    // Other replicas reserve and spend on both after the read.
+    await sql`update budget_counters set reserved_units = reserved_units + 4, spent_units = spent_units + 1 where counter_key in (${a!.key}, ${b!.key})`.execute(db);
+    const changes = [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }];
+    const bounds = new Map([[counterId(a!), 5_000_000], [counterId(b!), null]]);
+    const written = await writeLedgerIf(db, expected, changes, [], reservedAt, expiresAt, undefined, bounds);
+    expect(written.ok).toBe(true);
+    // The levels it answers are those it left, not those it was decided from.
+    expect(written.levels).toEqual(
+      new Map([
+        [counterId(a!), { spentMicros: 1_000_000, reservedMicros: 5_000_000 }],
+        [counterId(b!), { spentMicros: 1_000_000, reservedMicros: 4_000_000 }],
+      ]),
+    );
+    expect(await levels([a!, b!])).toEqual(written.levels);
+    // a now holds 6 units: past its bound of 5, so the next write is refused whole.
+    const refused = await writeLedgerIf(db, expected, [...changes, { ...b!, spentMicros: 0, reservedMicros: 1_000_000 }], [], reservedAt, expiresAt, undefined, bounds);
+    expect(refused).toEqual({ ok: false, budgetsHeld: true, levels: written.levels });
+    expect(await levels([a!, b!])).toEqual(written.levels);
   });
 });
 

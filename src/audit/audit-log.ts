@@ -5,8 +5,11 @@ import type { RunLeave } from '../runs/run-repository.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
 import { appendIfHead, readChainHead, writeAuditEventsEndingRuns, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
 
-/** How many batches append under the chain's lock after the head moved under this replica. */
-const LOCKED_BATCHES_AFTER_CONFLICT = 50;
+/**
+ * How many times a batch is hashed against the head as it stands and offered again, after
+ * another writer moved the head first, before it waits for the chain's lock instead.
+ */
+const APPEND_ATTEMPTS = 4;
 
 /**
  * The append API the rest of toolgate uses. Events that arrive while a commit is in flight
@@ -16,8 +19,6 @@ const LOCKED_BATCHES_AFTER_CONFLICT = 50;
 export class AuditLog {
   private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; runEnded: boolean }>;
   private head: ChainHead | undefined;
-  /** Batches still to append under the chain's lock since another writer last moved the head. */
-  private lockedBatchesLeft = 0;
 
   constructor(
     db: Kysely<DB>,
@@ -32,26 +33,23 @@ export class AuditLog {
   }
 
   /**
-   * Appends against the head this replica last wrote, in one statement; when another writer
-   * moved the head meanwhile, reads it again and retries once, then appends under the chain's
-   * lock — and keeps doing so for the next batches, since replicas writing at the same time
-   * keep moving the head under each other.
+   * Appends against the head this replica last wrote, in one statement. When another writer
+   * moved the head meanwhile, that statement answers the head as it stands, and the batch is
+   * hashed against it and offered again: replicas appending at the same time each lose a round
+   * trip now and then, never a transaction holding the chain across round trips. A batch that
+   * keeps losing (many writers) appends under the chain's lock, where it waits its turn.
    */
   private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
-    if (this.lockedBatchesLeft > 0) {
-      this.lockedBatchesLeft -= 1;
-    } else {
-      for (let attempt = 0; attempt < 2; attempt += 1) {
-        const head = this.head ?? (await readChainHead(db));
-        const appended = await appendIfHead(db, head, batch);
-        if (appended) {
-          this.head = appended.last;
-          return appended;
-        }
-        this.head = undefined;
+    let head = this.head ?? (await readChainHead(db));
+    for (let attempt = 0; attempt < APPEND_ATTEMPTS; attempt += 1) {
+      const appended = await appendIfHead(db, head, batch);
+      if (appended.ok) {
+        this.head = appended.last;
+        return appended;
       }
-      this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
+      head = appended.head;
     }
+    this.head = undefined;
     const appended = await db.transaction().execute((trx) => writeAuditEventsEndingRuns(trx, batch));
     const last = appended.records[appended.records.length - 1];
     this.head = last ? { seq: last.seq, hash: last.hash } : undefined;

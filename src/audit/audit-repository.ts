@@ -114,22 +114,32 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
   return { seq: Number(head.seq), hash: head.hash };
 }
 
+/** `appendIfHead`'s answer: the events appended, or the head they were not appended after. */
+export type AppendedIfHead = (Appended & { ok: true; last: ChainHead }) | { ok: false; head: ChainHead };
+
 /**
  * Appends events in one statement, provided `expected` is still the head of the chain: the head
  * moves and the rows go in together, or (another writer moved the head first) nothing happens
- * and the answer is `undefined`. One round trip instead of a locking transaction's four. The runs
- * the events end are ended in the same statement, only if the rows go in, and only those whose
- * row is free: this statement holds the chain's head.
+ * and the answer is the head as it stands, read under its lock, for the caller to hash against
+ * and try again. One round trip instead of a locking transaction's four, and the head's lock
+ * is held for one statement only. The runs the events end are ended in the same statement, only
+ * if the rows go in, and only those whose row is free: this statement holds the chain's head.
  */
-export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<(Appended & { last: ChainHead }) | undefined> {
+export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<AppendedIfHead> {
   const { records, last, json } = chainAfter(expected, events);
   const leaves = runLeavesOf(events);
   const ends = leaves.length > 0 ? sql`, ${runEndSteps(leaves, { waitForLocks: false, when: sql`exists (select 1 from moved)` })}` : sql``;
   const endedRows = leaves.length > 0 ? sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)` : sql`'[]'::json`;
-  const result = await sql<{ n: number; ended: EndedRunRow[] }>`
-    with moved as (
-      update audit_chain_head set seq = ${last.seq}, hash = ${last.hash}
-      where id = 1 and seq = ${expected.seq} and hash = ${expected.hash}
+  // `current` locks the head and reads it as it stands (a plain read would see it as it stood
+  // when the statement began), for the answer when the head moved; joining it makes the update
+  // come after it. The update compares the head's own columns, rechecked on its newest version.
+  const result = await sql<{ n: number; ended: EndedRunRow[]; seq: string; hash: string }>`
+    with current as materialized (
+      select seq, hash from audit_chain_head where id = 1 for no key update
+    ), moved as (
+      update audit_chain_head h set seq = ${last.seq}, hash = ${last.hash}
+      from current c
+      where h.id = 1 and h.seq = ${expected.seq} and h.hash = ${expected.hash}
       returning 1
     ), appended as (
       insert into audit_events
@@ -137,10 +147,11 @@ export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: 
       where exists (select 1 from moved)
       returning 1
     )${ends}
-    select (select count(*)::int from appended) as n, ${endedRows} as ended`.execute(db);
+    select (select count(*)::int from appended) as n, ${endedRows} as ended, c.seq, c.hash from current c`.execute(db);
   const row = result.rows[0];
-  if (Number(row?.n ?? 0) !== records.length) return undefined;
-  return { records, last, runsEnded: spreadOver(events, leaves.length > 0 ? endedOf(leaves, row!.ended) : []) };
+  if (!row) throw new Error('the audit chain has no head row');
+  if (Number(row.n) !== records.length) return { ok: false, head: { seq: Number(row.seq), hash: row.hash } };
+  return { ok: true, records, last, runsEnded: spreadOver(events, leaves.length > 0 ? endedOf(leaves, row.ended) : []) };
 }
 
 function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {

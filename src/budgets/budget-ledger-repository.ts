@@ -147,14 +147,29 @@ export interface ExpectedBudgets {
   budgets: Budget[];
 }
 
+/** `writeLedgerIf`'s answer. */
+export interface LedgerWrite {
+  /** Whether the batch was written. */
+  ok: boolean;
+  /**
+   * Written: the levels the batch left its counters at. Not written: the levels the counters in
+   * `expected` stand at, read under their locks (empty when a counter had appeared meanwhile).
+   */
+  levels: Map<string, CounterLevel>;
+  /** Whether the live budgets were still those given (always true when none were given). */
+  budgetsHeld: boolean;
+}
+
 /**
  * `writeLedger` if, and only if, everything the batch was decided against still stands
- * (compare and set), in one statement: each counter in `expected` still holds its level, each
- * changed counter missing from `expected` still does not exist (it is created with its delta),
- * and — when `budgets` is given — the live budgets that apply to the batch's subjects are still
+ * (compare and set), in one statement: each counter in `expected` still holds its level — or,
+ * when `bounds` is given, its consumption (spent plus reserved) is at most its bound, since a
+ * batch whose every answer is a plain `ok` stays so for any level up to there — each changed
+ * counter missing from `expected` still does not exist (it is created with its delta), and —
+ * when `budgets` is given — the live budgets that apply to the batch's subjects are still
  * exactly those, with the same limits. The counters are locked in key order, compared, and only
- * then changed and the reservations recorded — all of it or nothing. False when anything had
- * moved (or a counter had appeared); nothing was written then.
+ * then changed and the reservations recorded — all of it or nothing; nothing is written when
+ * anything had moved (or a counter had appeared).
  */
 export async function writeLedgerIf(
   db: Kysely<DB>,
@@ -164,15 +179,17 @@ export async function writeLedgerIf(
   reservedAt: Date,
   expiresAt: Date,
   budgets?: ExpectedBudgets,
-): Promise<boolean> {
+  bounds?: ReadonlyMap<string, Micros | null>,
+): Promise<LedgerWrite> {
   const changed = new Map(deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]));
-  if (changed.size === 0 && reservations.length === 0) return true;
+  if (changed.size === 0 && reservations.length === 0) return { ok: true, levels: new Map(expected), budgetsHeld: true };
   // Every counter decided against is compared; those it changes are changed by their delta.
-  const known = [...expected].map(([id, level]) => ({ ref: counterRefOf(id), level, delta: changed.get(id) }));
+  const known = [...expected].map(([id, level]) => ({ ref: counterRefOf(id), level, delta: changed.get(id), bound: bounds?.get(id) ?? null }));
   const created = [...changed].filter(([id]) => !expected.has(id)).map(([, d]) => d);
   const keys = known.map((c) => c.ref.key);
+  let row: { ok: boolean; budgets_held: boolean; current: CounterRow[] | null } | undefined;
   try {
-    const result = await sql<{ ok: boolean }>`
+    const result = await sql<{ ok: boolean; budgets_held: boolean; current: CounterRow[] | null }>`
       with expected as (
         select * from unnest(
           ${keys}::text[],
@@ -180,8 +197,9 @@ export async function writeLedgerIf(
           ${known.map((c) => microsText(c.level.spentMicros))}::numeric[],
           ${known.map((c) => microsText(c.level.reservedMicros))}::numeric[],
           ${known.map((c) => microsText(c.delta?.spentMicros ?? 0))}::numeric[],
-          ${known.map((c) => microsText(c.delta?.reservedMicros ?? 0))}::numeric[]
-        ) as e(k, p, spent, reserved, add_spent, add_reserved)
+          ${known.map((c) => microsText(c.delta?.reservedMicros ?? 0))}::numeric[],
+          ${known.map((c) => (c.bound === null ? null : microsText(c.bound)))}::numeric[]
+        ) as e(k, p, spent, reserved, add_spent, add_reserved, bound)
       ),
       current as materialized (
         select c.counter_key, c.period_start, c.spent_units, c.reserved_units
@@ -191,9 +209,12 @@ export async function writeLedgerIf(
         for no key update of c
       ),${budgets ? applicableBudgets(budgets) : sql``}
       unchanged as materialized (
-        select count(*) = ${known.length}${budgets ? sameBudgets(budgets) : sql``} as ok
-        from current c join expected e on c.counter_key = e.k and c.period_start = e.p
-        where c.spent_units = e.spent and c.reserved_units = e.reserved
+        select levels_held and budgets_held as ok, budgets_held
+        from (
+          select count(*) = ${known.length} as levels_held, ${budgets ? sameBudgets(budgets) : sql`true`} as budgets_held
+          from current c join expected e on c.counter_key = e.k and c.period_start = e.p
+          where ${bounds ? sql`case when e.bound is null then true else c.spent_units + c.reserved_units <= e.bound end` : sql`c.spent_units = e.spent and c.reserved_units = e.reserved`}
+        ) held
       ),
       counters as (
         update budget_counters c
@@ -223,15 +244,24 @@ export async function writeLedgerIf(
         where u.ok
         returning 1
       )
-      select u.ok, (select count(*) from counters) as counters, (select count(*) from created) as created,
-             (select count(*) from ledger) as reservations
+      select u.ok, u.budgets_held, (select count(*) from counters) as counters, (select count(*) from created) as created,
+             (select count(*) from ledger) as reservations,
+             (select json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
+                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c) as current
       from unchanged u
     `.execute(db);
-    return result.rows[0]?.ok === true;
+    row = result.rows[0];
   } catch (error) {
-    if (isCounterCreatedMeanwhile(error)) return false;
+    if (isCounterCreatedMeanwhile(error)) return { ok: false, levels: new Map(), budgetsHeld: false };
     throw error;
   }
+  const levels = levelsOf(row?.current ?? []);
+  if (row?.ok !== true) return { ok: false, levels, budgetsHeld: row?.budgets_held === true };
+  for (const [id, delta] of changed) {
+    const level = levels.get(id);
+    levels.set(id, { spentMicros: (level?.spentMicros ?? 0) + delta.spentMicros, reservedMicros: (level?.reservedMicros ?? 0) + delta.reservedMicros });
+  }
+  return { ok: true, levels, budgetsHeld: true };
 }
 
 /** `applicable`: the live budgets that apply to any of the subjects, subject by subject. */
@@ -266,7 +296,7 @@ function liveBudgetsOf(subjects: ChargeSubject[]): RawBuilder<unknown> {
 /** True when `applicable` holds exactly the expected budgets, each with its expected limits. */
 function sameBudgets({ budgets }: ExpectedBudgets): RawBuilder<unknown> {
   return sql`
-          and (select count(*) from applicable) = ${budgets.length}
+          (select count(*) from applicable) = ${budgets.length}
           and (select count(*) from applicable a
                join unnest(
                  ${budgets.map((b) => b.id)}::text[],

@@ -119,8 +119,6 @@ export class BudgetLedger {
   private readonly reservations: Counter<'verdict'>;
   private readonly conflicts: Counter;
   private readonly sweeper: NodeJS.Timeout | undefined;
-  /** Batches still to decide under row locks since the last lost optimistic write. */
-  private lockedBatchesLeft = 0;
   /** What this replica last saw of budgets and counters: guesses its writes check. */
   private readonly known = new KnownLedger();
 
@@ -137,7 +135,7 @@ export class BudgetLedger {
     });
     this.conflicts = new Counter({
       name: 'toolgate_budget_write_conflicts_total',
-      help: 'Reservation batches whose compare-and-set found a counter moved by another replica (decided again under row locks)',
+      help: 'Reservation writes (compare and set) that found a counter or budget moved by another writer, and were decided again',
       registers: [options.registry],
     });
     if (options.sweepIntervalMs > 0) {
@@ -268,48 +266,49 @@ export class BudgetLedger {
 
   /**
    * Decides reservations against what this replica knows of the budgets and counters, and writes
-   * them only if all of it still stands (one statement). When it does not know enough, or what
-   * it knew had moved, reads the budgets and counters and tries once more (one read, one write,
-   * no transaction held open). When another replica moved a counter meanwhile, decides again
-   * under row locks — and keeps doing so for the next batches, since replicas that share
-   * counters will keep meeting there.
+   * them only if that still stands (one statement). A batch whose every answer is a plain `ok`
+   * asks only that each counter still leaves it so (at most its bound: `decideBatch`), which
+   * counters moved by other replicas mostly do; one with a warning or a refusal names figures,
+   * and asks for the very levels it was decided on. When this replica knows too little, or the
+   * budgets moved, it reads them; when only the levels moved, the write answered them as they
+   * stand, and the batch is decided again from those. No transaction is held open across round
+   * trips, unless a batch keeps losing races: then it is decided under row locks.
    */
   private async reserveAll(reserves: ReserveOp[], now: Date): Promise<ReserveResult[]> {
     const subjects = reserves.map((op) => op.request);
     const expiresAt = new Date(now.getTime() + this.options.reservationTtlMs);
-    if (this.lockedBatchesLeft === 0) {
-      try {
-        const guess = this.known.guess(subjects, now);
-        if (guess) {
-          const expected = new Map(guess.levels);
-          const plan = decideBatch(reserves, guess.budgets, guess.levels, now);
-          // A refusal decided from a guess is not trusted: it is decided again from a fresh read.
-          if (plan.results.every((result) => result.ok)) {
-            const budgets = { subjects, budgets: guess.budgets };
-            if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, budgets)) {
-              this.known.rememberLevels(guess.levels);
-              return plan.results;
-            }
-          }
-          this.known.forget(subjects, expected.keys());
+    try {
+      let seen = this.known.guess(subjects, now);
+      let guessed = seen !== undefined;
+      for (let attempt = 0; attempt < RESERVE_ATTEMPTS; attempt += 1) {
+        if (!seen) {
+          seen = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
+          guessed = false;
         }
-        const { budgets, levels } = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
-        const expected = new Map(levels);
-        const plan = decideBatch(reserves, budgets, levels, now);
-        // The budgets too must still be those it read: a limit may have changed since.
-        if (await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, { subjects, budgets })) {
-          this.known.remember(subjects, budgets, levels);
+        const expected = new Map(seen.levels);
+        const plan = decideBatch(reserves, seen.budgets, seen.levels, now);
+        // A refusal decided from a guess is not trusted: it is decided again from a fresh read.
+        if (guessed && !plan.results.every((result) => result.ok)) {
+          this.known.forget(subjects, expected.keys());
+          seen = undefined;
+          continue;
+        }
+        // The budgets too must still be those it decided with: a limit may have changed since.
+        const budgets = { subjects, budgets: seen.budgets };
+        const written = await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, budgets, plan.bounds);
+        if (written.ok) {
+          this.known.remember(subjects, seen.budgets, written.levels);
           return plan.results;
         }
+        this.conflicts.inc();
         this.known.forget(subjects, expected.keys());
-      } catch (error) {
-        // A deadlock with another replica's batch wrote nothing: a lost race like any other.
-        if (!isConflict(error)) throw error;
+        seen = written.budgetsHeld && written.levels.size > 0 ? { budgets: seen.budgets, levels: written.levels } : undefined;
+        guessed = false;
       }
+    } catch (error) {
+      // A deadlock with another replica's batch wrote nothing: a lost race like any other.
+      if (!isConflict(error)) throw error;
       this.conflicts.inc();
-      this.lockedBatchesLeft = LOCKED_BATCHES_AFTER_CONFLICT;
-    } else {
-      this.lockedBatchesLeft -= 1;
     }
     const locked = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
@@ -362,8 +361,8 @@ function expiredEvent(reservation: ExpiredReservation, now: Date): AuditEventInp
 /** How many reservations past their TTL the sweep closes per transaction. */
 const SWEEP_CHUNK = 50;
 
-/** How many batches decide under row locks after an optimistic write lost a race. */
-const LOCKED_BATCHES_AFTER_CONFLICT = 50;
+/** How many compare-and-set writes a reservation batch tries before it decides under row locks. */
+const RESERVE_ATTEMPTS = 4;
 
 type ReserveOp = Extract<LedgerOp, { kind: 'reserve' }>;
 
@@ -376,12 +375,15 @@ function decideBatch(
   budgets: Budget[],
   levels: Map<string, CounterLevel>,
   now: Date,
-): { results: ReserveResult[]; deltas: CounterDelta[]; created: NewReservation[] } {
+): { results: ReserveResult[]; deltas: CounterDelta[]; created: NewReservation[]; bounds: Map<string, Micros | null> | undefined } {
   const { deltas, add } = counterChanges(levels);
   const created: NewReservation[] = [];
+  // The most each counter may hold after the batch with every limit on it still `ok`.
+  const okCeilings = new Map<string, Micros>();
   const results = reserves.map((op): ReserveResult => {
     const { request, unitsMicros } = op;
     const { limits, charges } = limitsFor(request, op.requestLimitMicros, budgets, now);
+    for (const limit of limits) okCeilings.set(limit.counter, Math.min(okCeilings.get(limit.counter) ?? Infinity, okCeiling(limit)));
     const decision = decideReservation(unitsMicros, limits, levels);
     if (!decision.ok) return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
     for (const charge of charges) add(charge, 0, unitsMicros);
@@ -396,7 +398,28 @@ function decideBatch(
     created.push({ ...reservation, unitsMicros, charges });
     return { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) };
   });
-  return { results, deltas: [...deltas.values()], created };
+  const plain = results.every((result) => result.ok && result.verdict === 'ok');
+  return { results, deltas: [...deltas.values()], created, bounds: plain ? boundsOf(levels, deltas, okCeilings) : undefined };
+}
+
+/**
+ * For a batch whose every answer is a plain `ok`: the most each counter it was decided against
+ * may hold before the batch for those answers to stand (`null`: any level). A counter's
+ * consumption only grows through the batch, so each call's own level is at most the counter's
+ * level before the batch plus everything the batch adds to it.
+ */
+function boundsOf(levels: ReadonlyMap<string, CounterLevel>, deltas: ReadonlyMap<string, CounterDelta>, okCeilings: ReadonlyMap<string, Micros>): Map<string, Micros | null> {
+  const bounds = new Map<string, Micros | null>();
+  for (const id of levels.keys()) {
+    const ceiling = okCeilings.get(id);
+    bounds.set(id, ceiling === undefined ? null : ceiling - (deltas.get(id)?.reservedMicros ?? 0) - (deltas.get(id)?.spentMicros ?? 0));
+  }
+  return bounds;
+}
+
+/** The most a counter may hold, this call included, for `limit`'s verdict to be `ok` (see `verdictFor`). */
+function okCeiling(limit: Limit): Micros {
+  return limit.warnRatio === null ? limit.limitMicros : Math.min(limit.limitMicros, Math.round(limit.warnRatio * limit.limitMicros) - 1);
 }
 
 /**
