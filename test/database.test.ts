@@ -71,6 +71,24 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     }
   });
 
+  it('compiles no hot statement just in time, not even one left with a ruled-out scan', async () => {
+    const empty = await createEmptyDatabaseUrl();
+    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    try {
+      await sql`create table things (id int primary key, label text)`.execute(database.db);
+      // No index on label: the generic plan scans, priced past jit_above_cost by enable_seqscan=off.
+      for (const db of [database.hot, database.hotAsync]) {
+        const { rows } = await sql<{ 'QUERY PLAN': Array<Record<string, unknown>> }>`explain (analyze, format json) select count(*) from things where label = ${'x'}`.execute(db);
+        const [plan] = rows[0]!['QUERY PLAN'];
+        expect(JSON.stringify(plan)).toMatch(/Seq Scan/);
+        expect(plan).not.toHaveProperty('JIT');
+      }
+    } finally {
+      await database.close();
+      await empty.drop();
+    }
+  });
+
   it('recovers a statement whose result columns a migration changed: it fails once, then works unprepared', async () => {
     const empty = await createEmptyDatabaseUrl();
     const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });

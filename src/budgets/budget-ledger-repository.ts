@@ -486,10 +486,10 @@ function openReservationsCharging(trx: Transaction<DB>, tenantIds: string[], ref
       eb
         .selectFrom('budget_reservations')
         .select('id')
-        .where('status', '=', 'reserved')
+        .where('status', '=', sql.lit('reserved'))
         .where('tenant_id', 'in', tenants)
         .where(charging)
-        .unionAll(eb.selectFrom('budget_reservations').select('id').where('status', '=', 'expired').where('tenant_id', 'in', tenants).where(charging)),
+        .unionAll(eb.selectFrom('budget_reservations').select('id').where('status', '=', sql.lit('expired')).where('tenant_id', 'in', tenants).where(charging)),
     )
     .where('status', 'in', ['reserved', 'expired']);
 }
@@ -677,7 +677,9 @@ export async function findExpiredReservations(db: Kysely<DB>, now: Date, limit: 
   const rows = await db
     .selectFrom('budget_reservations')
     .select(['id', 'tenant_id', 'agent_id', 'run_id', 'units', 'reserved_at', 'expires_at'])
-    .where('status', '=', 'reserved')
+    // A literal, not a parameter: the partial index of open reservations is used by the generic
+    // plan the hot pools keep (with a parameter, it walked every reservation ever made).
+    .where('status', '=', sql.lit('reserved'))
     .where('expires_at', '<=', now)
     .orderBy('expires_at')
     .limit(limit)
