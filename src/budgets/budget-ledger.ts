@@ -297,7 +297,9 @@ export class BudgetLedger {
         const budgets = { subjects, budgets: seen.budgets };
         const written = await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, budgets, plan.bounds);
         if (written.ok) {
-          this.known.remember(subjects, seen.budgets, written.levels);
+          // Budgets taken from what this replica remembered need not be remembered again.
+          if (guessed) this.known.rememberLevels(written.levels);
+          else this.known.remember(subjects, seen.budgets, written.levels);
           return plan.results;
         }
         this.conflicts.inc();
