@@ -29,10 +29,10 @@ function freshTenant(): string {
   return `conflicts-t${seq}`;
 }
 
-async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0): Promise<string> {
+async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0, warnRatio = 1): Promise<string> {
   const result = await createBudget(
     testDb.database.db,
-    { tenantId, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits, warnRatio: 1, graceUnits },
+    { tenantId, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits, warnRatio, graceUnits },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
   if (!result.ok) throw new Error('budget conflict');
@@ -123,13 +123,7 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
 
   it('admits a call that still fits, on top of the move, with the verdict of the true level', async () => {
     const tenant = freshTenant();
-    const budget = await createBudget(
-      testDb.database.db,
-      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits: 10, warnRatio: 0.75, graceUnits: 0 },
-      { actor: 'operator:test', traceId: null, now: clock.now() },
-    );
-    if (!budget.ok) throw new Error('budget conflict');
-    const id = budget.usage.budget.id;
+    const id = await totalBudget(tenant, 10, 0, 0.75);
     const registry = new Registry();
     const ledger = newLedger(testDb.database.db, registry);
     try {
@@ -168,20 +162,15 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
 
   it('decides again a plain ok call that a move brings exactly to the warn ratio', async () => {
     const tenant = freshTenant();
-    const created = await createBudget(
-      testDb.database.db,
-      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits: 10, warnRatio: 0.5, graceUnits: 0 },
-      { actor: 'operator:test', traceId: null, now: clock.now() },
-    );
-    if (!created.ok) throw new Error('budget conflict');
+    const id = await totalBudget(tenant, 10, 0, 0.5);
     const registry = new Registry();
     const ledger = newLedger(testDb.database.db, registry);
     try {
       // As read: 0 + 4 of 10, ok. As it stands: 1 + 4 = 5, which is 0.5 × 10: warn.
-      const result = await reserveAcrossAMove(ledger, tenant, created.usage.budget.id, 4, 1);
+      const result = await reserveAcrossAMove(ledger, tenant, id, 4, 1);
       expect(result).toMatchObject({ ok: true, verdict: 'warn' });
       expect(await conflicts(registry)).toBe(1);
-      expect(await usage(created.usage.budget.id)).toEqual({ spent: 0, reserved: 5 });
+      expect(await usage(id)).toEqual({ spent: 0, reserved: 5 });
     } finally {
       await ledger.close();
     }
