@@ -1,10 +1,14 @@
 import { sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
+import { storeBucketIf, type BucketKey } from '../src/rate-limits/rate-bucket-repository.js';
+import type { BucketState } from '../src/rate-limits/token-bucket.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { lockWaits, until } from './helpers/waits.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
 // A limiter remembers the level it last stored per bucket and stores the next one only if the
@@ -33,6 +37,13 @@ async function conflicts(registry: Registry): Promise<number> {
 
 const ok = (remaining: number): RateDecision => ({ ok: true, remaining });
 const refused = (retryAfterSeconds: number): RateDecision => ({ ok: false, code: 'rate_limited', retryAfterSeconds });
+
+const readBucketState = async (key: BucketKey): Promise<BucketState[]> =>
+  (
+    await sql<{ tokens: number; updated_at: Date }>`select tokens, updated_at from rate_buckets where tenant_id = ${key.tenantId} and agent_id = ${key.agentId} and tool_id = ${key.toolId}`.execute(
+      testDb.database.db,
+    )
+  ).rows.map((row) => ({ tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() }));
 
 const setTokens = (b: TakeRequest, tokens: number) =>
   sql`update rate_buckets set tokens = ${tokens} where tenant_id = ${b.tenantId} and agent_id = ${b.agentId} and tool_id = ${b.toolId}`.execute(
@@ -92,6 +103,36 @@ describe('a bucket changed behind the limiter’s back', () => {
     expect(await limiter.take(b)).toEqual(refused(2));
     await setTokens(b, 5);
     expect(await Promise.all(Array.from({ length: 6 }, () => limiter.take(b)))).toEqual([ok(4), ok(3), ok(2), ok(1), ok(0), refused(2)]);
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('a store that waited for the bucket while another replica stored (needs a PostgreSQL server)', () => {
+  it('answers the level the other stored, which the next store is decided from', async () => {
+    const b = bucket(5, 0.5);
+    const limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+    const watcher = new pg.Client({ connectionString: testDb.url });
+    await watcher.connect();
+    const other = new pg.Client({ connectionString: testDb.url });
+    await other.connect();
+    try {
+      expect(await limiter.take(b)).toEqual(ok(4));
+      const key = { tenantId: b.tenantId, agentId: b.agentId, toolId: b.toolId };
+      const [stale] = await readBucketState(key);
+      // Another replica holds the row, uncommitted, having taken three tokens.
+      await other.query('begin');
+      await other.query('update rate_buckets set tokens = 1 where tenant_id = $1 and agent_id = $2 and tool_id = $3', [b.tenantId, b.agentId, b.toolId]);
+      const store = storeBucketIf(testDb.database.db, key, stale!, { tokens: 3, updatedAtMs: stale!.updatedAtMs });
+      await until('the store to wait for the bucket', async () => (await lockWaits(watcher)) > 0);
+      await other.query('commit');
+      // Read as it stood when the statement began, the level would still be 4.
+      expect(await store).toEqual({ ok: false, current: { tokens: 1, updatedAtMs: stale!.updatedAtMs } });
+      expect((await readBucketState(key))[0]).toEqual({ tokens: 1, updatedAtMs: stale!.updatedAtMs });
+    } finally {
+      await other.query('rollback').catch(() => undefined);
+      await other.end();
+      await watcher.end();
+      await limiter.close();
+    }
   });
 });
 

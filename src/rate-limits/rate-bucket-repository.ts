@@ -69,21 +69,31 @@ export async function readBucket(db: Kysely<DB>, key: BucketKey): Promise<Bucket
 }
 
 /**
- * Stores a bucket's new level only if it still holds `expected` (compare and set): true when it
- * did. One statement, so a replica that knows the level decides and stores in one round trip; a
- * change by anyone else since makes it false, and nothing is stored.
+ * Stores a bucket's new level only if it still holds `expected` (compare and set). One
+ * statement, so a replica that knows the level decides and stores in one round trip. When anyone
+ * else changed it since, nothing is stored and the answer is the level it holds now, read under
+ * its lock, to decide again from (`current` is missing only for a bucket that does not exist).
  */
-export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: BucketState, next: BucketState): Promise<boolean> {
-  const result = await db
-    .updateTable('rate_buckets')
-    .set({ tokens: next.tokens, updated_at: new Date(next.updatedAtMs) })
-    .where('tenant_id', '=', key.tenantId)
-    .where('agent_id', '=', key.agentId)
-    .where('tool_id', '=', key.toolId)
-    .where('tokens', '=', expected.tokens)
-    .where('updated_at', '=', new Date(expected.updatedAtMs))
-    .executeTakeFirst();
-  return Number(result.numUpdatedRows) === 1;
+export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: BucketState, next: BucketState): Promise<{ ok: true } | { ok: false; current?: BucketState }> {
+  // `current` locks the row and reads it as it stands (a plain read would see it as it stood
+  // when the statement began); the update compares the row's own columns, on its newest version.
+  const result = await sql<{ stored: number; tokens: number; updated_at: Date }>`
+    with current as materialized (
+      select tokens, updated_at from rate_buckets
+      where tenant_id = ${key.tenantId} and agent_id = ${key.agentId} and tool_id = ${key.toolId}
+      for no key update
+    ), stored as (
+      update rate_buckets b set tokens = ${next.tokens}, updated_at = ${new Date(next.updatedAtMs)}
+      from current c
+      where b.tenant_id = ${key.tenantId} and b.agent_id = ${key.agentId} and b.tool_id = ${key.toolId}
+        and b.tokens = ${expected.tokens} and b.updated_at = ${new Date(expected.updatedAtMs)}
+      returning 1
+    )
+    select (select count(*)::int from stored) as stored, c.tokens, c.updated_at from current c`.execute(db);
+  const row = result.rows[0];
+  if (!row) return { ok: false };
+  if (Number(row.stored) === 1) return { ok: true };
+  return { ok: false, current: toState({ ...key, tenant_id: key.tenantId, agent_id: key.agentId, tool_id: key.toolId, tokens: row.tokens, updated_at: row.updated_at }) };
 }
 
 /** Stores new levels of buckets this transaction has locked. */

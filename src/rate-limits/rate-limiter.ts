@@ -55,8 +55,6 @@ export class RateLimiter {
   private readonly conflicts: Counter;
   /** The level this replica last read or stored, per bucket: a guess that the store checks. */
   private readonly known = new Map<string, BucketState>();
-  /** Buckets' batches still to decide under the row lock since another replica last moved them. */
-  private readonly lockedBatchesLeft = new Map<string, number>();
   /** Tokens this replica took from a bucket ahead of its takes, and until when it may spend them. */
   private readonly leases = new Map<string, Lease>();
 
@@ -79,7 +77,7 @@ export class RateLimiter {
     });
     this.conflicts = new Counter({
       name: 'toolgate_rate_limit_write_conflicts_total',
-      help: 'Bucket compare-and-sets that found the level moved by another replica (read again and retried)',
+      help: 'Bucket compare-and-sets that found the level moved by another replica (decided again from the level as it stands)',
       registers: [options.registry],
     });
   }
@@ -156,8 +154,9 @@ export class RateLimiter {
 
   /**
    * One bucket's takes: decided against the level this replica knows and stored if it is still
-   * the stored one; else read again and retried once; then decided under the row lock — and so
-   * for the bucket's next batches too, since replicas sharing a bucket keep meeting there.
+   * the stored one. When another replica stored first, the statement answers the level as it
+   * stands, and the takes are decided again from it and offered again; a batch that keeps losing
+   * is decided under the row lock.
    */
   private async commitBucket(id: string, takes: TakeRequest[], nowMs: number): Promise<RateDecision[]> {
     const key = takes[0]!;
@@ -165,23 +164,18 @@ export class RateLimiter {
     // strict side). Taken out of the map first, so nothing spends it meanwhile.
     const unspent = this.leases.get(id)?.tokens ?? 0;
     this.leases.delete(id);
-    const lockedLeft = this.lockedBatchesLeft.get(id) ?? 0;
-    if (lockedLeft > 0) {
-      if (lockedLeft === 1) this.lockedBatchesLeft.delete(id);
-      else this.lockedBatchesLeft.set(id, lockedLeft - 1);
-    } else {
-      for (let attempt = 0; attempt < 2; attempt += 1) {
-        const before = this.known.get(id) ?? (await this.readLevel(key, nowMs));
-        const { decisions, after, lease } = decideTakes(before, takes, nowMs, unspent);
-        if (await storeBucketIf(this.db, key, before, after)) {
-          this.remember(id, after, lease, key, nowMs);
-          return decisions;
-        }
-        this.conflicts.inc();
-        this.known.delete(id);
+    let before = this.known.get(id);
+    for (let attempt = 0; attempt < STORE_ATTEMPTS; attempt += 1) {
+      before ??= await this.readLevel(key, nowMs);
+      const { decisions, after, lease } = decideTakes(before, takes, nowMs, unspent);
+      const stored = await storeBucketIf(this.db, key, before, after);
+      if (stored.ok) {
+        this.remember(id, after, lease, key, nowMs);
+        return decisions;
       }
-      if (this.lockedBatchesLeft.size >= 10_000) this.lockedBatchesLeft.clear();
-      this.lockedBatchesLeft.set(id, LOCKED_BATCHES_AFTER_CONFLICT);
+      this.conflicts.inc();
+      this.known.delete(id);
+      before = stored.current;
     }
     const decisions = await retryOnConflict(() =>
       this.db.transaction().execute(async (trx) => {
@@ -246,8 +240,8 @@ export function leaseSize(rule: BucketRule): number {
   return size >= 2 ? size : 0;
 }
 
-/** How many of a bucket's batches are decided under its row lock after a lost compare-and-set. */
-const LOCKED_BATCHES_AFTER_CONFLICT = 50;
+/** How many compare-and-set writes a bucket's batch tries before it is decided under the row lock. */
+const STORE_ATTEMPTS = 4;
 
 /**
  * Takes decided in arrival order from one bucket's level, with `unspent` leased tokens given
