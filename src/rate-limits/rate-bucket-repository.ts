@@ -22,7 +22,7 @@ interface BucketRow {
   updated_at: Date;
 }
 
-function toState(row: BucketRow): BucketState {
+function toState(row: Pick<BucketRow, 'tokens' | 'updated_at'>): BucketState {
   return { tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() };
 }
 
@@ -93,7 +93,7 @@ export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: Bu
   const row = result.rows[0];
   if (!row) return { ok: false };
   if (Number(row.stored) === 1) return { ok: true };
-  return { ok: false, current: toState({ ...key, tenant_id: key.tenantId, agent_id: key.agentId, tool_id: key.toolId, tokens: row.tokens, updated_at: row.updated_at }) };
+  return { ok: false, current: toState(row) };
 }
 
 /** Stores new levels of buckets this transaction has locked. */
