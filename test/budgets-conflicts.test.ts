@@ -47,6 +47,17 @@ const usage = async (id: string) => {
 const newLedger = (db: Database['db'], registry: Registry) =>
   new BudgetLedger(db, { now: clock.now, registry, reservationTtlMs: 900_000, sweepIntervalMs: 0 });
 
+/** Runs `test` with a ledger of its own (and its metrics), closed afterwards. */
+async function withLedger(test: (ledger: BudgetLedger, registry: Registry) => Promise<void>): Promise<void> {
+  const registry = new Registry();
+  const ledger = newLedger(testDb.database.db, registry);
+  try {
+    await test(ledger, registry);
+  } finally {
+    await ledger.close();
+  }
+}
+
 async function conflicts(registry: Registry): Promise<number> {
   return (await registry.getSingleMetric('toolgate_budget_write_conflicts_total')!.get()).values[0]?.value ?? 0;
 }
@@ -103,9 +114,7 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
   it('refuses a call the moved counter no longer has room for, counting the conflict', async () => {
     const tenant = freshTenant();
     const budget = await totalBudget(tenant, 10);
-    const registry = new Registry();
-    const ledger = newLedger(testDb.database.db, registry);
-    try {
+    await withLedger(async (ledger, registry) => {
       // As read, the counter had room for 5 (0 of 10); as it stands when written, only 2.
       const result = await reserveAcrossAMove(ledger, tenant, budget, 5, 8);
       expect(result).toMatchObject({
@@ -116,17 +125,13 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
       expect(await conflicts(registry)).toBe(1);
       expect(await usage(budget)).toEqual({ spent: 0, reserved: 8 });
       expect(await reservationsOf(tenant)).toBe(0);
-    } finally {
-      await ledger.close();
-    }
+    });
   });
 
   it('admits a call that still fits, on top of the move, with the verdict of the true level', async () => {
     const tenant = freshTenant();
     const id = await totalBudget(tenant, 10, 0, 0.75);
-    const registry = new Registry();
-    const ledger = newLedger(testDb.database.db, registry);
-    try {
+    await withLedger(async (ledger, registry) => {
       // As read: 0 + 5 of 10, ok. As it stands: 3 + 5 = 8, past 0.75 × 10: warn.
       const result = await reserveAcrossAMove(ledger, tenant, id, 5, 3);
       expect(result).toMatchObject({ ok: true, verdict: 'warn' });
@@ -138,57 +143,43 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
       expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 2 })).ok).toBe(true);
       expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 0.000001 })).ok).toBe(false);
       expect(await usage(id)).toEqual({ spent: 0, reserved: 10 });
-    } finally {
-      await ledger.close();
-    }
+    });
   });
 
   it('admits a plain ok call over a move that leaves it ok, without a conflict', async () => {
     const tenant = freshTenant();
     const budget = await totalBudget(tenant, 100);
-    const registry = new Registry();
-    const ledger = newLedger(testDb.database.db, registry);
-    try {
+    await withLedger(async (ledger, registry) => {
       // As read: 0 + 5 of 100. As it stands: 30 + 5, still ok: no need to decide it again.
       const result = await reserveAcrossAMove(ledger, tenant, budget, 5, 30);
       expect(result).toMatchObject({ ok: true, verdict: 'ok', warnings: [] });
       expect(await conflicts(registry)).toBe(0);
       expect(await usage(budget)).toEqual({ spent: 0, reserved: 35 });
       expect(await reservationsOf(tenant)).toBe(1);
-    } finally {
-      await ledger.close();
-    }
+    });
   });
 
   it('decides again a plain ok call that a move brings exactly to the warn ratio', async () => {
     const tenant = freshTenant();
     const id = await totalBudget(tenant, 10, 0, 0.5);
-    const registry = new Registry();
-    const ledger = newLedger(testDb.database.db, registry);
-    try {
+    await withLedger(async (ledger, registry) => {
       // As read: 0 + 4 of 10, ok. As it stands: 1 + 4 = 5, which is 0.5 × 10: warn.
       const result = await reserveAcrossAMove(ledger, tenant, id, 4, 1);
       expect(result).toMatchObject({ ok: true, verdict: 'warn' });
       expect(await conflicts(registry)).toBe(1);
       expect(await usage(id)).toEqual({ spent: 0, reserved: 5 });
-    } finally {
-      await ledger.close();
-    }
+    });
   });
 
   it('counts no conflict when nobody else moved the counter', async () => {
     const tenant = freshTenant();
     const budget = await totalBudget(tenant, 10);
-    const registry = new Registry();
-    const ledger = newLedger(testDb.database.db, registry);
-    try {
+    await withLedger(async (ledger, registry) => {
       for (let i = 0; i < 3; i += 1) expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${i}`, units: 3 })).ok).toBe(true);
       expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-x', units: 2 })).ok).toBe(false);
       expect(await conflicts(registry)).toBe(0);
       expect(await usage(budget)).toEqual({ spent: 0, reserved: 9 });
-    } finally {
-      await ledger.close();
-    }
+    });
   });
 });
 
