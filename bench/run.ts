@@ -4,9 +4,10 @@
  * Starts a trivial JSON backend on loopback and gateway processes on a fresh PostgreSQL database,
  * then, at fixed concurrency, calls the backend directly and through the gateway (a granted agent,
  * a budget and a rate limit in force, every call audited). Prints req/s, p50 and p99 for both and
- * their ratios, the statements sent to PostgreSQL per call and the CPU the gateways and a local
- * PostgreSQL spent per call, the gateway's peak RSS, and checks that the audit log holds exactly
- * one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
+ * their ratios, the statements sent to PostgreSQL per call, the CPU the gateways and a local
+ * PostgreSQL spent per call, the gateways' garbage-collection pauses per call and full
+ * collections, the gateway's peak RSS, and checks that the audit log holds exactly one outcome
+ * record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * A closed loop at fixed concurrency runs the gateway as fast as it can go, so its latency is
  * mostly queueing once the gateway is saturated. The paced phases measure latency at moderate
@@ -265,27 +266,35 @@ async function main(): Promise<void> {
       return res.statusCode === 200;
     };
 
-    // Statements the gateways sent to PostgreSQL (toolgate_db_statements_total): round trips per call.
-    const statementsSent = async () => {
-      let total = 0;
+    // What the gateways report on /metrics, summed over all of them: the statements they sent to
+    // PostgreSQL (toolgate_db_statements_total: round trips per call) and their garbage
+    // collections (prom-client's nodejs_gc_duration_seconds: how many full, mark-compact ones,
+    // and the time paused in all of them; a full collection pauses the gateway for tens of ms).
+    const gatewayCounters = async () => {
+      const counters = { statements: 0, majorGcs: 0, gcSeconds: 0 };
       for (let i = 0; i < gateways.length; i += 1) {
         const text = await (await fetch(`http://127.0.0.1:${basePort + i}/metrics`)).text();
-        total += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
+        counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
+        counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
+        for (const match of text.matchAll(/^nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} ([\d.e+-]+)/gm)) counters.gcSeconds += Number(match[1]);
       }
-      return total;
+      return counters;
     };
-    const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number }]> = [];
+    const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]> = [];
     /** Calls through `count` gateways, driven by `drive` (a closed or an open loop). */
     const gatewayPhase = async (label: string, count: number, drive: (call: () => Promise<boolean>) => Promise<Phase>) => {
-      const before = await statementsSent();
+      const before = await gatewayCounters();
       const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () => drive(callGateway(count)));
       const phase = cpu.result;
+      const after = await gatewayCounters();
       perCall.push([
         label,
         {
-          statements: ((await statementsSent()) - before) / phase.requests,
+          statements: (after.statements - before.statements) / phase.requests,
           gatewayCpuMs: (cpu.gateways * TICK_MS) / phase.requests,
           postgresCpuMs: (cpu.postgres * TICK_MS) / phase.requests,
+          majorGcs: after.majorGcs - before.majorGcs,
+          gcPauseMs: ((after.gcSeconds - before.gcSeconds) * 1000) / phase.requests,
         },
       ]);
       return summary(phase);
@@ -346,7 +355,8 @@ async function main(): Promise<void> {
     }
     for (const [label, n] of perCall) {
       console.log(
-        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled)`,
+        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
+          `GC ${fmt(n.gcPauseMs)} ms paused per call, ${n.majorGcs} full (mark-compact) collections in the phase`,
       );
     }
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
