@@ -266,13 +266,13 @@ async function main(): Promise<void> {
       return res.statusCode === 200;
     };
 
-    // What the gateways report on /metrics, summed over all of them: the statements they sent to
+    // What the first `count` gateways report on /metrics, summed: the statements they sent to
     // PostgreSQL (toolgate_db_statements_total: round trips per call) and their garbage
     // collections (prom-client's nodejs_gc_duration_seconds: how many full, mark-compact ones,
     // and the time paused in all of them; a full collection pauses the gateway for tens of ms).
-    const gatewayCounters = async () => {
+    const gatewayCounters = async (count: number) => {
       const counters = { statements: 0, majorGcs: 0, gcSeconds: 0 };
-      for (let i = 0; i < gateways.length; i += 1) {
+      for (let i = 0; i < count; i += 1) {
         const text = await (await fetch(`http://127.0.0.1:${basePort + i}/metrics`)).text();
         counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
@@ -283,10 +283,10 @@ async function main(): Promise<void> {
     const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]> = [];
     /** Calls through `count` gateways, driven by `drive` (a closed or an open loop). */
     const gatewayPhase = async (label: string, count: number, drive: (call: () => Promise<boolean>) => Promise<Phase>) => {
-      const before = await gatewayCounters();
+      const before = await gatewayCounters(count);
       const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () => drive(callGateway(count)));
       const phase = cpu.result;
-      const after = await gatewayCounters();
+      const after = await gatewayCounters(count);
       perCall.push([
         label,
         {
