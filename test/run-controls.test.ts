@@ -136,8 +136,10 @@ describe('run controls', () => {
     const runId = newRunId();
     await execute({ run_id: runId, keep_open: true, plan: [step('search', 'e')] });
     const refused: Array<{ control: string; actor: string; error: { code: string; message: string; details: Record<string, unknown> } }> = [];
+    // One platform token, compared by value below: a token signed a second later differs (its iat).
+    const platform = tokens.platform();
     const control = async (name: string, token: string, actor: string, body: Record<string, unknown> = {}) => {
-      const res = await h.client.post(`/runs/${runId}/${name}`, { token, body, query: token === tokens.platform() ? { tenant_id: T } : {} });
+      const res = await h.client.post(`/runs/${runId}/${name}`, { token, body, query: token === platform ? { tenant_id: T } : {} });
       if (res.status >= 400) refused.push({ control: name, actor, error: res.body.error });
       return res;
     };
@@ -147,12 +149,12 @@ describe('run controls', () => {
     expect((await control('resume', operator, opActor)).status).toBe(409);
     expect((await control('pause', operator, opActor, { reason: 'look first' })).body.status).toBe('paused');
     expect((await control('complete', as(OWNER), `agent:${OWNER}`)).status).toBe(409);
-    expect((await control('kill', tokens.platform(), 'operator:ops.platform', { reason: 'enough' })).body.status).toBe('killed');
+    expect((await control('kill', platform, 'operator:ops.platform', { reason: 'enough' })).body.status).toBe('killed');
     // Ended: every control is refused, for an operator of the tenant, the platform's or the owner.
     for (const [name, token, actor] of [
       ['cancel', as(OWNER), `agent:${OWNER}`],
       ['kill', operator, opActor],
-      ['pause', tokens.platform(), 'operator:ops.platform'],
+      ['pause', platform, 'operator:ops.platform'],
       ['resume', as(OWNER), `agent:${OWNER}`],
       ['complete', as(OWNER), `agent:${OWNER}`],
     ] as const) {
