@@ -269,7 +269,8 @@ async function main(): Promise<void> {
     // What the first `count` gateways report on /metrics, summed: the statements they sent to
     // PostgreSQL (toolgate_db_statements_total: round trips per call) and their garbage
     // collections (prom-client's nodejs_gc_duration_seconds: how many full, mark-compact ones,
-    // and the time paused in all of them; a full collection pauses the gateway for tens of ms).
+    // and the time paused in all of them: a full one, with the marking before it, delays the calls
+    // around it).
     const gatewayCounters = async (count: number) => {
       const counters = { statements: 0, majorGcs: 0, gcSeconds: 0 };
       for (let i = 0; i < count; i += 1) {
