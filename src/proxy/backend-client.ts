@@ -1,5 +1,6 @@
 import { customAlphabet } from 'nanoid';
 import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici';
+import { urlWithInputQuery } from './backend-query.js';
 
 /** Where and how a tool's backend is called (the resolved form of the contract's `backend`). */
 export interface BackendTarget {
@@ -54,12 +55,9 @@ export class BackendClient {
   async call(target: BackendTarget, input: unknown, who: CallAttribution): Promise<DispatchResult> {
     const method = target.method.toUpperCase() as Dispatcher.HttpMethod;
     const hasBody = method !== 'GET' && method !== 'HEAD';
-    const url = new URL(target.url);
-    if (!hasBody && input && typeof input === 'object') {
-      for (const [key, value] of Object.entries(input as Record<string, unknown>)) {
-        url.searchParams.set(key, typeof value === 'string' ? value : JSON.stringify(value));
-      }
-    }
+    // Without a body the input travels in the query, after the registered URL's own parameters,
+    // which it can never replace (see backend-query.ts).
+    const url = hasBody ? new URL(target.url) : urlWithInputQuery(target.url, input).url;
     const signal = AbortSignal.timeout(target.timeoutMs);
     try {
       const response = await request(url, {

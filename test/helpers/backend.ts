@@ -3,6 +3,8 @@ import type { AddressInfo } from 'node:net';
 
 export interface BackendHit {
   path: string;
+  /** The query string as received, without its `?` (empty when there is none). */
+  query: string;
   method: string;
   headers: IncomingHttpHeaders;
   body: unknown;
@@ -33,8 +35,11 @@ export class TestBackend {
         } catch {
           // keep the text
         }
-        const path = (req.url ?? '/').split('?')[0]!;
-        this.hits.push({ path, method: req.method ?? 'GET', headers: req.headers, body });
+        const target = req.url ?? '/';
+        const mark = target.indexOf('?');
+        const path = mark < 0 ? target : target.slice(0, mark);
+        const query = mark < 0 ? '' : target.slice(mark + 1);
+        this.hits.push({ path, query, method: req.method ?? 'GET', headers: req.headers, body });
         this.answer(path, body, res);
       });
     });
