@@ -118,6 +118,8 @@ describe('POST /grants', () => {
     ['a per-tenant grant for another tenant id', { scope_ref: 'elsewhere' }, 'body.scope_ref'],
     ['an unknown capability modifier', { capability_modifiers: { sudo: true } }, 'body.capability_modifiers'],
     ['a non-positive cost cap', { capability_modifiers: { max_cost_units: 0 } }, 'body.capability_modifiers.max_cost_units'],
+    ['a cost cap that rounds to zero units', { capability_modifiers: { max_cost_units: 1e-300 } }, 'body.capability_modifiers.max_cost_units'],
+    ['a cost cap above the most units any amount may be', { capability_modifiers: { max_cost_units: 1e308 } }, 'body.capability_modifiers.max_cost_units'],
     ['egress domains on a tool without egress', { capability_modifiers: { egress_domains: ['api.example.com'] } }, 'body.capability_modifiers.egress_domains'],
     ['an unknown field', { colour: 'blue' }, 'body'],
   ])('refuses %s with 400 naming the field', async (_name, body, field) => {

@@ -178,6 +178,16 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     expect(events[0]).toMatchObject({ status: 'denied', reason_code: 'handoff_rejected', actor: `agent:${ROOT}` });
   });
 
+  it('refuses a max_fanout above 1000 as invalid, with one message however far above it is', async () => {
+    const root = await openRoot();
+    for (const max_fanout of [1001, 1e308]) {
+      const res = await handoff(ROOT, root, { max_fanout });
+      expect(res.status, String(max_fanout)).toBe(400);
+      expect(res.body.error.code).toBe('invalid_request');
+      expect(res.body.error.details.issues).toEqual([{ field: 'body.max_fanout', message: expect.stringContaining('<=1000') }]);
+    }
+  });
+
   it('is for the agent owning a run that has not ended, and a sub-run id nobody uses', async () => {
     const root = await openRoot();
     expect((await handoff(SUB, root, { sub_agent_id: WRITER })).status).toBe(404);

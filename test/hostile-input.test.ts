@@ -127,6 +127,23 @@ describe('input no route can keep is refused, naming where it is', () => {
     expect(res.status).toBe(400);
     expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { field: 'query.cursor' } });
   });
+
+  it('refuses a cursor that decodes to text no cursor it issued holds, before the database sees it', async () => {
+    const at = '2024-01-01T00:00:00.000Z';
+    const forgeries = {
+      'a NUL character': encodeCursor([at, 'a\u0000b']),
+      'a lone surrogate': encodeCursor([at, 'a\ud800']),
+      'a NUL character in a key': encodeCursor({ created_at: at, id: 'a', 'x\u0000': 1 }),
+      'JSON spelled otherwise': Buffer.from(` ${JSON.stringify([at, 'a'])}`).toString('base64url'),
+    };
+    for (const path of ['/grants', '/budgets', '/kill-switches', '/approvals']) {
+      for (const [what, cursor] of Object.entries(forgeries)) {
+        const res = await send('GET', `${path}?cursor=${encodeURIComponent(cursor)}`, operator);
+        expect(res.status, `${path}, ${what}: ${JSON.stringify(res.body)}`).toBe(400);
+        expect(res.body.error).toMatchObject({ code: 'invalid_request', message: 'query.cursor: not a cursor this API issued', details: { field: 'query.cursor' } });
+      }
+    }
+  });
 });
 
 describe('a backend answer no record can hold', () => {

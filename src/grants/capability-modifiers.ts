@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { positiveUnits } from '../http/validation.js';
 import type { CapabilityModifiers } from './grant.js';
 import type { ToolFacts } from './tool-facts.js';
 
@@ -21,7 +22,7 @@ export const capabilityModifiersSchema = z.strictObject({
     )
     .max(100)
     .optional(),
-  max_cost_units: z.number().positive().finite().optional(),
+  max_cost_units: positiveUnits.optional(),
 });
 
 export type ModifierCheck = { ok: true } | { ok: false; field: string; message: string };

@@ -59,7 +59,8 @@ const handoffBody = z.strictObject({
   // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
   budget_units: z.number().finite().max(MAX_UNITS),
   delegable_tool_ids: z.array(toolId).max(100),
-  max_fanout: z.number().int().min(0).max(1000),
+  // Past 1000 the one reason given is that bound, not also the largest safe integer.
+  max_fanout: z.number().min(0).max(1000, { abort: true }).int(),
   capability_modifiers: capabilityModifiersSchema.default({}),
   approval_requirement: z.enum(APPROVAL_REQUIREMENTS).default('none'),
 });
