@@ -34,6 +34,16 @@ describe('openapi.yaml', () => {
     expect([...served].sort()).toEqual([...documented].sort());
   });
 
+  it('documents 413 on every operation whose method carries a body, as the body limit applies to each', () => {
+    const undocumented = Object.entries(openapi.paths).flatMap(([path, item]) =>
+      Object.entries(item as Record<string, { requestBody?: unknown; responses?: Record<string, unknown> }>)
+        .filter(([method, operation]) => ['post', 'put', 'patch', 'delete'].includes(method) || operation.requestBody !== undefined)
+        .filter(([, operation]) => !('413' in (operation.responses ?? {})))
+        .map(([method]) => `${method.toUpperCase()} ${path}`),
+    );
+    expect(undocumented).toEqual([]);
+  });
+
   it('is served as /openapi.json, with interactive docs at /docs', async () => {
     const json = await h.client.get('/openapi.json');
     expect(json.status).toBe(200);
