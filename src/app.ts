@@ -274,6 +274,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     keys: options.keys,
     issuer: config.jwt.issuer,
     audience: config.jwt.audience,
+    maxTtlSeconds: config.jwt.maxTtlSeconds,
     audit,
   });
   await app.register(operationsRoutes, {

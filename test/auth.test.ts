@@ -112,6 +112,11 @@ describe('authentication (SPEC §1)', () => {
     ['no tenant_id claim', () => ({ client: () => hs, token: signToken({ ...withIssuer, tenant_id: undefined }) })],
     ['unknown kind', () => ({ client: () => hs, token: signToken({ ...withIssuer, kind: 'admin' }) })],
     ['operator without a known role', () => ({ client: () => hs, token: signToken({ ...withIssuer, roles: ['root'] }) })],
+    ['an exp in the year 9999', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: 253402300799 }) })],
+    ['a lifetime one second past the 24 h default', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: now() + 86_401 }) })],
+    ['no iat and an exp more than 24 h ahead', () => ({ client: () => hs, token: signToken({ ...withIssuer, exp: now() + 86_460 }) })],
+    ['an iat ten minutes in the future', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now() + 600, exp: now() + 1200 }) })],
+    ['a non-numeric iat', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: 'yesterday' }) })],
   ];
 
   it.each(attacks)('refuses %s with 401 unauthenticated', async (_name, make) => {
@@ -119,6 +124,32 @@ describe('authentication (SPEC §1)', () => {
     const res = await client().get('/whoami', { token });
     expect(res.status).toBe(401);
     expect(res.body.error.code).toBe('unauthenticated');
+  });
+
+  it('accepts a lifetime of exactly the bound, and an iat within a minute ahead (clock skew)', async () => {
+    const t = now();
+    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t, exp: t + 86_400 }) })).status).toBe(200);
+    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t + 30, exp: t + 3600 }) })).status).toBe(200);
+  });
+
+  it('bounds the lifetime by TOOLGATE_JWT_MAX_TTL_SECONDS', async () => {
+    const short = await AppClient.start(db.database, { TOOLGATE_JWT_MAX_TTL_SECONDS: '600' });
+    try {
+      const t = now();
+      expect((await short.get('/whoami', { token: signToken({ ...operatorClaims, iat: t, exp: t + 600 }) })).status).toBe(200);
+      const res = await short.get('/whoami', { token: signToken({ ...operatorClaims, iat: t, exp: t + 601 }) });
+      expect(res.status).toBe(401);
+      expect(res.body.error).toMatchObject({ code: 'unauthenticated', message: expect.stringContaining('longer than 600 s') });
+    } finally {
+      await short.close();
+    }
+  });
+
+  it('reads the auth scheme case-insensitively', async () => {
+    for (const scheme of ['Bearer', 'bearer', 'BEARER', 'bEaReR']) {
+      const res = await hs.get('/whoami', { headers: { authorization: `${scheme} ${signToken(withIssuer)}` } });
+      expect(res.status, scheme).toBe(200);
+    }
   });
 
   it('refuses a request without a token, or with another scheme', async () => {

@@ -54,3 +54,21 @@ export function principalFromClaims(claims: unknown): { ok: true; principal: Pri
 export function actorOf(principal: Principal): string {
   return `${principal.kind}:${principal.id}`;
 }
+
+/** How far ahead of this clock a token's `iat` may be (the issuer's clock may run a little fast). */
+export const MAX_IAT_SKEW_SECONDS = 60;
+
+/**
+ * Why a verified token lives too long to accept, or undefined: its lifetime (`exp` minus `iat`,
+ * or minus now without an `iat`) must not pass `maxTtlSeconds`, and its `iat` must not be in the
+ * future. A stolen token then stays useful for a bounded time only.
+ */
+export function lifetimeProblem(claims: unknown, nowSeconds: number, maxTtlSeconds: number): string | undefined {
+  const { exp, iat } = (claims ?? {}) as { exp?: unknown; iat?: unknown };
+  if (typeof exp !== 'number') return 'claim exp: required';
+  if (iat !== undefined && (typeof iat !== 'number' || !Number.isFinite(iat))) return 'claim iat: must be a number';
+  if (typeof iat === 'number' && iat > nowSeconds + MAX_IAT_SKEW_SECONDS) return 'claim iat: in the future';
+  const from = typeof iat === 'number' ? iat : nowSeconds;
+  if (exp - from > maxTtlSeconds) return `the token lives longer than ${maxTtlSeconds} s`;
+  return undefined;
+}

@@ -14,6 +14,8 @@ export interface Config {
     jwksFile: string | undefined;
     issuer: string | undefined;
     audience: string | undefined;
+    /** The longest a token may live: `exp` minus `iat`, or minus now without one (`TOOLGATE_JWT_MAX_TTL_SECONDS`). */
+    maxTtlSeconds: number;
   };
   egressAllowCidrs: string[];
   logLevel: string;
@@ -93,6 +95,7 @@ const environmentSchema = z
     TOOLGATE_JWT_JWKS_FILE: optionalString,
     TOOLGATE_JWT_ISSUER: optionalString,
     TOOLGATE_JWT_AUDIENCE: optionalString,
+    TOOLGATE_JWT_MAX_TTL_SECONDS: intInRange(60, 31 * 86_400, 86_400),
     TOOLGATE_EGRESS_ALLOW_CIDRS: z.preprocess(
       emptyAsUndefined,
       z
@@ -198,6 +201,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       jwksFile: e.TOOLGATE_JWT_JWKS_FILE,
       issuer: e.TOOLGATE_JWT_ISSUER,
       audience: e.TOOLGATE_JWT_AUDIENCE,
+      maxTtlSeconds: e.TOOLGATE_JWT_MAX_TTL_SECONDS,
     },
     egressAllowCidrs: e.TOOLGATE_EGRESS_ALLOW_CIDRS,
     logLevel: e.LOG_LEVEL,

@@ -3,7 +3,7 @@ import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { AuditLog } from '../audit/audit-log.js';
 import { publicKeyFor, type VerificationKeys } from '../auth/jwt-keys.js';
-import { actorOf, principalFromClaims, type OperatorRole, type Principal } from '../auth/principal.js';
+import { actorOf, lifetimeProblem, principalFromClaims, type OperatorRole, type Principal } from '../auth/principal.js';
 import { ApiError } from './errors.js';
 
 /**
@@ -29,6 +29,7 @@ export interface AuthOptions {
   keys: VerificationKeys;
   issuer: string | undefined;
   audience: string | undefined;
+  maxTtlSeconds: number;
   audit: AuditLog;
 }
 
@@ -68,16 +69,17 @@ export const authPlugin = fp<AuthOptions>(
     app.addHook('onRequest', async (request) => {
       const access = request.routeOptions.config?.access ?? (request.routeOptions.url ? 'operator' : 'public');
       if (access === 'public') return;
-      request.principal = await authenticate(request);
+      request.principal = await authenticate(request, options);
       await authorize(request, request.principal, access, options.audit);
     });
   },
   { name: 'toolgate-auth' },
 );
 
-async function authenticate(request: FastifyRequest): Promise<Principal> {
+async function authenticate(request: FastifyRequest, options: AuthOptions): Promise<Principal> {
   const header = request.headers.authorization;
-  if (typeof header !== 'string' || !/^Bearer [A-Za-z0-9._~+/=-]+$/.test(header)) {
+  // The scheme is case-insensitive (RFC 9110 §11.1); the token itself is not.
+  if (typeof header !== 'string' || !/^Bearer [A-Za-z0-9._~+/=-]+$/i.test(header)) {
     throw new ApiError('unauthenticated', 'a bearer token is required');
   }
   let claims: unknown;
@@ -88,6 +90,9 @@ async function authenticate(request: FastifyRequest): Promise<Principal> {
     throw new ApiError('unauthenticated', 'the bearer token is not valid');
   }
   const payload = (claims as { payload?: unknown }).payload ?? claims;
+  // The wall clock, as fast-jwt's own `exp` and `nbf` checks use.
+  const tooLong = lifetimeProblem(payload, Math.floor(Date.now() / 1000), options.maxTtlSeconds);
+  if (tooLong) throw new ApiError('unauthenticated', `the bearer token is not valid: ${tooLong}`);
   const result = principalFromClaims(payload);
   if (!result.ok) throw new ApiError('unauthenticated', `the bearer token is not valid: ${result.reason}`);
   return result.principal;
