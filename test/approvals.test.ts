@@ -228,8 +228,12 @@ describe('a call that requires approval', () => {
     const self = await approve(approvalId, operator);
     expect(self.status).toBe(403);
     expect(self.body.error.code).toBe('forbidden');
+    // The same person under another spelling of the id is still the proposer.
+    const shouted = await approve(approvalId, tokens.tenantOperator(T, 'ALICE'));
+    expect(shouted.status).toBe(403);
+    expect(shouted.body.error.code).toBe('forbidden');
     const attempts = await h.client.get('/audit', { token: operator, query: { event_type: 'security.self_approval_attempt', run_id: runId } });
-    expect(attempts.body.items).toHaveLength(1);
+    expect(attempts.body.items).toHaveLength(2);
 
     expect((await approve(approvalId, otherOperator)).status).toBe(200);
     const done = await resume(runId);

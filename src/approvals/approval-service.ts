@@ -1,7 +1,7 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { ApprovalPort } from '../admission/ports.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
-import type { OperatorRole } from '../auth/principal.js';
+import { sameActor, type OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
 import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
@@ -81,7 +81,7 @@ export class ApprovalService implements ApprovalPort {
       if (status !== 'pending') {
         return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} is ${status}`, details: { approval_status: status } } as const;
       }
-      if (request.approve && approval.proposed_by === request.approver.actor) {
+      if (request.approve && sameActor(approval.proposed_by, request.approver.actor)) {
         await writeAuditEvents(trx, [{ occurredAt: now, event: { ...event, event_type: 'security.self_approval_attempt', status: 'denied', reason_code: 'forbidden' } }]);
         return { ok: false, code: 'forbidden', message: 'the proposer of an action cannot approve it', details: { proposed_by: approval.proposed_by } } as const;
       }

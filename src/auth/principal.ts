@@ -72,3 +72,11 @@ export function lifetimeProblem(claims: unknown, nowSeconds: number, maxTtlSecon
   if (exp - from > maxTtlSeconds) return `the token lives longer than ${maxTtlSeconds} s`;
   return undefined;
 }
+
+/**
+ * Whether two audit actors (`operator:alice`, `agent:x`) are one person where one must differ from
+ * the other: identity providers disagree on case, so `OP.T1` and `op.t1` are the same here.
+ */
+export function sameActor(a: string, b: string): boolean {
+  return a.toLowerCase() === b.toLowerCase();
+}
