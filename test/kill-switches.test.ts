@@ -6,7 +6,8 @@ import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
-import { egressSchemas, registerTool } from './helpers/world.js';
+import { TestBackend } from './helpers/backend.js';
+import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
 
 const A = 'tenant-ks-a';
 const B = 'tenant-ks-b';
@@ -294,6 +295,35 @@ describe('GET /kill-switches', () => {
     expect(tenants.has(A)).toBe(true);
     const other = await h.client.get('/kill-switches', { token: opA, query: { tenant_id: B } });
     expect(other.status).toBe(404);
+  });
+});
+
+describe('what an agent refused by a switch learns', () => {
+  it('the status copy, the scope and the switch id: never the reason or who armed it', async () => {
+    const backend = await new TestBackend().start();
+    try {
+      await registerTool(h.client, { id: 'ks.told', allowed_agents: ['told.agent'], backendUrl: `${backend.url}/echo` });
+      await grantTool(h.client, { tenant: A, agent: 'told.agent', tool: 'ks.told' });
+      const armed = await arm(opA, { scope: 'tool', target: 'ks.told', reason: 'suspected exfiltration by told.agent', user_visible_status_copy: 'This tool is paused' });
+      expect(armed.status).toBe(201);
+      const res = await h.client.post('/runs/execute', {
+        token: tokens.agent('told.agent', { tenant: A }),
+        body: { run_id: newRunId(), context: {}, plan: [{ tool_id: 'ks.told', input: { q: 'x' } }] },
+      });
+      expect(res.status).toBe(403);
+      expect(res.body.steps[0].error).toEqual({
+        code: 'kill_switch_active',
+        message: 'This tool is paused',
+        details: { kill_switch_id: armed.body.id, scope: 'tool', user_visible_status_copy: 'This tool is paused' },
+      });
+      expect(res.text).not.toContain('exfiltration');
+      expect(res.text).not.toContain('alice');
+      expect(backend.hitsOn('/echo')).toHaveLength(0);
+      // Operators still find everything through their own routes.
+      expect((await h.client.get(`/kill-switches/${armed.body.id}`, { token: opA })).body).toMatchObject({ reason: 'suspected exfiltration by told.agent', armed_by: { actor_id: 'alice' } });
+    } finally {
+      await backend.close();
+    }
   });
 });
 

@@ -123,7 +123,10 @@ export interface KillSwitchPort {
     family: string | undefined;
     toolId: string;
     target: { family?: string | null; provider?: string | null; region?: string | null };
-  }): Decision | { ok: false; code: 'kill_switch_active' | 'gateway_unavailable'; [key: string]: unknown };
+  }):
+    | { ok: true }
+    | { ok: false; code: 'gateway_unavailable' }
+    | { ok: false; code: 'kill_switch_active'; blamed: { id: string; scope: string; user_visible_status_copy: string } };
 }
 
 export interface Reservation {

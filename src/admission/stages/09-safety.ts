@@ -16,8 +16,14 @@ export const safetyStage: Stage = {
     if (decision.code === 'gateway_unavailable') {
       return { ok: false, code: 'gateway_unavailable', message: 'kill-switch state cannot be confirmed fresh; refusing to admit' };
     }
-    const { ok: _ok, code: _code, ...details } = decision as Record<string, unknown>;
-    const copy = (decision as { blamed?: { user_visible_status_copy?: string } }).blamed?.user_visible_status_copy;
-    return { ok: false, code: 'kill_switch_active', message: copy ?? 'a kill switch stops this call', details };
+    // The agent learns what the operator wrote for it and how wide the stop is; the switch's
+    // reason and who armed it stay with operators, behind their own routes.
+    const { blamed } = decision;
+    return {
+      ok: false,
+      code: 'kill_switch_active',
+      message: blamed.user_visible_status_copy,
+      details: { kill_switch_id: blamed.id, scope: blamed.scope, user_visible_status_copy: blamed.user_visible_status_copy },
+    };
   },
 };
