@@ -212,10 +212,11 @@ describe('backend secrets', () => {
     (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': 'toolgate' };
     const res = await h.client.post('/tools', { token: platform, body });
     expect(res.status).toBe(201);
-    expect(res.body.backend.headers).toEqual({ authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': 'toolgate' });
+    expect(res.body.backend.headers).toEqual({ authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': '***' });
     expect(res.text).not.toContain('sk-live');
     const read = await h.client.get('/tools/secret.backend', { token: platform });
     expect(read.text).not.toContain('sk-live');
+    expect(read.body.backend).toMatchObject({ url: 'http://scf.internal/api', headers: { 'x-client': '***' } });
     const agentRead = await h.client.get('/tools/secret.backend', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }) });
     expect(agentRead.status).toBe(200);
     expect(agentRead.body).not.toHaveProperty('backend');
@@ -230,6 +231,39 @@ describe('backend secrets', () => {
     expect(resolved.ok).toBe(true);
     if (!resolved.ok) return;
     expect(catalog.backendHeaders(resolved.tool)).toEqual({ authorization: 'sk-live-not-for-agents', 'x-client': 'toolgate' });
+  });
+});
+
+describe('what operators see of a backend', () => {
+  it('never shows a literal header value again, and shows the backend to platform-operators only', async () => {
+    const body = toolBody({ id: 'keyed.backend', backendUrl: 'http://vendor.internal/api', allowed_agents: ['scf.analyst'] });
+    (body.backend as { headers: unknown }).headers = { 'x-api-key': 'ak-literal-credential-123' };
+    const created = await h.client.post('/tools', { token: platform, body });
+    expect(created.status).toBe(201);
+    expect(created.body).toMatchObject({ backend_configured: true, backend: { headers: { 'x-api-key': '***' } } });
+    // Registering the same content again is still idempotent: the stored value is compared, not the mask.
+    expect((await h.client.post('/tools', { token: platform, body })).status).toBe(200);
+
+    for (const tenant of ['tenant-a', 'tenant-z']) {
+      const operator = tokens.tenantOperator(tenant);
+      for (const res of [
+        await h.client.get('/tools/keyed.backend', { token: operator }),
+        await h.client.get('/tools', { token: operator, query: { limit: 500 } }),
+        await h.client.get('/tools/keyed.backend/versions', { token: operator }),
+      ]) {
+        expect(res.status).toBe(200);
+        expect(res.text).not.toContain('ak-literal-credential-123');
+        expect(res.text).not.toContain('vendor.internal');
+      }
+      const one = await h.client.get('/tools/keyed.backend', { token: operator });
+      expect(one.body).not.toHaveProperty('backend');
+      expect(one.body.backend_configured).toBe(true);
+    }
+    for (const path of ['/tools/keyed.backend', '/tools?limit=500', '/tools/keyed.backend/versions']) {
+      const res = await h.client.get(path, { token: platform });
+      expect(res.text, path).not.toContain('ak-literal-credential-123');
+      expect(res.text, path).toContain('vendor.internal');
+    }
   });
 });
 

@@ -1,4 +1,5 @@
-import type { ToolContract } from './tool-contract.js';
+import type { OperatorRole } from '../auth/principal.js';
+import type { HeaderValue, ToolBackend, ToolContract } from './tool-contract.js';
 
 /** What an agent sees of a tool: what it needs to call it, and nothing of backends, secrets or allowlists. */
 export interface AgentToolView {
@@ -48,11 +49,25 @@ export function agentViewOf(tool: ToolContract): AgentToolView {
   };
 }
 
+/** What an operator sees of a tool: the backend only for platform-operators, and no header value ever. */
+export type OperatorToolView = Omit<ToolContract, 'backend'> & { backend?: ToolBackend | null; backend_configured: boolean };
+
+/** A literal header value is shown as this once registered; a `from_env` reference is shown as is. */
+export const REDACTED_HEADER_VALUE = '***';
+
+function redactedBackend(backend: ToolBackend | null): ToolBackend | null {
+  if (!backend) return null;
+  const headers: Record<string, HeaderValue> = {};
+  for (const [name, value] of Object.entries(backend.headers)) headers[name] = typeof value === 'string' ? REDACTED_HEADER_VALUE : { from_env: value.from_env };
+  return { ...backend, headers };
+}
+
 /**
- * An operator's view: the whole contract in SPEC §2 order. Backend header values that come from
- * the environment stay `{"from_env": NAME}`; the secret itself is never part of a contract.
+ * An operator's view: the contract in SPEC §2 order. A tenant-operator learns whether a backend is
+ * configured, not where it is; a platform-operator sees it with literal header values masked, since
+ * they often hold credentials.
  */
-export function operatorViewOf(tool: ToolContract): ToolContract {
+export function operatorViewOf(tool: ToolContract, role: OperatorRole): OperatorToolView {
   return {
     id: tool.id,
     version: tool.version,
@@ -71,7 +86,8 @@ export function operatorViewOf(tool: ToolContract): ToolContract {
     writes_to: tool.writes_to,
     dependencies: tool.dependencies,
     deprecation: tool.deprecation,
-    backend: tool.backend,
+    ...(role === 'platform-operator' ? { backend: redactedBackend(tool.backend) } : {}),
+    backend_configured: tool.backend !== null,
     target: tool.target,
     cost_units: tool.cost_units,
     rate_limit: tool.rate_limit,

@@ -94,7 +94,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     // Even a conflict saw a version this replica may not hold yet: catch up before answering.
     if (result.ok || result.code === 'tool_version_conflict') await catchUp();
     if (!result.ok) throw new ApiError(result.code, result.message, result.details);
-    return reply.code(result.created ? 201 : 200).send(operatorViewOf(result.tool));
+    return reply.code(result.created ? 201 : 200).send(operatorViewOf(result.tool, operator.role));
   });
 
   app.get('/tools/:id', { config: { access: 'any' } }, async (request) => {
@@ -103,7 +103,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     const { version } = parseInput(getQuery, request.query, 'query');
     const resolved = await resolveForPrincipal(principal, id, version);
     if (!resolved.ok) throw notFound(resolved.code, id, version);
-    return principal.kind === 'agent' ? agentViewOf(resolved.tool) : operatorViewOf(resolved.tool);
+    return principal.kind === 'agent' ? agentViewOf(resolved.tool) : operatorViewOf(resolved.tool, principal.role);
   });
 
   app.get('/tools', { config: { access: 'any' } }, async (request) => {
@@ -127,7 +127,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     const page = tools.slice(0, query.limit);
     const last = page[page.length - 1];
     return {
-      items: page.map(operatorViewOf),
+      items: page.map((tool) => operatorViewOf(tool, principal.role)),
       revision,
       next_cursor: tools.length > query.limit && last ? encodeCursor({ id: last.id, version: last.version }) : null,
     };
@@ -145,10 +145,11 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
   });
 
   app.get('/tools/:id/versions', { config: { access: 'operator' } }, async (request) => {
+    const { role } = operatorOf(request);
     const { id } = parseInput(toolParams, request.params, 'params');
     const versions = deps.catalog.versions(id);
     if (versions.length === 0) throw notFound('tool_not_registered', id, undefined);
-    return { items: versions.map(operatorViewOf), next_cursor: null };
+    return { items: versions.map((tool) => operatorViewOf(tool, role)), next_cursor: null };
   });
 
   app.post('/tools/:id/versions/:version/deprecate', { config: { access: 'platform-operator' } }, async (request) => {
@@ -174,7 +175,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
         : new ApiError(result.code, result.message, { tool_id: id, version });
     }
     await catchUp();
-    return operatorViewOf(result.tool);
+    return operatorViewOf(result.tool, operator.role);
   });
 
   app.get('/tools/:id/versions/:version/dependencies', { config: { access: 'operator' } }, async (request) => {
