@@ -1,15 +1,29 @@
-import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
+import { Ajv2020, type ErrorObject } from 'ajv/dist/2020.js';
 import addFormatsModule from 'ajv-formats';
 import { RE2JS } from 're2js';
+import stringify from 'safe-stable-stringify';
 import type { JsonSchema } from './tool-contract.js';
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => Ajv2020;
 
+/** A compiled schema: answers whether a value matches, and leaves the reasons in `errors`. */
+export interface SchemaValidator {
+  (data: unknown): boolean;
+  errors?: Array<Pick<ErrorObject, 'instancePath' | 'message'>> | null;
+}
+
 /** A tool's compiled input and output validators. */
 export interface ToolValidators {
-  input: ValidateFunction;
-  output: ValidateFunction;
+  input: SchemaValidator;
+  output: SchemaValidator;
 }
+
+/**
+ * The longest one value may take to validate. Patterns are linear and `uniqueItems` is hashed,
+ * but a schema can still branch (`anyOf` through a recursive `$ref`) exponentially in the depth of
+ * a value: past this budget the value is refused instead of holding the event loop.
+ */
+export const VALIDATION_BUDGET_MS = 100;
 
 /** Limits on a tool schema's shape: compiling costs ~0.3 ms per subschema and recurses per level. */
 export const MAX_SCHEMA_NODES = 1_000;
@@ -59,15 +73,95 @@ export function createSchemaCompiler(): Ajv2020 {
     code: { regExp: linearRegExp },
   });
   addFormats(ajv);
+  // ajv compares items pairwise (quadratic in the array's length); a canonical text per item is linear.
+  ajv.removeKeyword('uniqueItems');
+  ajv.addKeyword({ keyword: 'uniqueItems', type: 'array', schemaType: 'boolean', validate: hasUniqueItems, errors: true });
+  ajv.addKeyword({ keyword: BUDGET_KEYWORD, schemaType: 'boolean', validate: withinBudget, errors: false });
   return ajv;
 }
 
-export type SchemaCompilation = { ok: true; validate: ValidateFunction } | { ok: false; message: string };
+function hasUniqueItems(this: unknown, unique: boolean, data: unknown[]): boolean {
+  if (!unique) return true;
+  const seen = new Set<string>();
+  for (const item of data) {
+    withinBudget();
+    // JSON Schema equality: numbers by value, objects whatever their key order.
+    const text = stringify(item) ?? 'undefined';
+    if (seen.has(text)) {
+      (hasUniqueItems as { errors?: unknown }).errors = [{ keyword: 'uniqueItems', message: 'must NOT have duplicate items', params: {} }];
+      return false;
+    }
+    seen.add(text);
+  }
+  return true;
+}
 
-/** Compiles one schema; a schema that is not valid JSON Schema 2020-12 is a value, not a throw. */
+/** The keyword placed in every subschema: it counts evaluations and checks the clock now and then. */
+const BUDGET_KEYWORD = 'x-toolgate-budget';
+const STEPS_PER_CLOCK_CHECK = 256;
+let steps = 0;
+let deadline = Infinity;
+
+class ValidationBudgetExceeded extends Error {}
+
+function withinBudget(): boolean {
+  if (++steps >= STEPS_PER_CLOCK_CHECK) {
+    steps = 0;
+    if (performance.now() > deadline) throw new ValidationBudgetExceeded();
+  }
+  return true;
+}
+
+/** Where a JSON Schema (2020-12, or the drafts before it) holds subschemas. */
+const ONE_SCHEMA = ['additionalProperties', 'unevaluatedProperties', 'items', 'additionalItems', 'unevaluatedItems', 'contains', 'propertyNames', 'if', 'then', 'else', 'not', 'contentSchema'];
+const SCHEMA_LISTS = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items'];
+const SCHEMA_MAPS = ['properties', 'patternProperties', '$defs', 'definitions', 'dependentSchemas', 'dependencies'];
+
+/** A copy of `schema` with the budget keyword in every subschema (boolean schemas cost nothing). */
+function budgeted(schema: unknown): unknown {
+  if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) return schema;
+  const copy: Record<string, unknown> = { ...(schema as Record<string, unknown>), [BUDGET_KEYWORD]: true };
+  for (const key of ONE_SCHEMA) if (key in copy && !Array.isArray(copy[key])) copy[key] = budgeted(copy[key]);
+  for (const key of SCHEMA_LISTS) if (Array.isArray(copy[key])) copy[key] = (copy[key] as unknown[]).map(budgeted);
+  for (const key of SCHEMA_MAPS) {
+    const map = copy[key];
+    if (typeof map === 'object' && map !== null && !Array.isArray(map)) {
+      copy[key] = Object.fromEntries(Object.entries(map).map(([name, sub]) => [name, budgeted(sub)]));
+    }
+  }
+  return copy;
+}
+
+/** Runs `validate` within `VALIDATION_BUDGET_MS`; a value that takes longer is refused. */
+function bounded(validate: SchemaValidator): SchemaValidator {
+  const run = ((data: unknown) => {
+    steps = 0;
+    deadline = performance.now() + VALIDATION_BUDGET_MS;
+    try {
+      const ok = validate(data);
+      run.errors = validate.errors ?? null;
+      return ok;
+    } catch (error) {
+      if (!(error instanceof ValidationBudgetExceeded)) throw error;
+      run.errors = [{ instancePath: '', message: `took longer than ${VALIDATION_BUDGET_MS} ms to check against the schema; refused` }];
+      return false;
+    } finally {
+      deadline = Infinity;
+    }
+  }) as SchemaValidator;
+  run.errors = null;
+  return run;
+}
+
+export type SchemaCompilation = { ok: true; validate: SchemaValidator } | { ok: false; message: string };
+
+/**
+ * Compiles one schema, its validation bounded in time; a schema that is not valid JSON Schema
+ * 2020-12 is a value, not a throw.
+ */
 export function compileSchema(ajv: Ajv2020, schema: JsonSchema): SchemaCompilation {
   try {
-    return { ok: true, validate: ajv.compile(schema) };
+    return { ok: true, validate: bounded(ajv.compile(budgeted(schema) as JsonSchema)) };
   } catch (error) {
     return { ok: false, message: (error as Error).message };
   }
@@ -95,20 +189,25 @@ function shapeProblem(schema: JsonSchema): string | undefined {
 export function schemaProblem(schema: JsonSchema): string | undefined {
   const tooBig = shapeProblem(schema);
   if (tooBig) return tooBig;
-  const result = compileSchema(checker, schema);
-  if (typeof schema === 'object') checker.removeSchema(schema);
-  return result.ok ? undefined : result.message;
+  try {
+    checker.compile(schema);
+    return undefined;
+  } catch (error) {
+    return (error as Error).message;
+  } finally {
+    if (typeof schema === 'object') checker.removeSchema(schema);
+  }
 }
 
 /**
  * A validator that refuses everything: used when a stored schema no longer compiles (a newer ajv,
  * say), so that a call fails closed instead of skipping validation.
  */
-export function refusingValidator(reason: string): ValidateFunction {
+export function refusingValidator(reason: string): SchemaValidator {
   const validate = ((_data: unknown) => {
-    validate.errors = [{ instancePath: '', schemaPath: '#', keyword: 'schema', params: {}, message: reason }];
+    validate.errors = [{ instancePath: '', message: reason }];
     return false;
-  }) as ValidateFunction;
+  }) as SchemaValidator;
   validate.errors = null;
   return validate;
 }
