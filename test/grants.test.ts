@@ -159,6 +159,52 @@ describe('POST /grants', () => {
   });
 });
 
+describe('POST /grants run twice', () => {
+  it('answers the live grant an identical request already made, with 200, and records nothing more', async () => {
+    const agent = newAgent();
+    const expires_at = inHours(2);
+    const first = await grant({ agent_id: agent, expires_at });
+    const again = await grant({ agent_id: agent, expires_at });
+    expect(first.status).toBe(201);
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(first.body);
+    // The same modifiers, as stored and read back, are the same grant.
+    const modifiers = await grant({ agent_id: agent, expires_at, scope: 'per-session', scope_ref: 's1', capability_modifiers: { max_cost_units: 3 } });
+    const same = await grant({ agent_id: agent, expires_at, scope: 'per-session', scope_ref: 's1', capability_modifiers: { max_cost_units: 3 } });
+    expect(modifiers.status).toBe(201);
+    expect([same.status, same.body.id]).toEqual([200, modifiers.body.id]);
+    const created = (await auditEvents('grant.created')).filter((e) => e.agent_id === agent || e.details?.agent_id === agent);
+    expect(created).toHaveLength(2);
+    // Revoking the one grant leaves nothing granting.
+    expect((await client.post(`/grants/${first.body.id}/revoke`, { token: opA, body: { reason: 'done' } })).status).toBe(200);
+    expect((await explain({ agent_id: agent })).body).toMatchObject({ ok: false, code: 'grant_revoked' });
+    // Once it is revoked, the same request grants anew.
+    const anew = await grant({ agent_id: agent, expires_at });
+    expect(anew.status).toBe(201);
+    expect(anew.body.id).not.toBe(first.body.id);
+  });
+
+  it('refuses one differing from a live grant only in expiry or rationale with 409 grant_conflict naming it', async () => {
+    const agent = newAgent();
+    const live = await grant({ agent_id: agent, expires_at: inHours(2) });
+    for (const change of [{ expires_at: inHours(3) }, { expires_at: inHours(2), rationale: 'another reason' }]) {
+      const res = await grant({ agent_id: agent, ...change });
+      expect(res.status, JSON.stringify(change)).toBe(409);
+      expect(res.body.error).toMatchObject({ code: 'grant_conflict', details: { grant_id: live.body.id } });
+    }
+    // Other modifiers are another grant.
+    expect((await grant({ agent_id: agent, expires_at: inHours(3), capability_modifiers: { max_cost_units: 2 } })).status).toBe(201);
+  });
+
+  it('lets identical requests arriving together make one grant', async () => {
+    const agent = newAgent();
+    const expires_at = inHours(2);
+    const results = await Promise.all(Array.from({ length: 6 }, () => grant({ agent_id: agent, expires_at })));
+    expect(results.map((r) => r.status).sort()).toEqual([200, 200, 200, 200, 200, 201]);
+    expect(new Set(results.map((r) => r.body.id)).size).toBe(1);
+  });
+});
+
 describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every call', () => {
   it('picks the most specific scope that matches the run context', async () => {
     const agent = newAgent();
@@ -193,7 +239,8 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
   it('breaks a tie within one scope in favour of the most recent grant', async () => {
     const agent = newAgent();
     await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'tie' });
-    const newer = await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'tie', rationale: 'second thoughts' });
+    const newer = await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'tie', rationale: 'second thoughts', capability_modifiers: { max_cost_units: 5 } });
+    expect(newer.status).toBe(201);
     const res = await explain({ agent_id: agent, session_id: 'tie' });
     expect(res.body.grant.id).toBe(newer.body.id);
     expect(res.body.candidates).toHaveLength(2);

@@ -161,6 +161,19 @@ export interface DB {
   run_grant_uses: RunGrantUseTable;
   handoffs: HandoffTable;
   approvals: ApprovalTable;
+  idempotency_keys: IdempotencyKeyTable;
+}
+
+/** Idempotency keys of creating requests (migration 0013). */
+export interface IdempotencyKeyTable {
+  tenant_id: string;
+  actor: string;
+  key: string;
+  fingerprint: string;
+  status_code: number | null;
+  response: string | null;
+  created_at: Date;
+  completed_at: Date | null;
 }
 
 export interface RunTable {

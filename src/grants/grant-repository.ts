@@ -55,6 +55,41 @@ export async function revokeGrant(
   return row ? toGrant(row) : undefined;
 }
 
+/** The fields that say which grant a request asks for (its expiry and rationale aside). */
+export interface GrantSubject {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  scope: GrantScope;
+  scopeRef: string;
+}
+
+/**
+ * Serialises grant creation for one subject until the transaction ends, so that two identical
+ * requests arriving together find each other instead of both inserting.
+ */
+export async function lockGrantSubject(trx: Transaction<DB>, subject: GrantSubject): Promise<void> {
+  const key = JSON.stringify(['grant', subject.tenantId, subject.agentId, subject.toolId, subject.scope, subject.scopeRef]);
+  await sql`select pg_advisory_xact_lock(hashtextextended(${key}, 0))`.execute(trx);
+}
+
+/** The subject's grants that are neither revoked nor expired at `now`, newest first. */
+export async function findLiveGrantsOf(trx: Transaction<DB>, subject: GrantSubject, now: Date): Promise<Grant[]> {
+  const rows = await trx
+    .selectFrom('grants')
+    .selectAll()
+    .where('tenant_id', '=', subject.tenantId)
+    .where('agent_id', '=', subject.agentId)
+    .where('tool_id', '=', subject.toolId)
+    .where('scope', '=', subject.scope)
+    .where('scope_ref', '=', subject.scopeRef)
+    .where('revoked_at', 'is', null)
+    .where('expires_at', '>', now)
+    .orderBy('granted_at', 'desc')
+    .execute();
+  return rows.map(toGrant);
+}
+
 /** Locks a grant for the rest of the transaction (renewal reads, then ends, the old grant). */
 export async function lockGrant(trx: Transaction<DB>, id: string): Promise<Grant | undefined> {
   const row = await trx.selectFrom('grants').selectAll().where('id', '=', id).forUpdate().executeTakeFirst();

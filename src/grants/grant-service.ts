@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Kysely, Transaction } from 'kysely';
 import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
+import stringify from 'safe-stable-stringify';
 import { GroupCommit } from '../db/group-commit.js';
 import { ApiError } from '../http/errors.js';
 import type { DB } from '../db/schema.js';
@@ -10,7 +11,9 @@ import { GRANT_SCOPE_CONTEXT_KEY, type CapabilityModifiers, type Grant, type Gra
 import {
   findGrant,
   findGrantCandidates,
+  findLiveGrantsOf,
   insertGrant,
+  lockGrantSubject,
   type GrantCandidateQuery,
   listGrants,
   lockGrant,
@@ -94,7 +97,7 @@ export interface RenewGrantRequest {
 /** Why a grant change was refused; expected outcomes, not faults. */
 export type GrantRefusal = {
   ok: false;
-  code: 'invalid_request' | 'not_found' | 'tool_not_registered' | 'tool_category_blocked' | 'grant_revoked';
+  code: 'invalid_request' | 'not_found' | 'tool_not_registered' | 'tool_category_blocked' | 'grant_revoked' | 'grant_conflict';
   message: string;
   details?: Record<string, unknown>;
 };
@@ -138,14 +141,32 @@ export class GrantService {
     return { query, candidates };
   }
 
-  async create(request: CreateGrantRequest): Promise<{ ok: true; grant: Grant } | GrantRefusal> {
+  /**
+   * Grants a tool, or answers the live grant that already says exactly this (`created: false`), so
+   * that a script run twice leaves one grant to revoke. A request that differs from a live grant
+   * only in expiry or rationale is a `grant_conflict` naming it: renewing is how those change.
+   */
+  async create(request: CreateGrantRequest): Promise<{ ok: true; created: boolean; grant: Grant } | GrantRefusal> {
     const now = this.deps.now();
     if (request.scope === 'per-tenant' && request.scopeRef !== request.tenantId) {
       return invalid('body.scope_ref', 'a per-tenant grant is scoped to its own tenant id');
     }
     const checked = await this.checkTerms(request, now);
     if (!checked.ok) return checked;
-    const grant = await this.deps.db.transaction().execute(async (trx) => {
+    return this.deps.db.transaction().execute(async (trx) => {
+      await lockGrantSubject(trx, request);
+      const alike = (await findLiveGrantsOf(trx, request, now)).find((live) => sameModifiers(live.capability_modifiers, request.capabilityModifiers));
+      if (alike) {
+        if (alike.expires_at.getTime() === request.expiresAt.getTime() && alike.rationale === request.rationale) {
+          return { ok: true, created: false, grant: alike } as const;
+        }
+        return {
+          ok: false,
+          code: 'grant_conflict',
+          message: `grant ${alike.id} already gives this; renew it to change its expiry or rationale`,
+          details: { grant_id: alike.id, expires_at: alike.expires_at.toISOString() },
+        } as const;
+      }
       const created = await insertGrant(trx, {
         id: newGrantId(),
         tenant_id: request.tenantId,
@@ -163,9 +184,8 @@ export class GrantService {
       await writeAuditEvents(trx, [
         { occurredAt: now, event: { ...grantEvent('grant.created', created, request.actor, checked.tool, request.traceId), status: 'granted' } },
       ]);
-      return created;
+      return { ok: true, created: true, grant: created } as const;
     });
-    return { ok: true, grant };
   }
 
   /**
@@ -367,4 +387,9 @@ function grantEvent(type: string, grant: Grant, actor: OperatorActor, tool: Tool
     trace_id: traceId ?? null,
     details: { ...grantDetails(grant), actor_role: actor.actor_role },
   };
+}
+
+/** Modifiers are the same grant's when they say the same, whatever their key order. */
+function sameModifiers(a: CapabilityModifiers, b: CapabilityModifiers): boolean {
+  return stringify(a) === stringify(b);
 }

@@ -25,8 +25,10 @@ export const ERROR_CODES = [
   'tool_version_conflict',
   'run_not_resumable',
   'budget_conflict',
+  'grant_conflict',
   'payload_too_large',
   'tool_input_schema_invalid',
+  'idempotency_key_reused',
   'rate_limited',
   'internal',
   'tool_backend_failed',
@@ -68,10 +70,12 @@ export function statusForCode(code: ErrorCode): number {
     case 'tool_version_conflict':
     case 'run_not_resumable':
     case 'budget_conflict':
+    case 'grant_conflict':
       return 409;
     case 'payload_too_large':
       return 413;
     case 'tool_input_schema_invalid':
+    case 'idempotency_key_reused':
       return 422;
     case 'rate_limited':
       return 429;

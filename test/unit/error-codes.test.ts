@@ -11,8 +11,8 @@ const SPEC_STATUS: Record<string, number> = {
   grant_missing: 403, grant_expired: 403, grant_revoked: 403, tool_scope_missing: 403,
   kill_switch_active: 403, egress_denied: 403, handoff_rejected: 403, not_found: 404,
   tool_not_registered: 404, tool_version_not_found: 404, run_id_conflict: 409,
-  tool_version_conflict: 409, run_not_resumable: 409, budget_conflict: 409, payload_too_large: 413,
-  tool_input_schema_invalid: 422, rate_limited: 429, internal: 500, tool_backend_failed: 502,
+  tool_version_conflict: 409, run_not_resumable: 409, budget_conflict: 409, grant_conflict: 409, payload_too_large: 413,
+  tool_input_schema_invalid: 422, idempotency_key_reused: 422, rate_limited: 429, internal: 500, tool_backend_failed: 502,
   tool_output_schema_invalid: 502, tool_backend_not_configured: 503, gateway_unavailable: 503,
   tool_backend_timeout: 504,
 };

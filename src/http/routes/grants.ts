@@ -127,7 +127,7 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
       traceId: request.traceId,
     });
     if (!result.ok) throw refusal(result);
-    return reply.code(201).send(grantView(result.grant, now()));
+    return reply.code(result.created ? 201 : 200).send(grantView(result.grant, now()));
   });
 
   app.get('/grants', { config: { access: 'operator' } }, async (request) => {
