@@ -61,6 +61,8 @@ async function main(): Promise<void> {
         method: 'POST',
         headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
         body: JSON.stringify(body),
+      }).catch((error: unknown) => {
+        throw new Error(`the gateway at ${baseUrl} did not answer (${reasonOf(error)}): start it with \`npm start\`, or pass --url or set TOOLGATE_URL`);
       });
       return { status: response.status, body: await response.json().catch(() => undefined) };
     },
@@ -73,6 +75,13 @@ async function main(): Promise<void> {
   const failed = outcomes.filter((o) => o.result === 'failed').length;
   process.stdout.write(`${outcomes.length - failed} of ${outcomes.length} tools in place at ${baseUrl}\n`);
   if (failed > 0) process.exit(1);
+}
+
+/** fetch rejects with "fetch failed" and puts what happened (ECONNREFUSED, ENOTFOUND…) in `cause`. */
+function reasonOf(error: unknown): string {
+  const cause = error instanceof Error ? error.cause : undefined;
+  if (cause instanceof Error) return cause.message;
+  return error instanceof Error ? error.message : String(error);
 }
 
 main().catch((error: unknown) => {
