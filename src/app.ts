@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Counter, Gauge } from 'prom-client';
@@ -13,6 +14,8 @@ import { waitAtMost } from './db/wait-at-most.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
 import { authPlugin } from './http/auth.js';
+import { idempotencyPlugin } from './http/idempotency.js';
+import { IdempotencyKeys } from './idempotency/idempotency-keys.js';
 import { clientErrorHandler, frameworkErrors, installErrorHandlers } from './http/error-handler.js';
 import { ApiError } from './http/errors.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
@@ -98,6 +101,9 @@ declare module 'fastify' {
     registeredRoutes: string[];
   }
 }
+
+/** How often a closing app looks whether only unfinished requests hold connections open. */
+const DRAIN_CHECK_MS = 50;
 
 /**
  * The composition root: builds every service once, wires routes to them, and closes what it
@@ -215,14 +221,27 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   // Otherwise a client's keep-alive connection, busy when closing began, would hold the server
   // open until its keep-alive timeout, and the process would be killed at the shutdown timeout.
   // A request that still arrives (on a connection opened before) is refused with 503.
+  // Once no request that arrived whole is left unanswered, the connections still open (a request
+  // never finished by its client, an idle keep-alive) are closed: they would hold the shutdown
+  // until the shutdown timeout killed the process.
   let closing = false;
+  const unanswered = new Set<IncomingMessage>();
+  let drain: NodeJS.Timeout | undefined;
   app.addHook('preClose', (done) => {
     closing = true;
+    drain = setInterval(() => {
+      for (const request of unanswered) if (request.complete) return;
+      clearInterval(drain);
+      app.server.closeAllConnections();
+    }, DRAIN_CHECK_MS);
+    drain.unref();
     done();
   });
   app.addHook('onRequest', async (request, reply) => {
     request.traceId = traceIdOf(request.raw);
     reply.header('x-request-id', request.id);
+    unanswered.add(request.raw);
+    reply.raw.once('close', () => unanswered.delete(request.raw));
     if (closing) throw new ApiError('gateway_unavailable', 'the gateway is shutting down');
   });
   // Input no route could store or hash — nested too deep, a NUL character, a lone surrogate — is
@@ -238,6 +257,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     done(null, payload);
   });
   app.addHook('onResponse', async (request, reply) => {
+    unanswered.delete(request.raw);
     const route = request.routeOptions.url ?? 'unmatched';
     metrics.httpDuration.observe(
       { method: request.method, route, status_code: String(reply.statusCode) },
@@ -260,6 +280,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   // partition none would ever finish, and closing the database (the caller's next step) destroys
   // the connections still waiting.
   app.addHook('onClose', async () => {
+    clearInterval(drain);
     await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop()]);
     await Promise.all([
       // Every call in flight has finished: nothing this replica held is busy any more.
@@ -277,6 +298,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     maxTtlSeconds: config.jwt.maxTtlSeconds,
     audit,
   });
+  await app.register(idempotencyPlugin, { keys: new IdempotencyKeys({ db: database.db, now }) });
   await app.register(operationsRoutes, {
     database,
     metrics,

@@ -225,14 +225,13 @@ describe('a grant made while the newest version is final_write (SPEC §1: it nev
 
 describe("a grant's capability modifiers are bounded by the version its agent's calls run", () => {
   const operator = tokens.tenantOperator(T);
-  const grantWith = (agentId: string, egress_domains: string[]) =>
+  const grantWith = (agentId: string, egress_domains: string[], scope: { scope: string; scope_ref: string } = { scope: 'per-tenant', scope_ref: T }) =>
     h.client.post('/grants', {
       token: operator,
       body: {
         agent_id: agentId,
         tool_id: 'egress.split',
-        scope: 'per-tenant',
-        scope_ref: T,
+        ...scope,
         capability_modifiers: { egress_domains },
         expires_at: new Date(Date.now() + 3600_000).toISOString(),
         rationale: 'narrowed egress',
@@ -259,7 +258,8 @@ describe("a grant's capability modifiers are bounded by the version its agent's 
   });
 
   it('judges a renewal the same way', async () => {
-    const granted = await grantWith(AGENT, ['one.example.test']);
+    // Its own session: the per-tenant grant of the test before still holds these modifiers.
+    const granted = await grantWith(AGENT, ['one.example.test'], { scope: 'per-session', scope_ref: 'renewal' });
     expect(granted.status).toBe(201);
     const renew = (egress_domains: string[]) =>
       h.client.post(`/grants/${granted.body.id}/renew`, {

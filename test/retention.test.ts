@@ -362,6 +362,15 @@ describe('the retention sweep', () => {
     expect((await sql<{ n: string }>`select count(*) as n from replicas where expires_at > now()`.execute(db)).rows[0]!.n).toBe(live);
   });
 
+  it('deletes idempotency keys past their 24 hours, and keeps younger ones', async () => {
+    const db = h.db.database.db;
+    await sql`insert into idempotency_keys (tenant_id, actor, key, fingerprint, status_code, response, created_at, completed_at)
+              values ('t', 'operator:o', 'old', 'f', 201, '{}', now() - interval '25 hours', now() - interval '25 hours'),
+                     ('t', 'operator:o', 'young', 'f', 201, '{}', now() - interval '23 hours', now() - interval '23 hours')`.execute(db);
+    expect(await sweeper().sweep()).toMatchObject({ idempotency_keys: 1 });
+    expect((await sql<{ key: string }>`select key from idempotency_keys where tenant_id = 't'`.execute(db)).rows).toEqual([{ key: 'young' }]);
+  });
+
   it('runs in every replica, every TOOLGATE_RETENTION_SWEEP_MS', async () => {
     const runId = newRunId('old-by-app');
     expect((await execute({ run_id: runId, plan: [step('search', 'by the app')] })).status).toBe(200);

@@ -70,7 +70,7 @@ describe('a hostile schema cannot stall the gateway', () => {
       call('bounds.input_pattern', { q: hostile }),
       call('bounds.output_pattern', { q: hostile }),
       call('bounds.branchy', { q: nested }),
-      call('bounds.unique', { q: Array.from({ length: 30_000 }, (_, i) => ({ i, pad: 'x'.repeat(8) })) }),
+      call('bounds.unique', { q: Array.from({ length: 10_000 }, (_, i) => ({ i, pad: 'x'.repeat(8) })) }),
     ]);
     const slowest = { ms: 0 };
     let settled = false;
@@ -90,7 +90,7 @@ describe('a hostile schema cannot stall the gateway', () => {
     expect(outputPattern.status).toBe(502);
     expect(outputPattern.body.steps[0].error.code).toBe('tool_output_schema_invalid');
     expect(branching.status).toBe(422);
-    expect(branching.body.steps[0].error.details.errors).toEqual([{ path: '/', message: expect.stringContaining('took longer than') }]);
+    expect(branching.body.steps[0].error.details.errors).toEqual([{ path: '/', message: expect.stringContaining('ms of CPU to check against the schema') }]);
     expect(unique.status).toBe(200);
     // Only the call whose input passed reached a backend.
     expect(backend.hitsOn('/echo').length - dispatchedBefore).toBe(2);

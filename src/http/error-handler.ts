@@ -15,6 +15,10 @@ export function installErrorHandlers(app: FastifyInstance): void {
       if (error.statusCode >= 500) request.log.warn({ code: error.code, details: error.details }, error.message);
       return reply.code(error.statusCode).headers(error.headers).send(errorBody(error.code, error.message, error.details));
     }
+    if (isClientAbort(error, request)) {
+      request.log.info({ reason: 'client_aborted' }, CLIENT_WENT_AWAY);
+      return reply.code(400).send(errorBody('invalid_request', 'the request did not arrive whole', { reason: 'client_aborted' }));
+    }
     if (isDatabaseUnavailable(error)) {
       request.log.warn({ err: error }, 'database unavailable');
       return reply
@@ -44,6 +48,17 @@ export function installErrorHandlers(app: FastifyInstance): void {
   app.setNotFoundHandler((request, reply) => {
     reply.code(404).send(errorBody('not_found', `no route ${request.method} ${request.url.split('?')[0]}`));
   });
+}
+
+/** What the log says of a client that closed its connection before its request arrived whole. */
+export const CLIENT_WENT_AWAY = 'the client closed the connection before its request arrived whole';
+
+/**
+ * A request body cut off by its client (Node's `aborted`, code `ECONNRESET` like a lost database
+ * connection): the client's doing, and no fault of the gateway's.
+ */
+function isClientAbort(error: { code?: unknown; message: string }, request: FastifyRequest): boolean {
+  return error.code === 'ECONNRESET' && error.message === 'aborted' && request.raw.destroyed;
 }
 
 /**
@@ -81,7 +96,8 @@ export function clientErrorHandler(logger: FastifyBaseLogger): (error: Connectio
     refused.add(socket);
     const requestId = randomUUID();
     const reason = error.code ?? 'bad_request';
-    logger.info({ request_id: requestId, status: 400, reason }, 'request refused by the HTTP parser');
+    // The client ended the connection mid-request: the parser's refusal is only the consequence.
+    logger.info({ request_id: requestId, status: 400, reason }, reason === 'HPE_INVALID_EOF_STATE' ? CLIENT_WENT_AWAY : 'request refused by the HTTP parser');
     afterAnswersInFlight(socket, () => {
       if (socket.writable) {
         const body = JSON.stringify(errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }));

@@ -19,11 +19,12 @@ export interface ToolValidators {
 }
 
 /**
- * The longest one value may take to validate. Patterns are linear and `uniqueItems` is hashed,
- * but a schema can still branch (`anyOf` through a recursive `$ref`) exponentially in the depth of
- * a value: past this budget the value is refused instead of holding the event loop.
+ * The most CPU time one value may take to validate. Patterns are linear and `uniqueItems` is
+ * hashed, but a schema can still branch (`anyOf` through a recursive `$ref`) exponentially in the
+ * depth of a value: past this budget the value is refused instead of holding the event loop.
+ * CPU time, not wall time, so that a legitimate large value is not refused on a busy machine.
  */
-export const VALIDATION_BUDGET_MS = 100;
+export const VALIDATION_BUDGET_MS = 200;
 
 /** Limits on a tool schema's shape: compiling costs ~0.3 ms per subschema and recurses per level. */
 export const MAX_SCHEMA_NODES = 1_000;
@@ -100,14 +101,20 @@ function hasUniqueItems(this: unknown, unique: boolean, data: unknown[]): boolea
 const BUDGET_KEYWORD = 'x-toolgate-budget';
 const STEPS_PER_CLOCK_CHECK = 256;
 let steps = 0;
+/** The process's CPU time (µs) past which the validation in progress is cut off. */
 let deadline = Infinity;
+
+function cpuMicros(): number {
+  const { user, system } = process.cpuUsage();
+  return user + system;
+}
 
 class ValidationBudgetExceeded extends Error {}
 
 function withinBudget(): boolean {
   if (++steps >= STEPS_PER_CLOCK_CHECK) {
     steps = 0;
-    if (performance.now() > deadline) throw new ValidationBudgetExceeded();
+    if (cpuMicros() > deadline) throw new ValidationBudgetExceeded();
   }
   return true;
 }
@@ -136,14 +143,14 @@ function budgeted(schema: unknown): unknown {
 function bounded(validate: SchemaValidator): SchemaValidator {
   const run = ((data: unknown) => {
     steps = 0;
-    deadline = performance.now() + VALIDATION_BUDGET_MS;
+    deadline = cpuMicros() + VALIDATION_BUDGET_MS * 1000;
     try {
       const ok = validate(data);
       run.errors = validate.errors ?? null;
       return ok;
     } catch (error) {
       if (!(error instanceof ValidationBudgetExceeded)) throw error;
-      run.errors = [{ instancePath: '', message: `took longer than ${VALIDATION_BUDGET_MS} ms to check against the schema; refused` }];
+      run.errors = [{ instancePath: '', message: `took more than ${VALIDATION_BUDGET_MS} ms of CPU to check against the schema; refused` }];
       return false;
     } finally {
       deadline = Infinity;

@@ -4,6 +4,8 @@ import { Counter, type Registry } from 'prom-client';
 import { BackgroundTask } from '../db/background-task.js';
 import type { DB } from '../db/schema.js';
 import { isDatabaseUnavailable } from '../db/unavailable.js';
+import { IDEMPOTENCY_KEY_TTL_MS } from '../idempotency/idempotency-keys.js';
+import { deleteKeysBefore } from '../idempotency/idempotency-repository.js';
 import { deleteFinishedRunTrees, deleteLapsedReplicas, lockFinishedRoot, lockFinishedRoots, NO_DELETIONS, takeRetentionTurn, type RetentionCounts, type RootPosition } from './retention-repository.js';
 
 /** Root runs looked at per transaction: each batch holds its locks for a few milliseconds. */
@@ -34,6 +36,8 @@ export interface RetentionSweeperOptions {
 /** What one sweep deleted; `skipped` when another replica was sweeping. */
 export interface RetentionSweep extends RetentionCounts {
   replicas: number;
+  /** Idempotency keys older than their 24 hours. */
+  idempotency_keys: number;
   skipped: boolean;
   /** The roots of the trees whose deletion failed in this sweep, now set aside. */
   failed: Array<{ tenant_id: string; run_id: string }>;
@@ -118,10 +122,12 @@ export class RetentionSweeper {
       after = batch.roots[batch.roots.length - 1];
     }
     const replicas = skipped || this.stopping ? 0 : await deleteLapsedReplicas(this.options.db, before);
-    const counts: Record<string, number> = { ...total, replicas };
+    const keysBefore = new Date(this.options.now().getTime() - IDEMPOTENCY_KEY_TTL_MS);
+    const idempotency_keys = skipped || this.stopping ? 0 : await deleteKeysBefore(this.options.db, keysBefore);
+    const counts: Record<string, number> = { ...total, replicas, idempotency_keys };
     for (const [table, count] of Object.entries(counts)) if (count > 0) this.deleted.inc({ table }, count);
     if (total.runs > 0 || replicas > 0) this.options.logger.info({ deleted: counts, finished_before: before.toISOString() }, 'retention sweep deleted finished runs');
-    return { ...total, replicas, skipped, failed: failed.map(({ tenant_id, run_id }) => ({ tenant_id, run_id })) };
+    return { ...total, replicas, idempotency_keys, skipped, failed: failed.map(({ tenant_id, run_id }) => ({ tenant_id, run_id })) };
   }
 
   /** The next batch of roots after `after`, in one transaction; if that fails, one tree at a time. */

@@ -114,7 +114,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     return id;
   }
 
-  app.post('/budgets', { config: { access: 'operator' } }, async (request, reply: FastifyReply) => {
+  app.post('/budgets', { config: { access: 'operator', idempotent: true } }, async (request, reply: FastifyReply) => {
     const body = parseInput(createBody, request.body, 'body');
     const tenantId = (await tenantInReach(request, deps.audit, body.tenant_id)) ?? operatorOf(request).tenantId;
     const result = await createBudget(

@@ -104,7 +104,7 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
     return grant;
   }
 
-  app.post('/grants', { config: { access: 'operator' } }, async (request, reply) => {
+  app.post('/grants', { config: { access: 'operator', idempotent: true } }, async (request, reply) => {
     const operator = operatorOf(request);
     const body = parseInput(createBody, request.body, 'body');
     const tenantId = (await tenantInReach(request, audit, body.tenant_id)) ?? operator.tenantId;

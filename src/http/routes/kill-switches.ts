@@ -97,7 +97,7 @@ export function killSwitchView(ks: KillSwitch) {
 export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRouteDeps): Promise<void> {
   const { service, snapshot, audit } = deps;
 
-  app.post('/kill-switches', { config: { access: 'operator' } }, async (request, reply) => {
+  app.post('/kill-switches', { config: { access: 'operator', idempotent: true } }, async (request, reply) => {
     const operator = operatorOf(request);
     const body = parseInput(armBody, request.body, 'body');
     if (body.target === undefined && body.scope !== 'global') {

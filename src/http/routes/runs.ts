@@ -131,7 +131,7 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     return presentRun(await deps.controls.complete(controller(request), await runKeyOf(request, principalOf(request), deps.audit)));
   });
 
-  app.post('/runs/:run_id/handoffs', { config: { access: 'agent' } }, async (request, reply) => {
+  app.post('/runs/:run_id/handoffs', { config: { access: 'agent', idempotent: true } }, async (request, reply) => {
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
     const { run_id } = parseInput(runParams, request.params, 'params');

@@ -83,7 +83,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     });
   }
 
-  app.post('/tools', { config: { access: 'platform-operator' } }, async (request, reply) => {
+  app.post('/tools', { config: { access: 'platform-operator', idempotent: true } }, async (request, reply) => {
     const operator = operatorOf(request);
     const registration = parseInput(toolRegistrationSchema, request.body, 'body');
     const missing = missingSecret(registration, deps.secrets);
