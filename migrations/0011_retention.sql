@@ -14,9 +14,6 @@ CREATE INDEX IF NOT EXISTS run_grant_uses_run ON run_grant_uses (tenant_id, run_
 -- A hand-off's approval, by hand-off: the foreign key's check when a hand-off is deleted.
 CREATE INDEX IF NOT EXISTS approvals_handoff ON approvals (handoff_id) WHERE handoff_id IS NOT NULL;
 
--- A run's live per-run grants, by run id: a run tree is kept while one names any of its runs.
-CREATE INDEX IF NOT EXISTS grants_per_run ON grants (tenant_id, scope_ref) WHERE scope = 'per-run' AND revoked_at IS NULL;
-
 -- What the settled reservations deleted with their runs had spent, per (tenant, agent): a
 -- `total` budget created later still starts from everything its subject ever spent.
 CREATE TABLE budget_spend_archive (

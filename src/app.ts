@@ -104,6 +104,8 @@ declare module 'fastify' {
 
 /** How often a closing app looks whether only unfinished requests hold connections open. */
 const DRAIN_CHECK_MS = 50;
+/** How long a closing app waits for requests whose body is still arriving. */
+const ARRIVING_GRACE_MS = 2_000;
 
 /**
  * The composition root: builds every service once, wires routes to them, and closes what it
@@ -221,16 +223,17 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   // Otherwise a client's keep-alive connection, busy when closing began, would hold the server
   // open until its keep-alive timeout, and the process would be killed at the shutdown timeout.
   // A request that still arrives (on a connection opened before) is refused with 503.
-  // Once no request that arrived whole is left unanswered, the connections still open (a request
-  // never finished by its client, an idle keep-alive) are closed: they would hold the shutdown
-  // until the shutdown timeout killed the process.
+  // Once no request that arrived whole is left unanswered, and those still arriving had a moment
+  // to finish, the connections still open (a request its client never finishes, an idle
+  // keep-alive) are closed: they would hold the shutdown until the shutdown timeout killed it.
   let closing = false;
   const unanswered = new Set<IncomingMessage>();
   let drain: NodeJS.Timeout | undefined;
   app.addHook('preClose', (done) => {
     closing = true;
+    const arrivingUntil = Date.now() + ARRIVING_GRACE_MS;
     drain = setInterval(() => {
-      for (const request of unanswered) if (request.complete) return;
+      for (const request of unanswered) if (request.complete || Date.now() < arrivingUntil) return;
       clearInterval(drain);
       app.server.closeAllConnections();
     }, DRAIN_CHECK_MS);

@@ -1,10 +1,13 @@
+import { appendFileSync, copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { verifyAuditChain } from '../src/audit/audit-repository.js';
 import { openDatabase } from '../src/db/database.js';
-import { migrate } from '../src/db/migrate.js';
+import { MigrationChangedError, migrate, migrationsDir } from '../src/db/migrate.js';
 import { AppClient } from './helpers/harness.js';
 import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
 
@@ -43,6 +46,28 @@ describe('migrations on the embedded database', () => {
       await new AuditLog(database.db).append({ event_type: 'test.event', actor: 'system.test' });
       await expect(sql`delete from audit_events`.execute(database.db)).rejects.toThrow(/append-only/);
       expect((await verifyAuditChain(database.db)).ok).toBe(true);
+    } finally {
+      await database.close();
+    }
+  });
+});
+
+describe('migrations carry checksums', () => {
+  it('stop start-up, naming the file, when a migration changed after it was applied; adopt the checksum of one applied before checksums', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'toolgate-migrations-'));
+    for (const file of readdirSync(migrationsDir)) copyFileSync(join(migrationsDir, file), join(dir, file));
+    const database = await openDatabase({ databaseUrl: undefined, dataDir: 'memory://', poolSize: 1, logger });
+    try {
+      expect((await migrate(database.db, dir)).applied.length).toBeGreaterThan(0);
+      // A database migrated before checksums were kept: its rows have none, and get today's.
+      await sql`update schema_migrations set checksum = null where version = '0002_registry'`.execute(database.db);
+      expect((await migrate(database.db, dir)).applied).toEqual([]);
+      const adopted = await sql<{ checksum: string | null }>`select checksum from schema_migrations where version = '0002_registry'`.execute(database.db);
+      expect(adopted.rows[0]!.checksum).toMatch(/^[0-9a-f]{64}$/);
+
+      appendFileSync(join(dir, '0011_retention.sql'), '\nCREATE INDEX IF NOT EXISTS late_addition ON grants (agent_id);\n');
+      await expect(migrate(database.db, dir)).rejects.toThrow(MigrationChangedError);
+      await expect(migrate(database.db, dir)).rejects.toThrow(/migration 0011_retention\.sql was changed after it was applied/);
     } finally {
       await database.close();
     }

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { sql, type Kysely } from 'kysely';
@@ -13,9 +14,17 @@ export interface MigrationResult {
   applied: string[];
 }
 
+/** Thrown when a migration already applied no longer reads as it did: migrations are never edited. */
+export class MigrationChangedError extends Error {
+  override name = 'MigrationChangedError';
+}
+
 /**
  * Applies the numbered SQL files of `migrations/` that have not run yet, in order, in one
- * transaction holding an advisory lock: replicas starting together apply each file once.
+ * transaction holding an advisory lock: replicas starting together apply each file once. Each
+ * file's SHA-256 is kept; an applied file whose text changed since stops start-up, since the
+ * change would never reach a database that already ran it. Files applied before checksums were
+ * kept are recorded as they read now.
  */
 export async function migrate(db: Kysely<DB>, dir = migrationsDir): Promise<MigrationResult> {
   const files = (await readdir(dir)).filter((name) => /^\d{4}_[a-z0-9_]+\.sql$/.test(name)).sort();
@@ -25,16 +34,28 @@ export async function migrate(db: Kysely<DB>, dir = migrationsDir): Promise<Migr
       version text primary key,
       applied_at timestamptz not null default now()
     )`.execute(trx);
-    const done = new Set(
-      (await trx.selectFrom('schema_migrations').select('version').execute()).map((row) => row.version),
+    await sql`alter table schema_migrations add column if not exists checksum text`.execute(trx);
+    const done = new Map(
+      (await trx.selectFrom('schema_migrations').select(['version', 'checksum']).execute()).map((row) => [row.version, row.checksum]),
     );
     const applied: string[] = [];
     for (const file of files) {
       const version = file.replace(/\.sql$/, '');
-      if (done.has(version)) continue;
       const text = await readFile(`${dir}/${file}`, 'utf8');
+      const checksum = createHash('sha256').update(text).digest('hex');
+      if (done.has(version)) {
+        const recorded = done.get(version);
+        if (recorded === null || recorded === undefined) {
+          await trx.updateTable('schema_migrations').set({ checksum }).where('version', '=', version).execute();
+        } else if (recorded !== checksum) {
+          throw new MigrationChangedError(
+            `migration ${file} was changed after it was applied to this database (sha256 ${recorded.slice(0, 12)}… then, ${checksum.slice(0, 12)}… now): restore it, and put the change in a new migration`,
+          );
+        }
+        continue;
+      }
       await sql.raw(text).execute(trx);
-      await trx.insertInto('schema_migrations').values({ version }).execute();
+      await trx.insertInto('schema_migrations').values({ version, checksum }).execute();
       applied.push(version);
     }
     return { applied };

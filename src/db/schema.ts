@@ -38,6 +38,8 @@ export interface AuditChainHeadTable {
 export interface SchemaMigrationTable {
   version: string;
   applied_at: Generated<Date>;
+  /** SHA-256 of the file as applied; null for rows from before checksums were kept. */
+  checksum: string | null;
 }
 
 // Budgets and rate limits (migrations/0005). numeric columns arrive as text.
