@@ -231,6 +231,18 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     const events = await auditOf(meta.run_id as string);
     expect(events.filter((e) => e.event_type === 'run.resumed').map((e) => e.details.via)).toEqual(['mcp']);
   });
+
+  it('a held call whose proposal an operator rejected is refused when called again, and never dispatched', async () => {
+    const marker = `rejected-${era}`;
+    const call = { name: 'gated', arguments: { q: marker }, _meta: { 'dev.toolgate/run': { run_id: newRunId('mcp') } } };
+    const held = resultMeta((await client.callTool(call)) as CallToolResult);
+    const rejected = await h.client.post(`/approvals/${held.approval_id as string}/reject`, { token: operator, body: { rationale: 'not this one' } });
+    expect(rejected.status).toBe(200);
+    const again = (await client.callTool(call)) as CallToolResult;
+    expect(again.isError).toBe(true);
+    expect(resultMeta(again)).toMatchObject({ run_id: held.run_id, code: 'run_not_resumable' });
+    expect(hitsFor(marker)).toHaveLength(0);
+  });
 });
 
 describe('list changes', () => {
