@@ -20,7 +20,7 @@ import { agentViewOf } from '../registry/tool-views.js';
 import type { RunControls } from '../runs/run-controls.js';
 import type { RunAnswer, RunExecutor } from '../runs/run-executor.js';
 import type { RunRequest } from '../runs/run-types.js';
-import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable, unknownTool } from './mcp-calls.js';
+import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable } from './mcp-calls.js';
 import { mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
 
 /** Who is calling through the door, and what became of the call (for the request metrics). */
@@ -159,7 +159,7 @@ export class McpDoor {
       }
       return callResultOf(name, answer);
     } catch (error) {
-      if (error instanceof ApiError && error.code !== 'gateway_unavailable') return refusalOf(request, error, name);
+      if (error instanceof ApiError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
       throw error;
     }
   }
@@ -186,8 +186,7 @@ export class McpDoor {
 }
 
 /** A refusal of the whole request (run id conflict, run not resumable…): the run it names is unchanged. */
-function refusalOf(request: RunRequest, error: ApiError, toolId: string): CallToolResult {
-  if (error.code === 'tool_not_registered') throw unknownTool(toolId);
+function refusalOf(request: RunRequest, error: ApiError): CallToolResult {
   const retryAfter = error.details.retry_after_seconds;
   return refusalResult({
     runId: request.run_id,

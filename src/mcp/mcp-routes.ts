@@ -1,6 +1,8 @@
 import { readFileSync } from 'node:fs';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Kysely } from 'kysely';
 import type { Config } from '../config/config.js';
+import type { DB } from '../db/schema.js';
 import { principalOf } from '../http/auth.js';
 import { ApiError } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
@@ -13,7 +15,7 @@ export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger'> {
   metrics: Metrics;
   catalog: ToolCatalog;
   /** Where tenant policies are read when someone listens for changes. */
-  db: ConstructorParameters<typeof ToolListChanges>[0]['db'];
+  db: Kysely<DB>;
   now: () => Date;
   /** How often tool lists are checked for changes. */
   changeCheckMs: number;
