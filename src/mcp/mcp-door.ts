@@ -2,6 +2,7 @@ import {
   createMcpHandler,
   InMemoryServerEventBus,
   isLegacyRequest,
+  PROTOCOL_VERSION_META_KEY,
   ProtocolError,
   ProtocolErrorCode,
   Server,
@@ -68,7 +69,9 @@ export class McpDoor {
   /** Serves one HTTP request whose body Fastify has parsed; `caller` is the authenticated agent. */
   async serve(request: Request, parsedBody: unknown, caller: McpCaller): Promise<Response> {
     const authInfo = { token: '', clientId: caller.principal.id, scopes: [...caller.principal.scopes], extra: { caller } };
-    if (await isLegacyRequest(request, parsedBody)) return this.serveLegacy(request, parsedBody, authInfo);
+    // A request claiming a 2026-07-28 envelope is never legacy: the SDK's own predicate (which
+    // reads the body again) is asked only about the others.
+    if (!claimsEnvelope(parsedBody) && (await isLegacyRequest(request, parsedBody))) return this.serveLegacy(request, parsedBody, authInfo);
     return this.modern.fetch(request, { authInfo, parsedBody });
   }
 
@@ -92,12 +95,10 @@ export class McpDoor {
     // Stateless and JSON: no session id, no stream (2025-era clients hear of changes by re-listing).
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     await server.connect(transport);
-    try {
-      return await transport.handleRequest(request, { authInfo, parsedBody });
-    } finally {
-      void transport.close().catch(() => undefined);
-      void server.close().catch(() => undefined);
-    }
+    // In JSON mode the exchange is over with its answer and nothing outlives it: the pair is left
+    // to the garbage collector rather than closed (closing builds an error, stack and all, to
+    // reject requests that cannot be pending).
+    return transport.handleRequest(request, { authInfo, parsedBody });
   }
 
   private server({ era, authInfo }: McpRequestContext): Server {
@@ -183,6 +184,12 @@ export class McpDoor {
     this.deps.logger.error({ err: error, request_id: caller.requestId }, 'unexpected error in an MCP request');
     return new ProtocolError(ProtocolErrorCode.InternalError, `internal: an unexpected error occurred; quote request id ${caller.requestId}`);
   }
+}
+
+/** Whether a JSON-RPC request carries the per-request envelope of protocol 2026-07-28. */
+function claimsEnvelope(body: unknown): boolean {
+  const meta = (body as { params?: { _meta?: Record<string, unknown> } } | null)?.params?._meta;
+  return typeof meta === 'object' && meta !== null && PROTOCOL_VERSION_META_KEY in meta;
 }
 
 /** A refusal of the whole request (run id conflict, run not resumable…): the run it names is unchanged. */
