@@ -8,6 +8,7 @@ import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { signToken, tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
 import { grantTool, registerTool } from './helpers/world.js';
 
 /** The MCP door as deployments configure it (SPEC §12 `TOOLGATE_MCP_*`), and when its database goes away. */
@@ -98,6 +99,34 @@ describe('a gateway with the door disabled', () => {
       expect(h.client.app.registeredRoutes.filter((route) => route.includes('mcp'))).toEqual([]);
       expect((await h.client.app.inject({ method: 'POST', url: '/mcp', payload: {} })).statusCode).toBe(404);
     } finally {
+      await h.close();
+    }
+  });
+});
+
+describe.skipIf(!hasPostgresServer)('two replicas on one database (needs a PostgreSQL server)', () => {
+  it('a client listening on one replica hears of a registration made on the other, and of a tenant policy change', async () => {
+    const h = await startHarness();
+    const other = await AppClient.start(h.db.database);
+    const client = new Client({ name: 'listener', version: '1.0.0' }, { versionNegotiation: { mode: 'auto' } });
+    try {
+      await other.app.listen({ port: 0, host: '127.0.0.1' });
+      const url = new URL(`http://127.0.0.1:${(other.app.server.address() as { port: number }).port}/mcp`);
+      await client.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } } }));
+      let heard = 0;
+      client.setNotificationHandler('notifications/tools/list_changed', async () => {
+        heard += 1;
+      });
+      await client.listen({ toolsListChanged: true });
+      await registerTool(h.client, { id: 'registered.elsewhere', backendUrl: 'http://127.0.0.1:9/echo', allowed_agents: [AGENT] });
+      await until('the registration to be heard', () => heard === 1);
+      expect((await client.listTools(undefined, { cacheMode: 'refresh' })).tools.map((tool) => tool.name)).toContain('registered.elsewhere');
+      const policy = await h.client.put(`/tenants/${T}/policy`, { token: tokens.platform(), body: { external_call_enabled: true } });
+      expect(policy.status).toBe(200);
+      await until('the policy change to be heard', () => heard === 2);
+    } finally {
+      await client.close().catch(() => undefined);
+      await other.close();
       await h.close();
     }
   });
