@@ -41,11 +41,17 @@ export interface McpDoorDeps {
   approvals: Pick<ApprovalService, 'get'>;
   /** Whether a tenant's agents may be offered `external_call` tools (its policy). */
   externalCallEnabled: (tenantId: string) => Promise<boolean>;
-  logger: Pick<Logger, 'warn' | 'error'>;
+  logger: Pick<Logger, 'info' | 'warn' | 'error'>;
   version: string;
 }
 
 const SERVER_NAME = 'toolgate';
+
+const INSTRUCTIONS =
+  'toolgate governs every tool call: grants, kill switches, budgets, rate limits, approvals and an audit log. ' +
+  'A refused call is an isError result whose text starts with its code; _meta["dev.toolgate/result"] carries run_id, status, code, ' +
+  'retry_after_seconds (call again after it) and approval_id (call again with the same run_id once approved). ' +
+  'Run fields (run_id, context, budget_units, version...) go in _meta["dev.toolgate/run"].';
 
 /**
  * The MCP front door (SPEC §12) on the SDK's low-level `Server`: one instance per HTTP request,
@@ -62,7 +68,8 @@ export class McpDoor {
     this.modern = createMcpHandler((context) => this.server(context), {
       legacy: 'reject',
       bus: this.bus,
-      onerror: (error) => deps.logger.warn({ err: error }, 'MCP request refused by the SDK'),
+      // A client's malformed request, as the SDK saw it: the client's problem, not the gateway's.
+      onerror: (error) => deps.logger.info({ err: error }, 'MCP request refused by the SDK'),
     });
   }
 
@@ -110,6 +117,7 @@ export class McpDoor {
         // Only 2026-07-28 clients can hear a list change (on a subscriptions/listen stream).
         capabilities: { tools: { listChanged: era === 'modern' } },
         cacheHints: { 'tools/list': { ttlMs: TOOLS_LIST_TTL_MS, cacheScope: 'private' } },
+        instructions: INSTRUCTIONS,
       },
     );
     server.setRequestHandler('tools/list', async (request) => {

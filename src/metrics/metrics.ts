@@ -57,7 +57,7 @@ export function createMetrics(): Metrics {
     }),
     mcpRequests: new Counter({
       name: 'toolgate_mcp_requests_total',
-      help: 'MCP requests by JSON-RPC method and outcome (ok, tool_error, protocol_error, refused)',
+      help: 'MCP requests by JSON-RPC method and outcome (ok, tool_error, error; unauthenticated, forbidden, method_not_allowed, invalid for refused requests)',
       labelNames: ['method', 'outcome'],
       registers: [registry],
     }),
