@@ -245,6 +245,21 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
   });
 });
 
+describe('run ids', () => {
+  it('belong to the agent that used them first: another agent naming one is refused (run_id_conflict), nothing dispatched', async () => {
+    const runId = newRunId('mcp');
+    const owner = await connect('legacy');
+    const other = await connect('modern');
+    expect(((await owner.callTool({ name: 'echo', arguments: { q: 'owned' }, _meta: { 'dev.toolgate/run': { run_id: runId } } })) as CallToolResult).isError).toBe(false);
+    const refused = (await other.callTool({ name: 'echo', arguments: { q: 'not yours' }, _meta: { 'dev.toolgate/run': { run_id: runId } } })) as CallToolResult;
+    expect(refused.isError).toBe(true);
+    expect(resultMeta(refused)).toEqual({ run_id: runId, status: 'rejected', code: 'run_id_conflict' });
+    expect(hitsFor('not yours')).toHaveLength(0);
+    const events = await auditOf(runId);
+    expect(events.find((e) => e.event_type === 'run.rejected')).toMatchObject({ reason_code: 'run_id_conflict', details: { via: 'mcp' } });
+  });
+});
+
 describe('list changes', () => {
   it('a 2026-07-28 client listening is told when a registration changes its tools', async () => {
     const client = await connect('modern');
