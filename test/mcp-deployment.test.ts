@@ -104,6 +104,26 @@ describe('a gateway with the door disabled', () => {
   });
 });
 
+describe('shutting down', () => {
+  it('ends open listen streams, so that a listening client does not hold the gateway open', async () => {
+    const h = await startHarness();
+    const client = new Client({ name: 'listener', version: '1.0.0' }, { versionNegotiation: { mode: 'auto' } });
+    try {
+      await h.client.app.listen({ port: 0, host: '127.0.0.1' });
+      const url = new URL(`http://127.0.0.1:${(h.client.app.server.address() as { port: number }).port}/mcp`);
+      await client.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } } }));
+      const subscription = await client.listen({ toolsListChanged: true });
+      const started = Date.now();
+      await h.client.app.close();
+      expect(Date.now() - started).toBeLessThan(5_000);
+      expect(await subscription.closed).not.toBe('local');
+    } finally {
+      await client.close().catch(() => undefined);
+      await h.close();
+    }
+  });
+});
+
 describe.skipIf(!hasPostgresServer)('two replicas on one database (needs a PostgreSQL server)', () => {
   it('a client listening on one replica hears of a registration made on the other, and of a tenant policy change', async () => {
     const h = await startHarness();
