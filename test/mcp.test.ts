@@ -338,7 +338,14 @@ describe('the door itself', () => {
   });
 
   it('counts MCP requests by method and outcome', async () => {
+    const unknown = await fetch(`${base}/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'prompts/list', params: {} }),
+    });
+    expect(((await unknown.json()) as { error: { code: number } }).error.code).toBe(-32601);
     const metrics = await h.client.get('/metrics');
+    expect(metrics.text).toMatch(/toolgate_mcp_requests_total\{method="other",outcome="error"\} 1/);
     expect(metrics.text).toMatch(/toolgate_mcp_requests_total\{method="tools\/call",outcome="tool_error"\} \d+/);
     expect(metrics.text).toMatch(/toolgate_mcp_requests_total\{method="tools\/list",outcome="ok"\} \d+/);
     expect(metrics.text).toMatch(/toolgate_mcp_requests_total\{method="[^"]+",outcome="unauthenticated"\} \d+/);

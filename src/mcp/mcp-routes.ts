@@ -102,7 +102,7 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
       if (!reply.raw.writableFinished) aborted.abort();
     });
     const response = await door.serve(webRequestOf(request, aborted.signal), request.body, caller);
-    return send(reply, response);
+    return send(reply, response, caller);
   });
 
   for (const method of ['GET', 'DELETE'] as const) {
@@ -148,11 +148,22 @@ function webRequestOf(request: FastifyRequest, signal: AbortSignal): Request {
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */
-async function send(reply: FastifyReply, response: Response): Promise<FastifyReply> {
+async function send(reply: FastifyReply, response: Response, caller: McpCaller): Promise<FastifyReply> {
   if ((response.headers.get('content-type') ?? '').startsWith('text/event-stream')) return reply.send(response);
   reply.code(response.status);
   for (const [name, value] of response.headers) reply.header(name, value);
-  return reply.send(response.body === null ? undefined : await response.text());
+  const body = response.body === null ? undefined : await response.text();
+  // The SDK's own JSON-RPC errors (an unknown method, malformed params) count as errors too.
+  if (caller.outcome === undefined && response.status < 300 && body !== undefined && isJsonRpcError(body)) caller.outcome = 'error';
+  return reply.send(body);
+}
+
+function isJsonRpcError(body: string): boolean {
+  try {
+    return typeof (JSON.parse(body) as { error?: unknown }).error === 'object';
+  } catch {
+    return false;
+  }
 }
 
 function methodOf(request: FastifyRequest): string {
