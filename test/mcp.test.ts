@@ -330,6 +330,21 @@ describe('the door itself', () => {
     }
   });
 
+  it('answers a Host header that is no host name without a fault, and never points clients at it', async () => {
+    for (const host of ['a b', '[::1', 'evil"quote']) {
+      const call = await h.client.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { host, 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` },
+        payload: { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} },
+      });
+      expect(call.statusCode, call.body).toBe(200);
+      const refused = await h.client.app.inject({ method: 'POST', url: '/mcp', headers: { host, 'content-type': 'application/json' }, payload: {} });
+      expect(refused.statusCode).toBe(401);
+      expect(refused.headers['www-authenticate']).toBe('Bearer resource_metadata="http://localhost/.well-known/oauth-protected-resource/mcp"');
+    }
+  });
+
   it('mints no session id', async () => {
     const res = await post({ authorization: `Bearer ${agentToken('legacy')}` });
     expect(res.status).toBe(200);

@@ -126,9 +126,16 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
   }));
 }
 
-/** The gateway's origin as clients reach it: the configured resource's, else the request's. */
+/** A Host header that is a host name or address, with an optional port. */
+const HOST = /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
+
+/**
+ * The gateway's origin as clients reach it: the configured resource's, else the request's (a
+ * `Host` that is no host name gets `localhost`: it names nothing a client could reach anyway).
+ */
 function originOf(request: FastifyRequest, config: Config['mcp']): string {
-  return config.resource !== undefined ? new URL(config.resource).origin : `${request.protocol}://${request.host}`;
+  if (config.resource !== undefined) return new URL(config.resource).origin;
+  return `${request.protocol}://${HOST.test(request.host) ? request.host : 'localhost'}`;
 }
 
 /** Whether a verified token's `aud` (a string or a list) names the resource. */
@@ -144,7 +151,9 @@ function webRequestOf(request: FastifyRequest, signal: AbortSignal): Request {
     if (value === undefined || NOT_FORWARDED.has(name)) continue;
     for (const one of [value].flat()) headers.append(name, String(one));
   }
-  return new Request(`${request.protocol}://${request.host}${request.url}`, { method: request.method, headers, signal });
+  // The SDK reads the method, headers and body; the URL is only carried along, so it is fixed
+  // rather than built from a Host header that may not parse.
+  return new Request('http://localhost/mcp', { method: request.method, headers, signal });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */
