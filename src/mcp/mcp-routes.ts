@@ -97,11 +97,7 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     }
     const caller: McpCaller = { principal, traceId: request.traceId, requestId: request.id };
     request.mcpCaller = caller;
-    const aborted = new AbortController();
-    reply.raw.on('close', () => {
-      if (!reply.raw.writableFinished) aborted.abort();
-    });
-    const response = await door.serve(webRequestOf(request, aborted.signal), request.body, caller);
+    const response = await door.serve(webRequestOf(request, streamEnd(request, reply)), request.body, caller);
     return send(reply, response, caller);
   });
 
@@ -145,7 +141,20 @@ function audienceNames(user: unknown, resource: string): boolean {
   return Array.isArray(aud) ? aud.includes(resource) : aud === resource;
 }
 
-function webRequestOf(request: FastifyRequest, signal: AbortSignal): Request {
+/**
+ * For a listen stream, a signal that fires when its client goes away, so that the SDK ends the
+ * subscription. Other exchanges end with their answer, and a signal on a `Request` is not free.
+ */
+function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | undefined {
+  if ((request.body as { method?: unknown } | undefined)?.method !== 'subscriptions/listen') return undefined;
+  const aborted = new AbortController();
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) aborted.abort();
+  });
+  return aborted.signal;
+}
+
+function webRequestOf(request: FastifyRequest, signal: AbortSignal | undefined): Request {
   const headers = new Headers();
   for (const [name, value] of Object.entries(request.headers)) {
     if (value === undefined || NOT_FORWARDED.has(name)) continue;
@@ -153,7 +162,7 @@ function webRequestOf(request: FastifyRequest, signal: AbortSignal): Request {
   }
   // The SDK reads the method, headers and body; the URL is only carried along, so it is fixed
   // rather than built from a Host header that may not parse.
-  return new Request('http://localhost/mcp', { method: request.method, headers, signal });
+  return new Request('http://localhost/mcp', { method: request.method, headers, ...(signal ? { signal } : {}) });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */
