@@ -345,6 +345,24 @@ describe('the door itself', () => {
     }
   });
 
+  it('answers a 2025-06-18 initialize on any replica, and a tools/call that follows it without a session', async () => {
+    const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` };
+    const init = await fetch(`${base}/mcp`, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+    });
+    expect(init.status).toBe(200);
+    expect(((await init.json()) as { result: { protocolVersion: string } }).result.protocolVersion).toBe('2025-06-18');
+    const call = await fetch(`${base}/mcp`, {
+      method: 'POST',
+      headers: { ...headers, 'mcp-protocol-version': '2025-06-18' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'echo', arguments: { q: 'raw-2025-06-18' } } }),
+    });
+    const body = (await call.json()) as { result: CallToolResult };
+    expect(body.result.structuredContent).toEqual({ echo: { q: 'raw-2025-06-18' } });
+  });
+
   it('mints no session id', async () => {
     const res = await post({ authorization: `Bearer ${agentToken('legacy')}` });
     expect(res.status).toBe(200);
