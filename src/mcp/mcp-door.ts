@@ -14,7 +14,7 @@ import {
 import type { Logger } from 'pino';
 import type { AgentPrincipal } from '../admission/step.js';
 import type { ApprovalService } from '../approvals/approval-service.js';
-import { isDatabaseUnavailable } from '../db/unavailable.js';
+import { isDatabaseUnavailable, isDataException } from '../db/unavailable.js';
 import { ApiError } from '../http/errors.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
 import { agentViewOf } from '../registry/tool-views.js';
@@ -189,6 +189,8 @@ export class McpDoor {
       this.deps.logger.warn({ err: error, request_id: caller.requestId }, 'MCP request met a gateway outage');
       return unavailable(error instanceof ApiError ? error.message : undefined);
     }
+    // PostgreSQL could not take a value as given: the request's fault, as over REST.
+    if (isDataException(error)) return new ProtocolError(ProtocolErrorCode.InvalidParams, 'a value in the request cannot be used');
     this.deps.logger.error({ err: error, request_id: caller.requestId }, 'unexpected error in an MCP request');
     return new ProtocolError(ProtocolErrorCode.InternalError, `internal: an unexpected error occurred; quote request id ${caller.requestId}`);
   }
