@@ -18,6 +18,10 @@
  * Beside the gateway, the same phases measure the floor (bench/floor-proxy.ts): a proxy that
  * commits two rows durably per call and does nothing else, and a bare proxy hop.
  *
+ * The MCP phase makes the same calls through the MCP front door (`POST /mcp`, `tools/call`, as a
+ * 2025-era client and as a 2026-07-28 one sends it) and through `POST /runs/execute`, one after
+ * the other at the moderate concurrency, and prints what the MCP door costs per call beside REST.
+ *
  * Environment: DATABASE_URL (a server where databases can be created; default the local one),
  * BENCH_SECONDS (per phase, default 8), BENCH_MODERATE_CONCURRENCY (default 8),
  * BENCH_PACED_RATES (calls/s of the paced phases, comma-separated; default 100 and a quarter of one
@@ -266,6 +270,36 @@ async function main(): Promise<void> {
       return res.statusCode === 200;
     };
 
+    // The same call as a `tools/call` on the MCP door (stateless: no initialize needed), in the
+    // wire shape of each protocol generation, as the SDK's client sends it.
+    const mcpRequest = (era: '2025' | '2026') => {
+      const id = `bench-mcp-${counter}`;
+      if (era === '2025') {
+        return {
+          headers: { 'mcp-protocol-version': '2025-11-25' },
+          body: { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'bench.echo', arguments: { q: 'hello' } } },
+        };
+      }
+      const envelope = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientInfo': { name: 'bench', version: '1.0.0' }, 'io.modelcontextprotocol/clientCapabilities': {} };
+      return {
+        headers: { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'bench.echo' },
+        body: { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'bench.echo', arguments: { q: 'hello' }, _meta: envelope } },
+      };
+    };
+    const callMcp = (era: '2025' | '2026') => async () => {
+      counter += 1;
+      const request = mcpRequest(era);
+      const res = await gatewayPools[0]!.request({
+        path: '/mcp',
+        method: 'POST',
+        headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...request.headers },
+        body: JSON.stringify(request.body),
+      });
+      const text = await res.body.text();
+      made += 1;
+      return res.statusCode === 200 && text.includes('"isError":false');
+    };
+
     // What the first `count` gateways report on /metrics, summed: the statements they sent to
     // PostgreSQL (toolgate_db_statements_total: round trips per call) and their garbage
     // collections (prom-client's nodejs_gc_duration_seconds: how many full, mark-compact ones,
@@ -282,10 +316,10 @@ async function main(): Promise<void> {
       return counters;
     };
     const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]> = [];
-    /** Calls through `count` gateways, driven by `drive` (a closed or an open loop). */
-    const gatewayPhase = async (label: string, count: number, drive: (call: () => Promise<boolean>) => Promise<Phase>) => {
+    /** Calls through `count` gateways, driven by `drive` (a closed or an open loop); `POST /runs/execute` unless `call` says otherwise. */
+    const gatewayPhase = async (label: string, count: number, drive: (call: () => Promise<boolean>) => Promise<Phase>, call = callGateway(count)) => {
       const before = await gatewayCounters(count);
-      const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () => drive(callGateway(count)));
+      const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () => drive(call));
       const phase = cpu.result;
       const after = await gatewayCounters(count);
       perCall.push([
@@ -314,6 +348,18 @@ async function main(): Promise<void> {
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
     const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, 1, (call) => load('gateway', moderate, seconds, call));
     rows.push([`direct, concurrency ${moderate}`, d8], [`gateway x1, concurrency ${moderate}`, g8]);
+    // The MCP door beside REST: the same calls, one gateway, one phase after the other.
+    await load('warm-up', moderate, 2, callMcp('2025'));
+    await load('warm-up', moderate, 2, callMcp('2026'));
+    const mcpRows: Array<[string, ReturnType<typeof summary>]> = [];
+    for (const [label, call] of [
+      ['REST /runs/execute', callGateway(1)],
+      ['MCP /mcp, 2025-11-25', callMcp('2025')],
+      ['MCP /mcp, 2026-07-28', callMcp('2026')],
+    ] as const) {
+      mcpRows.push([label, await gatewayPhase(`${label}, concurrency ${moderate}`, 1, (c) => load(label, moderate, seconds, c), call)]);
+    }
+    rows.push(...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]));
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
     rows.push([`floor: bare proxy, concurrency ${heavy}`, summary(await load('bare proxy', heavy, seconds, callBareProxy))]);
@@ -358,6 +404,15 @@ async function main(): Promise<void> {
       console.log(
         `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
           `GC ${fmt(n.gcPauseMs)} ms paused per call, ${n.majorGcs} full (mark-compact) collections in the phase`,
+      );
+    }
+    const restRow = mcpRows[0]![1];
+    const restCpu = perCall.find(([label]) => label.startsWith('REST /runs/execute'))?.[1].gatewayCpuMs ?? NaN;
+    for (const [label, s] of mcpRows.slice(1)) {
+      const cpu = perCall.find(([l]) => l.startsWith(label))?.[1].gatewayCpuMs ?? NaN;
+      console.log(
+        `${label} vs REST at concurrency ${moderate}: req/s ${fmt(s.rps / restRow.rps)}, p50 ${fmt(s.p50 / restRow.p50)}, p99 ${fmt(s.p99 / restRow.p99)}, ` +
+          `gateway CPU per call ${fmt(cpu / restCpu)} (${fmt(cpu)} ms vs ${fmt(restCpu)} ms)`,
       );
     }
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);

@@ -45,6 +45,7 @@ import { approvalRoutes } from './http/routes/approvals.js';
 import { whoamiRoutes } from './http/routes/whoami.js';
 import { KillSwitchService } from './kill-switches/kill-switch-service.js';
 import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
+import { mcpRoutes } from './mcp/mcp-routes.js';
 import { createMetrics, type Metrics } from './metrics/metrics.js';
 import { ToolCatalog } from './registry/tool-catalog.js';
 import type { AgentIdentity } from './registry/tool-access.js';
@@ -329,5 +330,19 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled,
   });
   await app.register(budgetRoutes, { db: database.db, audit, now });
+  if (config.mcp.enabled) {
+    await app.register(mcpRoutes, {
+      config: config.mcp,
+      metrics,
+      catalog,
+      runs,
+      runControls,
+      approvals,
+      externalCallEnabled: async (tenantId) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled,
+      db: database.db,
+      now,
+      changeCheckMs: config.registryRefreshMs,
+    });
+  }
   return app;
 }

@@ -61,6 +61,17 @@ export interface Config {
     /** How many sub-runs a root run may hand off to (`TOOLGATE_HANDOFF_MAX_FANOUT`); sub-runs get theirs from the hand-off. */
     rootMaxFanout: number;
   };
+  /** The MCP front door, `POST /mcp` (SPEC §12). */
+  mcp: {
+    /** Whether `/mcp` and its metadata route are served (`TOOLGATE_MCP_ENABLED`, default true). */
+    enabled: boolean;
+    /** The resource tokens must name in `aud` for `/mcp` (`TOOLGATE_MCP_RESOURCE`); unset, `aud` is not checked there. */
+    resource: string | undefined;
+    /** Where clients get tokens, as the RFC 9728 metadata names them (`TOOLGATE_MCP_AUTHORIZATION_SERVERS`). */
+    authorizationServers: string[];
+    /** Browser origins allowed to call `/mcp` (`TOOLGATE_MCP_ALLOWED_ORIGINS`); any other `Origin` is refused. */
+    allowedOrigins: string[];
+  };
 }
 
 /** Names of the variables tool backends may read secrets from. */
@@ -70,6 +81,27 @@ const emptyAsUndefined = (value: unknown) => (value === '' ? undefined : value);
 const optionalString = z.preprocess(emptyAsUndefined, z.string().optional());
 const intInRange = (min: number, max: number, fallback: number) =>
   z.preprocess(emptyAsUndefined, z.coerce.number().int().min(min).max(max).default(fallback));
+
+const httpUrl = (value: string) => {
+  try {
+    const url = new URL(value);
+    return (url.protocol === 'https:' || url.protocol === 'http:') && url.hash === '' && url.username === '' && url.password === '';
+  } catch {
+    return false;
+  }
+};
+/** A comma-separated list, each entry passing `valid`. */
+const listOf = (valid: (entry: string) => boolean, message: string) =>
+  z.preprocess(
+    emptyAsUndefined,
+    z
+      .string()
+      .default('')
+      .transform((value) => value.split(',').map((entry) => entry.trim()).filter((entry) => entry.length > 0))
+      .refine((entries) => entries.every(valid), { message }),
+  );
+/** A browser origin exactly as browsers send it: scheme, host and port only. */
+const isOrigin = (value: string) => httpUrl(value) && new URL(value).origin === value;
 
 const environmentSchema = z
   .object({
@@ -137,6 +169,13 @@ const environmentSchema = z
     TOOLGATE_RETENTION_SWEEP_MS: intInRange(1_000, 86_400_000, 600_000),
     TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
     TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
+    TOOLGATE_MCP_ENABLED: z.preprocess(emptyAsUndefined, z.enum(['true', 'false'], { message: 'must be true or false' }).default('true')),
+    TOOLGATE_MCP_RESOURCE: z.preprocess(
+      emptyAsUndefined,
+      z.string().refine(httpUrl, 'must be an absolute http(s) URL without a fragment, such as https://gateway.example.com/mcp').optional(),
+    ),
+    TOOLGATE_MCP_AUTHORIZATION_SERVERS: listOf(httpUrl, 'must be a comma-separated list of http(s) URLs (authorization server issuers)'),
+    TOOLGATE_MCP_ALLOWED_ORIGINS: listOf(isOrigin, 'must be a comma-separated list of origins such as https://app.example.com (scheme, host and port only)'),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -225,6 +264,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     approvalTtlSeconds: e.TOOLGATE_APPROVAL_TTL_SECONDS,
     retention: { days: e.TOOLGATE_RETENTION_DAYS, sweepIntervalMs: e.TOOLGATE_RETENTION_SWEEP_MS },
     handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
+    mcp: {
+      enabled: e.TOOLGATE_MCP_ENABLED === 'true',
+      resource: e.TOOLGATE_MCP_RESOURCE,
+      authorizationServers: e.TOOLGATE_MCP_AUTHORIZATION_SERVERS,
+      allowedOrigins: e.TOOLGATE_MCP_ALLOWED_ORIGINS,
+    },
   };
 }
 

@@ -9,6 +9,8 @@ export interface Metrics {
   decisions: Counter<'outcome' | 'reason'>;
   admissionDuration: Histogram;
   backendDuration: Histogram<'tool_id' | 'outcome'>;
+  /** MCP requests (SPEC §12) by JSON-RPC method and outcome. */
+  mcpRequests: Counter<'method' | 'outcome'>;
 }
 
 export function createMetrics(): Metrics {
@@ -51,6 +53,12 @@ export function createMetrics(): Metrics {
       help: 'Tool backend call duration by tool and outcome',
       labelNames: ['tool_id', 'outcome'],
       buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers: [registry],
+    }),
+    mcpRequests: new Counter({
+      name: 'toolgate_mcp_requests_total',
+      help: 'MCP requests by JSON-RPC method and outcome (ok, tool_error, error; unauthenticated, forbidden, method_not_allowed, invalid for refused requests)',
+      labelNames: ['method', 'outcome'],
       registers: [registry],
     }),
   };

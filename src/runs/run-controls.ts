@@ -10,7 +10,7 @@ import { ApiError } from '../http/errors.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import { lockRun, takeUpRun, writeRunAwaitingApproval, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
-import { isTerminal, type RunEnvelope, type RunStatus } from './run-types.js';
+import { isTerminal, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
 
 /** What the run controls are built from, by the composition root. */
 export interface RunControlDeps {
@@ -29,6 +29,8 @@ export type RunControl = 'cancel' | 'kill' | 'pause' | 'resume' | 'complete';
 export interface Controller {
   principal: Principal;
   traceId: string;
+  /** The door the control came through when not the REST API. */
+  via?: Via | undefined;
 }
 
 /**
@@ -159,7 +161,7 @@ export class RunControls {
     if ('refuse' in outcome) throw outcome.refuse;
     if ('answer' in outcome) return outcome.answer;
     const principal = caller.principal.kind === 'agent' ? caller.principal : ownerOf(outcome.run);
-    return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal));
+    return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal), caller.via);
   }
 
   /** Expires the approval a waiting run would go on with if it lapsed (see `ApprovalService.expireLapsed`); the refusal, if so. */
@@ -236,7 +238,7 @@ export class RunControls {
           trace_id: caller.traceId,
           status,
           reason_code: reasonCode,
-          details: { ...details, run_depth: run.depth, attribution: attributionOf(run) },
+          details: { ...details, run_depth: run.depth, attribution: attributionOf(run), ...(caller.via ? { via: caller.via } : {}) },
         },
       },
     ]);

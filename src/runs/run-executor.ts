@@ -39,7 +39,7 @@ import {
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
-import { isTerminal, newToolCallId, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus } from './run-types.js';
+import { isTerminal, newToolCallId, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus, type Via } from './run-types.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -92,6 +92,8 @@ interface Execution {
   principal: AgentPrincipal;
   request: RunRequest;
   traceId: string;
+  /** The door the request came through when not the REST API (`mcp`): its records say so. */
+  via: Via | undefined;
   /** The run as this executor took it up (its epoch is this executor's). */
   run: RunRecord;
   /** The hand-off that made this run, for a sub-run: its envelope and budget. */
@@ -151,11 +153,11 @@ export class RunExecutor {
     this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(hot, leaves)));
   }
 
-  async execute(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
+  async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
     if (request.dry_run) return this.dryRun(principal, request, traceId);
     const release = this.track({ tenant_id: principal.tenantId, run_id: request.run_id });
     try {
-      return await this.executeTracked(principal, request, traceId);
+      return await this.executeTracked(principal, request, traceId, via);
     } finally {
       release();
     }
@@ -170,7 +172,7 @@ export class RunExecutor {
     return this.deps.recovery.track(key);
   }
 
-  private async executeTracked(principal: AgentPrincipal, request: RunRequest, traceId: string): Promise<RunAnswer> {
+  private async executeTracked(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined): Promise<RunAnswer> {
     const requestSha256 = payloadHash(request);
     const start: RunStart = {
       request_sha256: requestSha256,
@@ -185,9 +187,9 @@ export class RunExecutor {
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
       // this caller's to learn.
-      if (existing && existing.agent_id !== principal.id) return this.refuse(principal, request, traceId, 'run.rejected', notOwned(request));
+      if (existing && existing.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
       if (!existing || existing.parent_run_id === null) {
-        return this.refuse(principal, request, traceId, 'handoff.rejected', new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
+        return this.refuse(principal, request, traceId, via, 'handoff.rejected', new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
       }
       run = existing;
     } else {
@@ -211,24 +213,24 @@ export class RunExecutor {
       let existing: RunRecord | undefined;
       for (let attempt = 1; attempt <= 2 && !existing; attempt += 1) {
         const claimed = await this.claims.submit(claim);
-        if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal))), prefetchedGrants: prefetched }, [], true);
+        if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)), prefetchedGrants: prefetched }, [], true);
         existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       }
-      if (!existing) return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
+      if (!existing) return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
       run = existing;
     }
-    const prior = await this.priorRun(principal, request, run, start, traceId);
+    const prior = await this.priorRun(principal, request, run, start, traceId, via);
     if ('replay' in prior) return prior.replay;
-    return this.runFrom(await this.execution(prior.run, principal, request, traceId, actorOf(principal)), completedSteps(prior.run));
+    return this.runFrom(await this.execution(prior.run, principal, request, traceId, actorOf(principal), via), completedSteps(prior.run));
   }
 
   /**
    * Continues a run that a control has just taken up for this executor (`takeUpRun`): an
    * approved, paused or throttled run. Every step still to run passes every stage again.
    */
-  async continueRun(run: RunRecord, principal: AgentPrincipal, traceId: string, actor: string): Promise<RunAnswer> {
+  async continueRun(run: RunRecord, principal: AgentPrincipal, traceId: string, actor: string, via?: Via): Promise<RunAnswer> {
     if (!run.request) throw new Error(`run ${run.run_id} has no request to continue`);
-    return this.runFrom(await this.execution(run, principal, run.request, traceId, actor), completedSteps(run));
+    return this.runFrom(await this.execution(run, principal, run.request, traceId, actor, via), completedSteps(run));
   }
 
   /**
@@ -241,11 +243,12 @@ export class RunExecutor {
     run: RunRecord,
     start: RunStart,
     traceId: string,
+    via: Via | undefined,
   ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
-    if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, 'run.rejected', notOwned(request));
+    if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
-        return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
+        return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
       }
       if (run.status === 'queued') {
         const started = await startQueuedRun(
@@ -258,10 +261,10 @@ export class RunExecutor {
       }
       // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
       if (run.status === 'awaiting_approval') await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
-      return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
+      return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
     }
     if (run.request_sha256 !== start.request_sha256) {
-      return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
+      return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
     }
     if (run.busy) {
       // Ends the run if its executor was lost (this request's own mark on it does not count);
@@ -269,7 +272,7 @@ export class RunExecutor {
       // now stands, and one still busy is refused below.
       await this.deps.recovery.recoverIfLost(run, 1);
       const now = await findRun(this.deps.db, run.tenant_id, run.run_id);
-      if (now && !now.busy) return this.priorRun(principal, request, now, start, traceId);
+      if (now && !now.busy) return this.priorRun(principal, request, now, start, traceId, via);
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.
@@ -281,7 +284,7 @@ export class RunExecutor {
       const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
-    return this.refuse(principal, request, traceId, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
+    return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
   }
 
   /**
@@ -309,7 +312,7 @@ export class RunExecutor {
    * and the agent that asked, saying no more than the answer does. The parent_run_id the request
    * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */
-  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, eventType: string, error: ApiError): Promise<never> {
+  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined, eventType: string, error: ApiError): Promise<never> {
     const named = request.parent_run_id === undefined ? {} : 'parent_run_id' in error.details ? { requested_parent_run_id: request.parent_run_id } : { parent_run_id: request.parent_run_id };
     await this.deps.audit.append({
       event_type: eventType,
@@ -320,14 +323,14 @@ export class RunExecutor {
       trace_id: traceId,
       status: 'denied',
       reason_code: error.code,
-      details: { ...error.details, message: error.message, ...named },
+      details: { ...error.details, message: error.message, ...named, ...(via ? { via } : {}) },
     });
     throw error;
   }
 
-  private async execution(run: RunRecord, principal: AgentPrincipal, request: RunRequest, traceId: string, actor: string): Promise<Execution> {
+  private async execution(run: RunRecord, principal: AgentPrincipal, request: RunRequest, traceId: string, actor: string, via: Via | undefined): Promise<Execution> {
     const delegation = run.depth > 0 ? await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id) : undefined;
-    return { principal, request, traceId, run, delegation, actor };
+    return { principal, request, traceId, via, run, delegation, actor };
   }
 
   /**
@@ -848,7 +851,7 @@ export class RunExecutor {
       assessment_id: text(context.assessment_id),
       // Which execution of the run made the call (what recovery reads back if it is lost), and,
       // for a sub-run, who it acts for: its ancestors, root first, then itself.
-      details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}) },
+      details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}), ...(exec.via ? { via: exec.via } : {}) },
     };
   }
 }

@@ -16,6 +16,9 @@ export function isTerminal(status: RunStatus): status is TerminalStatus {
   return TERMINAL_STATUSES.has(status);
 }
 
+/** The door a run request came through when it was not the REST API; its audit records name it. */
+export type Via = 'mcp';
+
 /** The body of `POST /runs/execute` (SPEC §6), after validation. */
 export interface RunRequest {
   run_id: string;

@@ -1,0 +1,215 @@
+import {
+  createMcpHandler,
+  InMemoryServerEventBus,
+  isLegacyRequest,
+  PROTOCOL_VERSION_META_KEY,
+  ProtocolError,
+  ProtocolErrorCode,
+  Server,
+  WebStandardStreamableHTTPServerTransport,
+  type CallToolResult,
+  type McpHttpHandler,
+  type McpRequestContext,
+} from '@modelcontextprotocol/server';
+import type { Logger } from 'pino';
+import type { AgentPrincipal } from '../admission/step.js';
+import type { ApprovalService } from '../approvals/approval-service.js';
+import { isDatabaseUnavailable, isDataException } from '../db/unavailable.js';
+import { ApiError } from '../http/errors.js';
+import type { ToolCatalog } from '../registry/tool-catalog.js';
+import { agentViewOf } from '../registry/tool-views.js';
+import type { RunControls } from '../runs/run-controls.js';
+import type { RunAnswer, RunExecutor } from '../runs/run-executor.js';
+import type { RunRequest } from '../runs/run-types.js';
+import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable } from './mcp-calls.js';
+import { mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
+
+/** Who is calling through the door, and what became of the call (for the request metrics). */
+export interface McpCaller {
+  principal: AgentPrincipal;
+  /** The trace of the HTTP request; a call's `_meta.traceparent` overrides it. */
+  traceId: string;
+  requestId: string;
+  /** Set by the handlers: `tool_error` for an `isError` result, `error` for a JSON-RPC error. */
+  outcome?: 'ok' | 'tool_error' | 'error';
+}
+
+export interface McpDoorDeps {
+  catalog: ToolCatalog;
+  runs: RunExecutor;
+  runControls: RunControls;
+  approvals: Pick<ApprovalService, 'get'>;
+  /** Whether a tenant's agents may be offered `external_call` tools (its policy). */
+  externalCallEnabled: (tenantId: string) => Promise<boolean>;
+  logger: Pick<Logger, 'info' | 'warn' | 'error'>;
+  version: string;
+}
+
+const SERVER_NAME = 'toolgate';
+
+const INSTRUCTIONS =
+  'toolgate governs every tool call: grants, kill switches, budgets, rate limits, approvals and an audit log. ' +
+  'A refused call is an isError result whose text starts with its code; _meta["dev.toolgate/result"] carries run_id, status, code, ' +
+  'retry_after_seconds (call again after it) and approval_id (call again with the same run_id once approved). ' +
+  'Run fields (run_id, context, budget_units, version...) go in _meta["dev.toolgate/run"].';
+
+/**
+ * The MCP front door (SPEC §12) on the SDK's low-level `Server`: one instance per HTTP request,
+ * holding nothing between requests, so any replica serves any request. 2026-07-28 requests go to
+ * the SDK's `createMcpHandler`; 2025-era requests to its Streamable HTTP transport in stateless
+ * JSON mode. Tool calls reach the same run executor as `POST /runs/execute`, arguments unvalidated
+ * by the SDK, so that every refusal is toolgate's, and audited.
+ */
+export class McpDoor {
+  private readonly bus = new InMemoryServerEventBus();
+  private readonly modern: McpHttpHandler;
+
+  constructor(private readonly deps: McpDoorDeps) {
+    this.modern = createMcpHandler((context) => this.server(context), {
+      legacy: 'reject',
+      bus: this.bus,
+      // A client's malformed request, as the SDK saw it: the client's problem, not the gateway's.
+      onerror: (error) => deps.logger.info({ err: error }, 'MCP request refused by the SDK'),
+    });
+  }
+
+  /** Serves one HTTP request whose body Fastify has parsed; `caller` is the authenticated agent. */
+  async serve(request: Request, parsedBody: unknown, caller: McpCaller): Promise<Response> {
+    const authInfo = { token: '', clientId: caller.principal.id, scopes: [...caller.principal.scopes], extra: { caller } };
+    // A request claiming a 2026-07-28 envelope is never legacy: the SDK's own predicate (which
+    // reads the body again) is asked only about the others.
+    if (!claimsEnvelope(parsedBody) && (await isLegacyRequest(request, parsedBody))) return this.serveLegacy(request, parsedBody, authInfo);
+    return this.modern.fetch(request, { authInfo, parsedBody });
+  }
+
+  /** Tells every open `subscriptions/listen` stream on this replica that tool lists may have changed. */
+  toolsChanged(): void {
+    this.modern.notify.toolsChanged();
+  }
+
+  /** Whether any client listens for changes here (checking for changes is wasted otherwise). */
+  get listening(): boolean {
+    return this.bus.listenerCount > 0;
+  }
+
+  /** Ends the open listen streams and any exchange in flight. */
+  close(): Promise<void> {
+    return this.modern.close();
+  }
+
+  private async serveLegacy(request: Request, parsedBody: unknown, authInfo: { token: string; clientId: string; scopes: string[]; extra: Record<string, unknown> }): Promise<Response> {
+    const server = this.server({ era: 'legacy', authInfo, requestInfo: request });
+    // Stateless and JSON: no session id, no stream (2025-era clients hear of changes by re-listing).
+    const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    await server.connect(transport);
+    // In JSON mode the exchange is over with its answer and nothing outlives it: the pair is left
+    // to the garbage collector rather than closed (closing builds an error, stack and all, to
+    // reject requests that cannot be pending).
+    return transport.handleRequest(request, { authInfo, parsedBody });
+  }
+
+  private server({ era, authInfo }: McpRequestContext): Server {
+    const caller = authInfo?.extra?.caller as McpCaller | undefined;
+    if (!caller) throw new Error('MCP request without an authenticated caller');
+    const server = new Server(
+      { name: SERVER_NAME, version: this.deps.version },
+      {
+        // Only 2026-07-28 clients can hear a list change (on a subscriptions/listen stream).
+        capabilities: { tools: { listChanged: era === 'modern' } },
+        cacheHints: { 'tools/list': { ttlMs: TOOLS_LIST_TTL_MS, cacheScope: 'private' } },
+        instructions: INSTRUCTIONS,
+      },
+    );
+    server.setRequestHandler('tools/list', async (request) => {
+      try {
+        const page = await this.listTools(caller, request.params?.cursor);
+        // 2025-era answers carry the same lifetime the SDK gives 2026-07-28 ones.
+        return era === 'legacy' ? { ...page, ttlMs: TOOLS_LIST_TTL_MS } : page;
+      } catch (error) {
+        throw this.protocolError(caller, error);
+      }
+    });
+    server.setRequestHandler('tools/call', async (request) => {
+      try {
+        const result = await this.callTool(caller, request.params.name, request.params.arguments, request.params._meta);
+        caller.outcome = result.isError ? 'tool_error' : 'ok';
+        return result;
+      } catch (error) {
+        throw this.protocolError(caller, error);
+      }
+    });
+    return server;
+  }
+
+  /** The agent's view of `GET /tools`, as MCP tools, a page at a time. */
+  private async listTools(caller: McpCaller, cursor: string | undefined) {
+    const { catalog } = this.deps;
+    const fresh = catalog.readiness();
+    if (!fresh.ok) throw unavailable('the tool registry cannot be confirmed current on this replica');
+    const { principal } = caller;
+    const offered = catalog.offeredTo({ agentId: principal.id, family: principal.family }, { externalCallEnabled: await this.deps.externalCallEnabled(principal.tenantId) });
+    const page = toolsPage(offered.map((tool) => mcpToolOf(agentViewOf(tool))), cursor);
+    if (!page) throw new ProtocolError(ProtocolErrorCode.InvalidParams, 'cursor: not a cursor this gateway issued');
+    return page;
+  }
+
+  /**
+   * A one-step run through the run executor. A run held for approval that an operator has since
+   * approved is resumed by the same call (same agent, tool, input and run id).
+   */
+  private async callTool(caller: McpCaller, name: string, args: Record<string, unknown> | undefined, meta: Record<string, unknown> | undefined): Promise<CallToolResult> {
+    const request = runRequestOf(name, args, meta);
+    const traceId = traceIdOfMeta(meta) ?? caller.traceId;
+    const { principal } = caller;
+    try {
+      let answer = await this.deps.runs.execute(principal, request, traceId, 'mcp');
+      if (answer.replayed && answer.envelope.status === 'awaiting_approval' && (await this.decided(answer))) {
+        answer = await this.deps.runControls.resume({ principal, traceId, via: 'mcp' }, { tenant_id: principal.tenantId, run_id: request.run_id });
+      }
+      return callResultOf(name, answer);
+    } catch (error) {
+      if (error instanceof ApiError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
+      throw error;
+    }
+  }
+
+  /** Whether the approval a replayed held run waits for is no longer pending (approved, or lapsed). */
+  private async decided(answer: RunAnswer): Promise<boolean> {
+    const approvalId = answer.envelope.steps.find((step) => step.status === 'awaiting_approval')?.approval_id;
+    if (!approvalId) return false;
+    const approval = await this.deps.approvals.get(approvalId);
+    return approval !== undefined && approval.status !== 'pending';
+  }
+
+  /** A JSON-RPC error for what a handler threw: the client's, or `-32603` for the gateway's own faults. */
+  private protocolError(caller: McpCaller, error: unknown): ProtocolError {
+    caller.outcome = 'error';
+    if (error instanceof ProtocolError) return error;
+    if (isDatabaseUnavailable(error) || (error instanceof ApiError && error.code === 'gateway_unavailable')) {
+      this.deps.logger.warn({ err: error, request_id: caller.requestId }, 'MCP request met a gateway outage');
+      return unavailable(error instanceof ApiError ? error.message : undefined);
+    }
+    // PostgreSQL could not take a value as given: the request's fault, as over REST.
+    if (isDataException(error)) return new ProtocolError(ProtocolErrorCode.InvalidParams, 'a value in the request cannot be used');
+    this.deps.logger.error({ err: error, request_id: caller.requestId }, 'unexpected error in an MCP request');
+    return new ProtocolError(ProtocolErrorCode.InternalError, `internal: an unexpected error occurred; quote request id ${caller.requestId}`);
+  }
+}
+
+/** Whether a JSON-RPC request carries the per-request envelope of protocol 2026-07-28. */
+function claimsEnvelope(body: unknown): boolean {
+  const meta = (body as { params?: { _meta?: Record<string, unknown> } } | null)?.params?._meta;
+  return typeof meta === 'object' && meta !== null && PROTOCOL_VERSION_META_KEY in meta;
+}
+
+/** A refusal of the whole request (run id conflict, run not resumable…): the run it names is unchanged. */
+function refusalOf(request: RunRequest, error: ApiError): CallToolResult {
+  const retryAfter = error.details.retry_after_seconds;
+  return refusalResult({
+    runId: request.run_id,
+    status: 'rejected',
+    code: error.code,
+    message: error.message,
+    retryAfterSeconds: typeof retryAfter === 'number' ? retryAfter : undefined,
+  });
+}
