@@ -47,7 +47,7 @@ describe('HTTP conventions', () => {
   });
 
   it('answers an oversized body with a documented 413 on every route that takes one', async () => {
-    const agentOnly = new Set(['POST /runs/execute', 'POST /runs/{run_id}/complete', 'POST /runs/{run_id}/handoffs']);
+    const agentOnly = new Set(['POST /runs/execute', 'POST /runs/{run_id}/complete', 'POST /runs/{run_id}/handoffs', 'POST /mcp']);
     const operations = Object.entries(openapi.paths).flatMap(([path, item]) =>
       ['post', 'put', 'patch', 'delete'].filter((method) => method in item).map((method) => `${method.toUpperCase()} ${path}`),
     );
