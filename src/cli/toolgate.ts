@@ -14,9 +14,11 @@ async function main(argv: string[]): Promise<number> {
     const say = (line: string) => process.stderr.write(`toolgate: ${line}\n`);
     if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2;
     if (error instanceof ToolgateError) {
+      // Scripts read the answer on stdout as the API gave it; people read the code and message.
+      if (program.opts().json) process.stdout.write(`${JSON.stringify(error.body, null, 2)}\n`);
       say(`${error.code}: ${error.message}`);
       const details = JSON.stringify(error.details);
-      if (details !== '{}') say(`details: ${details.length > 400 ? `${details.slice(0, 400)}…` : details}`);
+      if (details !== '{}') say(`details: ${details.length > 200 ? `${details.slice(0, 200)}… (--json shows the whole answer)` : details}`);
       if (error.code === 'unauthenticated' && !program.opts().token && !loadClientTarget().token) say('hint: set TOOLGATE_TOKEN or pass --token');
       return 1;
     }

@@ -5,7 +5,7 @@ export type { components, operations, paths };
 
 /** The API's schemas by name, e.g. `Schemas['Grant']`. */
 export type Schemas = components['schemas'];
-/** The closed set of error codes the API answers with (SPEC §7). */
+/** The closed set of error codes the API answers with; stable API. */
 export type ErrorCode = Schemas['ErrorCode'];
 /** A typed client of the whole API: `client.GET('/grants/{id}', { params: { path: { id } } })`. */
 export type ToolgateClient = Client<paths>;

@@ -12,7 +12,7 @@ import { switchesCommand } from './switches.js';
 import { tokenCommand } from './token.js';
 import { toolsCommand } from './tools.js';
 
-/** The `toolgate` command tree (SPEC §13). */
+/** The `toolgate` command tree: one group per resource an operator manages. */
 export function toolgateProgram(): Command {
   const program = command(
     'toolgate',

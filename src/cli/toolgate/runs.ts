@@ -12,13 +12,18 @@ function runRows(runs: Run[]): string {
   return table(['RUN', 'TENANT', 'AGENT', 'STATUS', 'STEPS', 'PARENT', 'UPDATED_AT'], runs.map((r) => [r.run_id, r.tenant_id, r.agent_id, r.status, r.steps.length, r.parent_run_id, r.updated_at]));
 }
 
-function envelopeText(envelope: Envelope): string {
-  const steps = table(
+function stepRows(steps: Envelope['steps']): string {
+  const rows = table(
     ['STEP', 'TOOL', 'VERSION', 'STATUS', 'CODE', 'COST', 'OUTPUT'],
-    envelope.steps.map((step) => [step.index, step.tool_id, step.version, step.status, step.error?.code, step.cost_units, step.output]),
+    steps.map((step) => [step.index, step.tool_id, step.version, step.status, step.error?.code, step.cost_units, step.output]),
   );
+  const waiting = steps.filter((step) => step.approval_id).map((step) => `\nstep ${step.index} waits for approval ${step.approval_id} (toolgate approvals approve ${step.approval_id} --reason …)`);
+  return rows + waiting.join('');
+}
+
+function envelopeText(envelope: Envelope): string {
   const warnings = envelope.warnings.length ? `\nwarnings: ${envelope.warnings.join(', ')}` : '';
-  return `run ${envelope.run_id}: ${envelope.status}${envelope.dry_run ? ' (dry run)' : ''}\n\n${steps}${warnings}`;
+  return `run ${envelope.run_id}: ${envelope.status}${envelope.dry_run ? ' (dry run)' : ''}\n\n${stepRows(envelope.steps)}${warnings}`;
 }
 
 export function runsCommand() {
@@ -46,7 +51,8 @@ export function runsCommand() {
       .action(async (runId: string, options: { tenant?: string }, cmd) => {
         const s = new Session(cmd);
         const run = await s.call(s.api.GET('/runs/{run_id}', { params: { path: { run_id: runId }, query: { tenant_id: options.tenant } } }));
-        s.print(run, () => `${record({ ...run, steps: undefined })}\n\n${envelopeText({ ...run, dry_run: false })}`);
+        const { steps, ...about } = run;
+        s.print(run, () => `${record(about)}\n\n${stepRows(steps)}`);
       }),
   );
 
@@ -119,9 +125,12 @@ export function runsCommand() {
   return runs;
 }
 
-/** A run envelope is the answer whether or not a step was refused: print it, then fail with its code. */
+/**
+ * A run envelope is the answer whether or not a step was refused: people see its steps, then the
+ * refusal's code; with --json, a refusal's body is printed where every refusal's is.
+ */
 function printEnvelope(s: Session, answer: Awaited<ReturnType<Session['answer']>>): void {
   const body = answer.body as Envelope | { error: unknown };
-  if ('steps' in body) s.print(body, () => envelopeText(body));
+  if ('steps' in body && (answer.ok || !s.json)) s.print(body, () => envelopeText(body));
   if (answer.refusal) throw answer.refusal;
 }
