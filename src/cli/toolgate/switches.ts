@@ -53,9 +53,15 @@ export function switchesCommand() {
       .action(async (id: string | undefined, options: { reason: string; target?: string; scope?: Schemas['KillSwitchScope']; tenant?: string }, cmd) => {
         const s = new Session(cmd);
         if (id ? options.target !== undefined : options.target === undefined) throw new UsageError('give a switch id, or --target');
-        const ids = id
-          ? [id]
-          : (await s.page(true, (cursor) => s.call(s.api.GET('/kill-switches', { params: { query: { state: 'armed', target: options.target, scope: options.scope, tenant_id: options.tenant, limit: 500, cursor } } })))).items.map((k) => k.id);
+        let ids = id ? [id] : [];
+        if (!id) {
+          const armed = (await s.page(true, (cursor) => s.call(s.api.GET('/kill-switches', { params: { query: { state: 'armed', target: options.target, scope: options.scope, tenant_id: options.tenant, limit: 500, cursor } } })))).items;
+          // A tenant-operator's listing includes the platform-wide switches it cannot disarm: name them, leave them be.
+          const { role } = await s.call(s.api.GET('/whoami'));
+          const beyond = role === 'platform-operator' ? [] : armed.filter((k) => k.tenant_id === null);
+          for (const k of beyond) process.stderr.write(`left ${k.id} (${k.scope} ${k.target}) armed: it is platform-wide, and only a platform-operator disarms it\n`);
+          ids = armed.filter((k) => !beyond.includes(k)).map((k) => k.id);
+        }
         const disarmed: KillSwitch[] = [];
         for (const switchId of ids) disarmed.push(await s.call(s.api.POST('/kill-switches/{id}/disarm', { params: { path: { id: switchId } }, body: { reason: options.reason } })));
         if (!id && disarmed.length === 0) process.stderr.write(`no armed switch on ${options.target}\n`);
