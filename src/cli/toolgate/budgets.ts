@@ -1,7 +1,7 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
 import { parseNumber, record, table } from './format.js';
-import { command, listOptions, type ListOptions } from './help.js';
+import { command, IDEMPOTENCY_KEY, idempotencyHeader, listOptions, type ListOptions } from './help.js';
 import { Session, UsageError } from './session.js';
 
 type Budget = Schemas['Budget'];
@@ -29,11 +29,13 @@ export function budgetsCommand() {
         .option('--run <id>', 'run scope: the run')
         .addOption(new Option('--period <period>').choices(['day', 'month', 'total']).makeOptionMandatory())
         .addOption(new Option('--limit <units>', 'the limit in cost units').argParser(parseNumber).makeOptionMandatory())
-        .option('--tenant <id>', 'platform-operators: another tenant'),
-    ).action(async (options: { scope: Budget['scope']; agent?: string; run?: string; period: Budget['period']; limit: number; warnRatio?: number; grace?: number; tenant?: string }, cmd) => {
+        .option('--tenant <id>', 'platform-operators: another tenant')
+        .option(...IDEMPOTENCY_KEY),
+    ).action(async (options: { scope: Budget['scope']; agent?: string; run?: string; period: Budget['period']; limit: number; warnRatio?: number; grace?: number; tenant?: string; idempotencyKey?: string }, cmd) => {
       const s = new Session(cmd);
       const budget = await s.call(
         s.api.POST('/budgets', {
+          params: { header: idempotencyHeader(options) },
           body: {
             scope: options.scope,
             period: options.period,

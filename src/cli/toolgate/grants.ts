@@ -1,7 +1,7 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
 import { collect, parseDuration, parseNumber, record, table } from './format.js';
-import { command, listOptions, type ListOptions } from './help.js';
+import { command, IDEMPOTENCY_KEY, idempotencyHeader, listOptions, type ListOptions } from './help.js';
 import { CheckFailed, Session, UsageError } from './session.js';
 
 type Grant = Schemas['Grant'];
@@ -43,12 +43,14 @@ export function grantsCommand() {
         .addOption(new Option('--scope <scope>', 'what the grant is for').choices(SCOPES).makeOptionMandatory())
         .option('--ref <id>', 'the run, pipeline instance, session or user id (per-tenant: the tenant)')
         .requiredOption('--reason <text>', 'the rationale, kept with the grant')
-        .option('--tenant <id>', 'platform-operators: another tenant'),
+        .option('--tenant <id>', 'platform-operators: another tenant')
+        .option(...IDEMPOTENCY_KEY),
     ).action(async (options, cmd) => {
       const s = new Session(cmd);
       const capability = modifiers(options);
       const grant = await s.call(
         s.api.POST('/grants', {
+          params: { header: idempotencyHeader(options) },
           body: {
             agent_id: options.agent,
             tool_id: options.tool,

@@ -21,3 +21,10 @@ export interface ListOptions {
   cursor?: string;
   all?: boolean;
 }
+
+/** `--idempotency-key` of the creating commands: a retry with the same key creates nothing more. */
+export const IDEMPOTENCY_KEY = ['--idempotency-key <key>', 'a retry with the same key and request answers the first result'] as const;
+
+export function idempotencyHeader(options: { idempotencyKey?: string }): { 'Idempotency-Key'?: string } {
+  return options.idempotencyKey ? { 'Idempotency-Key': options.idempotencyKey } : {};
+}

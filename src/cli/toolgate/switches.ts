@@ -1,7 +1,7 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
 import { record, table } from './format.js';
-import { command, listOptions, type ListOptions } from './help.js';
+import { command, IDEMPOTENCY_KEY, idempotencyHeader, listOptions, type ListOptions } from './help.js';
 import { CheckFailed, Session, UsageError } from './session.js';
 
 type KillSwitch = Schemas['KillSwitch'];
@@ -25,10 +25,12 @@ export function switchesCommand() {
       .requiredOption('--reason <text>', 'why, for operators')
       .requiredOption('--copy <text>', 'what refused callers are shown (user_visible_status_copy)')
       .option('--safe-mode <id>', 'safe_degradation_mode_id')
-      .action(async (options: { scope: Schemas['KillSwitchScope']; target?: string; tenant?: string; reason: string; copy: string; safeMode?: string }, cmd) => {
+      .option(...IDEMPOTENCY_KEY)
+      .action(async (options: { scope: Schemas['KillSwitchScope']; target?: string; tenant?: string; reason: string; copy: string; safeMode?: string; idempotencyKey?: string }, cmd) => {
         const s = new Session(cmd);
         const armed = await s.call(
           s.api.POST('/kill-switches', {
+            params: { header: idempotencyHeader(options) },
             body: {
               scope: options.scope,
               ...(options.target !== undefined ? { target: options.target } : {}),
