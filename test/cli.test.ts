@@ -113,14 +113,19 @@ describe('toolgate, run as an operator runs it', () => {
         cost_units: 1,
       }),
     );
-    const first = await toolgate(['tools', 'register', dir]);
+    // The lookup has no backend: --backend-base gives it one; the echo keeps its own.
+    const first = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`]);
     expect(first.stderr).toBe('');
     expect(first.status).toBe(0);
     expect(first.stdout).toMatch(/^RESULT\s+ID\s+VERSION\s+FILE/);
     expect(first.stdout).toMatch(/registered\s+cli\.echo\s+1\.0\.0/);
     expect(first.stdout).toMatch(/registered\s+cli\.lookup\s+1\.0\.0/);
 
-    const again = await toolgate(['tools', 'register', dir, '--json']);
+    const stored = (id: string) => fetch(`${url}/tools/${id}`, { headers: { authorization: `Bearer ${operator}` } }).then((r) => r.json() as Promise<{ backend: { url: string } }>);
+    expect((await stored('cli.lookup')).backend.url).toBe(`${backend.url}/demo/cli.lookup`);
+    expect((await stored('cli.echo')).backend.url).toBe(`${backend.url}/echo`);
+
+    const again = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`, '--json']);
     expect(again.status).toBe(0);
     expect(json(again).items.map((r: { id: string; result: string }) => `${r.id} ${r.result}`)).toEqual(['cli.echo unchanged', 'cli.lookup unchanged']);
   }, 60_000);

@@ -74,11 +74,19 @@ export function toolsCommand() {
   );
 
   tools.addCommand(
-    command('register', 'register every contract in the files and folders given (JSON or YAML); again changes nothing', 'toolgate tools register ./contracts', 'toolgate tools register web.fetch.yaml')
+    command(
+      'register',
+      'register every contract in the files and folders given (JSON or YAML); again changes nothing',
+      'toolgate tools register ./contracts',
+      'toolgate tools register examples/scf-catalog.json --backend-base http://127.0.0.1:9000',
+    )
       .argument('<paths...>', 'contract files, or folders of them (*.json, *.yaml, *.yml)')
-      .action(async (paths: string[], _options, cmd) => {
+      .option('--backend-base <url>', 'give contracts without a backend (external calls aside) <url>/<tool id>')
+      .action(async (paths: string[], options: { backendBase?: string }, cmd) => {
         const s = new Session(cmd);
-        const results = await registerAll(s, await readContracts(paths));
+        const contracts = await readContracts(paths);
+        if (options.backendBase) for (const entry of contracts) entry.contract = withBackend(entry.contract, options.backendBase);
+        const results = await registerAll(s, contracts);
         s.print({ items: results }, () =>
           table(['RESULT', 'ID', 'VERSION', 'FILE', 'ERROR'], results.map((r) => [r.result, r.id, r.version, r.file, r.error ? `${(r.error as { code?: string }).code}: ${(r.error as { message?: string }).message}` : undefined])),
         );
@@ -116,6 +124,12 @@ async function readContracts(paths: string[]): Promise<Array<{ file: string; con
   }
   if (contracts.length === 0) throw new UsageError(`no contract in ${paths.join(', ')}`);
   return contracts;
+}
+
+/** A demo backend for a contract that has none: `<base>/<tool id>`, as `npm run demo:backend` answers. */
+function withBackend(contract: Contract, base: string): Contract {
+  if ((contract.backend !== null && contract.backend !== undefined) || contract.category === 'external_call') return contract;
+  return { ...contract, backend: { url: `${base.replace(/\/+$/, '')}/${contract.id}`, method: 'POST', timeout_ms: 10_000, max_response_bytes: 1024 * 1024, headers: {} } };
 }
 
 /**
