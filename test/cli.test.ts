@@ -128,7 +128,7 @@ describe('toolgate, run as an operator runs it', () => {
     const again = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`, '--json']);
     expect(again.status).toBe(0);
     expect(json(again).items.map((r: { id: string; result: string }) => `${r.id} ${r.result}`)).toEqual(['cli.echo unchanged', 'cli.lookup unchanged']);
-  }, 60_000);
+  }, 120_000);
 
   it('grants a tool for a duration, after which the agent calls it', async () => {
     const before = Date.now();
@@ -145,7 +145,7 @@ describe('toolgate, run as an operator runs it', () => {
     expect(call.status).toBe(0);
     expect(call.stdout).toMatch(/completed/);
     expect(call.stdout).toContain('{"echo":{"hello":"world"}}');
-  }, 60_000);
+  }, 120_000);
 
   it('arms a switch that refuses the call, and disarms it by target', async () => {
     const armed = await toolgate(['switches', 'arm', '--scope', 'tool', '--target', 'cli.echo', '--tenant', 't1', '--reason', 'incident 7', '--copy', 'Echo is paused', '--json']);
@@ -160,7 +160,7 @@ describe('toolgate, run as an operator runs it', () => {
     expect(disarmed.status).toBe(0);
     expect(disarmed.stdout).toMatch(new RegExp(`${switchId}\\s+tool\\s+cli\\.echo\\s+t1\\s+disarmed`));
     expect((await callAsAgent({})).status).toBe(0);
-  }, 60_000);
+  }, 120_000);
 
   it('revokes a grant by id, and every live grant of an agent for a tool, listing them', async () => {
     const byId = await toolgate(['grants', 'revoke', grantId, '--reason', 'rotated']);
@@ -181,7 +181,7 @@ describe('toolgate, run as an operator runs it', () => {
     const resolved = await toolgate(['grants', 'resolve', '--agent', 'cli.agent', '--tool', 'cli.echo', '--session', 's1']);
     expect(resolved.status).toBe(1);
     expect(resolved.stdout).toContain('cli.agent may not call cli.echo: grant_revoked');
-  }, 60_000);
+  }, 120_000);
 
   it("exits non-zero on a refusal, with the API's code and message on stderr, and 2 on a usage mistake", async () => {
     const refused = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'no.such.tool', '--scope', 'per-tenant', '--ttl', '1d', '--reason', 'x']);
@@ -196,7 +196,7 @@ describe('toolgate, run as an operator runs it', () => {
     const unitless = await toolgate(['grants', 'create', '--agent', 'a', '--tool', 't', '--scope', 'per-tenant', '--ttl', '7', '--reason', 'x']);
     expect(unitless.status).toBe(2);
     expect(unitless.stderr).toContain('expected a duration such as 90s, 15m, 12h, 7d or 2w');
-  }, 60_000);
+  }, 120_000);
 
   it('names the URL it tried when no gateway answers there', async () => {
     const nowhere = `http://127.0.0.1:${await freePort()}`;
@@ -210,20 +210,20 @@ describe('toolgate, run as an operator runs it', () => {
     let stdout = '';
     tail.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
     try {
-      for (let i = 0; i < 300 && !stdout.includes('\n'); i += 1) await new Promise((r) => setTimeout(r, 50));
+      for (let i = 0; i < 600 && !stdout.includes('\n'); i += 1) await new Promise((r) => setTimeout(r, 50));
       await fetch(`${url}/kill-switches`, {
         method: 'POST',
         headers: { authorization: `Bearer ${operator}`, 'content-type': 'application/json' },
         body: JSON.stringify({ scope: 'agent', target: 'someone', tenant_id: 't1', reason: 'tail', user_visible_status_copy: 'paused' }),
       });
-      for (let i = 0; i < 200 && !stdout.includes('kill_switch.armed'); i += 1) await new Promise((r) => setTimeout(r, 50));
+      for (let i = 0; i < 600 && !stdout.includes('kill_switch.armed'); i += 1) await new Promise((r) => setTimeout(r, 50));
       const events = stdout.trim().split('\n').map((line) => JSON.parse(line) as { seq: number; event_type: string });
       expect(events.at(-1)?.event_type).toBe('kill_switch.armed');
       expect(events.map((e) => e.seq)).toEqual([...events.map((e) => e.seq)].sort((a, b) => a - b));
     } finally {
       tail.kill('SIGTERM');
     }
-  }, 60_000);
+  }, 120_000);
 
   it.skipIf(!hasPostgresServer)('verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)', async () => {
     const anchor = join(mkdtempSync(join(tmpdir(), 'toolgate-anchor-')), 'anchor.json');
@@ -248,5 +248,5 @@ describe('toolgate, run as an operator runs it', () => {
     expect(second.stderr).toContain(`toolgate: audit chain broken at seq ${kept.seq - 1}`);
     // A broken chain leaves the anchor as it was.
     expect(JSON.parse(readFileSync(anchor, 'utf8'))).toEqual(kept);
-  }, 60_000);
+  }, 120_000);
 });
