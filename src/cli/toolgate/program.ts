@@ -44,7 +44,7 @@ export function toolgateProgram(): Command {
   // Usage mistakes exit 2 everywhere; a group named without a command shows its help.
   const everyCommand = (cmd: Command): Command[] => [cmd, ...cmd.commands.flatMap(everyCommand)];
   for (const cmd of everyCommand(program)) {
-    cmd.exitOverride().showHelpAfterError('(add --help for usage)');
+    cmd.exitOverride().showHelpAfterError('(add --help for usage)').configureHelp({ showGlobalOptions: true });
     if (cmd.commands.length > 0 && cmd !== program) cmd.action(() => cmd.help({ error: true }));
   }
   return program;
