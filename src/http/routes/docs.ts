@@ -19,7 +19,9 @@ export async function docsRoutes(app: FastifyInstance): Promise<void> {
   app.addHook('onRoute', (route) => {
     route.config = { ...route.config, access: 'public' };
   });
-  await app.register(fastifySwagger, { mode: 'static', specification: { document: document as never } });
+  // Swagger UI's "Try it out" calls the gateway that served it, whatever its host and port.
+  const servedHere = { ...document, servers: [{ url: '/', description: 'this gateway' }] };
+  await app.register(fastifySwagger, { mode: 'static', specification: { document: servedHere as never } });
   await app.register(fastifySwaggerUi, { routePrefix: '/docs', uiConfig: { docExpansion: 'list', deepLinking: true } });
   app.get('/openapi.json', async () => document);
 }

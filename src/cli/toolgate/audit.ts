@@ -1,0 +1,121 @@
+import { readFile, rename, writeFile } from 'node:fs/promises';
+import { Option } from 'commander';
+import type { Schemas } from '../../client/index.js';
+import { cell, parseDuration, parseInteger, table } from './format.js';
+import { command, listOptions, type ListOptions } from './help.js';
+import { CheckFailed, Session, UsageError } from './session.js';
+
+type AuditEvent = Schemas['AuditEvent'];
+
+interface Filters {
+  tenant?: string;
+  run?: string;
+  tool?: string;
+  agent?: string;
+  type?: string;
+}
+
+const filtered = (cmd: ReturnType<typeof command>) =>
+  cmd.option('--tenant <id>').option('--run <id>').option('--tool <id>').option('--agent <id>').option('--type <event-type>', 'e.g. grant.revoked');
+
+const query = (f: Filters) => ({ tenant_id: f.tenant, run_id: f.run, tool_id: f.tool, agent_id: f.agent, event_type: f.type });
+
+function eventLine(e: AuditEvent): string {
+  const about = [['actor', e.actor], ['agent', e.agent_id], ['tool', e.tool_id], ['run', e.run_id], ['status', e.status], ['reason', e.reason_code]]
+    .filter(([, value]) => value !== null)
+    .map(([key, value]) => `${key}=${cell(value)}`);
+  return [e.seq, e.occurred_at ?? '-', e.event_type, ...about].join(' ');
+}
+
+/** The head kept outside the database (`--anchor FILE`). */
+interface Anchor {
+  seq: number;
+  hash: string;
+}
+
+async function readAnchor(file: string): Promise<Anchor | undefined> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw error;
+  }
+  const anchor = JSON.parse(text) as Partial<Anchor>;
+  if (!Number.isSafeInteger(anchor.seq) || typeof anchor.hash !== 'string') throw new UsageError(`${file}: not an anchor ({"seq": N, "hash": "..."})`);
+  return anchor as Anchor;
+}
+
+export function auditCommand() {
+  const audit = command('audit', 'the tamper-evident audit log', 'toolgate audit tail --agent a1', 'toolgate audit verify --anchor /secure/toolgate-anchor.json');
+
+  audit.addCommand(
+    filtered(listOptions(command('list', 'audit events, newest first', 'toolgate audit list --type kill_switch.armed --since 2026-12-01T00:00:00Z'), 500))
+      .option('--since <time>', 'inclusive, RFC 3339')
+      .option('--until <time>', 'exclusive, RFC 3339')
+      .action(async (options: ListOptions & Filters & { since?: string; until?: string }, cmd) => {
+        const s = new Session(cmd);
+        const page = await s.page(options.all, (cursor) =>
+          s.call(s.api.GET('/audit', { params: { query: { ...query(options), since: options.since, until: options.until, limit: options.limit, cursor } } })),
+        options.cursor);
+        s.print(page, () => table(['SEQ', 'OCCURRED_AT', 'EVENT', 'ACTOR', 'AGENT', 'TOOL', 'RUN', 'STATUS', 'REASON'], page.items.map((e) => [e.seq, e.occurred_at, e.event_type, e.actor, e.agent_id, e.tool_id, e.run_id, e.status, e.reason_code])));
+        s.more(page.next_cursor);
+      }),
+  );
+
+  audit.addCommand(
+    filtered(command('tail', 'the latest events, then new ones as they are recorded, until interrupted (--json: one event a line)', 'toolgate audit tail --tool web.fetch --lines 20'))
+      .addOption(new Option('--lines <n>', 'how many recent events first').argParser(parseInteger).default(10))
+      .addOption(new Option('--interval <duration>', 'how often to ask').argParser(parseDuration).default(2, '2s'))
+      .action(async (options: Filters & { lines: number; interval: number }, cmd) => {
+        const s = new Session(cmd);
+        const show = (e: AuditEvent) => process.stdout.write(`${s.json ? JSON.stringify(e) : eventLine(e)}\n`);
+        const recent = options.lines > 0 ? await s.call(s.api.GET('/audit', { params: { query: { ...query(options), limit: Math.min(options.lines, 500) } } })) : { items: [] };
+        recent.items.reverse().forEach(show);
+        let last = recent.items.at(-1);
+        if (!last) last = (await s.call(s.api.GET('/audit', { params: { query: { ...query(options), limit: 1 } } }))).items[0];
+        for (;;) {
+          await new Promise((resolve) => setTimeout(resolve, options.interval * 1000));
+          // Newest first, back to the last one shown; `since` a minute early, as a commit may
+          // carry a time a little older than one already shown.
+          const since = last?.occurred_at ? new Date(Date.parse(last.occurred_at) - 60_000).toISOString() : undefined;
+          const fresh: AuditEvent[] = [];
+          let cursor: string | undefined;
+          do {
+            const page = await s.call(s.api.GET('/audit', { params: { query: { ...query(options), since, limit: 500, cursor } } }));
+            const newer = page.items.filter((e) => !last || e.seq > last.seq);
+            fresh.push(...newer);
+            cursor = newer.length === page.items.length ? (page.next_cursor ?? undefined) : undefined;
+          } while (cursor);
+          fresh.sort((a, b) => a.seq - b.seq).forEach(show);
+          last = fresh.at(-1) ?? last;
+        }
+      }),
+  );
+
+  audit.addCommand(
+    command('verify', 'verify the hash chain (platform-operator); with --anchor, against a head kept outside the database, then keep the new head there', 'toolgate audit verify --anchor /secure/toolgate-anchor.json')
+      .option('--anchor <file>', 'a JSON file with the head of an earlier verification (created when missing)')
+      .action(async (options: { anchor?: string }, cmd) => {
+        const s = new Session(cmd);
+        const anchor = options.anchor ? await readAnchor(options.anchor) : undefined;
+        const result = await s.call(s.api.GET('/audit/verify', { params: { query: anchor ? { anchor_seq: anchor.seq, anchor_hash: anchor.hash } : {} } }));
+        if (result.ok && result.head && options.anchor) {
+          // Written aside, then renamed: an interrupted write never leaves half an anchor.
+          await writeFile(`${options.anchor}.tmp`, `${JSON.stringify({ seq: result.head.seq, hash: result.head.hash, verified_at: new Date().toISOString() })}\n`);
+          await rename(`${options.anchor}.tmp`, options.anchor);
+        }
+        s.print(result, () => {
+          if (!result.ok) {
+            const why = result.anchor && !result.anchor.ok ? ` (anchor at seq ${result.anchor.seq}: ${result.anchor.reason})` : '';
+            return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${result.checked} rows verified before it`;
+          }
+          const held = anchor ? `; holds the anchor at seq ${anchor.seq}` : '';
+          const kept = options.anchor && result.head ? `; head kept in ${options.anchor}` : '';
+          return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}`;
+        });
+        if (!result.ok) throw new CheckFailed(`audit chain broken at seq ${result.first_bad_seq}${result.anchor?.reason ? ` (anchor: ${result.anchor.reason})` : ''}`);
+      }),
+  );
+  return audit;
+}

@@ -1,0 +1,51 @@
+import { Command } from 'commander';
+import { approvalsCommand } from './approvals.js';
+import { auditCommand } from './audit.js';
+import { budgetsCommand } from './budgets.js';
+import { record } from './format.js';
+import { grantsCommand } from './grants.js';
+import { command } from './help.js';
+import { policyCommand } from './policy.js';
+import { runsCommand } from './runs.js';
+import { DEFAULT_URL, Session } from './session.js';
+import { switchesCommand } from './switches.js';
+import { tokenCommand } from './token.js';
+import { toolsCommand } from './tools.js';
+
+/** The `toolgate` command tree: one group per resource an operator manages. */
+export function toolgateProgram(): Command {
+  const program = command(
+    'toolgate',
+    'Drive a toolgate gateway: tools, grants, kill switches, budgets, policy, approvals, runs and the audit log.',
+    'export TOOLGATE_URL=http://127.0.0.1:8080 TOOLGATE_TOKEN=$(toolgate token --kind operator --role platform-operator --tenant t1)',
+    'toolgate grants create --agent a1 --tool web.fetch --scope per-tenant --ttl 7d --reason "pilot"',
+    'toolgate grants list --json | jq -r ".items[].id"',
+  )
+    .option('--url <url>', 'the gateway (default: TOOLGATE_URL)')
+    .option('--token <jwt>', 'bearer token (default: TOOLGATE_TOKEN)')
+    .option('--json', "print the API's answer as JSON, for scripts")
+    .addHelpText(
+      'after',
+      `\nIt talks to TOOLGATE_URL (default ${DEFAULT_URL}) as TOOLGATE_TOKEN, and never asks anything.\n` +
+        "Exit status: 0 done; 1 refused (the API's code and message on stderr); 2 a usage mistake;\n" +
+        '3 the gateway could not be reached (the URL tried on stderr).',
+    );
+
+  program.addCommand(
+    command('whoami', 'what the gateway makes of the token', 'toolgate whoami').action(async (_options, cmd) => {
+      const s = new Session(cmd);
+      const principal = await s.call(s.api.GET('/whoami'));
+      s.print(principal, () => record(principal));
+    }),
+  );
+  for (const group of [toolsCommand(), grantsCommand(), switchesCommand(), budgetsCommand(), policyCommand(), approvalsCommand(), runsCommand(), auditCommand(), tokenCommand()]) {
+    program.addCommand(group);
+  }
+  // Usage mistakes exit 2 everywhere; a group named without a command shows its help.
+  const everyCommand = (cmd: Command): Command[] => [cmd, ...cmd.commands.flatMap(everyCommand)];
+  for (const cmd of everyCommand(program)) {
+    cmd.exitOverride().showHelpAfterError('(add --help for usage)').configureHelp({ showGlobalOptions: true });
+    if (cmd.commands.length > 0 && cmd !== program) cmd.action(() => cmd.help({ error: true }));
+  }
+  return program;
+}

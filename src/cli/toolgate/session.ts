@@ -1,0 +1,70 @@
+import type { Command } from 'commander';
+import { createToolgateClient, refusal, unwrap, type ToolgateClient } from '../../client/index.js';
+import { loadClientTarget } from '../../config/config.js';
+
+export const DEFAULT_URL = 'http://127.0.0.1:8080';
+
+/** A usage mistake the parser could not see (exit 2). */
+export class UsageError extends Error {}
+
+/** The answer was read and is a "no" that is not an API error (a broken chain, a denied resolution): exit 1. */
+export class CheckFailed extends Error {}
+
+interface GlobalOptions {
+  url?: string;
+  token?: string;
+  json?: boolean;
+}
+
+/** What every command that calls the gateway shares: where, as whom, and how to print. */
+export class Session {
+  readonly api: ToolgateClient;
+  readonly url: string;
+  readonly json: boolean;
+  readonly token: string | undefined;
+
+  constructor(command: Command) {
+    const options = command.optsWithGlobals<GlobalOptions>();
+    const target = loadClientTarget();
+    this.url = (options.url ?? target.url ?? DEFAULT_URL).replace(/\/+$/, '');
+    this.token = options.token ?? target.token;
+    this.json = options.json ?? false;
+    this.api = createToolgateClient({ baseUrl: this.url, token: this.token });
+  }
+
+  /** The data of a successful call; a refusal is thrown as a `ToolgateError`. */
+  call<T>(request: Promise<{ data?: T; error?: unknown; response: Response }>): Promise<T> {
+    return unwrap(request);
+  }
+
+  /** A call whose refusals carry an answer worth printing (run envelopes): both ends, as they are. */
+  async answer<T>(request: Promise<{ data?: T; error?: unknown; response: Response }>): Promise<{ ok: boolean; body: T; refusal?: ReturnType<typeof refusal> }> {
+    const { data, error, response } = await request;
+    if (response.ok) return { ok: true, body: data as T };
+    return { ok: false, body: error as T, refusal: refusal(response.status, error) };
+  }
+
+  /** `--json`: the API's answer as it is; otherwise what `human` makes of it. */
+  print(value: unknown, human: () => string): void {
+    const text = this.json ? JSON.stringify(value, null, 2) : human();
+    if (text) process.stdout.write(`${text}\n`);
+  }
+
+  /** Every item of a listing, following `next_cursor` while `all` is set. */
+  async page<T>(all: boolean | undefined, fetchPage: (cursor: string | undefined) => Promise<{ items: T[]; next_cursor?: string | null }>, cursor?: string): Promise<{ items: T[]; next_cursor: string | null }> {
+    const first = await fetchPage(cursor);
+    if (!all) return { ...first, next_cursor: first.next_cursor ?? null };
+    const items = [...first.items];
+    for (let next = first.next_cursor; next; ) {
+      const page = await fetchPage(next);
+      items.push(...page.items);
+      next = page.next_cursor;
+    }
+    return { items, next_cursor: null };
+  }
+
+  /** Tells people there is more (on stderr, so that stdout stays the listing). */
+  more(nextCursor: string | null | undefined): void {
+    if (nextCursor && !this.json) process.stderr.write(`more: --cursor ${nextCursor} (or --all)\n`);
+  }
+}

@@ -1,0 +1,252 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+import { freePort } from './helpers/net.js';
+import { TEST_JWT_SECRET, tokens } from './helpers/tokens.js';
+
+const root = new URL('..', import.meta.url).pathname;
+
+/** The environment of a fresh shell: no TOOLGATE_* but what a test passes. */
+function bareEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
+  return { PATH: process.env.PATH, HOME: process.env.HOME, ...extra };
+}
+
+interface Outcome {
+  status: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+let gateway: ChildProcess;
+let url: string;
+let databaseUrl: string | undefined;
+let dropDatabase: () => Promise<unknown> = async () => undefined;
+const backend = new TestBackend();
+const operator = tokens.platform('ops.cli', 't1');
+const agent = tokens.agent('cli.agent', { tenant: 't1' });
+
+/** `toolgate …` as an operator types it: the package's bin, with TOOLGATE_URL and TOOLGATE_TOKEN set. */
+function toolgate(args: string[], env: Record<string, string> = {}): Promise<Outcome> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [join(root, 'bin', 'toolgate.js'), ...args], {
+      cwd: root,
+      env: bareEnv({ TOOLGATE_URL: url, TOOLGATE_TOKEN: operator, ...env }),
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    child.on('close', (status) => resolve({ status, stdout, stderr }));
+  });
+}
+
+const json = (outcome: Outcome) => JSON.parse(outcome.stdout) as any;
+const callAsAgent = (input: unknown) => toolgate(['runs', 'execute', '--tool', 'cli.echo', '--input', JSON.stringify(input)], { TOOLGATE_TOKEN: agent });
+
+beforeAll(async () => {
+  await backend.start();
+  const port = await freePort();
+  const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-cli-'));
+  if (hasPostgresServer) {
+    const db = await createEmptyDatabaseUrl();
+    databaseUrl = db.url;
+    dropDatabase = db.drop;
+  }
+  gateway = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+    cwd: root,
+    env: bareEnv({ PORT: String(port), TOOLGATE_JWT_SECRET: TEST_JWT_SECRET, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn', ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}) }),
+  });
+  url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 1500; i += 1) {
+    if (await fetch(`${url}/ready`).then((r) => r.ok, () => false)) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error('the gateway did not become ready');
+}, 180_000);
+
+afterAll(async () => {
+  gateway?.kill('SIGTERM');
+  await new Promise((resolve) => (gateway?.exitCode !== null ? resolve(undefined) : gateway.once('exit', resolve)));
+  await backend.close();
+  await dropDatabase();
+});
+
+describe('toolgate, run as an operator runs it', () => {
+  let grantId: string;
+
+  it('registers every contract of a folder, and again changes nothing', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'toolgate-contracts-'));
+    writeFileSync(
+      join(dir, 'echo.yaml'),
+      [
+        'id: cli.echo',
+        'version: 1.0.0',
+        'display_name: Echo',
+        'description: Answers its input.',
+        'category: read_only',
+        'risk_level: low',
+        'input_schema: { type: object }',
+        'output_schema: { type: object }',
+        'allowed_agents: [cli.agent]',
+        'cost_units: 1',
+        'dependencies: [{ tool_id: cli.lookup, range: "^1" }]',
+        `backend: { url: "${backend.url}/echo", method: POST, timeout_ms: 5000, max_response_bytes: 65536, headers: {} }`,
+      ].join('\n'),
+    );
+    // Named after the tool that depends on it: registered on the second pass.
+    writeFileSync(
+      join(dir, 'lookup.json'),
+      JSON.stringify({
+        id: 'cli.lookup',
+        version: '1.0.0',
+        display_name: 'Lookup',
+        description: 'Looks up.',
+        category: 'read_only',
+        risk_level: 'low',
+        input_schema: { type: 'object' },
+        output_schema: { type: 'object' },
+        cost_units: 1,
+      }),
+    );
+    // The lookup has no backend: --backend-base gives it one; the echo keeps its own.
+    const first = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`]);
+    expect(first.stderr).toBe('');
+    expect(first.status).toBe(0);
+    expect(first.stdout).toMatch(/^RESULT\s+ID\s+VERSION\s+FILE/);
+    expect(first.stdout).toMatch(/registered\s+cli\.echo\s+1\.0\.0/);
+    expect(first.stdout).toMatch(/registered\s+cli\.lookup\s+1\.0\.0/);
+
+    const stored = (id: string) => fetch(`${url}/tools/${id}`, { headers: { authorization: `Bearer ${operator}` } }).then((r) => r.json() as Promise<{ backend: { url: string } }>);
+    expect((await stored('cli.lookup')).backend.url).toBe(`${backend.url}/demo/cli.lookup`);
+    expect((await stored('cli.echo')).backend.url).toBe(`${backend.url}/echo`);
+
+    const again = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`, '--json']);
+    expect(again.status).toBe(0);
+    expect(json(again).items.map((r: { id: string; result: string }) => `${r.id} ${r.result}`)).toEqual(['cli.echo unchanged', 'cli.lookup unchanged']);
+  }, 120_000);
+
+  it('grants a tool for a duration, after which the agent calls it', async () => {
+    const before = Date.now();
+    const created = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'cli.echo', '--scope', 'per-tenant', '--ttl', '7d', '--reason', 'pilot', '--json']);
+    expect(created.status).toBe(0);
+    const grant = json(created);
+    expect(grant).toMatchObject({ agent_id: 'cli.agent', tool_id: 'cli.echo', status: 'live', rationale: 'pilot' });
+    expect(Date.parse(grant.expires_at) - before).toBeGreaterThanOrEqual(7 * 86_400_000);
+    expect(Date.parse(grant.expires_at) - Date.now()).toBeLessThanOrEqual(7 * 86_400_000);
+    grantId = grant.id;
+
+    const call = await callAsAgent({ hello: 'world' });
+    expect(call.stderr).toBe('');
+    expect(call.status).toBe(0);
+    expect(call.stdout).toMatch(/completed/);
+    expect(call.stdout).toContain('{"echo":{"hello":"world"}}');
+  }, 120_000);
+
+  it('arms a switch that refuses the call, and disarms it by target', async () => {
+    const armed = await toolgate(['switches', 'arm', '--scope', 'tool', '--target', 'cli.echo', '--tenant', 't1', '--reason', 'incident 7', '--copy', 'Echo is paused', '--json']);
+    expect(armed.status).toBe(0);
+    const switchId = json(armed).id;
+
+    const refused = await callAsAgent({});
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).toContain('toolgate: kill_switch_active: Echo is paused');
+
+    const disarmed = await toolgate(['switches', 'disarm', '--target', 'cli.echo', '--reason', 'fixed']);
+    expect(disarmed.status).toBe(0);
+    expect(disarmed.stdout).toMatch(new RegExp(`${switchId}\\s+tool\\s+cli\\.echo\\s+t1\\s+disarmed`));
+    expect((await callAsAgent({})).status).toBe(0);
+  }, 120_000);
+
+  it('revokes a grant by id, and every live grant of an agent for a tool, listing them', async () => {
+    const byId = await toolgate(['grants', 'revoke', grantId, '--reason', 'rotated']);
+    expect(byId.status).toBe(0);
+    expect(byId.stdout).toMatch(new RegExp(`${grantId}\\s+cli\\.agent\\s+cli\\.echo\\s+per-tenant\\s+t1\\s+revoked`));
+
+    const grants = [];
+    for (const ref of ['s1', 's2']) {
+      const created = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'cli.echo', '--scope', 'per-session', '--ref', ref, '--ttl', '1h', '--reason', 'sessions', '--json']);
+      grants.push(json(created).id);
+    }
+    const byMatch = await toolgate(['grants', 'revoke', '--agent', 'cli.agent', '--tool', 'cli.echo', '--reason', 'incident 8', '--json']);
+    expect(byMatch.status).toBe(0);
+    const revoked = json(byMatch).items;
+    expect(revoked.map((g: { id: string }) => g.id).sort()).toEqual(grants.sort());
+    expect(revoked.every((g: { status: string; revocation_reason: string }) => g.status === 'revoked' && g.revocation_reason === 'incident 8')).toBe(true);
+
+    const resolved = await toolgate(['grants', 'resolve', '--agent', 'cli.agent', '--tool', 'cli.echo', '--session', 's1']);
+    expect(resolved.status).toBe(1);
+    expect(resolved.stdout).toContain('cli.agent may not call cli.echo: grant_revoked');
+  }, 120_000);
+
+  it("exits non-zero on a refusal, with the API's code and message on stderr, and 2 on a usage mistake", async () => {
+    const refused = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'no.such.tool', '--scope', 'per-tenant', '--ttl', '1d', '--reason', 'x']);
+    expect(refused.status).toBe(1);
+    expect(refused.stdout).toBe('');
+    expect(refused.stderr).toMatch(/^toolgate: tool_not_registered: .*no\.such\.tool/);
+
+    const call = await callAsAgent({});
+    expect(call.status).toBe(1);
+    expect(call.stderr).toContain('toolgate: grant_revoked:');
+
+    const unitless = await toolgate(['grants', 'create', '--agent', 'a', '--tool', 't', '--scope', 'per-tenant', '--ttl', '7', '--reason', 'x']);
+    expect(unitless.status).toBe(2);
+    expect(unitless.stderr).toContain('expected a duration such as 90s, 15m, 12h, 7d or 2w');
+  }, 120_000);
+
+  it('names the URL it tried when no gateway answers there', async () => {
+    const nowhere = `http://127.0.0.1:${await freePort()}`;
+    const outcome = await toolgate(['tools', 'list', '--url', nowhere]);
+    expect(outcome.status).toBe(3);
+    expect(outcome.stderr).toBe(`toolgate: cannot reach the gateway at ${nowhere}/tools: ECONNREFUSED\n`);
+  }, 30_000);
+
+  it('follows the audit log as events are recorded', async () => {
+    const tail = spawn(process.execPath, [join(root, 'bin', 'toolgate.js'), 'audit', 'tail', '--lines', '1', '--interval', '1s', '--json'], { cwd: root, env: bareEnv({ TOOLGATE_URL: url, TOOLGATE_TOKEN: operator }) });
+    let stdout = '';
+    tail.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+    try {
+      for (let i = 0; i < 600 && !stdout.includes('\n'); i += 1) await new Promise((r) => setTimeout(r, 50));
+      await fetch(`${url}/kill-switches`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${operator}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ scope: 'agent', target: 'someone', tenant_id: 't1', reason: 'tail', user_visible_status_copy: 'paused' }),
+      });
+      for (let i = 0; i < 600 && !stdout.includes('kill_switch.armed'); i += 1) await new Promise((r) => setTimeout(r, 50));
+      const events = stdout.trim().split('\n').map((line) => JSON.parse(line) as { seq: number; event_type: string });
+      expect(events.at(-1)?.event_type).toBe('kill_switch.armed');
+      expect(events.map((e) => e.seq)).toEqual([...events.map((e) => e.seq)].sort((a, b) => a - b));
+    } finally {
+      tail.kill('SIGTERM');
+    }
+  }, 120_000);
+
+  it.skipIf(!hasPostgresServer)('verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)', async () => {
+    const anchor = join(mkdtempSync(join(tmpdir(), 'toolgate-anchor-')), 'anchor.json');
+    const first = await toolgate(['audit', 'verify', '--anchor', anchor]);
+    expect(first.status).toBe(0);
+    expect(first.stdout).toMatch(/^audit chain intact: \d+ rows, head seq \d+/);
+    expect(existsSync(anchor)).toBe(true);
+    const kept = JSON.parse(readFileSync(anchor, 'utf8'));
+
+    const client = new pg.Client({ connectionString: databaseUrl });
+    await client.connect();
+    try {
+      await client.query('alter table audit_events disable trigger audit_events_no_update_delete');
+      await client.query(`update audit_events set actor = 'operator:someone-else' where seq = $1`, [kept.seq - 1]);
+      await client.query('alter table audit_events enable trigger audit_events_no_update_delete');
+    } finally {
+      await client.end();
+    }
+    const second = await toolgate(['audit', 'verify', '--anchor', anchor, '--json']);
+    expect(second.status).toBe(1);
+    expect(json(second)).toMatchObject({ ok: false, first_bad_seq: kept.seq - 1 });
+    expect(second.stderr).toContain(`toolgate: audit chain broken at seq ${kept.seq - 1}`);
+    // A broken chain leaves the anchor as it was.
+    expect(JSON.parse(readFileSync(anchor, 'utf8'))).toEqual(kept);
+  }, 120_000);
+});
