@@ -15,9 +15,11 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force
 COPY --from=build /app/dist ./dist
+COPY bin ./bin
 COPY migrations ./migrations
 COPY openapi.yaml ./
-RUN mkdir -p /data && chown node:node /data
+# `toolgate` on PATH: operators run `docker exec … toolgate grants list`.
+RUN mkdir -p /data && chown node:node /data && ln -s /app/bin/toolgate.js /usr/local/bin/toolgate
 # Without DATABASE_URL the embedded database lives in /data, a volume, so it outlives the container.
 # Declared after the chown, so that a fresh volume starts owned by node.
 VOLUME /data
