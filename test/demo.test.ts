@@ -91,8 +91,8 @@ describe('npm run seed:example', () => {
       env: { PATH: process.env.PATH, HOME: process.env.HOME, PORT: String(port) },
       encoding: 'utf8',
     });
-    expect(result.status).toBe(1);
-    expect(result.stderr).toContain(`the gateway at http://127.0.0.1:${port} did not answer`);
+    expect(result.status).toBe(3);
+    expect(result.stderr).toContain(`cannot reach the gateway at http://127.0.0.1:${port}`);
     expect(result.stderr).toContain('ECONNREFUSED');
   });
 });

@@ -4,7 +4,7 @@ import { signDevelopmentToken } from '../auth/dev-token.js';
 import { developmentSecret } from '../auth/jwt-keys.js';
 import { loadClientTarget } from '../config/config.js';
 import { command, type Command } from './command.js';
-import { readCatalogFile, seedCatalog } from './seed-catalog.js';
+import { runToolgate } from './toolgate/run.js';
 
 const defaultFile = fileURLToPath(new URL('../../examples/scf-catalog.json', import.meta.url));
 
@@ -14,7 +14,8 @@ const usage = `usage: npm run seed:example -- [options]
                        signed with TOOLGATE_JWT_SECRET or the secret \`npm start\` keeps in TOOLGATE_DATA_DIR)
   --file PATH          the catalog (default examples/scf-catalog.json)
   --backend-base URL   give tools without a backend <URL>/<tool id> as their backend
-Registers every tool through POST /tools; running it again changes nothing.`;
+Registers every tool through POST /tools (\`toolgate tools register\` with these defaults); running it
+again changes nothing.`;
 
 const cli = command('seed:example', usage);
 // Annotated, so that TypeScript narrows after a call that never returns.
@@ -53,35 +54,10 @@ async function main(): Promise<void> {
       ...(config.jwt.audience ? { audience: config.jwt.audience } : {}),
     });
   }
-  const catalog = await readCatalogFile(values.file);
-  const outcomes = await seedCatalog(
-    catalog,
-    async (body) => {
-      const response = await fetch(`${baseUrl}/tools`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-        body: JSON.stringify(body),
-      }).catch((error: unknown) => {
-        throw new Error(`the gateway at ${baseUrl} did not answer (${reasonOf(error)}): start it with \`npm start\`, or pass --url or set TOOLGATE_URL`);
-      });
-      return { status: response.status, body: await response.json().catch(() => undefined) };
-    },
-    values['backend-base'] ? { backendBase: values['backend-base'] } : {},
-  );
-  for (const outcome of outcomes) {
-    const line = `${outcome.result.padEnd(10)} ${outcome.id}@${outcome.version}`;
-    process.stdout.write(outcome.result === 'failed' ? `${line}  HTTP ${outcome.status} ${JSON.stringify(outcome.error)}\n` : `${line}\n`);
-  }
-  const failed = outcomes.filter((o) => o.result === 'failed').length;
-  process.stdout.write(`${outcomes.length - failed} of ${outcomes.length} tools in place at ${baseUrl}\n`);
-  if (failed > 0) process.exit(1);
-}
-
-/** fetch rejects with "fetch failed" and puts what happened (ECONNREFUSED, ENOTFOUND…) in `cause`. */
-function reasonOf(error: unknown): string {
-  const cause = error instanceof Error ? error.cause : undefined;
-  if (cause instanceof Error) return cause.message;
-  return error instanceof Error ? error.message : String(error);
+  // The registering itself is `toolgate tools register`; this only picks the defaults for a local try.
+  const argv = ['node', 'toolgate', 'tools', 'register', values.file, '--url', baseUrl, '--token', token];
+  if (values['backend-base']) argv.push('--backend-base', values['backend-base']);
+  process.exitCode = await runToolgate(argv);
 }
 
 main().catch((error: unknown) => {
