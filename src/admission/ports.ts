@@ -1,21 +1,13 @@
 import type { EgressExecutor } from '../egress/egress-executor.js';
 import type { EgressPolicy } from '../egress/egress-policy.js';
-import type { ErrorCode } from '../http/errors.js';
+import type { Decision } from '../errors/decision.js';
 
 /**
  * What the admission pipeline needs from the other rooms. Each room implements its port; the
  * composition root passes them in. Expected denials are values, infrastructure faults throw.
  */
 
-export type Denial = {
-  ok: false;
-  code: ErrorCode;
-  message: string;
-  details?: Record<string, unknown>;
-  retryAfterSeconds?: number;
-};
-
-export type Decision = { ok: true } | Denial;
+export type { Decision, Denial } from '../errors/decision.js';
 
 /**
  * Not a refusal: the call waits for a human to approve exactly this input (stage 8). Nothing is

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { positiveUnits } from '../http/validation.js';
+import { positiveUnits } from '../validation/values.js';
 import type { CapabilityModifiers } from './grant.js';
 import type { ToolFacts } from './tool-facts.js';
 

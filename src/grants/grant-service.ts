@@ -4,7 +4,7 @@ import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import stringify from 'safe-stable-stringify';
 import { GroupCommit } from '../db/group-commit.js';
-import { ApiError } from '../http/errors.js';
+import { CodedError } from '../errors/coded-error.js';
 import type { DB } from '../db/schema.js';
 import { checkModifiersWithinTool } from './capability-modifiers.js';
 import { GRANT_SCOPE_CONTEXT_KEY, type CapabilityModifiers, type Grant, type GrantScope, type OperatorActor } from './grant.js';
@@ -302,7 +302,7 @@ export class GrantService {
     const fresh = this.deps.tools.readiness?.() ?? { ok: true };
     if (!fresh.ok) {
       // A stale or empty copy of the registry must not answer "no such tool".
-      throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
+      throw new CodedError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
     }
     const versions = await this.deps.tools.versions(request.toolId);
     const newest = versions[0];

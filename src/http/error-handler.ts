@@ -3,17 +3,21 @@ import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { ConnectionError, FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { isDataException, isDatabaseUnavailable } from '../db/unavailable.js';
-import { ApiError, errorBody, statusForCode } from './errors.js';
+import { CodedError } from '../errors/coded-error.js';
+import { statusForCode } from '../errors/error-codes.js';
+import { ApiError, errorBody } from './errors.js';
 
 /**
  * The one place errors become responses. Client errors carry their code; anything
  * unexpected is a `500 internal` whose details stay in the log, keyed by request id.
  */
 export function installErrorHandlers(app: FastifyInstance): void {
-  app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
-    if (error instanceof ApiError) {
-      if (error.statusCode >= 500) request.log.warn({ code: error.code, details: error.details }, error.message);
-      return reply.code(error.statusCode).headers(error.headers).send(errorBody(error.code, error.message, error.details));
+  app.setErrorHandler((error: FastifyError | CodedError, request, reply) => {
+    if (error instanceof CodedError) {
+      const status = statusForCode(error.code);
+      if (status >= 500) request.log.warn({ code: error.code, details: error.details }, error.message);
+      const headers = error instanceof ApiError ? error.headers : {};
+      return reply.code(status).headers(headers).send(errorBody(error.code, error.message, error.details));
     }
     if (isClientAbort(error, request)) {
       request.log.info({ reason: 'client_aborted' }, CLIENT_WENT_AWAY);

@@ -1,7 +1,8 @@
 import { z } from 'zod';
-import { MAX_UNITS, toMicros } from '../budgets/budget-units.js';
 import { TOOL_ID_PATTERN } from '../registry/tool-contract.js';
 import { ApiError } from './errors.js';
+
+export { instant, positiveUnits, units } from '../validation/values.js';
 
 /** Parses request input with a zod schema; failures are `400 invalid_request` naming each field. */
 export function parseInput<T extends z.ZodType>(schema: T, value: unknown, where: 'body' | 'query' | 'params'): z.infer<T> {
@@ -21,30 +22,6 @@ export function parseInput<T extends z.ZodType>(schema: T, value: unknown, where
  * the database.
  */
 export const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'letters, digits and . _ : @ - only, starting with a letter or digit');
-
-/**
- * An RFC 3339 instant (offset allowed) whose UTC form has a four-digit year: what the API writes
- * back (`…Z`) must be an RFC 3339 date-time too, which `9999-12-31T23:00:00-02:00` would not be.
- */
-export const instant = z.iso
-  .datetime({ offset: true })
-  .refine((value) => {
-    const year = new Date(value).getUTCFullYear();
-    return year >= 0 && year <= 9999;
-  }, 'must fall within the years 0000 to 9999 in UTC');
-
-/** A positive amount of units: six decimal places, so anything that rounds to zero is not one. */
-export const positiveUnits = z
-  .number()
-  .max(MAX_UNITS)
-  .refine((value) => toMicros(value) > 0, 'must be positive (at least 0.000001)');
-
-/** An amount of units, zero included: six decimal places, so a positive one is at least 0.000001. */
-export const units = z
-  .number()
-  .min(0)
-  .max(MAX_UNITS)
-  .refine((value) => value === 0 || toMicros(value) > 0, 'must be 0 or at least 0.000001');
 
 /** A tool id: lowercase dotted words, such as `web.fetch`. */
 export const toolId = z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a tool id such as web.fetch');

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { ProtocolError, ProtocolErrorCode, type CallToolResult } from '@modelcontextprotocol/server';
 import { z } from 'zod';
-import type { ErrorCode } from '../http/errors.js';
+import type { ErrorCode } from '../errors/error-codes.js';
 import { identifier, positiveUnits } from '../http/validation.js';
 import type { RunAnswer } from '../runs/run-executor.js';
 import type { RunRequest, RunStatus } from '../runs/run-types.js';

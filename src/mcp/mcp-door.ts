@@ -15,7 +15,7 @@ import type { Logger } from 'pino';
 import type { AgentPrincipal } from '../admission/step.js';
 import type { ApprovalService } from '../approvals/approval-service.js';
 import { isDatabaseUnavailable, isDataException } from '../db/unavailable.js';
-import { ApiError } from '../http/errors.js';
+import { CodedError } from '../errors/coded-error.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
 import { agentViewOf } from '../registry/tool-views.js';
 import type { RunControls } from '../runs/run-controls.js';
@@ -168,7 +168,7 @@ export class McpDoor {
       }
       return callResultOf(name, answer);
     } catch (error) {
-      if (error instanceof ApiError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
+      if (error instanceof CodedError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
       throw error;
     }
   }
@@ -185,9 +185,9 @@ export class McpDoor {
   private protocolError(caller: McpCaller, error: unknown): ProtocolError {
     caller.outcome = 'error';
     if (error instanceof ProtocolError) return error;
-    if (isDatabaseUnavailable(error) || (error instanceof ApiError && error.code === 'gateway_unavailable')) {
+    if (isDatabaseUnavailable(error) || (error instanceof CodedError && error.code === 'gateway_unavailable')) {
       this.deps.logger.warn({ err: error, request_id: caller.requestId }, 'MCP request met a gateway outage');
-      return unavailable(error instanceof ApiError ? error.message : undefined);
+      return unavailable(error instanceof CodedError ? error.message : undefined);
     }
     // PostgreSQL could not take a value as given: the request's fault, as over REST.
     if (isDataException(error)) return new ProtocolError(ProtocolErrorCode.InvalidParams, 'a value in the request cannot be used');
@@ -203,7 +203,7 @@ function claimsEnvelope(body: unknown): boolean {
 }
 
 /** A refusal of the whole request (run id conflict, run not resumable…): the run it names is unchanged. */
-function refusalOf(request: RunRequest, error: ApiError): CallToolResult {
+function refusalOf(request: RunRequest, error: CodedError): CallToolResult {
   const retryAfter = error.details.retry_after_seconds;
   return refusalResult({
     runId: request.run_id,

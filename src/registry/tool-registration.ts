@@ -13,7 +13,7 @@ import {
   type ToolContent,
   type ToolDeprecation,
 } from './tool-contract.js';
-import { instant, units } from '../http/validation.js';
+import { instant, units } from '../validation/values.js';
 import { schemaProblem } from './tool-schemas.js';
 
 export const BACKEND_METHODS = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'] as const;

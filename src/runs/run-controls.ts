@@ -6,7 +6,7 @@ import type { ApprovalService } from '../approvals/approval-service.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf, type Principal } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
-import { ApiError } from '../http/errors.js';
+import { CodedError } from '../errors/coded-error.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import { lockRun, takeUpRun, writeRunAwaitingApproval, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
@@ -57,7 +57,7 @@ export class RunControls {
   complete(caller: Controller, key: RunKey): Promise<RunRecord> {
     return this.change(caller, key, 'complete', async (trx, run) => {
       if (run.status !== 'running' || !run.keep_open || run.busy) {
-        return new ApiError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
+        return new CodedError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
       }
       await endRunTrees(trx, this.ending(caller, run, 'completed', 'run.completed', undefined), this.deps.now());
     });
@@ -90,10 +90,10 @@ export class RunControls {
 
   private async resumeTracked(caller: Controller, key: RunKey): Promise<RunAnswer> {
     const now = this.deps.now();
-    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: ApiError }> => {
+    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: CodedError }> => {
       await lockAuditChain(trx);
       const run = await this.lockOwned(trx, caller, key);
-      const reject = (error: ApiError) => this.reject(trx, caller, run, 'resume', error);
+      const reject = (error: CodedError) => this.reject(trx, caller, run, 'resume', error);
       if (isTerminal(run.status)) return reject(stoppedError(run));
       const agent = caller.principal.kind === 'agent';
       switch (run.status) {
@@ -101,9 +101,9 @@ export class RunControls {
           if (agent) {
             // Undoing an operator's pause is an operator's power: the attempt is on record.
             await this.record(trx, caller, run, 'security.escalation_attempt', 'denied', { control: 'resume', run_status: run.status }, 'agent_forbidden');
-            return { refuse: new ApiError('agent_forbidden', 'a paused run is resumed by an operator', { status: run.status }) };
+            return { refuse: new CodedError('agent_forbidden', 'a paused run is resumed by an operator', { status: run.status }) };
           }
-          if (run.busy) return reject(new ApiError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' }));
+          if (run.busy) return reject(new CodedError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' }));
           if (!run.request) {
             // Never started: back to waiting for its agent (or for its hand-off's approval).
             const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
@@ -132,16 +132,16 @@ export class RunControls {
           if (!run.request) {
             const lapsed = await this.expireLapsed(trx, caller, await findLatestApproval(trx, run.tenant_id, run.run_id, null), now);
             if (lapsed) return { refuse: lapsed };
-            return reject(new ApiError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' }));
+            return reject(new CodedError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' }));
           }
           const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
           const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
-          if (!approval) return reject(new ApiError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status }));
+          if (!approval) return reject(new CodedError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status }));
           const lapsed = await this.expireLapsed(trx, caller, approval, now);
           if (lapsed) return { refuse: lapsed };
           const status = approvalStatusAt(approval, now);
           if (status !== 'approved') {
-            return reject(new ApiError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status }));
+            return reject(new CodedError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status }));
           }
           break;
         }
@@ -151,10 +151,10 @@ export class RunControls {
           break;
         }
         default:
-          return reject(new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status }));
+          return reject(new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status }));
       }
       const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
-      if (!taken) return reject(new ApiError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }));
+      if (!taken) return reject(new CodedError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }));
       await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
       return { run: taken };
     });
@@ -165,9 +165,9 @@ export class RunControls {
   }
 
   /** Expires the approval a waiting run would go on with if it lapsed (see `ApprovalService.expireLapsed`); the refusal, if so. */
-  private async expireLapsed(trx: Transaction<DB>, caller: Controller, approval: Approval | undefined, now: Date): Promise<ApiError | undefined> {
+  private async expireLapsed(trx: Transaction<DB>, caller: Controller, approval: Approval | undefined, now: Date): Promise<CodedError | undefined> {
     const lapsed = await this.deps.approvals.expireLapsed(trx, approval, actorOf(caller.principal), now, caller.traceId);
-    return lapsed && new ApiError(lapsed.code, lapsed.message, lapsed.details);
+    return lapsed && new CodedError(lapsed.code, lapsed.message, lapsed.details);
   }
 
   private end(caller: Controller, key: RunKey, control: RunControl, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
@@ -194,8 +194,8 @@ export class RunControls {
    * before changing anything), and answers the run as it is now. A refusal is recorded and
    * committed before it is thrown.
    */
-  private async change(caller: Controller, key: RunKey, control: RunControl, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<ApiError | void>): Promise<RunRecord> {
-    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { refuse: ApiError }> => {
+  private async change(caller: Controller, key: RunKey, control: RunControl, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<CodedError | void>): Promise<RunRecord> {
+    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { refuse: CodedError }> => {
       await lockAuditChain(trx);
       const run = await this.lockOwned(trx, caller, key);
       const refusal = isTerminal(run.status) ? stoppedError(run) : await apply(trx, run);
@@ -211,7 +211,7 @@ export class RunControls {
    * (SPEC §8): `run.control_rejected`, `denied`, the answer's code, details and message, in the
    * transaction that decided it — so a refusal that cannot be recorded is no answer (503).
    */
-  private async reject(trx: Transaction<DB>, caller: Controller, run: RunRecord, control: RunControl, error: ApiError): Promise<{ refuse: ApiError }> {
+  private async reject(trx: Transaction<DB>, caller: Controller, run: RunRecord, control: RunControl, error: CodedError): Promise<{ refuse: CodedError }> {
     await this.record(trx, caller, run, 'run.control_rejected', 'denied', { ...error.details, message: error.message, control }, error.code);
     return { refuse: error };
   }
@@ -220,7 +220,7 @@ export class RunControls {
   private async lockOwned(trx: Transaction<DB>, caller: Controller, key: RunKey): Promise<RunRecord> {
     const run = await lockRun(trx, key);
     if (!run || (caller.principal.kind === 'agent' && run.agent_id !== caller.principal.id)) {
-      throw new ApiError('not_found', `run ${key.run_id} not found`);
+      throw new CodedError('not_found', `run ${key.run_id} not found`);
     }
     return run;
   }
@@ -251,12 +251,12 @@ function ownerOf(run: RunRecord): AgentPrincipal {
 }
 
 /** The refusal for a run that has ended: the reason a cascade stopped it, else `run_not_resumable`. */
-function stoppedError(run: RunRecord): ApiError {
+function stoppedError(run: RunRecord): CodedError {
   const stop = run.stop;
   if (stop && stop.code !== 'run_not_resumable') {
-    return new ApiError(stop.code, stop.message, { ...stop.details, run_id: run.run_id, status: run.status });
+    return new CodedError(stop.code, stop.message, { ...stop.details, run_id: run.run_id, status: run.status });
   }
-  return new ApiError('run_not_resumable', `run ${run.run_id} is ${run.status}`, { run_id: run.run_id, status: run.status, ...(stop ? { stop: stop.details } : {}) });
+  return new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}`, { run_id: run.run_id, status: run.status, ...(stop ? { stop: stop.details } : {}) });
 }
 
 /**

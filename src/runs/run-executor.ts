@@ -19,7 +19,8 @@ import { jsonProblem } from '../db/json-limits.js';
 import type { DB } from '../db/schema.js';
 import type { Handoff } from '../handoffs/handoff.js';
 import { findHandoffOfSubRun } from '../handoffs/handoff-repository.js';
-import { ApiError, statusForCode, type ErrorCode } from '../http/errors.js';
+import { CodedError } from '../errors/coded-error.js';
+import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf, followRunEnd } from './run-lifecycle.js';
@@ -189,7 +190,7 @@ export class RunExecutor {
       // this caller's to learn.
       if (existing && existing.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
       if (!existing || existing.parent_run_id === null) {
-        return this.refuse(principal, request, traceId, via, 'handoff.rejected', new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
+        return this.refuse(principal, request, traceId, via, 'handoff.rejected', new CodedError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
       }
       run = existing;
     } else {
@@ -216,7 +217,7 @@ export class RunExecutor {
         if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)), prefetchedGrants: prefetched }, [], true);
         existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       }
-      if (!existing) return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
+      if (!existing) return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
       run = existing;
     }
     const prior = await this.priorRun(principal, request, run, start, traceId, via);
@@ -248,7 +249,7 @@ export class RunExecutor {
     if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
-        return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
+        return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
       }
       if (run.status === 'queued') {
         const started = await startQueuedRun(
@@ -261,10 +262,10 @@ export class RunExecutor {
       }
       // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
       if (run.status === 'awaiting_approval') await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
-      return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
+      return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
     }
     if (run.request_sha256 !== start.request_sha256) {
-      return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
+      return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
     }
     if (run.busy) {
       // Ends the run if its executor was lost (this request's own mark on it does not count);
@@ -284,7 +285,7 @@ export class RunExecutor {
       const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
       if (resumed) return { run: resumed };
     }
-    return this.refuse(principal, request, traceId, via, 'run.rejected', new ApiError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
+    return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
   }
 
   /**
@@ -304,7 +305,7 @@ export class RunExecutor {
       if (!locked || locked.status !== run.status || locked.busy) return undefined;
       return this.deps.approvals.expireLapsed(trx, await approvalOf(trx, locked), actorOf(principal), now, traceId);
     });
-    if (refusal) throw new ApiError(refusal.code, refusal.message, refusal.details);
+    if (refusal) throw new CodedError(refusal.code, refusal.message, refusal.details);
   }
 
   /**
@@ -312,7 +313,7 @@ export class RunExecutor {
    * and the agent that asked, saying no more than the answer does. The parent_run_id the request
    * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */
-  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined, eventType: string, error: ApiError): Promise<never> {
+  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined, eventType: string, error: CodedError): Promise<never> {
     const named = request.parent_run_id === undefined ? {} : 'parent_run_id' in error.details ? { requested_parent_run_id: request.parent_run_id } : { parent_run_id: request.parent_run_id };
     await this.deps.audit.append({
       event_type: eventType,
@@ -664,7 +665,7 @@ export class RunExecutor {
     try {
       if (!this.deps.lease.valid()) {
         // Another replica may already have ended this replica's runs as lost.
-        throw new ApiError('gateway_unavailable', 'this replica could not renew its lease in time; it dispatches nothing until it can');
+        throw new CodedError('gateway_unavailable', 'this replica could not renew its lease in time; it dispatches nothing until it can');
       }
       await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details: withReservation(details, reservation) });
     } catch (error) {
@@ -772,7 +773,7 @@ export class RunExecutor {
       const admission = await admitStep(this.stepRequest(principal, request, index, true, within), this.deps.ports);
       // An outage is no verdict on a step: a stage that cannot judge (a registry copy or kill-switch
       // snapshot unconfirmed) fails the dry run closed, as a stage meeting the database's outage does.
-      if (admission.denial?.code === 'gateway_unavailable') throw new ApiError('gateway_unavailable', admission.denial.message, admission.denial.details);
+      if (admission.denial?.code === 'gateway_unavailable') throw new CodedError('gateway_unavailable', admission.denial.message, admission.denial.details);
       warnings.push(...admission.state.warnings);
       const head = stepHead(request, index, admission.state.tool);
       const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
@@ -804,7 +805,7 @@ export class RunExecutor {
     const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
     if (run && run.agent_id !== principal.id) throw notOwned(request);
     if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
-      throw new ApiError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
+      throw new CodedError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
     }
     const delegation = await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id);
     const budgets = [run.budget_units, request.budget_units].filter((units): units is number => typeof units === 'number');
@@ -862,8 +863,8 @@ function handoffApprovalOf(db: Kysely<DB>, run: RunRecord): Promise<Approval | u
 }
 
 /** Another principal's run id: a conflict, whatever the run is. */
-function notOwned(request: RunRequest): ApiError {
-  return new ApiError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
+function notOwned(request: RunRequest): CodedError {
+  return new CodedError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
 }
 
 /** The leading completed steps of a run's stored envelope: where a continued run picks up. */

@@ -5,7 +5,7 @@ import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { returnSubRunAllowances } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 import { closeHandoff, findOpenHandoffsOfSubRuns } from '../handoffs/handoff-repository.js';
-import { statusForCode, type ErrorCode } from '../http/errors.js';
+import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { lockOpenRunTrees, writeRunEnd, type RunKey, type RunRecord } from './run-repository.js';
 import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } from './run-types.js';
 

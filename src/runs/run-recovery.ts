@@ -7,7 +7,7 @@ import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import { retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { statusForCode, type ErrorCode } from '../http/errors.js';
+import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import { findBusyRunsToCheck, lockOpenRunTrees, lockRun, releaseLostRun, replicaAlive, type RunKey, type RunRecord } from './run-repository.js';
 import { isTerminal, stepIndexOfToolCall, type RunEnvelope, type RunStatus, type RunStop, type StepResult } from './run-types.js';

@@ -1,4 +1,4 @@
-import type { ErrorCode } from '../http/errors.js';
+import type { ErrorCode } from '../errors/error-codes.js';
 import type { StageVerdict } from '../admission/admission-pipeline.js';
 
 export const RUN_STATUSES = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled', 'completed', 'failed', 'cancelled', 'killed'] as const;

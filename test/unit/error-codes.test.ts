@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { ERROR_CODES, statusForCode } from '../../src/http/errors.js';
+import { ERROR_CODES, statusForCode } from '../../src/errors/error-codes.js';
 import { openapi } from '../helpers/contract.js';
 
 // SPEC §7, plus `forbidden` (an operator lacking the role a route needs), `internal` and
