@@ -36,6 +36,7 @@ import { RunExecutor } from './runs/run-executor.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
 import { RunRecovery } from './runs/run-recovery.js';
+import { runEndRider } from './runs/run-end-rider.js';
 import { ReplicaLease } from './replicas/replica-lease.js';
 import { RetentionSweeper } from './retention/retention-sweeper.js';
 import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
@@ -116,10 +117,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const { config, database, logger } = options;
   const now = options.now ?? (() => new Date());
   const metrics = createMetrics();
-  const audit = new AuditLog(database.hot, now, (batchSize) => {
-    metrics.auditEventsCommitted.inc(batchSize);
-    metrics.auditCommitBatchSize.observe(batchSize);
-  });
+  const audit = new AuditLog(
+    database.hot,
+    now,
+    (batchSize) => {
+      metrics.auditEventsCommitted.inc(batchSize);
+      metrics.auditCommitBatchSize.observe(batchSize);
+    },
+    runEndRider,
+  );
   const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
   new Gauge({
     name: 'toolgate_registry_catalog_age_seconds',

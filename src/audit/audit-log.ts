@@ -1,9 +1,8 @@
 import type { Kysely } from 'kysely';
 import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import type { RunLeave } from '../runs/run-repository.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import { appendIfHead, readChainHead, writeAuditEventsEndingRuns, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
+import { appendIfHeadCarrying, readChainHead, writeAuditEventsCarrying, type AppendRider, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
 
 /**
  * How many times a batch is hashed against the head as it stands and offered again, after
@@ -17,18 +16,20 @@ const APPEND_ATTEMPTS = 4;
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
 export class AuditLog {
-  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; runEnded: boolean }>;
+  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; applied: boolean }>;
   private head: ChainHead | undefined;
 
   constructor(
     db: Kysely<DB>,
     private readonly now: () => Date = () => new Date(),
     onCommit: (batchSize: number) => void = () => undefined,
+    /** What commits with the events that carry a change (`appendCarrying`); given by the composition root. */
+    private readonly rider?: AppendRider<unknown>,
   ) {
     this.batches = new GroupCommit(async (batch) => {
-      const { records, runsEnded } = await this.commit(db, batch);
+      const { records, applied } = await this.commit(db, batch);
       onCommit(batch.length);
-      return records.map((record, i) => ({ record, runEnded: runsEnded[i]! }));
+      return records.map((record, i) => ({ record, applied: applied[i]! }));
     });
   }
 
@@ -39,10 +40,10 @@ export class AuditLog {
    * trip now and then, never a transaction holding the chain across round trips. A batch that
    * keeps losing (many writers) appends under the chain's lock, where it waits its turn.
    */
-  private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
+  private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; applied: boolean[] }> {
     let head = this.head ?? (await readChainHead(db));
     for (let attempt = 0; attempt < APPEND_ATTEMPTS; attempt += 1) {
-      const appended = await appendIfHead(db, head, batch);
+      const appended = await appendIfHeadCarrying(db, head, batch, this.rider);
       if (appended.ok) {
         this.head = appended.last;
         return appended;
@@ -50,7 +51,7 @@ export class AuditLog {
       head = appended.head;
     }
     this.head = undefined;
-    const appended = await db.transaction().execute((trx) => writeAuditEventsEndingRuns(trx, batch));
+    const appended = await db.transaction().execute((trx) => writeAuditEventsCarrying(trx, batch, this.rider));
     const last = appended.records[appended.records.length - 1];
     this.head = last ? { seq: last.seq, hash: last.hash } : undefined;
     return appended;
@@ -61,13 +62,13 @@ export class AuditLog {
   }
 
   /**
-   * Appends a call's last record together with its run's end, in one commit: the run ends only
-   * if the record is appended, and it does not end (`runEnded: false`) when another transaction
-   * holds the run's row, when it moved on, or when it has sub-runs — the caller then ends it the
-   * usual way. The record's id is the caller's (`leave`'s envelope names it).
+   * Appends a record together with a change (a call's last record and its run's end), in one
+   * commit: the change is applied only if the record is appended, and not at all (`applied:
+   * false`) when the rider declines it — the caller then makes it the usual way. The record's id
+   * is the caller's (the change may name it).
    */
-  appendEnding(event: AuditEventInput, eventId: string, leave: RunLeave | undefined): Promise<{ record: AuditRecord; runEnded: boolean }> {
-    return this.batches.submit({ event, occurredAt: this.now(), eventId, ...(leave ? { endRun: leave } : {}) });
+  appendCarrying(event: AuditEventInput, eventId: string, change: unknown): Promise<{ record: AuditRecord; applied: boolean }> {
+    return this.batches.submit({ event, occurredAt: this.now(), eventId, ...(change !== undefined ? { rides: change } : {}) });
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {

@@ -1,26 +1,38 @@
 import { randomUUID } from 'node:crypto';
-import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
-import { endedOf, leaveRunsWithoutWaiting, runEndSteps, type EndedRunRow, type RunLeave } from '../runs/run-repository.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
 import { canonicalJson, chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
 
-export interface TimedAuditEvent {
+export interface TimedAuditEvent<T = unknown> {
   event: AuditEventInput;
   occurredAt: Date;
-  /** The record's id, when the caller had to name it before the append (see `endRun`). */
+  /** The record's id, when the caller had to name it before the append (see `rides`). */
   eventId?: string;
-  /**
-   * The run this event ends (a call's outcome record that is its run's last word): the run is
-   * ended in the same commit, if its row is free, or not at all (see `leaveRunsWithoutWaiting`).
-   */
-  endRun?: RunLeave;
+  /** A change that commits with this event and only if it does (see `AppendRider`). */
+  rides?: T;
 }
 
-/** Appended records, and for each event that carried a run's end, whether the run ended with it. */
+/**
+ * A change to other rows that commits with an append, and only if the append does (a run's end,
+ * written by `runs/`): audit carries its SQL without knowing what it changes, so it depends on
+ * no room above it. A change whose rows are held elsewhere is skipped, never waited for.
+ */
+export interface AppendRider<T> {
+  /** Common table expressions joined to the append statement, changing nothing unless `when`. */
+  steps(items: T[], when: RawBuilder<unknown>): RawBuilder<unknown>;
+  /** A JSON array of the rows the steps changed, as `applied` reads them. */
+  changed: RawBuilder<unknown>;
+  /** For each item, whether the changed rows include it. */
+  applied(items: T[], rows: unknown[]): boolean[];
+  /** The change as a statement of its own, in a transaction that holds the chain's lock. */
+  applyHoldingChain(trx: Transaction<DB>, items: T[]): Promise<boolean[]>;
+}
+
+/** Appended records, and for each event that carried a change, whether it was applied with it. */
 export interface Appended {
   records: AuditRecord[];
-  runsEnded: boolean[];
+  applied: boolean[];
 }
 
 /**
@@ -89,24 +101,26 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
 }
 
 /**
- * `writeAuditEvents`, and the runs the events end (`endRun`) ended in the same transaction, each
- * only if its row is free: the chain's lock is held meanwhile.
+ * `writeAuditEvents`, and the changes the events carry (`rides`) applied in the same transaction,
+ * each only if its rows are free: the chain's lock is held meanwhile.
  */
-export async function writeAuditEventsEndingRuns(trx: Transaction<DB>, events: TimedAuditEvent[]): Promise<Appended> {
+export async function writeAuditEventsCarrying<T>(trx: Transaction<DB>, events: TimedAuditEvent<T>[], rider?: AppendRider<T>): Promise<Appended> {
   const records = await writeAuditEvents(trx, events);
-  const leaves = runLeavesOf(events);
-  const ended = leaves.length > 0 ? await leaveRunsWithoutWaiting(trx, leaves) : [];
-  return { records, runsEnded: spreadOver(events, ended) };
+  const items = ridersOf(events, rider);
+  const applied = items.length > 0 ? await rider!.applyHoldingChain(trx, items) : [];
+  return { records, applied: spreadOver(events, applied) };
 }
 
-function runLeavesOf(events: TimedAuditEvent[]): RunLeave[] {
-  return events.flatMap((e) => (e.endRun ? [e.endRun] : []));
+function ridersOf<T>(events: TimedAuditEvent<T>[], rider: AppendRider<T> | undefined): T[] {
+  const items = events.flatMap((e) => (e.rides !== undefined ? [e.rides] : []));
+  if (items.length > 0 && !rider) throw new Error('an audit event carries a change but the log has no rider for it');
+  return items;
 }
 
-/** Each event's answer from the answers of those that carried a run's end, in order. */
-function spreadOver(events: TimedAuditEvent[], ended: boolean[]): boolean[] {
+/** Each event's answer from the answers of those that carried a change, in order. */
+function spreadOver<T>(events: TimedAuditEvent<T>[], applied: boolean[]): boolean[] {
   let next = 0;
-  return events.map((e) => (e.endRun ? ended[next++]! : false));
+  return events.map((e) => (e.rides !== undefined ? applied[next++]! : false));
 }
 
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
@@ -122,18 +136,18 @@ export type AppendedIfHead = (Appended & { ok: true; last: ChainHead }) | { ok: 
  * moves and the rows go in together, or (another writer moved the head first) nothing happens
  * and the answer is the head as it stands, read under its lock, for the caller to hash against
  * and try again. One round trip instead of a locking transaction's four, and the head's lock
- * is held for one statement only. The runs the events end are ended in the same statement, only
- * if the rows go in, and only those whose row is free: this statement holds the chain's head.
+ * is held for one statement only. The changes the events carry are applied in the same statement,
+ * only if the rows go in, and only those whose rows are free: this statement holds the chain's head.
  */
-export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent[]): Promise<AppendedIfHead> {
+export async function appendIfHeadCarrying<T>(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent<T>[], rider?: AppendRider<T>): Promise<AppendedIfHead> {
   const { records, last, json } = chainAfter(expected, events);
-  const leaves = runLeavesOf(events);
-  const ends = leaves.length > 0 ? sql`, ${runEndSteps(leaves, { waitForLocks: false, when: sql`exists (select 1 from moved)` })}` : sql``;
-  const endedRows = leaves.length > 0 ? sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)` : sql`'[]'::json`;
+  const items = ridersOf(events, rider);
+  const ends = items.length > 0 ? sql`, ${rider!.steps(items, sql`exists (select 1 from moved)`)}` : sql``;
+  const endedRows = items.length > 0 ? rider!.changed : sql`'[]'::json`;
   // `current` locks the head and reads it as it stands (a plain read would see it as it stood
   // when the statement began), for the answer when the head moved; joining it makes the update
   // come after it. The update compares the head's own columns, rechecked on its newest version.
-  const result = await sql<{ n: number; ended: EndedRunRow[]; seq: string; hash: string }>`
+  const result = await sql<{ n: number; ended: unknown[]; seq: string; hash: string }>`
     with current as materialized (
       select seq, hash from audit_chain_head where id = 1 for no key update
     ), moved as (
@@ -151,7 +165,7 @@ export async function appendIfHead(db: Kysely<DB>, expected: ChainHead, events: 
   const row = result.rows[0];
   if (!row) throw new Error('the audit chain has no head row');
   if (Number(row.n) !== records.length) return { ok: false, head: { seq: Number(row.seq), hash: row.hash } };
-  return { ok: true, records, last, runsEnded: spreadOver(events, leaves.length > 0 ? endedOf(leaves, row.ended) : []) };
+  return { ok: true, records, last, applied: spreadOver(events, items.length > 0 ? rider!.applied(items, row.ended) : []) };
 }
 
 function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {

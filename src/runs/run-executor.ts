@@ -484,7 +484,7 @@ export class RunExecutor {
     const step: StepResult = { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: eventId };
     const answered: { answer?: RunAnswer } = {};
     const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
-    const { runEnded } = await this.deps.audit.appendEnding(event, eventId, leave);
+    const { applied: runEnded } = await this.deps.audit.appendCarrying(event, eventId, leave);
     if (runEnded) return { step, ended: answered.answer! };
     return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
   }
@@ -705,7 +705,7 @@ export class RunExecutor {
     const eventId = randomUUID();
     const dispatched: Dispatched = outcome.ok ? { ok: true, output: outcome.output, costUnits, auditId: eventId } : { ...outcome, costUnits, auditId: eventId };
     // The call's last record: when it ends the run, the run's end goes in the same commit.
-    const outcomeRecord = this.deps.audit.appendEnding(
+    const outcomeRecord = this.deps.audit.appendCarrying(
       {
         ...base,
         // Egress refused at a redirect hop is the same security event as at the input stage.
@@ -724,7 +724,7 @@ export class RunExecutor {
       eventId,
       end?.(dispatched),
     );
-    const [{ runEnded }, settlement] = await Promise.all([outcomeRecord, settled]);
+    const [{ applied: runEnded }, settlement] = await Promise.all([outcomeRecord, settled]);
     if (settlement === 'settled_after_expiry') {
       // Its units had been given back as abandoned meanwhile: the call is charged all the same.
       // (Recorded after the outcome, and after the run's end when that went with the outcome.)
