@@ -5,8 +5,8 @@ import { sameActor, type OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
 import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
-import { approvalStatusAt, approvalUsableAt, type Approval, type ApprovalStatus } from './approval.js';
-import { decideApproval, findApproval, findLatestApproval, isApprovalLapsed, listApprovals, lockApproval, type ApprovalQuery } from './approval-repository.js';
+import { approvalStatusAt, approvalUsableAt, type Approval, type ApprovalStatus } from '../runs/approval.js';
+import { decideApproval, findApproval, findLatestApproval, isApprovalLapsed, listApprovals, lockApproval, type ApprovalQuery } from '../runs/approval-repository.js';
 
 /** What the approval service is built from, by the composition root. */
 export interface ApprovalServiceDeps {

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import type { GrantsPort, GrantUsePort } from '../admission/ports.js';
 import type { AgentPrincipal } from '../admission/step.js';
-import { insertApproval } from '../approvals/approval-repository.js';
+import { insertApproval } from '../runs/approval-repository.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { holdRunUnits, lockRunAllowance } from '../budgets/run-allowance.js';
@@ -11,9 +11,9 @@ import type { CapabilityModifiers } from '../grants/grant.js';
 import { attributionOf } from '../runs/run-lifecycle.js';
 import { findRun, insertSubRun, lockRun, markHandedOff, type RunRecord } from '../runs/run-repository.js';
 import { isTerminal } from '../runs/run-types.js';
-import { narrowestModifiers } from './authority-envelope.js';
-import type { ApprovalRequirement, Handoff, HandoffRequest } from './handoff.js';
-import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from './handoff-repository.js';
+import { narrowestModifiers } from '../grants/authority-envelope.js';
+import type { ApprovalRequirement, Handoff, HandoffRequest } from '../runs/handoff.js';
+import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from '../runs/handoff-repository.js';
 import { checkHandoff, type ParentAuthority } from './handoff-validation.js';
 
 /** What the hand-off service is built from, by the composition root. */

@@ -1,7 +1,7 @@
 import { toMicros } from '../budgets/budget-units.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
-import { wideningIn } from './authority-envelope.js';
-import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffRejectionReason, type HandoffRequest } from './handoff.js';
+import { wideningIn } from '../grants/authority-envelope.js';
+import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffRejectionReason, type HandoffRequest } from '../runs/handoff.js';
 
 /** The parent's side of a hand-off: the authority it has to hand on, and what is left of it. */
 export interface ParentAuthority {

@@ -1,8 +1,7 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { AgentPrincipal } from '../admission/step.js';
-import { approvalStatusAt, type Approval } from '../approvals/approval.js';
-import { findLatestApproval, findNextStepApproval } from '../approvals/approval-repository.js';
-import type { ApprovalService } from '../approvals/approval-service.js';
+import { approvalStatusAt, type Approval } from './approval.js';
+import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf, type Principal } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
@@ -10,7 +9,7 @@ import { CodedError } from '../errors/coded-error.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import { lockRun, takeUpRun, writeRunAwaitingApproval, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
-import { isTerminal, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
+import { isTerminal, type LapsedApprovals, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
 
 /** What the run controls are built from, by the composition root. */
 export interface RunControlDeps {
@@ -18,7 +17,7 @@ export interface RunControlDeps {
   executor: RunExecutor;
   /** This replica: the executor id a take-up records. */
   replicaId: string;
-  approvals: ApprovalService;
+  approvals: LapsedApprovals;
   now: () => Date;
 }
 

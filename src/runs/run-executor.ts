@@ -4,9 +4,8 @@ import { admitStep, type Admission } from '../admission/admission-pipeline.js';
 import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold, Reservation } from '../admission/ports.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
-import { approvalStatusAt, type Approval } from '../approvals/approval.js';
-import { cancelPendingApprovals, findLatestApproval, findNextStepApproval, insertApproval } from '../approvals/approval-repository.js';
-import type { ApprovalService } from '../approvals/approval-service.js';
+import { approvalStatusAt, type Approval } from './approval.js';
+import { cancelPendingApprovals, findLatestApproval, findNextStepApproval, insertApproval } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
@@ -17,8 +16,8 @@ import { MAX_UNITS } from '../budgets/budget-units.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import { jsonProblem } from '../db/json-limits.js';
 import type { DB } from '../db/schema.js';
-import type { Handoff } from '../handoffs/handoff.js';
-import { findHandoffOfSubRun } from '../handoffs/handoff-repository.js';
+import type { Handoff } from './handoff.js';
+import { findHandoffOfSubRun } from './handoff-repository.js';
 import { CodedError } from '../errors/coded-error.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import type { Metrics } from '../metrics/metrics.js';
@@ -40,7 +39,7 @@ import {
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
-import { isTerminal, newToolCallId, statusAfter, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus, type Via } from './run-types.js';
+import { isTerminal, newToolCallId, statusAfter, type LapsedApprovals, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus, type Via } from './run-types.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -60,7 +59,7 @@ export interface RunExecutorDeps {
   /** How long a proposed action waits for an operator, and an approval for its use. */
   approvalTtlMs: number;
   /** What expires an approval that lapsed while its run was throttled. */
-  approvals: Pick<ApprovalService, 'expireLapsed'>;
+  approvals: LapsedApprovals;
   /** This replica: the executor id its claims and take-ups record. */
   replicaId: string;
   /** Which runs this replica executes; ends the busy runs whose executor was lost. */

@@ -1,10 +1,10 @@
 import type { Transaction } from 'kysely';
-import { cancelPendingApprovals } from '../approvals/approval-repository.js';
+import { cancelPendingApprovals } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
 import { returnSubRunAllowances } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
-import { closeHandoff, findOpenHandoffsOfSubRuns } from '../handoffs/handoff-repository.js';
+import { closeHandoff, findOpenHandoffsOfSubRuns } from './handoff-repository.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { lockOpenRunTrees, writeRunEnd, type RunKey, type RunRecord } from './run-repository.js';
 import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } from './run-types.js';

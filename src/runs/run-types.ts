@@ -1,3 +1,7 @@
+import type { Transaction } from 'kysely';
+import type { DB } from '../db/schema.js';
+import type { Denial } from '../errors/decision.js';
+import type { Approval } from './approval.js';
 import type { ErrorCode } from '../errors/error-codes.js';
 import type { StageVerdict } from '../admission/admission-pipeline.js';
 
@@ -115,4 +119,12 @@ export function statusAfter(code: ErrorCode): RunStatus {
     default:
       return 'failed';
   }
+}
+
+/**
+ * What expires an approval that lapsed while its run waited, cancelling the run: `approvals/`
+ * implements it, the composition root passes it in, so runs never import approvals.
+ */
+export interface LapsedApprovals {
+  expireLapsed(trx: Transaction<DB>, approval: Approval | undefined, actor: string, now: Date, traceId: string | null): Promise<Denial | undefined>;
 }

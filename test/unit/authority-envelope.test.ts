@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { intersectHostPatterns, narrowestModifiers, wideningIn } from '../../src/handoffs/authority-envelope.js';
+import { intersectHostPatterns, narrowestModifiers, wideningIn } from '../../src/grants/authority-envelope.js';
 
 describe('an authority envelope only narrows (wideningIn)', () => {
   const at = 'capability_modifiers';

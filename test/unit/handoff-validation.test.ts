@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import type { HandoffRequest } from '../../src/handoffs/handoff.js';
+import type { HandoffRequest } from '../../src/runs/handoff.js';
 import { checkHandoff, type ParentAuthority } from '../../src/handoffs/handoff-validation.js';
 
 const parent: ParentAuthority = {

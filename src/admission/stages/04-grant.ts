@@ -1,4 +1,4 @@
-import { narrowestModifiers } from '../../handoffs/authority-envelope.js';
+import { narrowestModifiers } from '../../grants/authority-envelope.js';
 import type { GrantQuery } from '../ports.js';
 import { toolOf, type AgentPrincipal, type Stage, type StepRequest } from '../step.js';
 

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
-import { APPROVAL_KINDS, APPROVAL_STATUSES, approvalStatusAt, type Approval } from '../../approvals/approval.js';
+import { APPROVAL_KINDS, APPROVAL_STATUSES, approvalStatusAt, type Approval } from '../../runs/approval.js';
 import type { ApprovalService } from '../../approvals/approval-service.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { actorOf } from '../../auth/principal.js';

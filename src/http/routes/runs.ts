@@ -7,7 +7,7 @@ import { readRunAllowance } from '../../budgets/run-allowance.js';
 import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
-import { APPROVAL_REQUIREMENTS, type Handoff } from '../../handoffs/handoff.js';
+import { APPROVAL_REQUIREMENTS, type Handoff } from '../../runs/handoff.js';
 import type { HandoffService } from '../../handoffs/handoff-service.js';
 import type { RunControls } from '../../runs/run-controls.js';
 import type { RunAnswer, RunExecutor } from '../../runs/run-executor.js';

@@ -1,6 +1,6 @@
 import { isDeepStrictEqual } from 'node:util';
-import { hostPatternCovers } from '../grants/capability-modifiers.js';
-import type { CapabilityModifiers } from '../grants/grant.js';
+import { hostPatternCovers } from './capability-modifiers.js';
+import type { CapabilityModifiers } from './grant.js';
 
 /**
  * Where `child` is wider than `parent`, as a path such as `capability_modifiers.max_cost_units`,
