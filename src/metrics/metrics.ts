@@ -1,4 +1,4 @@
-import { Counter, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 /** The Prometheus metrics of one gateway instance, on a registry of its own. */
 export interface Metrics {
@@ -62,4 +62,30 @@ export function createMetrics(): Metrics {
       registers: [registry],
     }),
   };
+}
+
+/** Exposes the age of this replica's copy of the tool registry, read at each scrape (-1: never confirmed). */
+export function watchCatalogAge(metrics: Metrics, ageMs: () => number): void {
+  new Gauge({
+    name: 'toolgate_registry_catalog_age_seconds',
+    help: "Time since this replica's copy of the tool registry was last confirmed current",
+    registers: [metrics.registry],
+    collect() {
+      const age = ageMs();
+      this.set(Number.isFinite(age) ? age / 1000 : -1);
+    },
+  });
+}
+
+/** Exposes the statements this instance sent to PostgreSQL, read at each scrape. */
+export function countStatementsSent(metrics: Metrics, sent: () => number): void {
+  new Counter({
+    name: 'toolgate_db_statements_total',
+    help: 'Statements this instance sent to PostgreSQL (each a round trip)',
+    registers: [metrics.registry],
+    collect() {
+      this.reset();
+      this.inc(sent());
+    },
+  });
 }

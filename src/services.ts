@@ -1,0 +1,207 @@
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import type { AdmissionPorts } from './admission/ports.js';
+import { ApprovalService } from './approvals/approval-service.js';
+import { AuditLog } from './audit/audit-log.js';
+import { BudgetLedger } from './budgets/budget-ledger.js';
+import type { Config } from './config/config.js';
+import type { Database } from './db/database.js';
+import { GroupCommit } from './db/group-commit.js';
+import { waitAtMost } from './db/wait-at-most.js';
+import { createEgressExecutor } from './egress/egress-executor.js';
+import type { Resolver } from './egress/resolver.js';
+import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
+import { GrantService } from './grants/grant-service.js';
+import type { ToolFacts } from './grants/tool-facts.js';
+import { HandoffService } from './handoffs/handoff-service.js';
+import { IdempotencyKeys } from './idempotency/idempotency-keys.js';
+import { KillSwitchService } from './kill-switches/kill-switch-service.js';
+import { KillSwitchSnapshot } from './kill-switches/kill-switch-snapshot.js';
+import { countStatementsSent, createMetrics, watchCatalogAge, type Metrics } from './metrics/metrics.js';
+import { BackendClient } from './proxy/backend-client.js';
+import { RateLimiter } from './rate-limits/rate-limiter.js';
+import type { AgentIdentity } from './registry/tool-access.js';
+import { ToolCatalog } from './registry/tool-catalog.js';
+import { ReplicaLease } from './replicas/replica-lease.js';
+import { RetentionSweeper } from './retention/retention-sweeper.js';
+import { RunCascades } from './runs/run-cascades.js';
+import { RunControls } from './runs/run-controls.js';
+import { runEndRider } from './runs/run-end-rider.js';
+import { RunExecutor } from './runs/run-executor.js';
+import { RunRecovery } from './runs/run-recovery.js';
+import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
+import { getTenantPolicy } from './tenants/tenant-policy.js';
+
+export interface ServiceOptions {
+  config: Config;
+  database: Database;
+  logger: Logger;
+  now?: () => Date;
+  /** How the egress executor resolves host names (default `dns.lookup`); tests stand in for the internet. */
+  resolver?: Resolver;
+  /** This replica's id in the `replicas` table (default: a fresh random one). */
+  replicaId?: string;
+}
+
+/** The kill-switch target of the version an agent's call gets, as the executor resolves it. */
+export type CallTarget = (agent: AgentIdentity | null, toolId: string, tenantId: string) => Promise<ToolFacts['target'] | undefined>;
+
+/** The services built once by the composition root and shared by every route. */
+export interface Services {
+  config: Config;
+  database: Database;
+  audit: AuditLog;
+  metrics: Metrics;
+  now: () => Date;
+  /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
+  catalog: ToolCatalog;
+  /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
+  budgets: BudgetLedger;
+  /** Token buckets per (tenant, agent, tool) (SPEC §5). */
+  rateLimiter: RateLimiter;
+  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  grants: GrantService;
+  /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
+  killSwitches: KillSwitchSnapshot;
+  /** Arming and disarming kill switches, stopping the runs they cover. */
+  killSwitchChanges: KillSwitchService;
+  /** Executes runs: admission, dispatch, audit (SPEC §6). */
+  runs: RunExecutor;
+  /** Cancel, kill, pause, resume, complete (SPEC §6 run controls). */
+  runControls: RunControls;
+  /** Proposed actions and the operators' decisions on them (SPEC §6 step 8). */
+  approvals: ApprovalService;
+  /** Sub-agent hand-offs (SPEC §6). */
+  handoffs: HandoffService;
+  /** This replica's lease: what tells the others it is alive. */
+  lease: ReplicaLease;
+  /** Ends busy runs whose executor was lost. */
+  recovery: RunRecovery;
+  idempotencyKeys: IdempotencyKeys;
+  callTarget: CallTarget;
+  /** Whether a tenant has enabled `external_call` tools. */
+  externalCallEnabled: (tenantId: string) => Promise<boolean>;
+  /** Starts the replica's background work (lease, caches, sweepers), once the app is ready. */
+  start(): Promise<void>;
+  /** Stops it and lets go of what the services hold; the database itself is the caller's. */
+  close(): Promise<void>;
+}
+
+/** The composition root: builds every service once, each handed what it needs. */
+export function buildServices(options: ServiceOptions): Services {
+  const { config, database, logger } = options;
+  const now = options.now ?? (() => new Date());
+  const metrics = createMetrics();
+  const audit = new AuditLog(
+    database.hot,
+    now,
+    (batchSize) => {
+      metrics.auditEventsCommitted.inc(batchSize);
+      metrics.auditCommitBatchSize.observe(batchSize);
+    },
+    runEndRider,
+  );
+  const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
+  watchCatalogAge(metrics, () => catalog.ageMs());
+  const budgets = new BudgetLedger(database.hotAsync, {
+    now,
+    registry: metrics.registry,
+    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
+    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+    closes: database.hot,
+  });
+  countStatementsSent(metrics, () => database.statementsSent());
+  const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
+  const externalCallEnabled = async (tenantId: string) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled;
+  // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
+  const resolveTarget = async (agent: AgentIdentity | null, toolId: string, range: string | undefined, enabled: () => Promise<boolean>) => {
+    const resolved = await catalog.resolveCall(agent, toolId, range, enabled);
+    return resolved.ok ? resolved.tool.target : undefined;
+  };
+  const callTarget: CallTarget = (agent, toolId, tenantId) => resolveTarget(agent, toolId, undefined, () => externalCallEnabled(tenantId));
+  const cascades = new RunCascades(resolveTarget, async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled);
+  const grants = new GrantService({ db: database.db, hot: database.hot, audit, tools: catalog, now, onGrantsEnded: cascades.grantsEnded });
+  const killSwitches = new KillSwitchSnapshot({
+    db: database.db,
+    listener: database.listener,
+    registry: metrics.registry,
+    logger,
+    ...config.killSwitches,
+  });
+  const expirySweeper = new GrantExpirySweeper({
+    db: database.db,
+    now,
+    intervalMs: config.grants.expirySweepIntervalMs,
+    logger,
+    onGrantsEnded: cascades.grantsEnded,
+  });
+  const approvals = new ApprovalService({ db: database.db, now });
+  // Uses recorded at the same moment share one statement (group commit).
+  const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.hotAsync, uses));
+  const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }) };
+  const ports: AdmissionPorts = {
+    catalog,
+    grants,
+    killSwitches,
+    budgets,
+    rateLimiter,
+    tenantPolicy: { externalCallEnabled },
+    egress: createEgressExecutor({ allowCidrs: config.egressAllowCidrs, ...(options.resolver ? { resolver: options.resolver } : {}) }),
+    approvals,
+    grantUses,
+  };
+  const backend = new BackendClient();
+  const approvalTtlMs = config.approvalTtlSeconds * 1000;
+  const replicaId = options.replicaId ?? `rep_${randomBytes(8).toString('hex')}`;
+  const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
+  const recovery = new RunRecovery({ db: database.db, replicaId, now, intervalMs: config.replicaLeaseMs / 2, logger, registry: metrics.registry });
+  const retention = new RetentionSweeper({ db: database.db, now, retentionDays: config.retention.days, intervalMs: config.retention.sweepIntervalMs, logger, registry: metrics.registry });
+  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, approvals, replicaId, recovery, lease });
+  const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
+  const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
+
+  return {
+    config,
+    database,
+    audit,
+    metrics,
+    now,
+    catalog,
+    budgets,
+    rateLimiter,
+    grants,
+    killSwitches,
+    killSwitchChanges: new KillSwitchService(database.db, killSwitches, now, cascades.killSwitchArmed),
+    runs,
+    runControls,
+    approvals,
+    handoffs,
+    lease,
+    recovery,
+    idempotencyKeys: new IdempotencyKeys({ db: database.db, now }),
+    callTarget,
+    externalCallEnabled,
+    async start() {
+      await lease.start();
+      await catalog.start();
+      await killSwitches.start();
+      expirySweeper.start();
+      recovery.start();
+      retention.start();
+    },
+    // Each step that needs the database waits for it at most CLOSE_STEP_WAIT_MS: in a silent
+    // partition none would ever finish, and closing the database (the caller's next step) destroys
+    // the connections still waiting.
+    async close() {
+      await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop()]);
+      await Promise.all([
+        // Every call in flight has finished: nothing this replica held is busy any more.
+        lease.stop(),
+        waitAtMost(Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop()])),
+        backend.close(),
+      ]);
+      await waitAtMost(audit.drain());
+    },
+  };
+}
