@@ -3,6 +3,7 @@ import { payloadHash } from '../src/audit/audit-hash.js';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -17,8 +18,6 @@ const outsider = tokens.tenantOperator('tenant-elsewhere', 'mallory');
 let h: Harness;
 let backend: TestBackend;
 
-const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
-const execute = (body: Record<string, unknown>) => h.client.post('/runs/execute', { token: agent, body: { context: {}, ...body } });
 const resume = (runId: string, token = agent) => h.client.post(`/runs/${runId}/resume`, { token, body: {} });
 const approve = (id: string, token = operator, rationale = 'checked the draft') => h.client.post(`/approvals/${id}/approve`, { token, body: { rationale } });
 const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
@@ -47,7 +46,7 @@ afterAll(async () => {
 describe('a call that requires approval', () => {
   it('takes no rate-limit token while it waits', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('scarce.draft', 'the only call')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('scarce.draft', 'the only call')] });
     expect(held.status).toBe(202);
     await approve(held.body.steps[0].approval_id);
     const res = await resume(runId);
@@ -58,7 +57,7 @@ describe('a call that requires approval', () => {
   it('holds the run (202) and dispatches and reserves nothing until approved', async () => {
     const runId = newRunId();
     const budgetBefore = (await h.client.get('/budgets', { token: operator })).body.items[0];
-    const res = await execute({ run_id: runId, plan: [step('plain', 'before'), step('publish.draft', 'publish me'), step('plain', 'after')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('plain', 'before'), step('publish.draft', 'publish me'), step('plain', 'after')] });
     expect(res.status).toBe(202);
     expect(res.body.status).toBe('awaiting_approval');
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'awaiting_approval', 'pending']);
@@ -100,7 +99,7 @@ describe('a call that requires approval', () => {
 
   it('once approved, resumes with every stage again and dispatches exactly the approved input', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('plain', 'one'), step('publish.draft', 'the approved text'), step('plain', 'three')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('plain', 'one'), step('publish.draft', 'the approved text'), step('plain', 'three')] });
     const approvalId = held.body.steps[1].approval_id as string;
     const approved = await approve(approvalId);
     expect(approved.status).toBe(200);
@@ -133,15 +132,15 @@ describe('a call that requires approval', () => {
 
   it('binds an approval to its exact input and tool version: anything else needs a new one', async () => {
     const first = newRunId();
-    const held = await execute({ run_id: first, plan: [step('versioned.draft', 'text A')] });
+    const held = await execute(h.client, agent, { run_id: first, plan: [step('versioned.draft', 'text A')] });
     await approve(held.body.steps[0].approval_id);
     // The same run id with another input is another request.
-    const changed = await execute({ run_id: first, plan: [step('versioned.draft', 'text B')] });
+    const changed = await execute(h.client, agent, { run_id: first, plan: [step('versioned.draft', 'text B')] });
     expect(changed.status).toBe(409);
     expect(changed.body.error.code).toBe('run_id_conflict');
     // Another run with another input waits for its own approval.
     const second = newRunId();
-    const other = await execute({ run_id: second, plan: [step('versioned.draft', 'text B')] });
+    const other = await execute(h.client, agent, { run_id: second, plan: [step('versioned.draft', 'text B')] });
     expect(other.status).toBe(202);
     expect(other.body.steps[0].approval_id).not.toBe(held.body.steps[0].approval_id);
 
@@ -161,7 +160,7 @@ describe('a call that requires approval', () => {
 
   it('a rejection cancels the run, and nothing of it runs', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('publish.draft', 'not this'), step('plain', 'nor this')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('publish.draft', 'not this'), step('plain', 'nor this')] });
     const rejected = await h.client.post(`/approvals/${held.body.steps[0].approval_id}/reject`, { token: operator, body: { rationale: 'off-brand' } });
     expect(rejected.status).toBe(200);
     expect(rejected.body).toMatchObject({ status: 'rejected', rationale: 'off-brand' });
@@ -178,7 +177,7 @@ describe('a call that requires approval', () => {
 
   it('needs a rationale, and is a matter for operators of the tenant only', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('publish.draft', 'guarded')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('publish.draft', 'guarded')] });
     const id = held.body.steps[0].approval_id as string;
     expect((await h.client.post(`/approvals/${id}/approve`, { token: operator, body: { rationale: '   ' } })).status).toBe(400);
     expect((await h.client.post(`/approvals/${id}/approve`, { token: operator, body: {} })).status).toBe(400);
@@ -204,7 +203,7 @@ describe('a call that requires approval', () => {
   it('an operator cannot approve the proposal its own resume made on the agent’s behalf', async () => {
     const runId = newRunId();
     const gateHits = backend.hitsOn('/gate').length;
-    const running = execute({ run_id: runId, plan: [step('held', 'slow'), step('publish.draft', 'after the pause')] });
+    const running = execute(h.client, agent, { run_id: runId, plan: [step('held', 'slow'), step('publish.draft', 'after the pause')] });
     await backend.waitForHits('/gate', gateHits + 1);
     const paused = await h.client.post(`/runs/${runId}/pause`, { token: operator, body: { reason: 'look first' } });
     expect(paused.status).toBe(200);
@@ -244,7 +243,7 @@ describe('a call that requires approval', () => {
 
   it('a run paused while it waits keeps its proposal: resumed, it waits for the same one, which any other operator may still approve', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('publish.draft', 'paused while waiting'), step('plain', 'after')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('publish.draft', 'paused while waiting'), step('plain', 'after')] });
     const approvalId = held.body.steps[0].approval_id as string;
     const paused = await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} });
     expect(paused.body.status).toBe('paused');
@@ -270,7 +269,7 @@ describe('a call that requires approval', () => {
     const grants = await h.client.get('/grants', { token: operator, query: { tool_id: 'revocable.draft', agent_id: AGENT } });
     const grantId = grants.body.items[0].id as string;
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('revocable.draft', 'risky')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('revocable.draft', 'risky')] });
     await approve(held.body.steps[0].approval_id);
     expect((await h.client.post(`/grants/${grantId}/revoke`, { token: operator, body: { reason: 'agent misbehaved' } })).status).toBe(200);
 
@@ -284,7 +283,7 @@ describe('a call that requires approval', () => {
 
   it('a kill switch armed while waiting stops the run; the resume says kill_switch_active', async () => {
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('switchable.draft', 'halt me')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('switchable.draft', 'halt me')] });
     await approve(held.body.steps[0].approval_id);
     const armed = await h.client.post('/kill-switches', {
       token: operator,
@@ -300,7 +299,7 @@ describe('a call that requires approval', () => {
 
   it('shows the hold in a dry run, proposing nothing', async () => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, dry_run: true, plan: [step('plain', 'a'), step('publish.draft', 'b')] });
+    const res = await execute(h.client, agent, { run_id: runId, dry_run: true, plan: [step('plain', 'a'), step('publish.draft', 'b')] });
     expect(res.status).toBe(200);
     expect(res.body.status).toBe('awaiting_approval');
     expect(res.body.steps[1]).toMatchObject({ status: 'awaiting_approval' });
@@ -311,8 +310,8 @@ describe('a call that requires approval', () => {
   it('replays a waiting run to its owner’s identical resubmission', async () => {
     const runId = newRunId();
     const body = { run_id: runId, plan: [step('publish.draft', 'same')] };
-    const first = await execute(body);
-    const second = await execute(body);
+    const first = await execute(h.client, agent, body);
+    const second = await execute(h.client, agent, body);
     expect(second.status).toBe(202);
     expect(second.headers['x-toolgate-replayed']).toBe('true');
     expect(second.body).toEqual(first.body);

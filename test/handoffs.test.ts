@@ -5,6 +5,7 @@ import { BudgetLedger } from '../src/budgets/budget-ledger.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 import { blockedBy, lockWaits, until } from './helpers/waits.js';
@@ -23,8 +24,6 @@ const as = (agentId: string) => tokens.agent(agentId, { tenant: T });
 let h: Harness;
 let backend: TestBackend;
 
-const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
-const execute = (agentId: string, body: Record<string, unknown>) => h.client.post('/runs/execute', { token: as(agentId), body: { context: {}, ...body } });
 const handoff = (agentId: string, parentRunId: string, body: Record<string, unknown>) =>
   h.client.post(`/runs/${parentRunId}/handoffs`, {
     token: as(agentId),
@@ -38,14 +37,14 @@ const allowance = async (runId: string, agentId: string) => (await h.client.get(
 async function courierBudgetWithCounter(): Promise<{ id: string }> {
   const made = (await h.client.get('/budgets', { token: operator })).body.items.find((b: { agent_id: string | null }) => b.agent_id === COURIER) as { id: string } | undefined;
   const budget = made ?? (await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: COURIER, limit_units: 1000, warn_ratio: 1 }));
-  expect((await execute(COURIER, { run_id: newRunId('warm'), plan: [step('courier.fetch', 'makes the counter')] })).status).toBe(200);
+  expect((await execute(h.client, as(COURIER), { run_id: newRunId('warm'), plan: [step('courier.fetch', 'makes the counter')] })).status).toBe(200);
   return budget;
 }
 
 /** A root run of ROOT kept open, with a budget and one completed call to `search` (2 units). */
 async function openRoot(budget: number | null = 100, agentId = ROOT): Promise<string> {
   const runId = newRunId('root');
-  const res = await execute(agentId, { run_id: runId, keep_open: true, ...(budget === null ? {} : { budget_units: budget }), plan: [step('search', 'root work')] });
+  const res = await execute(h.client, as(agentId), { run_id: runId, keep_open: true, ...(budget === null ? {} : { budget_units: budget }), plan: [step('search', 'root work')] });
   expect(res.status, JSON.stringify(res.body)).toBe(200);
   expect(res.body.status).toBe('running');
   return runId;
@@ -131,7 +130,7 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
 
   it('authority_widening_rejected: an envelope that drops or raises a limit the parent’s own grant sets on a tool it hands on', async () => {
     const root = await openRoot();
-    const own = await execute(ROOT, { run_id: newRunId('capped'), plan: [step('capped', 'the root itself')] });
+    const own = await execute(h.client, as(ROOT), { run_id: newRunId('capped'), plan: [step('capped', 'the root itself')] });
     expect(own.body.steps[0].error).toMatchObject({ code: 'budget_exceeded', details: { max_cost_units: 2 } });
     // Handing `capped` on without the limit would let the sub-agent make the call its parent may not.
     for (const capability_modifiers of [{}, { max_cost_units: 3 }]) {
@@ -141,7 +140,7 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
     }
     const kept = await handoff(ROOT, root, { delegable_tool_ids: ['search', 'capped'], capability_modifiers: { max_cost_units: 2 } });
     expect(kept.status, JSON.stringify(kept.body)).toBe(201);
-    const res = await execute(SUB, { run_id: kept.body.sub_run_id, parent_run_id: root, plan: [step('capped', 'the sub-agent'), step('search', 'after')] });
+    const res = await execute(h.client, as(SUB), { run_id: kept.body.sub_run_id, parent_run_id: root, plan: [step('capped', 'the sub-agent'), step('search', 'after')] });
     expect(res.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'budget_exceeded', details: { max_cost_units: 2 } } });
     expect(hitsOf(kept.body.sub_run_id)).toEqual([]);
   });
@@ -206,7 +205,7 @@ describe('POST /runs/{run_id}/handoffs refuses, with a typed reason, in SPEC ord
       }),
     ]);
     const finished = newRunId();
-    await execute(ROOT, { run_id: finished, budget_units: 10, plan: [step('search', 'done')] });
+    await execute(h.client, as(ROOT), { run_id: finished, budget_units: 10, plan: [step('search', 'done')] });
     const late = await handoff(ROOT, finished, {});
     expect(late.status).toBe(409);
     expect(late.body.error.code).toBe('run_not_resumable');
@@ -228,7 +227,7 @@ describe('a sub-run', () => {
     expect(queued.body).toMatchObject({ status: 'queued', parent_run_id: root, depth: 1, agent_id: SUB });
 
     // `secret` is granted to the sub-agent itself, but was not handed to this sub-run.
-    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'allowed'), step('secret', 'not in the envelope')] });
+    const res = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'allowed'), step('secret', 'not in the envelope')] });
     expect(res.status).toBe(403);
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
     expect(res.body.steps[1].error).toMatchObject({ code: 'unauthorized_tool_access', details: { reason: 'outside_delegation' } });
@@ -236,25 +235,25 @@ describe('a sub-run', () => {
 
     // Within the envelope, a tool its agent holds no grant for is still refused.
     const writer = (await handoff(ROOT, root, { sub_agent_id: WRITER, delegable_tool_ids: ['search', 'summarize'] })).body.sub_run_id;
-    const ungranted = await execute(WRITER, { run_id: writer, parent_run_id: root, plan: [step('summarize', 'x')] });
+    const ungranted = await execute(h.client, as(WRITER), { run_id: writer, parent_run_id: root, plan: [step('summarize', 'x')] });
     expect(ungranted.body.steps[0].error.code).toBe('grant_missing');
   });
 
   it('is executed only as the hand-off made it: its agent, its parent', async () => {
     const root = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
-    expect((await execute(WRITER, { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(409);
+    expect((await execute(h.client, as(WRITER), { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(409);
     // Another agent learns nothing of how runs are made: their ids are conflicts, whatever it names
     // as their parent, run or dry run.
     for (const dry_run of [false, true]) {
       for (const run_id of [root, sub]) {
-        const res = await execute(WRITER, { run_id, parent_run_id: 'made-up', dry_run, plan: [step('search', 'x')] });
+        const res = await execute(h.client, as(WRITER), { run_id, parent_run_id: 'made-up', dry_run, plan: [step('search', 'x')] });
         expect(res.status).toBe(409);
         expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
       }
     }
-    expect((await execute(SUB, { run_id: sub, plan: [step('search', 'x')] })).status).toBe(409);
-    const invented = await execute(SUB, { run_id: newRunId(), parent_run_id: root, plan: [step('search', 'x')] });
+    expect((await execute(h.client, as(SUB), { run_id: sub, plan: [step('search', 'x')] })).status).toBe(409);
+    const invented = await execute(h.client, as(SUB), { run_id: newRunId(), parent_run_id: root, plan: [step('search', 'x')] });
     expect(invented.status).toBe(403);
     expect(invented.body.error).toMatchObject({ code: 'handoff_rejected', details: { reason: 'handoff_missing' } });
     expect(hitsOf(sub)).toEqual([]);
@@ -264,7 +263,7 @@ describe('a sub-run', () => {
     const root = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
     const invented = newRunId();
-    expect((await execute(SUB, { run_id: invented, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(403);
+    expect((await execute(h.client, as(SUB), { run_id: invented, parent_run_id: root, plan: [step('search', 'x')] })).status).toBe(403);
     const [missing, ...more] = await auditOf({ run_id: invented });
     expect(more).toEqual([]);
     expect(missing).toMatchObject({
@@ -275,7 +274,7 @@ describe('a sub-run', () => {
       reason_code: 'handoff_rejected',
       details: { reason: 'handoff_missing', parent_run_id: root },
     });
-    const taken = await execute(WRITER, { run_id: sub, parent_run_id: 'made-up', plan: [step('search', 'x')] });
+    const taken = await execute(h.client, as(WRITER), { run_id: sub, parent_run_id: 'made-up', plan: [step('search', 'x')] });
     expect(taken.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
     const conflicts = await auditOf({ run_id: sub, agent_id: WRITER });
     expect(conflicts).toEqual([
@@ -287,13 +286,13 @@ describe('a sub-run', () => {
     const root = await openRoot();
     const other = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
-    const wrong = await execute(SUB, { run_id: sub, parent_run_id: other, plan: [step('search', 'x')] });
+    const wrong = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: other, plan: [step('search', 'x')] });
     expect(wrong.status).toBe(409);
     expect(wrong.body.error).toMatchObject({ code: 'run_id_conflict', details: { parent_run_id: root } });
-    const none = await execute(SUB, { run_id: sub, plan: [step('search', 'x')] });
+    const none = await execute(h.client, as(SUB), { run_id: sub, plan: [step('search', 'x')] });
     expect(none.body.error).toMatchObject({ code: 'run_id_conflict', details: { parent_run_id: root } });
     const held = (await handoff(ROOT, root, { approval_requirement: 'operator' })).body.sub_run_id as string;
-    const early = await execute(SUB, { run_id: held, parent_run_id: root, plan: [step('search', 'x')] });
+    const early = await execute(h.client, as(SUB), { run_id: held, parent_run_id: root, plan: [step('search', 'x')] });
     expect(early.body.error).toMatchObject({ code: 'run_not_resumable', details: { status: 'awaiting_approval' } });
     const refusal = { event_type: 'run.rejected', actor: `agent:${SUB}`, agent_id: SUB, status: 'denied' };
     expect(await auditOf({ run_id: sub, event_type: 'run.rejected' })).toEqual([
@@ -308,7 +307,7 @@ describe('a sub-run', () => {
 
   it('is dry-run within its hand-off: its envelope, its budget, and only from the parent that made it', async () => {
     const root = await openRoot();
-    const dry = (agentId: string, body: Record<string, unknown>) => execute(agentId, { dry_run: true, ...body });
+    const dry = (agentId: string, body: Record<string, unknown>) => execute(h.client, as(agentId), { dry_run: true, ...body });
     const narrow = (await handoff(ROOT, root, { budget_units: 1 })).body.sub_run_id as string;
     // SUB's own grants cover `secret`, but its hand-off does not; one unit does not pay for `search`.
     const outside = await dry(SUB, { run_id: narrow, parent_run_id: root, plan: [step('secret', 'x')] });
@@ -333,7 +332,7 @@ describe('a sub-run', () => {
   it('records its attribution chain on its dispatches and on its end', async () => {
     const root = await openRoot();
     const sub = (await handoff(ROOT, root, {})).body.sub_run_id as string;
-    await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'attributed')] });
+    await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'attributed')] });
     const chain = [
       { run_id: root, agent_id: ROOT },
       { run_id: sub, agent_id: SUB },
@@ -355,7 +354,7 @@ describe('a sub-run', () => {
     const over = await handoff(ROOT, root, { sub_agent_id: WRITER, budget_units: 69 });
     expect(over.body.error.details).toMatchObject({ reason: 'budget_exceeds_parent', parent_remaining_units: 68 });
 
-    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'one'), step('search', 'two')] });
+    const res = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'one'), step('search', 'two')] });
     expect(res.status).toBe(200);
     expect(await allowance(root, ROOT)).toMatchObject({ spent_units: 6, reserved_units: 0, remaining_units: 94 });
     const handoffs = await h.client.get(`/runs/${root}/handoffs`, { token: as(ROOT) });
@@ -368,7 +367,7 @@ describe('a sub-run', () => {
   it('stops at a call its budget cannot pay for: an audited subagent_budget_exceeded', async () => {
     const root = await openRoot(100);
     const sub = (await handoff(ROOT, root, { budget_units: 3 })).body.sub_run_id as string;
-    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'fits'), step('search', 'does not fit'), step('search', 'never')] });
+    const res = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'fits'), step('search', 'does not fit'), step('search', 'never')] });
     expect(res.status).toBe(402);
     expect(res.body.status).toBe('killed');
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
@@ -382,7 +381,7 @@ describe('a sub-run', () => {
   it('stops when a call costs more than its budget after the fact; the parent bears the overshoot', async () => {
     const root = await openRoot(100);
     const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['pricey', 'search'] })).body.sub_run_id as string;
-    const res = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('pricey', 'reports 7'), step('search', 'never')] });
+    const res = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('pricey', 'reports 7'), step('search', 'never')] });
     expect(res.status).toBe(402);
     expect(res.body.status).toBe('killed');
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'skipped']);
@@ -402,7 +401,7 @@ describe('a sub-run', () => {
     const root = await openRoot(100);
     const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['slow.pricey'] })).body.sub_run_id as string;
     const gateHits = backend.hitsOn('/gate/cost/7').length;
-    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('slow.pricey', 'reports 7'), step('slow.pricey', 'never')] });
+    const running = execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('slow.pricey', 'reports 7'), step('slow.pricey', 'never')] });
     await backend.waitForHits('/gate/cost/7', gateHits + 1);
     // Cancelled while its call is in flight: the call's cost passes its budget after the fact.
     expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: {} })).status).toBe(200);
@@ -419,7 +418,7 @@ describe('a sub-run', () => {
       const before = (await allowance(root, ROOT)).spent_units as number;
       const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: [tool] })).body.sub_run_id as string;
       const gateHits = backend.hitsOn(`/gate/cost/${cost}`).length;
-      const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step(tool, 'in flight')] });
+      const running = execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step(tool, 'in flight')] });
       await backend.waitForHits(`/gate/cost/${cost}`, gateHits + 1);
       expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
       // The hand-off closed with the call still in flight: it is counted at what it reserved.
@@ -437,7 +436,7 @@ describe('a sub-run', () => {
     const before = (await allowance(root, ROOT)).spent_units as number;
     const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['held.pricey'] })).body.sub_run_id as string;
     const gateHits = backend.hitsOn('/gate/cost/7').length;
-    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('held.pricey', 'outlives its reservation')] });
+    const running = execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('held.pricey', 'outlives its reservation')] });
     await backend.waitForHits('/gate/cost/7', gateHits + 1);
     // A sweep an hour on (another replica's clock) releases the call's reservation as abandoned.
     const later = new Date(Date.now() + 3_600_000);
@@ -456,12 +455,12 @@ describe('a sub-run', () => {
   it('ended with a call in flight below it: every run up the chain bears what the call really cost', async () => {
     const root = await openRoot(100);
     const sub = (await handoff(ROOT, root, { budget_units: 20, delegable_tool_ids: ['search', 'held.pricey'], max_fanout: 1 })).body.sub_run_id as string;
-    expect((await execute(SUB, { run_id: sub, parent_run_id: root, keep_open: true, plan: [step('search', 'sub work')] })).body.status).toBe('running');
+    expect((await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, keep_open: true, plan: [step('search', 'sub work')] })).body.status).toBe('running');
     const created = await handoff(SUB, sub, { sub_agent_id: WRITER, budget_units: 5, delegable_tool_ids: ['held.pricey'] });
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     const deep = created.body.sub_run_id as string;
     const hits = backend.hitsOn('/gate/cost/7').length;
-    const running = execute(WRITER, { run_id: deep, parent_run_id: sub, plan: [step('held.pricey', 'deep, in flight')] });
+    const running = execute(h.client, as(WRITER), { run_id: deep, parent_run_id: sub, plan: [step('held.pricey', 'deep, in flight')] });
     await backend.waitForHits('/gate/cost/7', hits + 1);
     // Cancelling the sub-run ends the one below it too: both hand-offs close with the call in flight.
     expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
@@ -485,7 +484,7 @@ describe('a sub-run', () => {
     try {
       await counters.query('begin');
       await counters.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
-      const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.fetch', 'admitted while cancelled')] });
+      const running = execute(h.client, as(COURIER), { run_id: sub, parent_run_id: root, plan: [step('courier.fetch', 'admitted while cancelled')] });
       await until('the call to wait for the counter', async () => (await lockWaits(watcher)) > 0);
       expect((await h.client.post(`/runs/${sub}/cancel`, { token: operator, body: { reason: 'enough' } })).status).toBe(200);
       await counters.query('commit');
@@ -515,7 +514,7 @@ describe('a sub-run', () => {
     try {
       await agentCounter!.query('begin');
       await agentCounter!.query('select * from budget_counters where counter_key = $1 for update', [courierBudget.id]);
-      const running = execute(COURIER, { run_id: sub, parent_run_id: root, plan: [step('courier.pricey', 'reserved mid-close')] });
+      const running = execute(h.client, as(COURIER), { run_id: sub, parent_run_id: root, plan: [step('courier.pricey', 'reserved mid-close')] });
       await until('the call to wait for its agent’s counter', async () => (await lockWaits(watcher!)) === 1);
       await parentCounter!.query('begin');
       await parentCounter!.query('select * from budget_counters where counter_key = $1 for update', [`run/${T}/${root}`]);
@@ -545,7 +544,7 @@ describe('a sub-run', () => {
     const sub = (await handoff(ROOT, root, { budget_units: 5, delegable_tool_ids: ['slow.pricey.last'] })).body.sub_run_id as string;
     const gateHits = backend.hitsOn('/gate/cost/7').length;
     // Its only call: nothing after it would meet the cost stage and notice the overshoot.
-    const running = execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('slow.pricey.last', 'reports 7')] });
+    const running = execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('slow.pricey.last', 'reports 7')] });
     await backend.waitForHits('/gate/cost/7', gateHits + 1);
     expect((await h.client.post(`/runs/${sub}/pause`, { token: operator, body: {} })).status).toBe(200);
     backend.openGate();
@@ -570,7 +569,7 @@ describe('a sub-run', () => {
     const sub = created.body.sub_run_id as string;
     expect(created.body.approval_id).toMatch(/^apr_/);
     expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('awaiting_approval');
-    const early = await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] });
+    const early = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'x')] });
     expect(early.status).toBe(409);
     expect(early.body.error.code).toBe('run_not_resumable');
 
@@ -599,7 +598,7 @@ describe('a sub-run', () => {
     });
     expect((await h.client.post(`/approvals/${created.body.approval_id}/approve`, { token: operator, body: { rationale: 'scope is fine' } })).status).toBe(200);
     expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('queued');
-    expect((await execute(SUB, { run_id: sub, parent_run_id: root, plan: [step('search', 'approved start')] })).status).toBe(200);
+    expect((await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'approved start')] })).status).toBe(200);
   });
 });
 
@@ -632,7 +631,7 @@ describe('a parent kept open', () => {
     const watcher = new pg.Client({ connectionString: h.db.url });
     await Promise.all([subRunId.connect(), watcher.connect()]);
     try {
-      const running = execute(ROOT, { run_id: parent, budget_units: 50, plan: [step('held', 'slow')] });
+      const running = execute(h.client, as(ROOT), { run_id: parent, budget_units: 50, plan: [step('held', 'slow')] });
       await until('the parent’s call to reach its backend', () => hitsOf(parent).length === 1);
       // `subRunId` holds the sub-run's id: the hand-off, once it has locked the parent, waits for it.
       await subRunId.query('begin');
@@ -654,7 +653,7 @@ describe('a parent kept open', () => {
       expect(ended.body.status).toBe('completed');
       expect((await h.client.get(`/runs/${sub}`, { token: as(SUB) })).body.status).toBe('cancelled');
       expect((await h.client.get(`/runs/${parent}/handoffs`, { token: operator })).body.items[0]).toMatchObject({ status: 'closed', returned_units: 5 });
-      const refused = await execute(SUB, { run_id: sub, parent_run_id: parent, plan: [step('search', 'too late')] });
+      const refused = await execute(h.client, as(SUB), { run_id: sub, parent_run_id: parent, plan: [step('search', 'too late')] });
       expect(refused.status).toBe(409);
       expect(hitsOf(sub)).toEqual([]);
       const [outcome] = await auditOf({ run_id: parent, event_type: 'run.step.completed' });
@@ -666,7 +665,7 @@ describe('a parent kept open', () => {
 
   it('cannot be completed unless it was kept open', async () => {
     const runId = newRunId();
-    const throttled = await execute(ROOT, { run_id: runId, plan: [step('search', 'x')] });
+    const throttled = await execute(h.client, as(ROOT), { run_id: runId, plan: [step('search', 'x')] });
     expect(throttled.body.status).toBe('completed');
     expect((await h.client.post(`/runs/${runId}/complete`, { token: as(ROOT), body: {} })).status).toBe(409);
   });

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Resolver } from '../src/egress/resolver.js';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -25,8 +26,6 @@ let h: Harness;
 let backend: TestBackend;
 let shiftGrant: { id: string };
 
-const execute = (body: Record<string, unknown>, token = agent) => h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
-const step = (tool_id: string, version?: string) => ({ tool_id, input: { q: 'hi' }, ...(version ? { version } : {}) });
 const offered = async (token = agent) => {
   const res = await h.client.get('/tools', { token });
   expect(res.status).toBe(200);
@@ -83,14 +82,14 @@ describe('a newer version with an allowlist that omits the agent', () => {
 
   it('does not shadow that version for a call without a version: the call runs 1.0.0, as shown', async () => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('split.tool')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('split.tool', 'hi')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps).toMatchObject([{ tool_id: 'split.tool', version: '1.0.0', status: 'completed', output: { echo: { q: 'hi' } } }]);
     expect(reached(runId)).toEqual(['/echo']);
   });
 
   it('admits the shown version in a dry run too', async () => {
-    const res = await execute({ run_id: newRunId(), dry_run: true, plan: [step('split.tool'), step('split.tool', '^1 || ^2')] });
+    const res = await execute(h.client, agent, { run_id: newRunId(), dry_run: true, plan: [step('split.tool', 'hi'), step('split.tool', 'hi', '^1 || ^2')] });
     expect(res.status).toBe(200);
     expect(res.body.steps).toMatchObject([
       { version: '1.0.0', status: 'admissible' },
@@ -100,7 +99,7 @@ describe('a newer version with an allowlist that omits the agent', () => {
 
   it('still refuses the newer version by name with 403 unauthorized_tool_access, which the views do not show', async () => {
     for (const version of ['2.0.0', '^2']) {
-      const res = await execute({ run_id: newRunId(), plan: [step('split.tool', version)] });
+      const res = await execute(h.client, agent, { run_id: newRunId(), plan: [step('split.tool', 'hi', version)] });
       expect(res.status, version).toBe(403);
       expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', status: 'denied', error: { code: 'unauthorized_tool_access' } });
       const shown = await h.client.get('/tools/split.tool', { token: agent, query: { version } });
@@ -111,7 +110,7 @@ describe('a newer version with an allowlist that omits the agent', () => {
   it('gives the agents on the newer allowlist the newer version, and operators the newest, as before', async () => {
     expect((await offered(other)).find((t) => t.id === 'split.tool')).toMatchObject({ version: '2.0.0' });
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('split.tool')] }, other);
+    const res = await execute(h.client, other, { run_id: runId, plan: [step('split.tool', 'hi')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0].version).toBe('2.0.0');
     expect(reached(runId)).toEqual(['/cost/2']);
@@ -120,7 +119,7 @@ describe('a newer version with an allowlist that omits the agent', () => {
 
   it('leaves an agent that may use no version with a clear denial: 403 to its call, 404 to its views', async () => {
     const stranger = tokens.agent('stranger.agent', { tenant: T });
-    const res = await execute({ run_id: newRunId(), plan: [step('split.tool')] }, stranger);
+    const res = await execute(h.client, stranger, { run_id: newRunId(), plan: [step('split.tool', 'hi')] });
     expect(res.status).toBe(403);
     expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'unauthorized_tool_access' } });
     expect((await h.client.get('/tools/split.tool', { token: stranger })).body.error.code).toBe('tool_not_registered');
@@ -133,7 +132,7 @@ describe('a newer version in a category agents may not use', () => {
     expect((await offered()).find((t) => t.id === 'shift.tool')).toMatchObject({ version: '1.0.0', category: 'read_only' });
     expect((await h.client.get('/tools/shift.tool', { token: agent })).body.version).toBe('1.0.0');
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('shift.tool')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('shift.tool', 'hi')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
     expect(reached(runId)).toEqual(['/echo']);
@@ -155,7 +154,7 @@ describe('a newer version in a category agents may not use', () => {
   });
 
   it('refuses the blocked version by name with 403 tool_category_blocked', async () => {
-    const res = await execute({ run_id: newRunId(), plan: [step('shift.tool', '2.0.0')] });
+    const res = await execute(h.client, agent, { run_id: newRunId(), plan: [step('shift.tool', 'hi', '2.0.0')] });
     expect(res.status).toBe(403);
     expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'tool_category_blocked' } });
   });
@@ -169,17 +168,17 @@ describe('a grant made while the newest version is final_write (SPEC §1: it nev
   it('runs the usable version for a range that also matches the blocked one, and refuses a range only the blocked one matches', async () => {
     for (const range of ['*', '>=1.0.0', '^1 || ^2']) {
       const runId = newRunId();
-      const res = await execute({ run_id: runId, plan: [step('shift.tool', range)] });
+      const res = await execute(h.client, agent, { run_id: runId, plan: [step('shift.tool', 'hi', range)] });
       expect(res.status, range).toBe(200);
       expect(res.body.steps[0], range).toMatchObject({ version: '1.0.0', status: 'completed' });
       expect(reached(runId), range).toEqual(['/echo']);
     }
     for (const range of ['^2', '>1.0.0']) {
       const runId = newRunId();
-      const res = await execute({ run_id: runId, plan: [step('shift.tool', range)] });
+      const res = await execute(h.client, agent, { run_id: runId, plan: [step('shift.tool', 'hi', range)] });
       expect(res.status, range).toBe(403);
       expect(res.body.steps[0], range).toMatchObject({ version: '2.0.0', error: { code: 'tool_category_blocked' } });
-      const dry = await execute({ run_id: newRunId(), dry_run: true, plan: [step('shift.tool', range)] });
+      const dry = await execute(h.client, agent, { run_id: newRunId(), dry_run: true, plan: [step('shift.tool', 'hi', range)] });
       expect(dry.body.steps[0], range).toMatchObject({ version: '2.0.0', status: 'denied', error: { code: 'tool_category_blocked' } });
       expect(reached(runId), range).toEqual([]);
     }
@@ -189,7 +188,7 @@ describe('a grant made while the newest version is final_write (SPEC §1: it nev
     await registerTool(h.client, { id: 'held.tool', version: '1.0.0', category: 'draft_write', allowed_agents: [AGENT], requires_approval: true, backendUrl: `${backend.url}/echo` });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'held.tool' });
     const runId = newRunId();
-    const held = await execute({ run_id: runId, plan: [step('held.tool', '*')] });
+    const held = await execute(h.client, agent, { run_id: runId, plan: [step('held.tool', 'hi', '*')] });
     expect(held.status).toBe(202);
     await registerTool(h.client, { id: 'held.tool', version: '1.1.0', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/cost/2` });
     expect((await h.client.post(`/approvals/${held.body.steps[0].approval_id}/approve`, { token: operator, body: { rationale: 'checked' } })).status).toBe(200);
@@ -208,14 +207,14 @@ describe('a grant made while the newest version is final_write (SPEC §1: it nev
       ['2.0.0', 403, { version: '2.0.0', error: { code: 'tool_category_blocked' } }],
     ] as const) {
       const root = newRunId('root');
-      expect((await execute({ run_id: root, keep_open: true, budget_units: 10, plan: [step('handed.tool')] })).status).toBe(200);
+      expect((await execute(h.client, agent, { run_id: root, keep_open: true, budget_units: 10, plan: [step('handed.tool', 'hi')] })).status).toBe(200);
       const subRun = newRunId('sub');
       const handed = await h.client.post(`/runs/${root}/handoffs`, {
         token: agent,
         body: { sub_agent_id: SUB, sub_run_id: subRun, budget_units: 5, delegable_tool_ids: ['handed.tool'], max_fanout: 0 },
       });
       expect(handed.status, JSON.stringify(handed.body)).toBe(201);
-      const res = await execute({ run_id: subRun, parent_run_id: root, plan: [step('handed.tool', range)] }, sub);
+      const res = await execute(h.client, sub, { run_id: subRun, parent_run_id: root, plan: [step('handed.tool', 'hi', range)] });
       expect(res.status, range).toBe(status);
       expect(res.body.steps[0], range).toMatchObject(expected);
       expect(reached(subRun), range).toEqual(status === 200 ? ['/echo'] : []);
@@ -281,7 +280,7 @@ describe('a newer external_call version', () => {
     expect((await offered()).find((t) => t.id === 'reach.tool')).toMatchObject({ version: '1.0.0' });
     expect((await h.client.get('/tools/reach.tool', { token: agent })).body.version).toBe('1.0.0');
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('reach.tool')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('reach.tool', 'hi')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ version: '1.0.0', status: 'completed' });
     expect(reached(runId)).toEqual(['/echo']);
@@ -311,7 +310,7 @@ describe('a newer external_call version', () => {
 describe('retiring a version', () => {
   it('is deprecation: a deprecated version the agent may use is not fallen back to', async () => {
     expect((await offered()).map((t) => t.id)).not.toContain('retired.tool');
-    const res = await execute({ run_id: newRunId(), plan: [step('retired.tool')] });
+    const res = await execute(h.client, agent, { run_id: newRunId(), plan: [step('retired.tool', 'hi')] });
     expect(res.status).toBe(403);
     expect(res.body.steps[0]).toMatchObject({ version: '2.0.0', error: { code: 'unauthorized_tool_access' } });
   });
@@ -321,7 +320,7 @@ describe('the allowlist stage agrees with the views on family entries', () => {
   it('never matches a family entry by an agent id that looks like one', async () => {
     const impostor = tokens.agent('family:splitters', { tenant: T });
     expect((await offered(impostor)).map((t) => t.id)).not.toContain('family.tool');
-    const res = await execute({ run_id: newRunId(), plan: [step('family.tool')] }, impostor);
+    const res = await execute(h.client, impostor, { run_id: newRunId(), plan: [step('family.tool', 'hi')] });
     expect(res.status).toBe(403);
     expect(res.body.steps[0].error.code).toBe('unauthorized_tool_access');
   });

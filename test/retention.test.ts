@@ -8,6 +8,7 @@ import type { DB } from '../src/db/schema.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
@@ -24,8 +25,6 @@ const as = (agentId: string) => tokens.agent(agentId, { tenant: T });
 let h: Harness;
 let backend: TestBackend;
 
-const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
-const execute = (body: Record<string, unknown>, agentId = AGENT) => h.client.post('/runs/execute', { token: as(agentId), body: { context: {}, ...body } });
 
 function sweeper(options: { batchSize?: number } = {}): RetentionSweeper {
   return new RetentionSweeper({ db: h.db.database.db, now: () => new Date(), retentionDays: 90, intervalMs: 60_000, logger: pino({ level: 'silent' }), registry: new Registry(), ...options });
@@ -85,27 +84,27 @@ describe('the retention sweep', () => {
     // Old and finished: a run tree (a root kept open, a hand-off, a sub-run), a plain run, and a
     // run cancelled while it waited for an approval.
     const root = newRunId('old-root');
-    expect((await execute({ run_id: root, keep_open: true, budget_units: 100, plan: [step('search', 'root')] })).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: root, keep_open: true, budget_units: 100, plan: [step('search', 'root')] })).status).toBe(200);
     const handoff = await h.client.post(`/runs/${root}/handoffs`, {
       token: as(AGENT),
       body: { sub_agent_id: SUB, sub_run_id: newRunId('old-sub'), budget_units: 10, delegable_tool_ids: ['search'], max_fanout: 0 },
     });
     expect(handoff.status, JSON.stringify(handoff.body)).toBe(201);
     const sub = handoff.body.sub_run_id as string;
-    expect((await execute({ run_id: sub, parent_run_id: root, plan: [step('search', 'sub')] }, SUB)).status).toBe(200);
+    expect((await execute(h.client, as(SUB), { run_id: sub, parent_run_id: root, plan: [step('search', 'sub')] })).status).toBe(200);
     expect((await h.client.post(`/runs/${root}/complete`, { token: as(AGENT), body: {} })).status).toBe(200);
     const plain = newRunId('old-plain');
-    expect((await execute({ run_id: plain, plan: [step('search', 'a'), step('search', 'b')] })).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: plain, plan: [step('search', 'a'), step('search', 'b')] })).status).toBe(200);
     const cancelled = newRunId('old-cancelled');
-    expect((await execute({ run_id: cancelled, plan: [step('publish', 'draft')] })).status).toBe(202);
+    expect((await execute(h.client, as(AGENT), { run_id: cancelled, plan: [step('publish', 'draft')] })).status).toBe(202);
     expect((await h.client.post(`/runs/${cancelled}/cancel`, { token: operator, body: {} })).status).toBe(200);
 
     // Old but not finished: a run still waiting for its approval.
     const waiting = newRunId('old-waiting');
-    expect((await execute({ run_id: waiting, plan: [step('publish', 'still waiting')] })).status).toBe(202);
+    expect((await execute(h.client, as(AGENT), { run_id: waiting, plan: [step('publish', 'still waiting')] })).status).toBe(202);
     // Finished recently.
     const recentBody = { run_id: newRunId('recent'), context: {}, plan: [step('search', 'recent')] };
-    const recent = await execute(recentBody);
+    const recent = await execute(h.client, as(AGENT), recentBody);
     expect(recent.status).toBe(200);
 
     const old = [root, sub, plain, cancelled];
@@ -163,13 +162,13 @@ describe('the retention sweep', () => {
   it('keeps a finished run while its call is still in flight, and its open reservation; deletes it once the call ends', async () => {
     // Older ones first, so that the batches (of two) have to look past the one kept.
     const killed = newRunId('old-killed');
-    const answer = execute({ run_id: killed, plan: [step('slow', 'in flight')] });
+    const answer = execute(h.client, as(AGENT), { run_id: killed, plan: [step('slow', 'in flight')] });
     await waitFor(async () => backend.hits.some((hit) => hit.headers['x-toolgate-run-id'] === killed));
     expect((await h.client.post(`/runs/${killed}/kill`, { token: operator, body: { reason: 'stop it' } })).status).toBe(200);
     const others: string[] = [];
     for (let i = 0; i < 3; i += 1) {
       const runId = newRunId('old-other');
-      expect((await execute({ run_id: runId, plan: [step('search', `other ${i}`)] })).status).toBe(200);
+      expect((await execute(h.client, as(AGENT), { run_id: runId, plan: [step('search', `other ${i}`)] })).status).toBe(200);
       others.push(runId);
     }
     await age([killed], 101);
@@ -195,9 +194,9 @@ describe('the retention sweep', () => {
     const grant = await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: granted });
     const expired = newRunId('old-grant-expired');
     await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: expired, expires_at: new Date(Date.now() + 1500).toISOString() });
-    expect((await execute({ run_id: budgeted, plan: [step('search', 'budgeted')] })).status).toBe(200);
-    expect((await execute({ run_id: granted, plan: [step('search', 'granted')] }, SUB)).status).toBe(200);
-    expect((await execute({ run_id: expired, plan: [step('search', 'expiring')] }, SUB)).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: budgeted, plan: [step('search', 'budgeted')] })).status).toBe(200);
+    expect((await execute(h.client, as(SUB), { run_id: granted, plan: [step('search', 'granted')] })).status).toBe(200);
+    expect((await execute(h.client, as(SUB), { run_id: expired, plan: [step('search', 'expiring')] })).status).toBe(200);
     await age([budgeted, granted, expired], 100);
     await waitFor(async () => Date.now() > Date.parse((await h.client.get(`/grants?agent_id=${SUB}`, { token: operator })).body.items.find((g: { scope_ref: string }) => g.scope_ref === expired).expires_at));
 
@@ -216,7 +215,7 @@ describe('the retention sweep', () => {
     const runIds: string[] = [];
     for (let i = 0; i < 6; i += 1) {
       const runId = newRunId('old-raced');
-      expect((await execute({ run_id: runId, plan: [step('search', `raced ${i}`)] })).status).toBe(200);
+      expect((await execute(h.client, as(AGENT), { run_id: runId, plan: [step('search', `raced ${i}`)] })).status).toBe(200);
       runIds.push(runId);
     }
     await age(runIds, 100);
@@ -230,10 +229,10 @@ describe('the retention sweep', () => {
     const db = h.db.database.db;
     const stuck = newRunId('old-stuck');
     const others: string[] = [];
-    expect((await execute({ run_id: stuck, plan: [step('search', 'stuck')] })).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: stuck, plan: [step('search', 'stuck')] })).status).toBe(200);
     for (let i = 0; i < 3; i += 1) {
       const runId = newRunId('old-after-stuck');
-      expect((await execute({ run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
+      expect((await execute(h.client, as(AGENT), { run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
       others.push(runId);
     }
     // The oldest, so that every round meets it first.
@@ -263,7 +262,7 @@ describe('the retention sweep', () => {
 
       // Set aside: later sweeps pass it by, and delete what finished after it.
       const later = newRunId('old-later');
-      expect((await execute({ run_id: later, plan: [step('search', 'later')] })).status).toBe(200);
+      expect((await execute(h.client, as(AGENT), { run_id: later, plan: [step('search', 'later')] })).status).toBe(200);
       await age([later], 100);
       expect(await retention.sweep()).toMatchObject({ runs: 1, failed: [] });
       expect(await rowsOf([later])).toMatchObject({ runs: 0 });
@@ -283,10 +282,10 @@ describe('the retention sweep', () => {
   it.skipIf(!hasPostgresServer)('sets aside a tree whose deletion times out, and leaves the rest of that batch to the next round (needs a PostgreSQL server)', async () => {
     const stuck = newRunId('old-slow');
     const others: string[] = [];
-    expect((await execute({ run_id: stuck, plan: [step('search', 'slow to delete')] })).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: stuck, plan: [step('search', 'slow to delete')] })).status).toBe(200);
     for (let i = 0; i < 2; i += 1) {
       const runId = newRunId('old-after-slow');
-      expect((await execute({ run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
+      expect((await execute(h.client, as(AGENT), { run_id: runId, plan: [step('search', `after ${i}`)] })).status).toBe(200);
       others.push(runId);
     }
     await age([stuck], 101);
@@ -373,7 +372,7 @@ describe('the retention sweep', () => {
 
   it('runs in every replica, every TOOLGATE_RETENTION_SWEEP_MS', async () => {
     const runId = newRunId('old-by-app');
-    expect((await execute({ run_id: runId, plan: [step('search', 'by the app')] })).status).toBe(200);
+    expect((await execute(h.client, as(AGENT), { run_id: runId, plan: [step('search', 'by the app')] })).status).toBe(200);
     await age([runId], 100);
     const replica = await AppClient.start(h.db.database, { TOOLGATE_RETENTION_SWEEP_MS: '1000' });
     try {

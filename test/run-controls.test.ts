@@ -6,6 +6,7 @@ import { openDatabase, type Database } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -20,7 +21,6 @@ const as = (agentId: string, tenant = T) => tokens.agent(agentId, { tenant });
 let h: Harness;
 let backend: TestBackend;
 
-const step = (tool_id: string, q: string) => ({ tool_id, input: { q } });
 const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
 const statusOf = async (client: AppClient, runId: string, tenant = T) => (await client.get(`/runs/${runId}`, { token: tokens.platform(), query: { tenant_id: tenant } })).body.status as string;
 const audit = async (query: Record<string, string>) => (await h.client.get('/audit', { token: tokens.platform(), query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
@@ -51,11 +51,9 @@ afterAll(async () => {
 });
 
 describe('run controls', () => {
-  const execute = (body: Record<string, unknown>, agentId = OWNER) => h.client.post('/runs/execute', { token: as(agentId), body: { context: {}, ...body } });
-
   it('cancel: by the owning agent or an operator; an ended run refuses with 409 run_not_resumable', async () => {
     const mine = newRunId();
-    await execute({ run_id: mine, keep_open: true, plan: [step('search', 'a')] });
+    await execute(h.client, as(OWNER), { run_id: mine, keep_open: true, plan: [step('search', 'a')] });
     expect((await h.client.post(`/runs/${mine}/cancel`, { token: as(A), body: {} })).status).toBe(404);
     expect((await h.client.post(`/runs/${mine}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status).toBe(404);
     const cancelled = await h.client.post(`/runs/${mine}/cancel`, { token: as(OWNER), body: { reason: 'changed my mind' } });
@@ -71,13 +69,13 @@ describe('run controls', () => {
     expect(event).toMatchObject({ actor: `agent:${OWNER}`, status: 'cancelled', details: { reason: 'changed my mind', previous_status: 'running', cascade_depth: 0 } });
 
     const theirs = newRunId();
-    await execute({ run_id: theirs, keep_open: true, plan: [step('search', 'b')] });
+    await execute(h.client, as(OWNER), { run_id: theirs, keep_open: true, plan: [step('search', 'b')] });
     expect((await h.client.post(`/runs/${theirs}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
   });
 
   it('kill and pause are operators’: an agent gets 403 agent_forbidden', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'c')] });
+    await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'c')] });
     for (const control of ['kill', 'pause']) {
       const res = await h.client.post(`/runs/${runId}/${control}`, { token: as(OWNER), body: {} });
       expect(res.status).toBe(403);
@@ -91,7 +89,7 @@ describe('run controls', () => {
   it('a cancel reaches an executing run at its next call: the rest is never dispatched', async () => {
     const runId = newRunId();
     const gate = backend.hitsOn('/gate').length;
-    const answer = execute({ run_id: runId, plan: [step('held', 'in flight'), step('search', 'never'), step('search', 'never either')] });
+    const answer = execute(h.client, as(OWNER), { run_id: runId, plan: [step('held', 'in flight'), step('search', 'never'), step('search', 'never either')] });
     await backend.waitForHits('/gate', gate + 1);
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
     backend.openGate();
@@ -106,7 +104,7 @@ describe('run controls', () => {
 
   it('resume continues a throttled run after its completed steps, every stage again', async () => {
     const runId = newRunId();
-    const throttled = await execute({ run_id: runId, plan: [step('trickle', 'first'), step('trickle', 'second')] });
+    const throttled = await execute(h.client, as(OWNER), { run_id: runId, plan: [step('trickle', 'first'), step('trickle', 'second')] });
     expect(throttled.status).toBe(429);
     expect(throttled.body.status).toBe('throttled');
     const again = await h.client.post(`/runs/${runId}/resume`, { token: as(OWNER), body: {} });
@@ -118,7 +116,7 @@ describe('run controls', () => {
 
   it('pause holds a run where it is; an operator’s resume takes it on; resuming twice is refused', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'd')] });
+    await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'd')] });
     const paused = await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} });
     expect(paused.body.status).toBe('paused');
     expect((await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).body.status).toBe('paused');
@@ -134,7 +132,7 @@ describe('run controls', () => {
 
   it('a control refused for the run’s state is on record as run.control_rejected, under the run and whoever asked', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'e')] });
+    await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'e')] });
     const refused: Array<{ control: string; actor: string; error: { code: string; message: string; details: Record<string, unknown> } }> = [];
     // One platform token, compared by value below: a token signed a second later differs (its iat).
     const platform = tokens.platform();
@@ -189,7 +187,7 @@ describe('run controls', () => {
 
   it('a successful control records its transition and no rejection', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'f')] });
+    await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'f')] });
     expect((await h.client.post(`/runs/${runId}/complete`, { token: as(OWNER), body: {} })).body.status).toBe('completed');
     const types = (await audit({ run_id: runId })).map((e) => e.event_type);
     expect(types[0]).toBe('run.completed');
@@ -199,7 +197,7 @@ describe('run controls', () => {
   it('a refusal that cannot be recorded is 503 gateway_unavailable, not the refusal', async () => {
     const db = h.db.database.db;
     const runId = newRunId('unrecorded');
-    await execute({ run_id: runId, keep_open: true, plan: [step('search', 'g')] });
+    await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'g')] });
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
     // The database fails this run's rejection record alone, as a dropped connection would.
     await sql`create function test_unrecorded_refusal() returns trigger language plpgsql as $$ begin raise exception 'connection lost' using errcode = '08006'; end $$`.execute(db);

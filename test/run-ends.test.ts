@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
@@ -36,8 +37,6 @@ afterAll(async () => {
   await h?.close();
 });
 
-const execute = (token: string, body: Record<string, unknown>) => h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
-const step = (tool: string) => ({ tool_id: tool, input: { q: 'x' } });
 
 /** The transaction that wrote the run's row as it stands, and each of its records, by event id. */
 async function writers(runId: string): Promise<{ run: string; status: string; records: Map<string, { xid: string; event_type: string }> }> {
@@ -51,7 +50,7 @@ async function writers(runId: string): Promise<{ run: string; status: string; re
 describe('a run ends in the commit of its last record', () => {
   it('when its last call completes', async () => {
     const runId = newRunId('done');
-    const res = await execute(agent, { run_id: runId, plan: [step('echo')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo')] });
     expect(res.status).toBe(200);
     expect(res.body.status).toBe('completed');
     const seen = await writers(runId);
@@ -59,24 +58,24 @@ describe('a run ends in the commit of its last record', () => {
     const outcome = seen.records.get(res.body.steps[0].audit_id);
     expect(outcome).toEqual({ xid: seen.run, event_type: 'run.step.completed' });
     // The envelope stored with the end is the answer: a resubmission replays it as it was.
-    const replay = await execute(agent, { run_id: runId, plan: [step('echo')] });
+    const replay = await execute(h.client, agent, { run_id: runId, plan: [step('echo')] });
     expect(replay.body).toEqual(res.body);
   });
 
   it('when its call fails at the backend, with the steps after it skipped', async () => {
     const runId = newRunId('failed');
-    const res = await execute(agent, { run_id: runId, plan: [step('failing'), step('echo')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('failing'), step('echo')] });
     expect(res.status).toBe(502);
     expect(res.body).toMatchObject({ status: 'failed', steps: [{ status: 'failed', error: { code: 'tool_backend_failed' } }, { status: 'skipped' }] });
     const seen = await writers(runId);
     expect(seen.status).toBe('failed');
     expect(seen.records.get(res.body.steps[0].audit_id)).toEqual({ xid: seen.run, event_type: 'run.step.failed' });
-    expect((await execute(agent, { run_id: runId, plan: [step('failing'), step('echo')] })).body).toEqual(res.body);
+    expect((await execute(h.client, agent, { run_id: runId, plan: [step('failing'), step('echo')] })).body).toEqual(res.body);
   });
 
   it('when its call is denied', async () => {
     const runId = newRunId('denied');
-    const res = await execute(agent, { run_id: runId, plan: [step('ungranted')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('ungranted')] });
     expect(res.status).toBe(403);
     expect(res.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'grant_missing' } });
     const seen = await writers(runId);
@@ -86,7 +85,7 @@ describe('a run ends in the commit of its last record', () => {
 
   it('only with the last step of its plan', async () => {
     const runId = newRunId('two');
-    const res = await execute(agent, { run_id: runId, plan: [step('echo'), step('echo')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo'), step('echo')] });
     expect(res.status).toBe(200);
     const seen = await writers(runId);
     const [first, last] = res.body.steps.map((s: { audit_id: string }) => seen.records.get(s.audit_id)!);
@@ -97,18 +96,18 @@ describe('a run ends in the commit of its last record', () => {
   it('not when its envelope is large: the run ends right after, in a commit of its own', async () => {
     const runId = newRunId('large');
     const input = { q: 'x'.repeat(100_000) };
-    const res = await execute(agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] });
     expect(res.status).toBe(200);
     expect(res.body.steps[0].output).toEqual({ echo: input });
     const seen = await writers(runId);
     expect(seen.status).toBe('completed');
     expect(seen.records.get(res.body.steps[0].audit_id)!.xid).not.toBe(seen.run);
-    expect((await execute(agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] })).body).toEqual(res.body);
+    expect((await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] })).body).toEqual(res.body);
   });
 
   it('not when the run is kept open: it rests running', async () => {
     const runId = newRunId('open');
-    const res = await execute(agent, { run_id: runId, keep_open: true, plan: [step('echo')] });
+    const res = await execute(h.client, agent, { run_id: runId, keep_open: true, plan: [step('echo')] });
     expect(res.status).toBe(200);
     expect(res.body.status).toBe('running');
     const seen = await writers(runId);
@@ -123,7 +122,7 @@ describe.skipIf(!hasPostgresServer)('a run whose row is held when its last recor
     const holder = new pg.Client({ connectionString: h.db.url });
     await holder.connect();
     try {
-      const running = execute(agent, { run_id: runId, plan: [step('gated')] });
+      const running = execute(h.client, agent, { run_id: runId, plan: [step('gated')] });
       await backend.waitForHits('/gate', backend.hitsOn('/gate').length + 1);
       // Something holds the run's row without the audit chain: the record carrying the run's end
       // holds the chain's head, and must not wait for the row with it.
@@ -133,7 +132,7 @@ describe.skipIf(!hasPostgresServer)('a run whose row is held when its last recor
       const recorded = async () => (await holder.query("select count(*)::int as n from audit_events where run_id = $1 and event_type = 'run.step.completed'", [runId])).rows[0].n === 1;
       await until('the outcome record to go in without the run’s end', recorded);
       // Another run's calls are recorded and answered while the row is held.
-      const meanwhile = await execute(other, { run_id: newRunId('meanwhile'), plan: [step('echo')] });
+      const meanwhile = await execute(h.client, other, { run_id: newRunId('meanwhile'), plan: [step('echo')] });
       expect(meanwhile.status).toBe(200);
       expect((await holder.query('select status from runs where tenant_id = $1 and run_id = $2', [T, runId])).rows[0].status).toBe('running');
       await holder.query('commit');

@@ -6,6 +6,7 @@ import { deleteFinishedRunTrees } from '../src/retention/retention-repository.js
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness, type TestResponse } from './helpers/harness.js';
+import { execute } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
 import { until } from './helpers/waits.js';
@@ -34,8 +35,6 @@ afterAll(async () => {
   await backend?.close();
   await h?.close();
 });
-
-const execute = (body: Record<string, unknown>) => h.client.post('/runs/execute', { token: agent, body: { context: {}, ...body } });
 
 const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
 
@@ -86,7 +85,7 @@ describe('one run id sent many times at once', () => {
   it('executes once: one answer runs it, the others are refused or replay its envelope', async () => {
     const runId = newRunId('same');
     const body = { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'only once' } }] };
-    const answers = await Promise.all(Array.from({ length: 10 }, () => execute(body)));
+    const answers = await Promise.all(Array.from({ length: 10 }, () => execute(h.client, agent, body)));
 
     expect(hitsOf(runId)).toHaveLength(1);
     const winner = theOneThatRan(answers);
@@ -100,7 +99,7 @@ describe('one run id sent many times at once', () => {
     const gateHits = backend.hitsOn('/gate').length;
     const answered: TestResponse[] = [];
     const pending = Array.from({ length: 10 }, () =>
-      execute(body).then((res) => {
+      execute(h.client, agent, body).then((res) => {
         answered.push(res);
         return res;
       }),
@@ -121,7 +120,7 @@ describe('one run id sent many times at once', () => {
     expect(winner.body).toMatchObject({ run_id: runId, status: 'completed' });
     expect(backend.hitsOn('/gate')).toHaveLength(gateHits + 1);
 
-    const again = await execute(body);
+    const again = await execute(h.client, agent, body);
     expect(again.headers['x-toolgate-replayed']).toBe('true');
     expect(again.body).toEqual(winner.body);
     expect(hitsOf(runId)).toHaveLength(1);
@@ -134,7 +133,7 @@ describe('one run id sent many times at once', () => {
     const bodies = runIds.flatMap((runId) => Array.from({ length: 4 }, () => ({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }] })));
     // Interleaved, so that copies of one id are never next to each other in a batch.
     const order = bodies.map((_, i) => bodies[(i % 6) * 4 + Math.floor(i / 6)]!);
-    const answers = await Promise.all(order.map((body) => execute(body)));
+    const answers = await Promise.all(order.map((body) => execute(h.client, agent, body)));
     const types = await auditTypes(runIds);
     for (const runId of runIds) {
       expect(hitsOf(runId)).toHaveLength(1);
@@ -151,7 +150,7 @@ describe('many distinct runs at once', () => {
   it('all complete, each with its own intent and outcome record, grant use and stored end', async () => {
     const runIds = Array.from({ length: 25 }, () => newRunId('distinct'));
     const answers = await Promise.all(
-      runIds.map((runId) => execute({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }, { tool_id: 'echo', input: { q: `${runId}/2` } }] })),
+      runIds.map((runId) => execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }, { tool_id: 'echo', input: { q: `${runId}/2` } }] })),
     );
     for (const [i, res] of answers.entries()) {
       expect(res.status, res.text).toBe(200);
@@ -188,7 +187,7 @@ describe('many distinct runs at once', () => {
     const ids = Array.from({ length: 12 }, () => newRunId('nul'));
     const bad = 6;
     const answers = await Promise.all(
-      ids.map((run_id, i) => execute({ run_id, plan: [{ tool_id: 'echo', input: { q: i === bad ? 'a\u0000b' : `ok-${i}` } }] })),
+      ids.map((run_id, i) => execute(h.client, agent, { run_id, plan: [{ tool_id: 'echo', input: { q: i === bad ? 'a\u0000b' : `ok-${i}` } }] })),
     );
     answers.forEach((res, i) => {
       if (i === bad) {
@@ -210,7 +209,7 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
     const db = h.db.database.db;
     const runId = newRunId('swept');
     const body = { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'again' } }] };
-    const first = await execute(body);
+    const first = await execute(h.client, agent, body);
     expect(first.status).toBe(200);
 
     const waiting = async (query: string) =>
@@ -221,7 +220,7 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
     try {
       await holder.query('begin');
       await holder.query('update runs set updated_at = updated_at where tenant_id = $1 and run_id = $2', [T, runId]);
-      const again = execute(body);
+      const again = execute(h.client, agent, body);
       await until('the claim to wait for the run', async () => (await waiting('%insert into runs%')) === 1);
       // The retention sweep queues for the table behind the claim, and deletes the run once the
       // claim has found it taken, before the executor reads it.
@@ -251,7 +250,7 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
     await sql`create function test_vanishing_claim() returns trigger language plpgsql as $$ begin return null; end $$`.execute(db);
     await sql`create trigger test_vanishing_claim before insert on runs for each row when (new.run_id = ${sql.lit(runId)}) execute function test_vanishing_claim()`.execute(db);
     try {
-      const res = await execute({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'never' } }] });
+      const res = await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'never' } }] });
       expect(res.status, res.text).toBe(409);
       expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: {} });
       expect(hitsOf(runId)).toEqual([]);

@@ -3,6 +3,7 @@ import { closeLostRunReservations } from '../src/budgets/budget-ledger-repositor
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool, toolBody } from './helpers/world.js';
 
@@ -13,12 +14,6 @@ const operator = tokens.tenantOperator(T);
 
 let h: Harness;
 let backend: TestBackend;
-
-async function execute(body: Record<string, unknown>, token = agent) {
-  return h.client.post('/runs/execute', { token, body: { context: {}, ...body } });
-}
-
-const step = (tool_id: string, input: unknown = { q: 'hello' }, version?: string) => ({ tool_id, input, ...(version ? { version } : {}) });
 
 beforeAll(async () => {
   h = await startHarness({ TOOLGATE_SECRET_ECHO_KEY: 'k-123-secret' });
@@ -62,7 +57,7 @@ afterAll(async () => {
 describe('POST /runs/execute: a run that completes', () => {
   it('dispatches every step to its backend and answers 200 with the envelope', async () => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'one' }), step('echo', { q: 'two' }, '^2')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'one'), step('echo', 'two', '^2')] });
     expect(res.status).toBe(200);
     expect(res.body).toMatchObject({ run_id: runId, status: 'completed', dry_run: false, warnings: [] });
     expect(res.body.steps).toMatchObject([
@@ -79,7 +74,7 @@ describe('POST /runs/execute: a run that completes', () => {
     await h.client.post('/runs/execute', {
       token: agent,
       headers: { traceparent: `00-${traceId}-00f067aa0ba902b7-01` },
-      body: { run_id: runId, context: {}, plan: [step('echo', { q: 'trace' }, '1.0.0')] },
+      body: { run_id: runId, context: {}, plan: [step('echo', 'trace', '1.0.0')] },
     });
     const hit = backend.hitsOn('/echo')[before]!;
     expect(hit.headers['x-toolgate-run-id']).toBe(runId);
@@ -92,7 +87,7 @@ describe('POST /runs/execute: a run that completes', () => {
   it('starts a fresh trace, audited with the run, when the caller sends none, and a new span id per dispatch', async () => {
     const runId = newRunId();
     const before = backend.hitsOn('/echo').length;
-    await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('echo', { q: 'b' }, '1.0.0')] });
+    await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'a', '1.0.0'), step('echo', 'b', '1.0.0')] });
     const hits = backend.hitsOn('/echo').slice(before);
     expect(hits).toHaveLength(2);
     const parts = hits.map((hit) => /^00-([0-9a-f]{32})-([0-9a-f]{16})-01$/.exec(String(hit.headers.traceparent)));
@@ -108,7 +103,7 @@ describe('POST /runs/execute: a run that completes', () => {
 
   it('writes an intent record before and an outcome record after each dispatch, with hashes not payloads', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, plan: [step('echo', { q: 'secret-payload' }, '1.0.0')] });
+    await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'secret-payload', '1.0.0')] });
     const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
     const types = events.body.items.map((e: { event_type: string }) => e.event_type).reverse();
     expect(types).toEqual(['run.step.dispatching', 'run.step.completed']);
@@ -122,7 +117,7 @@ describe('POST /runs/execute: a run that completes', () => {
 
   it('sends backend secrets named by the contract, and never records them', async () => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('keyed', { q: 'with key' })] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('keyed', 'with key')] });
     expect(res.status).toBe(200);
     const hit = backend.hits.find((x) => x.headers['x-toolgate-run-id'] === runId)!;
     expect(hit.headers['x-api-key']).toBe('k-123-secret');
@@ -135,7 +130,7 @@ describe('POST /runs/execute: a run that completes', () => {
     const replica = await AppClient.start(h.db.database);
     try {
       const runId = newRunId();
-      const res = await replica.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('keyed', { q: 'no key' })] } });
+      const res = await replica.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('keyed', 'no key')] } });
       expect(res.status).toBe(503);
       expect(res.body.steps[0].error.code).toBe('tool_backend_not_configured');
       expect(backend.hits.filter((x) => x.headers['x-toolgate-run-id'] === runId)).toEqual([]);
@@ -146,7 +141,7 @@ describe('POST /runs/execute: a run that completes', () => {
 
   it('charges what the backend reports it cost', async () => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('costly')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('costly')] });
     expect(res.body.steps[0].cost_units).toBe(3);
   });
 });
@@ -160,7 +155,7 @@ describe('reported costs and the bound on units', () => {
     await grantTool(h.client, { tenant: T2, agent: AGENT, tool: 'overpriced' });
     const budget = await createBudget(h.client, { tenant: T2, limit_units: 1_000_000_000, grace_units: 1 });
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('overpriced')] }, capAgent);
+    const res = await execute(h.client, capAgent, { run_id: runId, plan: [step('overpriced')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 1_000_000_000 });
     const events = await h.client.get('/audit', { token: tokens.tenantOperator(T2), query: { run_id: runId } });
@@ -176,7 +171,7 @@ describe('reported costs and the bound on units', () => {
     await grantTool(h.client, { tenant: T3, agent: AGENT, tool: 'reports.ten', capability_modifiers: { max_cost_units: 4 } });
     const budget = await createBudget(h.client, { tenant: T3, limit_units: 100 });
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('reports.ten')] }, tokens.agent(AGENT, { tenant: T3 }));
+    const res = await execute(h.client, tokens.agent(AGENT, { tenant: T3 }), { run_id: runId, plan: [step('reports.ten')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 4 });
     const events = await h.client.get('/audit', { token: tokens.tenantOperator(T3), query: { run_id: runId } });
@@ -193,7 +188,7 @@ describe('reported costs and the bound on units', () => {
     const budget = await createBudget(h.client, { tenant: T4, limit_units: 100 });
     const shown = async () => (await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T4) })).body;
     const runId = newRunId();
-    const running = execute({ run_id: runId, plan: [step('slow.costly')] }, tokens.agent(AGENT, { tenant: T4 }));
+    const running = execute(h.client, tokens.agent(AGENT, { tenant: T4 }), { run_id: runId, plan: [step('slow.costly')] });
     await backend.waitForHits('/gate/cost/3', 1);
     // As if the call had been in flight past the reservation's TTL: the sweep gives its units back.
     await sql`update budget_reservations set expires_at = now() - interval '1 second' where tenant_id = ${T4} and run_id = ${runId}`.execute(h.db.database.db);
@@ -226,7 +221,7 @@ describe('reported costs and the bound on units', () => {
     async function callLosingItsSettlement(): Promise<{ runId: string; outcomeId: string }> {
       const before = await shown();
       const runId = newRunId('lost');
-      const res = await execute({ run_id: runId, plan: [step('costs.three')] }, tokens.agent(AGENT, { tenant: T5 }));
+      const res = await execute(h.client, tokens.agent(AGENT, { tenant: T5 }), { run_id: runId, plan: [step('costs.three')] });
       expect(res.status, JSON.stringify(res.body)).toBe(200);
       const { db } = h.db.database;
       await sql`
@@ -269,7 +264,7 @@ describe('reported costs and the bound on units', () => {
   });
 
   it('refuses amounts above MAX_UNITS with 400 instead of failing to store them', async () => {
-    const run = await execute({ run_id: newRunId(), plan: [step('echo')], budget_units: 1e10 });
+    const run = await execute(h.client, agent, { run_id: newRunId(), plan: [step('echo')], budget_units: 1e10 });
     expect(run.status).toBe(400);
     expect(run.body.error.code).toBe('invalid_request');
     const budget = await h.client.post('/budgets', { token: operator, body: { scope: 'tenant', period: 'day', limit_units: 2e9, warn_ratio: 0.8, grace_units: 0 } });
@@ -282,14 +277,14 @@ describe('reported costs and the bound on units', () => {
 describe('POST /runs/execute: each denial stops the run with its status, later steps skipped', () => {
   const cases: Array<[string, () => Record<string, unknown>[], number, string, string]> = [
     ['an unregistered tool', () => [step('nope')], 404, 'tool_not_registered', 'failed'],
-    ['a version range nothing matches', () => [step('echo', { q: 'x' }, '^9')], 404, 'tool_version_not_found', 'failed'],
+    ['a version range nothing matches', () => [step('echo', 'x', '^9')], 404, 'tool_version_not_found', 'failed'],
     ['a final_write tool', () => [step('final.publish')], 403, 'tool_category_blocked', 'failed'],
-    ['an external_call tool in a tenant without it', () => [step('web.fetch', { url: 'https://example.com/' })], 403, 'tool_category_blocked', 'failed'],
+    ['an external_call tool in a tenant without it', () => [{ tool_id: 'web.fetch', input: { url: 'https://example.com/' } }], 403, 'tool_category_blocked', 'failed'],
     ['a tool whose allowlist omits the agent', () => [step('not.allowed')], 403, 'unauthorized_tool_access', 'failed'],
     ['a tool without a grant', () => [step('ungranted')], 403, 'grant_missing', 'failed'],
     ['a scope the token lacks', () => [step('scoped')], 403, 'tool_scope_missing', 'failed'],
     ['missing required context', () => [step('contextual')], 400, 'missing_required_context', 'failed'],
-    ['input failing the schema', () => [step('echo', { q: 42 })], 422, 'tool_input_schema_invalid', 'failed'],
+    ['input failing the schema', () => [{ tool_id: 'echo', input: { q: 42 } }], 422, 'tool_input_schema_invalid', 'failed'],
     ['a cost beyond the budget', () => [step('expensive')], 402, 'budget_exceeded', 'killed'],
     ['a tool with no backend', () => [step('no.backend')], 503, 'tool_backend_not_configured', 'failed'],
     ['a backend that hangs', () => [step('hangs')], 504, 'tool_backend_timeout', 'failed'],
@@ -301,7 +296,7 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
 
   it.each(cases)('%s', async (_name, plan, status, code, runStatus) => {
     const runId = newRunId();
-    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'first' }, '1.0.0'), ...plan(), step('echo', { q: 'never' }, '1.0.0')] });
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'first', '1.0.0'), ...plan(), step('echo', 'never', '1.0.0')] });
     expect(res.status).toBe(status);
     expect(res.body.status).toBe(runStatus);
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', expect.stringMatching(/^(denied|failed)$/), 'skipped']);
@@ -314,10 +309,10 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
   });
 
   it('throttles (429, exact Retry-After) without killing the run, and continues it when resubmitted', async () => {
-    const first = await execute({ run_id: newRunId(), plan: [step('limited'), step('limited')] });
+    const first = await execute(h.client, agent, { run_id: newRunId(), plan: [step('limited'), step('limited')] });
     expect(first.status).toBe(200);
     const runId = newRunId();
-    const throttled = await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('limited')] });
+    const throttled = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'a', '1.0.0'), step('limited')] });
     expect(throttled.status).toBe(429);
     expect(throttled.body.status).toBe('throttled');
     // One token at 0.01/s takes up to 100 s to refill.
@@ -325,7 +320,7 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     expect(retryAfter).toBeGreaterThanOrEqual(99);
     expect(retryAfter).toBeLessThanOrEqual(100);
     expect(throttled.body.retry_after_seconds).toBe(retryAfter);
-    const again = await execute({ run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0'), step('limited')] });
+    const again = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'a', '1.0.0'), step('limited')] });
     // Not a replay: the rate stage decided again, and the bucket is still empty.
     expect(again.status).toBe(429);
     expect(again.headers['x-toolgate-replayed']).toBeUndefined();
@@ -336,11 +331,11 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
 
   it('tells why a throttled run was ended meanwhile, not that it was throttled', async () => {
     const runId = newRunId();
-    const plan = [step('echo', { q: 'b' }, '1.0.0'), step('limited')];
-    expect((await execute({ run_id: runId, plan })).status).toBe(429);
+    const plan = [step('echo', 'b', '1.0.0'), step('limited')];
+    expect((await execute(h.client, agent, { run_id: runId, plan })).status).toBe(429);
     const cancelled = await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: { reason: 'no longer needed' } });
     expect(cancelled.body.status).toBe('cancelled');
-    const again = await execute({ run_id: runId, plan });
+    const again = await execute(h.client, agent, { run_id: runId, plan });
     expect(again.status).toBe(409);
     expect(again.body.status).toBe('cancelled');
     expect(again.body.steps.map((s: { status: string; error?: { code: string } }) => [s.status, s.error?.code])).toEqual([
@@ -352,12 +347,12 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
 
   it('finishes a throttled run when its owner resubmits it after Retry-After, without running its completed steps again', async () => {
     const runId = newRunId();
-    const plan = [step('refilling', { q: 'one' }), step('refilling', { q: 'two' })];
-    const throttled = await execute({ run_id: runId, plan });
+    const plan = [step('refilling', 'one'), step('refilling', 'two')];
+    const throttled = await execute(h.client, agent, { run_id: runId, plan });
     expect(throttled.status).toBe(429);
     expect(throttled.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
     await new Promise((r) => setTimeout(r, Number(throttled.headers['retry-after']) * 1000));
-    const finished = await execute({ run_id: runId, plan });
+    const finished = await execute(h.client, agent, { run_id: runId, plan });
     expect(finished.status).toBe(200);
     expect(finished.body.status).toBe('completed');
     expect(finished.body.steps.map((s: { status: string; output?: unknown }) => [s.status, s.output])).toEqual([
@@ -367,19 +362,19 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     const hits = backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
     expect(hits.map((hit) => hit.body)).toEqual([{ q: 'one' }, { q: 'two' }]);
     // Finished now: a further resubmission replays it.
-    const replayed = await execute({ run_id: runId, plan });
+    const replayed = await execute(h.client, agent, { run_id: runId, plan });
     expect(replayed.headers['x-toolgate-replayed']).toBe('true');
     expect(replayed.body).toEqual(finished.body);
   });
 
   it('refuses a plan longer than MAX_PLAN_STEPS instead of truncating it', async () => {
-    const res = await execute({ run_id: newRunId(), plan: Array.from({ length: 33 }, () => step('echo')) });
+    const res = await execute(h.client, agent, { run_id: newRunId(), plan: Array.from({ length: 33 }, () => step('echo')) });
     expect(res.status).toBe(400);
     expect(res.body.error).toMatchObject({ code: 'invalid_request', message: expect.stringContaining('at most 32') });
   });
 
   it('refuses a context naming another tenant', async () => {
-    const res = await execute({ run_id: newRunId(), context: { tenant_id: 'someone-else' }, plan: [step('echo')] });
+    const res = await execute(h.client, agent, { run_id: newRunId(), context: { tenant_id: 'someone-else' }, plan: [step('echo')] });
     expect(res.status).toBe(400);
     expect(res.body.steps[0].error.code).toBe('invalid_request');
   });
@@ -394,7 +389,7 @@ describe('dry runs', () => {
   it('returns every step’s verdicts and dispatches, reserves and audits no call', async () => {
     const before = backend.hits.length;
     const runId = newRunId();
-    const res = await execute({ run_id: runId, dry_run: true, plan: [step('echo'), step('ungranted'), step('limited')] });
+    const res = await execute(h.client, agent, { run_id: runId, dry_run: true, plan: [step('echo'), step('ungranted'), step('limited')] });
     expect(res.status).toBe(200);
     expect(res.body.dry_run).toBe(true);
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['admissible', 'denied', expect.any(String)]);
@@ -431,10 +426,10 @@ describe('dry runs', () => {
 describe('run ownership and replay', () => {
   it('replays a finished run’s envelope without calling the backend again', async () => {
     const runId = newRunId();
-    const body = { run_id: runId, plan: [step('echo', { q: 'once' }, '1.0.0')] };
-    const first = await execute(body);
+    const body = { run_id: runId, plan: [step('echo', 'once', '1.0.0')] };
+    const first = await execute(h.client, agent, body);
     const hitsAfterFirst = backend.hits.length;
-    const second = await execute(body);
+    const second = await execute(h.client, agent, body);
     expect(second.status).toBe(first.status);
     expect(second.body).toEqual(first.body);
     expect(second.headers['x-toolgate-replayed']).toBe('true');
@@ -443,9 +438,9 @@ describe('run ownership and replay', () => {
 
   it('gives another agent’s run id 409 run_id_conflict', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, plan: [step('echo', { q: 'mine' }, '1.0.0')] });
+    await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'mine', '1.0.0')] });
     const thief = tokens.agent('other.agent', { tenant: T });
-    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'mine' }, '1.0.0')] }, thief);
+    const res = await execute(h.client, thief, { run_id: runId, plan: [step('echo', 'mine', '1.0.0')] });
     expect(res.status).toBe(409);
     expect(res.body.error.code).toBe('run_id_conflict');
     // The refusal is on record, under the run id asked for and the agent that asked.
@@ -457,10 +452,10 @@ describe('run ownership and replay', () => {
 
   it('gives the owner 409 for a different request under a used run id, on record; a replay is not', async () => {
     const runId = newRunId();
-    const body = { run_id: runId, plan: [step('echo', { q: 'a' }, '1.0.0')] };
-    await execute(body);
-    expect((await execute(body)).headers['x-toolgate-replayed']).toBe('true');
-    const res = await execute({ run_id: runId, plan: [step('echo', { q: 'b' }, '1.0.0')] });
+    const body = { run_id: runId, plan: [step('echo', 'a', '1.0.0')] };
+    await execute(h.client, agent, body);
+    expect((await execute(h.client, agent, body)).headers['x-toolgate-replayed']).toBe('true');
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'b', '1.0.0')] });
     expect(res.status).toBe(409);
     expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'completed' } });
     const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.rejected' } });
@@ -481,9 +476,9 @@ describe('run ownership and replay', () => {
     const runId = newRunId();
     const body = { run_id: runId, plan: [step('slow.echo')] };
     const gated = backend.hitsOn('/gate').length;
-    const running = execute(body);
+    const running = execute(h.client, agent, body);
     await backend.waitForHits('/gate', gated + 1);
-    const busy = await execute(body);
+    const busy = await execute(h.client, agent, body);
     expect(busy.status).toBe(409);
     expect(busy.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'running' } });
     backend.openGate();
@@ -496,7 +491,7 @@ describe('run ownership and replay', () => {
 
   it('lets the owner and its tenant’s operators read the run, and no one else', async () => {
     const runId = newRunId();
-    await execute({ run_id: runId, plan: [step('echo', { q: 'read me' }, '1.0.0')] });
+    await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'read me', '1.0.0')] });
     const own = await h.client.get(`/runs/${runId}`, { token: agent });
     expect(own.body).toMatchObject({ run_id: runId, agent_id: AGENT, tenant_id: T, status: 'completed' });
     expect((await h.client.get(`/runs/${runId}`, { token: operator })).status).toBe(200);
