@@ -5,8 +5,9 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createEmptyDatabaseUrl } from './helpers/database.js';
+import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
 import { freePort } from './helpers/net.js';
+import { until } from './helpers/waits.js';
 
 const root = new URL('..', import.meta.url).pathname;
 const tsx = join(root, 'node_modules', '.bin', 'tsx');
@@ -16,16 +17,15 @@ function bareEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, ...extra };
 }
 
-async function waitFor(url: string, timeoutMs: number): Promise<Response> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      return await fetch(url);
-    } catch (error) {
-      if (Date.now() > deadline) throw error;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
+
+/**
+ * A database for one gateway process: a new one on the test server, or none on embedded PGlite
+ * (the process then opens its own in its TOOLGATE_DATA_DIR). What it needs is a database, not a server.
+ */
+async function processDatabase(): Promise<{ env: Record<string, string>; drop(): Promise<void> }> {
+  if (!hasPostgresServer) return { env: {}, drop: async () => undefined };
+  const db = await createEmptyDatabaseUrl();
+  return { env: { DATABASE_URL: db.url }, drop: db.drop };
 }
 
 const children: ChildProcess[] = [];
@@ -43,7 +43,8 @@ describe('npm start on a fresh machine', () => {
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
 
-    const health = await waitFor(`http://127.0.0.1:${port}/health`, 150_000);
+    await until('the server to answer', () => fetch(`http://127.0.0.1:${port}/health`).then(() => true, () => false), { timeoutMs: 150_000, intervalMs: 200 });
+    const health = await fetch(`http://127.0.0.1:${port}/health`);
     expect(health.status).toBe(200);
     const ready = await fetch(`http://127.0.0.1:${port}/ready`);
     expect(ready.status).toBe(200);
@@ -71,10 +72,10 @@ describe('npm start on a fresh machine', () => {
 
   it('stops when its npm start process gets SIGTERM, and prints the port it really listens on', async () => {
     // Supervisors often signal the process they started: npm, not node beneath it.
-    const db = await createEmptyDatabaseUrl();
+    const db = await processDatabase();
     const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-npm-start-'));
     // In a process group of its own, so that whatever it leaves behind can be cleaned up.
-    const child = spawn('npm', ['start'], { cwd: root, detached: true, env: bareEnv({ PORT: '0', DATABASE_URL: db.url, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn' }) });
+    const child = spawn('npm', ['start'], { cwd: root, detached: true, env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn' }) });
     let stderr = '';
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()));
@@ -104,11 +105,11 @@ describe('npm start on a fresh machine', () => {
   it('takes the same signal again within a second as one request to shut down (npm forwards node a copy of its group\'s signal); later, as "exit now"', async () => {
     // Ctrl-C in a terminal, `kill -- -PGID` and systemd signal every process of the group: node
     // gets the signal, and `npm start` forwards it the same signal again.
-    const db = await createEmptyDatabaseUrl();
+    const db = await processDatabase();
     /** A gateway process (node itself, no launcher that forwards signals) with a request in flight, its body still arriving. */
     const startHeld = async () => {
       const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-signals-'));
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], { cwd: root, env: bareEnv({ PORT: '0', DATABASE_URL: db.url, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'info' }) });
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], { cwd: root, env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'info' }) });
       children.push(child);
       let output = '';
       child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
