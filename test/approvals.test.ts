@@ -20,7 +20,7 @@ let backend: TestBackend;
 
 const resume = (runId: string, token = agent) => h.client.post(`/runs/${runId}/resume`, { token, body: {} });
 const approve = (id: string, token = operator, rationale = 'checked the draft') => h.client.post(`/approvals/${id}/approve`, { token, body: { rationale } });
-const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
+const hitsOf = (runId: string) => backend.hitsOfRun(runId).map((hit) => (hit.body as { q: string }).q);
 const auditOf = async (runId: string) => (await h.client.get('/audit', { token: operator, query: { run_id: runId, limit: 100 } })).body.items.reverse() as Array<Record<string, any>>;
 
 beforeAll(async () => {
@@ -481,7 +481,7 @@ describe('approvals expire', () => {
     expect(await runStatus(throttled.runId)).toBe('cancelled');
     expect(await listed(throttled.runId)).toEqual([[throttled.approvalId, 'expired']]);
     expect(await expiries(throttled.runId)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: throttled.approvalId, noticed_by: `agent:${AGENT}` }) })]);
-    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === throttled.runId)).toEqual([]);
+    expect(echo.hitsOfRun(throttled.runId)).toEqual([]);
   });
 
   it('a hand-off proposal that lapsed expires on a resume of its waiting sub-run, as on a decision', async () => {
@@ -510,7 +510,7 @@ describe('approvals expire', () => {
     expect(await statusOfApproval(approvalId)).toBe('expired');
     expect(await expiries(sub)).toEqual([expect.objectContaining({ details: expect.objectContaining({ approval_id: approvalId, noticed_by: `agent:${SUB}` }) })]);
     expect((await x.client.get(`/runs/${sub}`, { token: operator })).body.status).toBe('cancelled');
-    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === sub)).toEqual([]);
+    expect(echo.hitsOfRun(sub)).toEqual([]);
   });
 
   it('a hand-off proposal that lapsed while its sub-run was paused expires on resume: the sub-run never starts', async () => {
@@ -524,6 +524,6 @@ describe('approvals expire', () => {
     expect(await expiries(sub)).toHaveLength(1);
     const start = await x.client.post('/runs/execute', { token: tokens.agent(SUB, { tenant: T }), body: { run_id: sub, parent_run_id: root, context: {}, plan: [step('search', 'unapproved')] } });
     expect(start.status).toBe(409);
-    expect(echo.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === sub)).toEqual([]);
+    expect(echo.hitsOfRun(sub)).toEqual([]);
   });
 });

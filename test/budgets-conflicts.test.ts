@@ -1,5 +1,3 @@
-import { setTimeout as sleep } from 'node:timers/promises';
-import { sql } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
@@ -9,6 +7,7 @@ import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // A ledger decides a batch against the counters as it read them and writes with a compare and
 // set. When another replica moved a counter in between, it must see so, count it
@@ -67,19 +66,6 @@ const reservationsOf = async (tenantId: string) =>
     (await testDb.database.db.selectFrom('budget_reservations').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenantId).executeTakeFirstOrThrow()).n,
   );
 
-/** Waits until some statement on the test database waits for a row lock. */
-async function someoneWaitsForALock(): Promise<void> {
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    const { rows } = await sql<{ n: number }>`
-      select count(*)::int as n from pg_stat_activity
-      where datname = current_database() and wait_event_type = 'Lock'`.execute(testDb.database.db);
-    if (rows[0]!.n > 0) return;
-    if (Date.now() > deadline) throw new Error('no statement ever waited for the lock');
-    await sleep(10);
-  }
-}
-
 describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (needs a PostgreSQL server)', () => {
   let other: pg.Client;
 
@@ -101,7 +87,7 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
     try {
       await other.query('select * from budget_counters where counter_key = $1 for update', [budgetId]);
       const pending = ledger.reserve({ tenantId, agentId: 'agent.one', runId: 'run-moved', units });
-      await someoneWaitsForALock();
+      await until('a statement to wait for the row lock', async () => (await lockWaits(testDb.database.db)) > 0, { timeoutMs: 15_000 });
       await other.query('update budget_counters set reserved_units = reserved_units + $2 where counter_key = $1', [budgetId, movedUnits]);
       await other.query('commit');
       return await pending;

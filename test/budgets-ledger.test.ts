@@ -12,6 +12,7 @@ import { createTestDatabase, hasPostgresServer, type TestDatabase } from './help
 import type { AppClient } from './helpers/harness.js';
 import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // The admission API the pipeline calls: reserve before dispatch, settle or release after.
 let testDb: TestDatabase;
@@ -286,14 +287,13 @@ describe('settle and release', () => {
     const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
     const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
     const db = testDb.database.db;
-    const lockWaits = async () => Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`.execute(db)).rows[0]!.n);
     let settling: Promise<string> | undefined;
     // The sweep has closed the reservation but not committed when the settlement reaches its row.
     await db.transaction().execute(async (trx) => {
       expect((await closeAndUncharge(trx, [{ id: reservation.id, status: 'expired', actualMicros: null }], clock.now())).closed).toEqual(new Set([reservation.id]));
       settling = ledger.settle(reservation, 3);
-      for (let i = 0; i < 500 && (await lockWaits()) < 1; i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await lockWaits()).toBe(1);
+      await until('the settlement to wait for the sweep', async () => (await lockWaits(db)) > 0);
+      expect(await lockWaits(db)).toBe(1);
     });
     expect(await settling).toBe('settled_after_expiry');
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
@@ -301,8 +301,6 @@ describe('settle and release', () => {
 });
 
 describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a PostgreSQL server)', () => {
-  const lockWaits = async () =>
-    Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`.execute(testDb.database.db)).rows[0]!.n);
   const runTotal = async (tenant: string, runId: string) => {
     const ref = runTotalRef(tenant, runId);
     return (await readCounters(testDb.database.db, [ref])).get(counterId(ref));
@@ -326,8 +324,8 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
       await lockAuditChain(trx);
       await returnSubRunAllowances(trx, [{ tenantId: tenant, parentRunId: 'parent', subRunId: 'sub', heldUnits: 5 }], clock.now());
       closing = close(reservation);
-      for (let i = 0; i < 500 && (await lockWaits()) < 1; i += 1) await new Promise((r) => setTimeout(r, 10));
-      expect(await lockWaits()).toBe(1);
+      await until('the close to wait for the hand-off', async () => (await lockWaits(db)) > 0);
+      expect(await lockWaits(db)).toBe(1);
     });
     return { tenant, reservation, outcome: await closing! };
   }

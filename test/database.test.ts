@@ -4,6 +4,7 @@ import { describe, expect, inject, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
 import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
+import { until } from './helpers/waits.js';
 
 // src/db/database.ts: the pg pool sends parameterised statements as named prepared statements.
 describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL server)', () => {
@@ -118,7 +119,7 @@ describe.skipIf(!hasPostgresServer)('closing (needs a PostgreSQL server)', () =>
       proxy.freeze();
       const database = await openDatabase({ databaseUrl: proxy.urlFor(inject('testDatabaseUrl')), dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
       const subscribed = database.listener.subscribe('toolgate_test_channel', () => undefined);
-      while (proxy.accepted === 0) await new Promise((r) => setTimeout(r, 10));
+      await until('the listener to connect', () => proxy.accepted > 0);
       // A close that hangs is told apart from one that ends; 10 s is far beyond any bounded step.
       const hung = new Promise<'hung'>((resolve) => setTimeout(() => resolve('hung'), 10_000).unref());
       expect(await Promise.race([database.close().then(() => 'closed'), hung])).toBe('closed');

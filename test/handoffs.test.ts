@@ -29,7 +29,7 @@ const handoff = (agentId: string, parentRunId: string, body: Record<string, unkn
     token: as(agentId),
     body: { sub_agent_id: SUB, sub_run_id: newRunId('sub'), budget_units: 10, delegable_tool_ids: ['search'], max_fanout: 0, ...body },
   });
-const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => (hit.body as { q: string }).q);
+const hitsOf = (runId: string) => backend.hitsOfRun(runId).map((hit) => (hit.body as { q: string }).q);
 const auditOf = async (query: Record<string, string>) => (await h.client.get('/audit', { token: operator, query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
 const allowance = async (runId: string, agentId: string) => (await h.client.get(`/runs/${runId}`, { token: as(agentId) })).body.budget;
 

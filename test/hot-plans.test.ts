@@ -4,6 +4,7 @@ import type { DB } from '../src/db/schema.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
@@ -124,14 +125,13 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
   });
 
   it('probe every table by a key they know in full, though they were made on empty tables', async () => {
-    const execute = (runId: string) =>
-      h.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, budget_units: 50, plan: [{ tool_id: 'echo', input: { q: runId } }] } });
+    const call = (runId: string) => execute(h.client, agent, { run_id: runId, budget_units: 50, plan: [step('echo', runId)] });
     // One call at a time (batches of one), then many at once (larger batches), then one again
     // (the ledger reserving from what it remembers).
-    for (let i = 0; i < 3; i += 1) expect((await execute(newRunId('planned'))).status).toBe(200);
-    const together = await Promise.all(Array.from({ length: 12 }, () => execute(newRunId('planned'))));
+    for (let i = 0; i < 3; i += 1) expect((await call(newRunId('planned'))).status).toBe(200);
+    const together = await Promise.all(Array.from({ length: 12 }, () => call(newRunId('planned'))));
     expect(together.map((res) => res.status)).toEqual(Array(12).fill(200));
-    expect((await execute(newRunId('planned'))).status).toBe(200);
+    expect((await call(newRunId('planned'))).status).toBe(200);
 
     // The hot pools have a quarter of the pool's 10 connections each (at least 2): 3.
     const plans = [...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotAsync, 3))];

@@ -10,6 +10,7 @@ import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // What happens on real connections around a call in flight: its client going away, and the
 // replica shutting down (a rolling deploy sends SIGTERM, which closes the app: src/server.ts).
@@ -48,8 +49,8 @@ function runOf(runId: string): Promise<{ status: string; busy: boolean }> {
 }
 
 async function waitForHit(runId: string): Promise<void> {
-  for (let i = 0; i < 200 && !backend.hits.some((hit) => hit.headers['x-toolgate-run-id'] === runId); i += 1) await new Promise((r) => setTimeout(r, 10));
-  expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+  await until('the call to reach the backend', () => backend.hitsOfRun(runId).length > 0);
+  expect(backend.hitsOfRun(runId)).toHaveLength(1);
 }
 
 async function auditedEvents(runId: string): Promise<string[]> {
@@ -62,19 +63,15 @@ afterAll(async () => {
   await h?.db.drop();
 });
 
-/** Whether a new connection to `port` is refused (nobody listening) within `ms`. */
-async function refusedWithin(ms: number): Promise<boolean> {
-  for (const deadline = Date.now() + ms; Date.now() < deadline; ) {
-    const socket = connect(port, '127.0.0.1');
-    const refused = await new Promise<boolean>((resolve) => {
-      socket.once('connect', () => resolve(false));
-      socket.once('error', (error: NodeJS.ErrnoException) => resolve(error.code === 'ECONNREFUSED'));
-    });
-    socket.destroy();
-    if (refused) return true;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return false;
+/** Whether a new connection to `port` is refused (nobody listening). */
+async function refused(): Promise<boolean> {
+  const socket = connect(port, '127.0.0.1');
+  const answer = await new Promise<boolean>((resolve) => {
+    socket.once('connect', () => resolve(false));
+    socket.once('error', (error: NodeJS.ErrnoException) => resolve(error.code === 'ECONNREFUSED'));
+  });
+  socket.destroy();
+  return answer;
 }
 
 describe('a client that goes away mid-call', () => {
@@ -87,13 +84,8 @@ describe('a client that goes away mid-call', () => {
     expect(await gone).toBeInstanceOf(Error);
     backend.openGate();
 
-    let run: { status: string; busy: boolean } | undefined;
-    for (let i = 0; i < 200; i += 1) {
-      run = await runOf(runId);
-      if (!run.busy) break;
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    expect(run).toEqual({ status: 'completed', busy: false });
+    await until('the run to be let go', async () => !(await runOf(runId)).busy);
+    expect(await runOf(runId)).toEqual({ status: 'completed', busy: false });
     expect(await auditedEvents(runId)).toEqual(['run.step.dispatching', 'run.step.completed']);
 
     // The same request again replays the stored answer; the backend is not called twice.
@@ -101,7 +93,7 @@ describe('a client that goes away mid-call', () => {
     expect(again.status).toBe(200);
     expect(again.headers.get('x-toolgate-replayed')).toBe('true');
     expect(await again.json()).toMatchObject({ status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'abandoned' } } }] });
-    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+    expect(backend.hitsOfRun(runId)).toHaveLength(1);
   });
 });
 
@@ -121,7 +113,7 @@ describe('closing the app (SIGTERM)', () => {
       closed = true;
     });
     // Closing stops listening: a new connection finds nobody, while the call is still in flight.
-    expect(await refusedWithin(2_000)).toBe(true);
+    await until('the port to refuse connections', refused, { timeoutMs: 2_000, intervalMs: 20 });
     expect(closed).toBe(false);
     // A request that still reaches the app, on a connection opened before, is refused in the
     // error envelope, and its connection closed.
@@ -198,9 +190,8 @@ describe.skipIf(!hasPostgresServer)('closing the app and its database through a 
       await holder.query('begin');
       await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [T, runId]);
       // The closing replica's recovery round waits on the lock (its sweep runs every 450 ms).
-      const waiting = async () => (await holder.query("select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()")).rows[0].n as number;
-      for (let i = 0; i < 300 && (await waiting()) === 0; i += 1) await new Promise((r) => setTimeout(r, 20));
-      expect(await waiting()).toBe(1);
+      await until('the recovery round to wait for the run', async () => (await lockWaits(holder)) > 0, { intervalMs: 20 });
+      expect(await lockWaits(holder)).toBe(1);
       await client.close();
       await database.close();
       await holder.query('commit');

@@ -1,4 +1,3 @@
-import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,6 +9,7 @@ import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 // Several gateway instances on one PostgreSQL server: this file needs a real server.
 const T = 'tenant-replicas';
@@ -17,17 +17,6 @@ const operator = tokens.tenantOperator(T, 'carol');
 const platform = tokens.platform();
 const AGENT = 'replica.worker';
 const agent = tokens.agent(AGENT, { tenant: T, family: 'workers' });
-
-/** Polls `probe` until it returns true or `boundMs` passes; returns the milliseconds it took. */
-async function within(boundMs: number, probe: () => Promise<boolean>, stepMs = 10): Promise<number> {
-  const started = performance.now();
-  for (;;) {
-    if (await probe()) return performance.now() - started;
-    const elapsed = performance.now() - started;
-    if (elapsed > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, stepMs));
-  }
-}
 
 async function decision(client: AppClient, query: Record<string, string>) {
   const res = await client.get('/kill-switches/decide', { token: operator, query });
@@ -56,7 +45,7 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
     await registerTool(h.client, { id: 'replica.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo' });
     // B's catalog follows A's registration within its refresh bound.
-    await within(2_000, async () => (await run(b, 'replica.echo')).status === 200, 50);
+    await until("B's catalog to know replica.echo", async () => (await run(b, 'replica.echo')).status === 200, { timeoutMs: 2_000, intervalMs: 50 });
   });
   afterAll(async () => {
     await backend?.close();
@@ -70,7 +59,7 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
       token: operator,
       body: { scope: 'family', target: 'workers', reason: 'runaway loop', user_visible_status_copy: 'Workers are paused for maintenance' },
     });
-    await within(1_000, async () => (await run(b, 'replica.echo')).status === 403);
+    await until('B to refuse under the armed switch', async () => (await run(b, 'replica.echo')).status === 403, { timeoutMs: 1_000 });
     const killed = await run(b, 'replica.echo');
     expect(killed.body).toMatchObject({ status: 'killed', steps: [{ status: 'denied', error: { code: 'kill_switch_active' } }] });
     expect(JSON.stringify(killed.body)).toContain('Workers are paused for maintenance');
@@ -79,7 +68,7 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
     expect(backend.hits.length).toBe(dispatchedBefore);
 
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'loop fixed' } });
-    await within(1_000, async () => (await run(b, 'replica.echo')).status === 200);
+    await until('B to admit again once disarmed', async () => (await run(b, 'replica.echo')).status === 200, { timeoutMs: 1_000 });
   });
 
   it("refuses B's next run once A revokes the grant (grant_revoked); a revoked grant cannot be renewed, only granted anew", async () => {
@@ -115,12 +104,12 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
       body: { scope: 'agent', target: 'spreading.agent', reason: 'loops', user_visible_status_copy: 'Paused' },
     });
     expect(armed.status).toBe(201);
-    await within(1_000, async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === false);
+    await until('the switch to deny on B', async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === false, { timeoutMs: 1_000 });
     const onB = await decision(b, { agent_id: 'spreading.agent' });
     expect(onB.body).toMatchObject({ code: 'kill_switch_active', blamed: { id: armed.body.id } });
 
     await a.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'fixed' } });
-    await within(1_000, async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === true);
+    await until('the disarm to reach B', async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === true, { timeoutMs: 1_000 });
   });
 
   it('propagates the other way too, for every arm and disarm of a quick sequence', async () => {
@@ -129,9 +118,9 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
         token: platform,
         body: { scope: 'tool', target: `flap.tool${i}`, reason: 'flap', user_visible_status_copy: 'Paused' },
       });
-      await within(1_000, async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === false);
+      await until('the switch to deny on A', async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === false, { timeoutMs: 1_000 });
       await b.post(`/kill-switches/${armed.body.id}/disarm`, { token: platform, body: { reason: 'unflap' } });
-      await within(1_000, async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === true);
+      await until('the disarm to reach A', async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === true, { timeoutMs: 1_000 });
     }
   });
 
@@ -162,7 +151,7 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     backend = await new TestBackend().start();
     await registerTool(h.client, { id: 'cut.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'cut.echo' });
-    await within(2_000, async () => (await run(c, 'cut.echo')).status === 200, 50);
+    await until("C's catalog to know cut.echo", async () => (await run(c, 'cut.echo')).status === 200, { timeoutMs: 2_000, intervalMs: 50 });
   });
   afterAll(async () => {
     await backend?.close();
@@ -179,7 +168,7 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     proxy.cutConnections();
     // The hard bound is 5 s from the last confirmation, which came before the cut; the slack is
     // for a loaded machine's timers, not for the gateway.
-    await within(5_500, async () => (await decision(c, { tool_id: 'any.tool' })).status === 503);
+    await until('C to fail closed', async () => (await decision(c, { tool_id: 'any.tool' })).status === 503, { timeoutMs: 5_500 });
     const refused = await decision(c, { tool_id: 'any.tool' });
     expect(refused.body.error.code).toBe('gateway_unavailable');
     const hits = backend.hits.length;
@@ -206,14 +195,14 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     expect(armed.status).toBe(201);
 
     proxy.restore();
-    await within(15_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200, 50);
+    await until('C to confirm a snapshot again', async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200, { timeoutMs: 15_000, intervalMs: 50 });
     expect((await decision(c, { tool_id: 'armed.while.away' })).body).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
-    await within(5_000, async () => (await c.get('/ready')).status === 200, 50);
+    await until('C to be ready again', async () => (await c.get('/ready')).status === 200, { timeoutMs: 5_000, intervalMs: 50 });
     expect((await run(c, 'cut.echo')).status).toBe(200);
 
     // And its listener is back: a disarm reaches it by notification, well inside the poll bound.
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
-    await within(1_000, async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true);
+    await until('the disarm to reach C', async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true, { timeoutMs: 1_000 });
   });
 });
 

@@ -33,7 +33,7 @@ const offered = async (token = agent) => {
 };
 const setExternalCalls = (enabled: boolean) => h.client.put(`/tenants/${T}/policy`, { token: platform, body: { external_call_enabled: enabled } });
 /** The backend paths a run's dispatches reached. */
-const reached = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId).map((hit) => hit.path);
+const reached = (runId: string) => backend.hitsOfRun(runId).map((hit) => hit.path);
 
 beforeAll(async () => {
   h = await startHarness({}, { resolver });

@@ -7,18 +7,9 @@ import { AppClient } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { toolBody } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 const platform = tokens.platform();
-
-/** Polls a condition until it holds or the bound passes; returns whether it held. */
-async function within(boundMs: number, condition: () => boolean): Promise<boolean> {
-  const deadline = performance.now() + boundMs;
-  while (performance.now() < deadline) {
-    if (condition()) return true;
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-  return condition();
-}
 
 describe.skipIf(!hasPostgresServer)('the registry across gateway instances (needs a PostgreSQL server)', () => {
   let testDb: TestDatabase;
@@ -66,7 +57,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     expect(loser.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['cost_units'] } });
     const winner = answers.find((r) => r.status === 201)!;
     // B's copy may be up to a refresh behind A's commit.
-    expect(await within(1000, () => b.app.services.catalog.resolve('race.different').ok)).toBe(true);
+    await until("B's catalog to know race.different", () => b.app.services.catalog.resolve('race.different').ok, { timeoutMs: 1000 });
     const stored = await b.get('/tools/race.different', { token: platform });
     expect(stored.body.cost_units).toBe(winner.body.cost_units);
     expect(await registrations('race.different')).toBe(1);
@@ -84,7 +75,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
     const res = await a.post('/tools', { token: platform, body: toolBody({ id: 'fresh.tool' }) });
     expect(res.status).toBe(201);
     expect(a.app.services.catalog.resolve('fresh.tool').ok).toBe(true);
-    expect(await within(1000, () => b.app.services.catalog.resolve('fresh.tool').ok)).toBe(true);
+    await until("B's catalog to know fresh.tool", () => b.app.services.catalog.resolve('fresh.tool').ok, { timeoutMs: 1000 });
     expect(b.app.services.catalog.revision).toBe(a.app.services.catalog.revision);
   });
 
@@ -101,7 +92,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       await trx.updateTable('registry_revision').set({ revision: next }).execute();
     });
     // The revision check runs every second here; allow it one period plus the load.
-    expect(await within(2000, () => a.app.services.catalog.resolve('silent.tool').ok && b.app.services.catalog.resolve('silent.tool').ok)).toBe(true);
+    await until('both catalogs to know silent.tool', () => a.app.services.catalog.resolve('silent.tool').ok && b.app.services.catalog.resolve('silent.tool').ok, { timeoutMs: 2000 });
   });
 
   it('starts without its database, serves its last copy while cut off, and catches up when the database returns', async () => {
@@ -130,7 +121,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       expect(grant.body.error.code).toBe('gateway_unavailable');
 
       proxy.restore();
-      expect(await within(5000, () => catalog.resolve('fresh.tool').ok)).toBe(true);
+      await until('the catalog to load fresh.tool', () => catalog.resolve('fresh.tool').ok, { timeoutMs: 5000 });
       expect(catalog.readiness().ok).toBe(true);
       expect((await c.get('/tools', { token: platform })).status).toBe(200);
 
@@ -142,7 +133,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
       expect(catalog.resolve('while.away').ok).toBe(false);
 
       proxy.restore();
-      expect(await within(5000, () => catalog.resolve('while.away').ok)).toBe(true);
+      await until('the catalog to catch up with while.away', () => catalog.resolve('while.away').ok, { timeoutMs: 5000 });
     } finally {
       await c.close();
       await database.close();

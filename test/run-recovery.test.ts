@@ -12,6 +12,7 @@ import { freePort } from './helpers/net.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { TEST_JWT_SECRET, tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // A run is busy while an executor holds it. When that executor is gone — its replica died, or
 // its execution broke off because the database went away mid-call — the run must not stay busy
@@ -43,16 +44,11 @@ const threeSteps = (runId: string) => ({
 });
 
 function hitsOf(runId: string) {
-  return backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
+  return backend.hitsOfRun(runId);
 }
 
-async function waitUntil(what: string, check: () => Promise<boolean> | boolean, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+/** The bound on this file's waits: recovery works in rounds of leases that last seconds. */
+const patiently = { timeoutMs: 15_000, intervalMs: 25 };
 
 function runRow(runId: string) {
   return h.db.database.db.selectFrom('runs').select(['status', 'busy', 'executor_id', 'http_status']).where('tenant_id', '=', T).where('run_id', '=', runId).executeTakeFirstOrThrow();
@@ -94,7 +90,7 @@ describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreS
       stdio: 'ignore',
     });
     const url = `http://127.0.0.1:${port}`;
-    await waitUntil('the gateway process to be ready', async () => (await fetch(`${url}/ready`).catch(() => undefined))?.status === 200, 60_000);
+    await until('the gateway process to be ready', async () => (await fetch(`${url}/ready`).catch(() => undefined))?.status === 200, { timeoutMs: 60_000, intervalMs: 25 });
     // Only the owner's resubmission may end the run here: the sweeper stays out of it.
     await h.client.app.services.recovery.stop();
 
@@ -102,7 +98,7 @@ describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreS
     const budget = await createBudget(h.client, { tenant: T, scope: 'run', run_id: runId, limit_units: 100 });
     const body = threeSteps(runId);
     const answer = fetch(`${url}/runs/execute`, { method: 'POST', headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' }, body: JSON.stringify(body) }).catch(() => undefined);
-    await waitUntil('the held call to reach the backend', () => hitsOf(runId).some((hit) => hit.path === '/gate'));
+    await until('the held call to reach the backend', () => hitsOf(runId).some((hit) => hit.path === '/gate'), patiently);
     const lostReplica = (await runRow(runId)).executor_id;
     expect(lostReplica).toMatch(/^rep_/);
     expect(lostReplica).not.toBe(h.client.app.services.lease.id);
@@ -112,12 +108,12 @@ describe.skipIf(!hasPostgresServer)('a replica killed mid-call (needs a PostgreS
     // While the dead replica's lease holds, the owner is told the run is busy (409); once it has
     // passed, the owner's resubmission ends the run and gets its answer.
     let res = await h.client.post('/runs/execute', { token: agent, body });
-    await waitUntil('the lost run to be recovered', async () => {
+    await until('the lost run to be recovered', async () => {
       if (res.status !== 409) return true;
       expect(res.body.error.code).toBe('run_id_conflict');
       res = await h.client.post('/runs/execute', { token: agent, body });
       return false;
-    });
+    }, patiently);
     expect(res.status, JSON.stringify(res.body)).toBe(503);
     expect(res.headers['x-toolgate-replayed']).toBe('true');
     expect(res.body.status).toBe('failed');
@@ -161,7 +157,7 @@ describe.skipIf(!hasPostgresServer)('an execution broken off by a database outag
     proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
     database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
     client = await AppClient.start(database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
-    await waitUntil('the catalog to know the tools', () => client.app.services.catalog.resolve('gated').ok);
+    await until('the catalog to know the tools', () => client.app.services.catalog.resolve('gated').ok, patiently);
   });
 
   afterAll(async () => {
@@ -173,7 +169,7 @@ describe.skipIf(!hasPostgresServer)('an execution broken off by a database outag
   const cutOff = async (runId: string) => {
     const body = { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'cut off' } }] };
     const answer = client.post('/runs/execute', { token: agent, body });
-    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
     proxy.cutConnections();
     backend.openGate();
     expect((await answer).status).toBe(503);
@@ -196,7 +192,7 @@ describe.skipIf(!hasPostgresServer)('an execution broken off by a database outag
     const body = await cutOff(runId);
     // Its replica is alive and let go of the run without ending it: its own recovery (or, had the
     // outage outlasted its lease, another replica's) ends it.
-    await waitUntil('the run to be let go', async () => !(await runRow(runId)).busy);
+    await until('the run to be let go', async () => !(await runRow(runId)).busy, patiently);
     expect(await runRow(runId)).toMatchObject({ status: 'failed', http_status: 503, executor_id: client.app.services.lease.id });
     await expectInDoubtReplay(runId, await h.client.post('/runs/execute', { token: agent, body }));
   });
@@ -208,12 +204,12 @@ describe.skipIf(!hasPostgresServer)('an execution broken off by a database outag
       const body = await cutOff(runId);
       // The first resubmissions may still find the database reconnecting (503, not replayed).
       let res = await client.post('/runs/execute', { token: agent, body });
-      await waitUntil('a replayed answer', async () => {
+      await until('a replayed answer', async () => {
         if (res.headers['x-toolgate-replayed'] === 'true') return true;
         expect(res.status).toBe(503);
         res = await client.post('/runs/execute', { token: agent, body });
         return false;
-      });
+      }, patiently);
       await expectInDoubtReplay(runId, res);
     } finally {
       client.app.services.recovery.start();
@@ -225,11 +221,11 @@ describe.skipIf(!hasPostgresServer)('a run ended by an operator while its execut
   it('keeps that end, is replayed to its owner instead of 409, and its executor, back after all, changes nothing', async () => {
     const ghost = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
     try {
-      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('gated').ok);
+      await until('the catalog to know the tools', () => ghost.app.services.catalog.resolve('gated').ok, patiently);
       const runId = newRunId('ghost');
       const body = { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'ghost' } }, { tool_id: 'echo', input: { q: 'later' } }] };
       const answer = ghost.post('/runs/execute', { token: agent, body });
-      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
       // As far as the other replicas can tell, this one is gone: its lease is given up.
       await ghost.app.services.lease.stop();
       const cancelled = await h.client.post(`/runs/${runId}/cancel`, { token: tokens.tenantOperator(T), body: { reason: 'stuck' } });
@@ -304,7 +300,7 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
   it('keeps its run through a call that outlasts several leases, while other replicas sweep', async () => {
     const runId = newRunId('slow');
     const answer = h.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'slow' } }] } });
-    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
     // Three leases go by; the replica renews its own, and every sweep — another replica's and
     // its own — leaves the run alone.
     const other = await AppClient.start(h.db.database, { TOOLGATE_REPLICA_LEASE_MS: LEASE_MS });
@@ -325,7 +321,7 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
     const blocker = await h.db.database.db.connection().execute(async (conn) => {
       await sql`begin`.execute(conn);
       await sql`lock table replicas in access exclusive mode`.execute(conn);
-      await waitUntil('the lease to lapse', () => !h.client.app.services.lease.valid(), 10_000);
+      await until('the lease to lapse', () => !h.client.app.services.lease.valid(), { timeoutMs: 10_000, intervalMs: 25 });
       const runId = newRunId('fenced');
       const refused = await h.client.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [{ tool_id: 'echo', input: { q: 'fenced' } }] } });
       await sql`rollback`.execute(conn);
@@ -335,9 +331,9 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
     expect(blocker.refused.body.error.code).toBe('gateway_unavailable');
     expect(hitsOf(blocker.runId)).toHaveLength(0);
 
-    await waitUntil('the lease to be renewed', () => h.client.app.services.lease.valid());
+    await until('the lease to be renewed', () => h.client.app.services.lease.valid(), patiently);
     // The refused run was let go by its replica's recovery: nothing was in doubt.
-    await waitUntil('the refused run to be let go', async () => !(await runRow(blocker.runId)).busy);
+    await until('the refused run to be let go', async () => !(await runRow(blocker.runId)).busy, patiently);
     const run = await h.client.get(`/runs/${blocker.runId}`, { token: agent });
     expect(run.body.status).toBe('failed');
     expect(run.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'gateway_unavailable', details: { reason: 'executor_lost', in_doubt: false } } });
@@ -366,11 +362,6 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
     await watcher?.end();
   });
 
-  /** Sessions waiting for a row lock whose statement matches `pattern`. */
-  const waiting = async (pattern: string) =>
-    Number(
-      (await watcher.query(`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike $1`, [pattern])).rows[0].n,
-    );
 
   /**
    * A root run of PARENT in `tenant` whose call is held at its backend by `ghost`, with a sub-run
@@ -382,7 +373,7 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
     const parentToken = tokens.agent(PARENT, { tenant });
     const body = { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
     const answer = ghost.post('/runs/execute', { token: parentToken, body });
-    await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+    await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
     const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
       token: parentToken,
       body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: [subTool], max_fanout: 0 },
@@ -402,14 +393,14 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
     await budgetCounterHolder.connect();
     try {
       const budget = await createBudget(h.client, { tenant: TL, limit_units: 1000 });
-      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      await until('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok, patiently);
       // The parent's call is at its backend, and it has handed a budget to a sub-run, still open.
       // (Ids in this order, so that the parent's run-total counter is locked before the sub-run's.)
       const runId = newRunId('lockstep-a');
       const subRunId = newRunId('lockstep-z');
       const parentToken = tokens.agent(PARENT, { tenant: TL });
       const answer = ghost.post('/runs/execute', { token: parentToken, body: { run_id: runId, context: {}, budget_units: 100, plan: [{ tool_id: 'settle.held', input: { q: 'settle me' } }] } });
-      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
       const handoff = await h.client.post(`/runs/${runId}/handoffs`, {
         token: parentToken,
         body: { sub_agent_id: SUB, sub_run_id: subRunId, budget_units: 5, delegable_tool_ids: ['settle.quick'], max_fanout: 0 },
@@ -433,13 +424,13 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
         () => 'recovered',
         (error: Error) => error.message,
       );
-      await waitUntil('recovery to wait for a counter', async () => (await waiting('%with applicable as%')) === 1);
+      await until('recovery to wait for a counter', async () => (await lockWaits(watcher, '%with applicable as%')) === 1, patiently);
       backend.openGate();
-      await waitUntil('the settlement to wait', async () => (await waiting('%with seen as materialized%')) === 1);
+      await until('the settlement to wait', async () => (await lockWaits(watcher, '%with seen as materialized%')) === 1, patiently);
       await subCounterHolder.query('commit');
       // Recovery still waits for the tenant budget's counter (it locks every counter it changes
       // in one statement, in key order), the settlement for the reservation recovery holds.
-      await waitUntil('both to wait on the ledger', async () => (await waiting('%with applicable as%')) === 1 && (await waiting('%with seen as materialized%')) === 1);
+      await until('both to wait on the ledger', async () => (await lockWaits(watcher, '%with applicable as%')) === 1 && (await lockWaits(watcher, '%with seen as materialized%')) === 1, patiently);
       await budgetCounterHolder.query('commit');
 
       expect(await outcome).toBe('recovered');
@@ -478,7 +469,7 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       // Two tenant budgets, charged by the parent's call and the sub-run's alike.
       const budgets = [await createBudget(h.client, { tenant: TS, limit_units: 1000 }), await createBudget(h.client, { tenant: TS, period: 'month', limit_units: 1000 })];
       const [first, second] = budgets.map((b) => b.id).sort();
-      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      await until('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok, patiently);
       const lost = await lostParentWithSubRun(ghost, TS, 'subrun', 'settle.quick');
       const { runId, subRunId, parentToken, body } = lost;
       answer = lost.answer;
@@ -490,10 +481,10 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
         token: tokens.agent(SUB, { tenant: TS }),
         body: { run_id: subRunId, parent_run_id: runId, context: {}, plan: [{ tool_id: 'settle.quick', input: { q: 'sub call' } }] },
       });
-      await waitUntil('the sub-run\'s reservation to wait', async () => (await waiting('%with expected as%')) === 1);
+      await until('the sub-run\'s reservation to wait', async () => (await lockWaits(watcher, '%with expected as%')) === 1, patiently);
       // The owner resubmits: its replica ends the lost run, and waits for the first budget's counter.
       const resubmitted = h.client.post('/runs/execute', { token: parentToken, body });
-      await waitUntil('recovery to wait too', async () => (await waiting('%')) === 2);
+      await until('recovery to wait too', async () => (await lockWaits(watcher)) === 2, patiently);
       await counterHolder.query('commit');
 
       const res = await resubmitted;
@@ -539,7 +530,7 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       // The parent's call charges its agent's budget only, the sub-run's its own agent's.
       const parentBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: PARENT, limit_units: 1000 });
       const subBudget = await createBudget(h.client, { tenant: TR, scope: 'agent', agent_id: SUB, limit_units: 1000 });
-      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok && h.client.app.services.catalog.resolve('settle.limited').ok);
+      await until('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok && h.client.app.services.catalog.resolve('settle.limited').ok, patiently);
       const lost = await lostParentWithSubRun(ghost, TR, 'released', 'settle.limited');
       const { runId, subRunId, parentToken, body } = lost;
       answer = lost.answer;
@@ -557,23 +548,23 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
         token: tokens.agent(SUB, { tenant: TR }),
         body: { run_id: subRunId, parent_run_id: runId, context: {}, plan: [{ tool_id: 'settle.limited', input: { q: 'refused' } }] },
       });
-      await waitUntil('the sub-run\'s reservation to wait', async () => (await waiting('%')) === 1);
+      await until('the sub-run\'s reservation to wait', async () => (await lockWaits(watcher)) === 1, patiently);
       // ... until recovery has locked the parent's reservation and waits for its budget's counter.
       await parentBudgetHolder!.query('begin');
       await parentBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [parentBudget.id]);
       const resubmitted = h.client.post('/runs/execute', { token: parentToken, body });
-      await waitUntil('recovery to wait for the parent budget\'s counter', async () => (await waiting('%')) === 2);
+      await until('recovery to wait for the parent budget\'s counter', async () => (await lockWaits(watcher)) === 2, patiently);
       // Reserved, the call waits at the rate stage for an empty bucket.
       await subBudgetHolder!.query('commit');
-      await waitUntil('the call to wait at the rate stage', async () => (await waiting('%rate_buckets%')) === 1);
+      await until('the call to wait at the rate stage', async () => (await lockWaits(watcher, '%rate_buckets%')) === 1, patiently);
       // Refused, its reservation's release locks it and waits for the sub-run budget's counter.
       await subBudgetHolder!.query('begin');
       await subBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [counter.key]);
       await bucketHolder!.query('commit');
-      await waitUntil('the release to wait', async () => (await waiting('%with seen as materialized%')) === 1);
+      await until('the release to wait', async () => (await lockWaits(watcher, '%with seen as materialized%')) === 1, patiently);
       // Recovery takes its counters (the sub-run's run total among them), then meets the reservation.
       await parentBudgetHolder!.query('commit');
-      await waitUntil('recovery to wait for the reservation', async () => (await waiting('%')) === 2);
+      await until('recovery to wait for the reservation', async () => (await lockWaits(watcher)) === 2, patiently);
       await subBudgetHolder!.query('commit');
 
       const res = await resubmitted;
@@ -608,12 +599,12 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
     let answer: Promise<unknown> | undefined;
     try {
       const budget = await createBudget(h.client, { tenant: TD, limit_units: 1000 });
-      await waitUntil('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok);
+      await until('the catalog to know the tools', () => ghost.app.services.catalog.resolve('settle.held').ok, patiently);
       const runId = newRunId('victim');
       const token = tokens.agent(PARENT, { tenant: TD });
       const body = { run_id: runId, context: {}, plan: [{ tool_id: 'settle.held', input: { q: 'in doubt' } }] };
       answer = ghost.post('/runs/execute', { token, body });
-      await waitUntil('the held call to reach the backend', () => hitsOf(runId).length === 1);
+      await until('the held call to reach the backend', () => hitsOf(runId).length === 1, patiently);
       await ghost.app.services.lease.stop();
 
       // The holder's own deadlock check comes long after recovery's (1 s), so recovery is the victim.
@@ -621,7 +612,7 @@ describe.skipIf(!hasPostgresServer)('a run taken for lost while its executor set
       await holder.query('begin');
       await holder.query('select 1 from budget_counters where counter_key = $1 for update', [budget.id]);
       const resubmitted = h.client.post('/runs/execute', { token, body });
-      await waitUntil('recovery to wait for the counter', async () => (await waiting('%')) === 1);
+      await until('recovery to wait for the counter', async () => (await lockWaits(watcher)) === 1, patiently);
       const outOfOrder = holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [TD, runId]).then(
         () => 'locked',
         (error: { code?: string }) => error.code,

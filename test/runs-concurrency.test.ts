@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -9,7 +8,7 @@ import { startHarness, type Harness, type TestResponse } from './helpers/harness
 import { execute } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
-import { until } from './helpers/waits.js';
+import { lockWaits, until } from './helpers/waits.js';
 
 // POST /runs/execute under concurrency: claims, grant uses and run ends of calls arriving
 // together share statements (group commit). Sharing must not let a run id execute twice, nor
@@ -36,7 +35,7 @@ afterAll(async () => {
   await h?.close();
 });
 
-const hitsOf = (runId: string) => backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
+const hitsOf = (runId: string) => backend.hitsOfRun(runId);
 
 async function auditTypes(runIds: string[]): Promise<Map<string, string[]>> {
   const rows = await h.db.database.db
@@ -106,8 +105,7 @@ describe('one run id sent many times at once', () => {
     );
     await backend.waitForHits('/gate', gateHits + 1);
     // Every copy but the one at the backend is answered while it is held there.
-    const deadline = Date.now() + 10_000;
-    while (answered.length < 9 && Date.now() < deadline) await sleep(10);
+    await until('every copy but the held one to be answered', () => answered.length >= 9);
     const refused = [...answered];
     expect(refused).toHaveLength(9);
     for (const res of refused) expect(isConflict(res), res.text).toBe(true);
@@ -212,8 +210,6 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
     const first = await execute(h.client, agent, body);
     expect(first.status).toBe(200);
 
-    const waiting = async (query: string) =>
-      Number((await sql<{ n: string }>`select count(*) as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike ${query}`.execute(db)).rows[0]!.n);
     // Another session changing the run (uncommitted) makes the claim wait for it, then find the id taken.
     const holder = new pg.Client({ connectionString: h.db.url });
     await holder.connect();
@@ -221,14 +217,14 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
       await holder.query('begin');
       await holder.query('update runs set updated_at = updated_at where tenant_id = $1 and run_id = $2', [T, runId]);
       const again = execute(h.client, agent, body);
-      await until('the claim to wait for the run', async () => (await waiting('%insert into runs%')) === 1);
+      await until('the claim to wait for the run', async () => (await lockWaits(db, '%insert into runs%')) === 1);
       // The retention sweep queues for the table behind the claim, and deletes the run once the
       // claim has found it taken, before the executor reads it.
       const sweep = db.transaction().execute(async (trx) => {
         await sql`lock table runs in access exclusive mode`.execute(trx);
         return deleteFinishedRunTrees(trx, [{ updated_at_text: '', tenant_id: T, run_id: runId }], new Date(Date.now() + 86_400_000), new Date());
       });
-      await until('the sweep to wait for the table', async () => (await waiting('lock table runs%')) === 1);
+      await until('the sweep to wait for the table', async () => (await lockWaits(db, 'lock table runs%')) === 1);
       await holder.query('commit');
       expect((await sweep).runs).toBe(1);
 

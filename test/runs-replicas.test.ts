@@ -7,6 +7,7 @@ import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 // Several gateway instances on one database: each has its own pool, caches and snapshots.
 describe.skipIf(!hasPostgresServer)('runs across gateway instances (needs a PostgreSQL server)', () => {
@@ -38,9 +39,7 @@ describe.skipIf(!hasPostgresServer)('runs across gateway instances (needs a Post
     for (const tool of ['metered', 'bucketed', 'gated', 'after.gate']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
     await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, limit_units: 50, warn_ratio: 1 });
     // Every instance's catalog must know the tools before the runs start.
-    for (const client of instances) {
-      for (let i = 0; i < 50 && !client.app.services.catalog.resolve('after.gate').ok; i += 1) await new Promise((r) => setTimeout(r, 50));
-    }
+    for (const client of instances) await until('every catalog to know the tools', () => client.app.services.catalog.resolve('after.gate').ok, { intervalMs: 50 });
   });
 
   afterAll(async () => {
@@ -97,11 +96,7 @@ describe.skipIf(!hasPostgresServer)('runs across gateway instances (needs a Post
     });
     expect(armed.status).toBe(201);
     // Wait until the running instance's snapshot has it, then let the first step finish.
-    for (let i = 0; i < 100; i += 1) {
-      const decide = await runner.get('/kill-switches/decide', { token: tokens.tenantOperator(T), query: { agent_id: AGENT } });
-      if (decide.body.ok === false) break;
-      await new Promise((r) => setTimeout(r, 10));
-    }
+    await until('the running instance to know the switch', async () => (await runner.get('/kill-switches/decide', { token: tokens.tenantOperator(T), query: { agent_id: AGENT } })).body.ok === false);
     backend.openGate();
     const res = await answer;
     expect(res.status).toBe(403);
@@ -184,7 +179,7 @@ describe.skipIf(!hasPostgresServer)('a database lost mid-run (needs a PostgreSQL
       expect(early.status).toBe(503);
       expect(early.body.error.code).toBe('gateway_unavailable');
       // Once it is not, the registry stage meets it first: the same answer.
-      while (client.app.services.catalog.readiness().ok) await new Promise((r) => setTimeout(r, 100));
+      await until('the registry copy to go unconfirmed', () => !client.app.services.catalog.readiness().ok, { timeoutMs: 20_000, intervalMs: 100 });
       const late = await dry();
       expect(late.status).toBe(503);
       expect(late.body.error.code).toBe('gateway_unavailable');

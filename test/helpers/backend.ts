@@ -1,5 +1,6 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { until } from './waits.js';
 
 export interface BackendHit {
   path: string;
@@ -87,16 +88,17 @@ export class TestBackend {
   }
 
   /** Resolves once `count` requests have reached `path`. */
-  async waitForHits(path: string, count: number, timeoutMs = 10_000): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (this.hitsOn(path).length < count) {
-      if (Date.now() > deadline) throw new Error(`fewer than ${count} hits on ${path}`);
-      await new Promise((r) => setTimeout(r, 10));
-    }
+  waitForHits(path: string, count: number, timeoutMs = 10_000): Promise<void> {
+    return until(`${count} hits on ${path}`, () => this.hitsOn(path).length >= count, { timeoutMs });
   }
 
   hitsOn(path: string): BackendHit[] {
     return this.hits.filter((hit) => hit.path === path);
+  }
+
+  /** The requests sent for run `runId` (its `x-toolgate-run-id` header), in order. */
+  hitsOfRun(runId: string): BackendHit[] {
+    return this.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
   }
 
   async close(): Promise<void> {
