@@ -1,4 +1,3 @@
-import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
@@ -6,32 +5,27 @@ import { GrantExpirySweeper } from '../src/grants/grant-expiry-sweeper.js';
 import { startControlPlaneApp } from './helpers/control-plane.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AppClient } from './helpers/harness.js';
+import { ManualClock } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
 
 // Expiry is revocation: each lapse is one `grant.expired` event, even with several replicas.
 const T = 'tenant-expiry';
 const operator = tokens.tenantOperator(T, 'dora');
 const platform = tokens.platform();
 
-async function within(boundMs: number, probe: () => Promise<boolean>, stepMs = 50): Promise<void> {
-  const started = performance.now();
-  while (!(await probe())) {
-    if (performance.now() - started > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, stepMs));
-  }
-}
-
 describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances running (needs a PostgreSQL server)', () => {
   let db: TestDatabase;
   let otherDb: Database;
   let a: AppClient;
   let b: AppClient;
+  const clock = new ManualClock(new Date());
 
   beforeAll(async () => {
     db = await createTestDatabase();
     otherDb = await openDatabase({ databaseUrl: db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
-    a = await startControlPlaneApp(db.database);
-    b = await startControlPlaneApp(otherDb);
+    a = await startControlPlaneApp(db.database, {}, { now: clock.now });
+    b = await startControlPlaneApp(otherDb, {}, { now: clock.now });
   });
   afterAll(async () => {
     await a?.close();
@@ -46,7 +40,7 @@ describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances
   }
 
   it('records each lapse exactly once, seconds late at most, as system.expiry', async () => {
-    const expiresAt = new Date(Date.now() + 1_500);
+    const expiresAt = new Date(clock.now().getTime() + 60_000);
     const ids: string[] = [];
     for (let i = 0; i < 6; i += 1) {
       const res = await (i % 2 === 0 ? a : b).post('/grants', {
@@ -69,15 +63,20 @@ describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances
 
     // Besides the two apps' own sweepers, four more race them from both connections pools.
     const racers = [db.database, otherDb, db.database, otherDb].map(
-      (database) => new GrantExpirySweeper({ db: database.db, now: () => new Date(), intervalMs: 60_000, logger: pino({ level: 'silent' }) }),
+      (database) => new GrantExpirySweeper({ db: database.db, now: clock.now, intervalMs: 60_000, logger: pino({ level: 'silent' }) }),
     );
-    await within(5_000, async () => {
-      await Promise.all(racers.map((racer) => racer.sweep()));
-      const seen = new Set((await expiredEvents()).map((e) => e.details.grant_id));
-      return lapsing.every((id) => seen.has(id));
-    });
-    // Let every sweeper have another go, then count.
-    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    clock.advance(60_001);
+    await until(
+      'every lapse to be recorded',
+      async () => {
+        await Promise.all(racers.map((racer) => racer.sweep()));
+        const seen = new Set((await expiredEvents()).map((e) => e.details.grant_id));
+        return lapsing.every((id) => seen.has(id));
+      },
+      { intervalMs: 50 },
+    );
+    // Later, every sweeper has another go, then count.
+    clock.advance(1_500);
     await Promise.all(racers.map((racer) => racer.sweep()));
 
     const events = await expiredEvents();
@@ -97,9 +96,10 @@ describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances
 describe('the grant expiry sweeper on one instance', () => {
   let db: TestDatabase;
   let client: AppClient;
+  const clock = new ManualClock(new Date());
   beforeAll(async () => {
     db = await createTestDatabase();
-    client = await startControlPlaneApp(db.database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
+    client = await startControlPlaneApp(db.database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' }, { now: clock.now });
   });
   afterAll(async () => {
     await client?.close();
@@ -111,20 +111,23 @@ describe('the grant expiry sweeper on one instance', () => {
       agent_id: `solo.agent${i}`,
       tool_id: 'scf.read',
       scope: 'per-tenant',
-      expires_at: new Date(Date.now() + ms).toISOString(),
+      expires_at: new Date(clock.now().getTime() + ms).toISOString(),
       rationale: 'test',
     });
-    const lapsing = await client.post('/grants', { token: operator, body: body(1, 300) });
+    const lapsing = await client.post('/grants', { token: operator, body: body(1, 60_000) });
     const live = await client.post('/grants', { token: operator, body: body(2, 3_600_000) });
-    const renewed = await client.post('/grants', { token: operator, body: body(3, 300) });
+    const renewed = await client.post('/grants', { token: operator, body: body(3, 60_000) });
     await client.post(`/grants/${renewed.body.id}/renew`, {
       token: operator,
-      body: { rationale: 'longer', expires_at: new Date(Date.now() + 3_600_000).toISOString() },
+      body: { rationale: 'longer', expires_at: new Date(clock.now().getTime() + 3_600_000).toISOString() },
     });
     const expired = async () =>
       (await client.get('/audit', { token: platform, query: { event_type: 'grant.expired', limit: 500 } })).body.items as Array<Record<string, any>>;
-    await within(3_000, async () => (await expired()).length > 0);
-    await new Promise((resolve) => setTimeout(resolve, 500));
+    clock.advance(60_001);
+    await until('the app’s sweeper to record the lapse', async () => (await expired()).length > 0, { timeoutMs: 3_000, intervalMs: 50 });
+    // Nothing else is due: another sweep at the same time records nothing more.
+    const another = new GrantExpirySweeper({ db: db.database.db, now: clock.now, intervalMs: 60_000, logger: pino({ level: 'silent' }) });
+    expect(await another.sweep()).toBe(0);
     const ids = (await expired()).map((e) => e.details.grant_id);
     expect(ids).toEqual([lapsing.body.id]);
     expect(ids).not.toContain(live.body.id);

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startControlPlaneApp } from './helpers/control-plane.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
 import type { AppClient } from './helpers/harness.js';
+import { ManualClock } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
 
 const A = 'tenant-grants-a';
@@ -13,17 +14,21 @@ const opB = tokens.tenantOperator(B, 'bob');
 
 let db: TestDatabase;
 let client: AppClient;
+/** The gateway's time: expiries are reached by moving it, not by waiting. */
+const clock = new ManualClock(new Date());
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  client = await startControlPlaneApp(db.database);
+  client = await startControlPlaneApp(db.database, {}, { now: clock.now });
 });
 afterAll(async () => {
   await client?.close();
   await db?.drop();
 });
 
-const inHours = (hours: number) => new Date(Date.now() + hours * 3600_000).toISOString();
+/** The gateway's time `ms` from now, as an ISO string. */
+const fromNow = (ms: number) => new Date(clock.now().getTime() + ms).toISOString();
+const inHours = (hours: number) => fromNow(hours * 3600_000);
 
 let agentCounter = 0;
 /** A fresh agent id, so each test resolves against its own grants. */
@@ -108,7 +113,7 @@ describe('POST /grants', () => {
   it.each([
     ['a blank rationale', { rationale: '  \n ' }, 'body.rationale'],
     ['no rationale', { rationale: undefined }, 'body.rationale'],
-    ['an expiry in the past', { expires_at: new Date(Date.now() - 60_000).toISOString() }, 'body.expires_at'],
+    ['an expiry in the past', { expires_at: fromNow(-60_000) }, 'body.expires_at'],
     ['an expiry that is not a timestamp', { expires_at: 'next tuesday' }, 'body.expires_at'],
     ['an agent id that is a family', { agent_id: 'family:veritas' }, 'body.agent_id'],
     ['an agent id with spaces', { agent_id: 'rm -rf' }, 'body.agent_id'],
@@ -258,11 +263,13 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
 
   it('says grant_expired once every match has lapsed, at the next call', async () => {
     const agent = newAgent();
-    const expiresAt = Date.now() + 1_500; // room for a slow machine to grant and explain first
-    const soon = await grant({ agent_id: agent, expires_at: new Date(expiresAt).toISOString() });
+    const soon = await grant({ agent_id: agent, expires_at: fromNow(60_000) });
     expect(soon.status).toBe(201);
     expect((await explain({ agent_id: agent })).body.ok).toBe(true);
-    await new Promise((resolve) => setTimeout(resolve, Math.max(0, expiresAt - Date.now()) + 50));
+    // Live until the last millisecond before its expiry; lapsed at it.
+    clock.advance(59_999);
+    expect((await explain({ agent_id: agent })).body.ok).toBe(true);
+    clock.advance(1);
     const res = await explain({ agent_id: agent });
     expect(res.body).toMatchObject({ ok: false, code: 'grant_expired', candidates: [{ status: 'expired' }] });
     const listed = await client.get('/grants', { token: opA, query: { agent_id: agent, status: 'expired' } });
@@ -351,8 +358,8 @@ describe('POST /grants/{id}/renew', () => {
 
   it('renews a grant that has expired', async () => {
     const agent = newAgent();
-    const old = await grant({ agent_id: agent, expires_at: new Date(Date.now() + 300).toISOString() });
-    await new Promise((resolve) => setTimeout(resolve, 350));
+    const old = await grant({ agent_id: agent, expires_at: fromNow(60_000) });
+    clock.advance(60_001);
     expect((await explain({ agent_id: agent })).body.code).toBe('grant_expired');
     const res = await client.post(`/grants/${old.body.id}/renew`, { token: opA, body: { rationale: 'still needed', expires_at: inHours(1) } });
     expect(res.status).toBe(201);
@@ -362,7 +369,7 @@ describe('POST /grants/{id}/renew', () => {
   it('refuses to renew a revoked grant, a blank rationale, a past expiry, or wider modifiers', async () => {
     const g = await grant({ agent_id: newAgent(), tool_id: 'web.fetch', capability_modifiers: { egress_domains: ['press.un.org'] } });
     const blank = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: ' ', expires_at: inHours(1) } });
-    const past = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'x', expires_at: new Date(Date.now() - 1000).toISOString() } });
+    const past = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'x', expires_at: fromNow(-1000) } });
     const wider = await client.post(`/grants/${g.body.id}/renew`, {
       token: opA,
       body: { rationale: 'x', expires_at: inHours(1), capability_modifiers: { egress_domains: ['*'] } },

@@ -8,14 +8,15 @@ import type { DB } from '../src/db/schema.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
-import { execute, step } from './helpers/runs.js';
 import { ManualClock, startClient } from './helpers/manual-clock.js';
+import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 // Retention: a finished run tree goes, with every row kept only for it, TOOLGATE_RETENTION_DAYS
 // after it finished. Runs, reservations and the rest are aged here by moving their timestamps
-// back, as 100 days of waiting would; the sweeper itself reads the real clock.
+// back, as 100 days of waiting would.
 const T = 'tenant-retention';
 const AGENT = 'veritas.keeper';
 const SUB = 'sophia.helper';
@@ -26,7 +27,7 @@ let h: Harness;
 let backend: TestBackend;
 
 
-function sweeper(options: { batchSize?: number } = {}): RetentionSweeper {
+function sweeper(options: { batchSize?: number; now?: () => Date } = {}): RetentionSweeper {
   return new RetentionSweeper({ db: h.db.database.db, now: () => new Date(), retentionDays: 90, intervalMs: 60_000, logger: pino({ level: 'silent' }), registry: new Registry(), ...options });
 }
 
@@ -163,7 +164,7 @@ describe('the retention sweep', () => {
     // Older ones first, so that the batches (of two) have to look past the one kept.
     const killed = newRunId('old-killed');
     const answer = execute(h.client, as(AGENT), { run_id: killed, plan: [step('slow', 'in flight')] });
-    await waitFor(async () => backend.hits.some((hit) => hit.headers['x-toolgate-run-id'] === killed));
+    await until('the killed run’s call to reach the backend', () => backend.hitsOfRun(killed).length > 0, { intervalMs: 50 });
     expect((await h.client.post(`/runs/${killed}/kill`, { token: operator, body: { reason: 'stop it' } })).status).toBe(200);
     const others: string[] = [];
     for (let i = 0; i < 3; i += 1) {
@@ -193,15 +194,16 @@ describe('the retention sweep', () => {
     const budget = await createBudget(h.client, { tenant: T, scope: 'run', run_id: budgeted, limit_units: 50 });
     const grant = await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: granted });
     const expired = newRunId('old-grant-expired');
-    await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: expired, expires_at: new Date(Date.now() + 1500).toISOString() });
+    const clock = new ManualClock(new Date());
+    await grantTool(h.client, { tenant: T, agent: SUB, tool: 'search', scope: 'per-run', scope_ref: expired, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() });
     expect((await execute(h.client, as(AGENT), { run_id: budgeted, plan: [step('search', 'budgeted')] })).status).toBe(200);
     expect((await execute(h.client, as(SUB), { run_id: granted, plan: [step('search', 'granted')] })).status).toBe(200);
     expect((await execute(h.client, as(SUB), { run_id: expired, plan: [step('search', 'expiring')] })).status).toBe(200);
     await age([budgeted, granted, expired], 100);
-    await waitFor(async () => Date.now() > Date.parse((await h.client.get(`/grants?agent_id=${SUB}`, { token: operator })).body.items.find((g: { scope_ref: string }) => g.scope_ref === expired).expires_at));
+    clock.advance(60_001);
 
     // The expired grant names its run no more: that run goes; the two others stay.
-    expect(await sweeper().sweep()).toMatchObject({ runs: 1 });
+    expect(await sweeper({ now: clock.now }).sweep()).toMatchObject({ runs: 1 });
     expect(await rowsOf([expired])).toMatchObject({ runs: 0 });
     expect(await rowsOf([budgeted, granted])).toMatchObject({ runs: 2 });
 
@@ -337,7 +339,7 @@ describe('the retention sweep', () => {
     // (held between the two by a pause, then left busy by a replica that is gone).
     const body = { run_id: runId, context: {}, plan: [step('slow', 'a'), step('search', 'b'), step('search', 'c')] };
     const answer = h.client.post('/runs/execute', { token: as(AGENT), body });
-    await waitFor(async () => backend.hits.some((hit) => hit.path === '/gate' && hit.headers['x-toolgate-run-id'] === runId));
+    await until('the held call to reach the backend', () => backend.hitsOfRun(runId).some((hit) => hit.path === '/gate'), { intervalMs: 50 });
     expect((await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).status).toBe(200);
     backend.openGate();
     expect((await answer).body.status).toBe('paused');
@@ -376,17 +378,9 @@ describe('the retention sweep', () => {
     await age([runId], 100);
     const replica = await AppClient.start(h.db.database, { TOOLGATE_RETENTION_SWEEP_MS: '1000' });
     try {
-      await waitFor(async () => (await rowsOf([runId])).runs === 0);
+      await until('the run to be deleted', async () => (await rowsOf([runId])).runs === 0, { intervalMs: 50 });
     } finally {
       await replica.close();
     }
   });
 });
-
-async function waitFor(probe: () => Promise<boolean>, boundMs = 10_000): Promise<void> {
-  const started = Date.now();
-  while (!(await probe())) {
-    if (Date.now() - started > boundMs) throw new Error(`condition not met within ${boundMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-}

@@ -3,9 +3,11 @@ import { closeLostRunReservations } from '../src/budgets/budget-ledger-repositor
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { ManualClock } from './helpers/manual-clock.js';
 import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool, toolBody } from './helpers/world.js';
+import { until } from './helpers/waits.js';
 
 const T = 'tenant-runs';
 const AGENT = 'veritas.fact-checker';
@@ -119,7 +121,7 @@ describe('POST /runs/execute: a run that completes', () => {
     const runId = newRunId();
     const res = await execute(h.client, agent, { run_id: runId, plan: [step('keyed', 'with key')] });
     expect(res.status).toBe(200);
-    const hit = backend.hits.find((x) => x.headers['x-toolgate-run-id'] === runId)!;
+    const hit = backend.hitsOfRun(runId)[0]!;
     expect(hit.headers['x-api-key']).toBe('k-123-secret');
     const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
     expect(events.text).not.toContain('k-123-secret');
@@ -133,7 +135,7 @@ describe('POST /runs/execute: a run that completes', () => {
       const res = await replica.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('keyed', 'no key')] } });
       expect(res.status).toBe(503);
       expect(res.body.steps[0].error.code).toBe('tool_backend_not_configured');
-      expect(backend.hits.filter((x) => x.headers['x-toolgate-run-id'] === runId)).toEqual([]);
+      expect(backend.hitsOfRun(runId)).toEqual([]);
     } finally {
       await replica.close();
     }
@@ -305,7 +307,7 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
     const last = events.body.items[0];
     expect(last).toMatchObject({ reason_code: code, run_id: runId });
-    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId && (hit.body as { q?: string })?.q === 'never')).toEqual([]);
+    expect(backend.hitsOfRun(runId).filter((hit) => (hit.body as { q?: string })?.q === 'never')).toEqual([]);
   });
 
   it('throttles (429, exact Retry-After) without killing the run, and continues it when resubmitted', async () => {
@@ -326,7 +328,7 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     expect(again.headers['x-toolgate-replayed']).toBeUndefined();
     expect(again.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
     // The completed first step is not dispatched again.
-    expect(backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId)).toHaveLength(1);
+    expect(backend.hitsOfRun(runId)).toHaveLength(1);
   });
 
   it('tells why a throttled run was ended meanwhile, not that it was throttled', async () => {
@@ -346,25 +348,34 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
   });
 
   it('finishes a throttled run when its owner resubmits it after Retry-After, without running its completed steps again', async () => {
-    const runId = newRunId();
-    const plan = [step('refilling', 'one'), step('refilling', 'two')];
-    const throttled = await execute(h.client, agent, { run_id: runId, plan });
-    expect(throttled.status).toBe(429);
-    expect(throttled.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
-    await new Promise((r) => setTimeout(r, Number(throttled.headers['retry-after']) * 1000));
-    const finished = await execute(h.client, agent, { run_id: runId, plan });
-    expect(finished.status).toBe(200);
-    expect(finished.body.status).toBe('completed');
-    expect(finished.body.steps.map((s: { status: string; output?: unknown }) => [s.status, s.output])).toEqual([
-      ['completed', { echo: { q: 'one' } }],
-      ['completed', { echo: { q: 'two' } }],
-    ]);
-    const hits = backend.hits.filter((hit) => hit.headers['x-toolgate-run-id'] === runId);
-    expect(hits.map((hit) => hit.body)).toEqual([{ q: 'one' }, { q: 'two' }]);
-    // Finished now: a further resubmission replays it.
-    const replayed = await execute(h.client, agent, { run_id: runId, plan });
-    expect(replayed.headers['x-toolgate-replayed']).toBe('true');
-    expect(replayed.body).toEqual(finished.body);
+    // On a replica whose clock the test moves: Retry-After goes by without being waited out.
+    const clock = new ManualClock(new Date());
+    const replica = await AppClient.start(h.db.database, {}, { now: clock.now });
+    try {
+      const runId = newRunId();
+      const plan = [step('refilling', 'one'), step('refilling', 'two')];
+      const throttled = await execute(replica, agent, { run_id: runId, plan });
+      expect(throttled.status).toBe(429);
+      expect(throttled.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+      // One token at 2/s: half a second, in whole seconds.
+      expect(throttled.headers['retry-after']).toBe('1');
+      clock.advance(Number(throttled.headers['retry-after']) * 1000);
+      const finished = await execute(replica, agent, { run_id: runId, plan });
+      expect(finished.status).toBe(200);
+      expect(finished.body.status).toBe('completed');
+      expect(finished.body.steps.map((s: { status: string; output?: unknown }) => [s.status, s.output])).toEqual([
+        ['completed', { echo: { q: 'one' } }],
+        ['completed', { echo: { q: 'two' } }],
+      ]);
+      const hits = backend.hitsOfRun(runId);
+      expect(hits.map((hit) => hit.body)).toEqual([{ q: 'one' }, { q: 'two' }]);
+      // Finished now: a further resubmission replays it.
+      const replayed = await execute(replica, agent, { run_id: runId, plan });
+      expect(replayed.headers['x-toolgate-replayed']).toBe('true');
+      expect(replayed.body).toEqual(finished.body);
+    } finally {
+      await replica.close();
+    }
   });
 
   it('refuses a plan longer than MAX_PLAN_STEPS instead of truncating it', async () => {
@@ -406,7 +417,7 @@ describe('dry runs', () => {
       const dry = () => stale.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, dry_run: true, plan: [step('echo')] } });
       expect((await dry()).body.steps[0].status).toBe('admissible');
       await stale.app.services.killSwitches.stop();
-      while (stale.app.services.killSwitches.readiness().ok) await new Promise((r) => setTimeout(r, 50));
+      await until('the snapshot to go stale', () => !stale.app.services.killSwitches.readiness().ok, { intervalMs: 50 });
       const res = await dry();
       expect(res.status).toBe(503);
       expect(res.body.error.code).toBe('gateway_unavailable');

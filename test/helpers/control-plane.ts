@@ -1,3 +1,4 @@
+import type { AppOptions } from '../../src/app.js';
 import type { Database } from '../../src/db/database.js';
 import type { ToolFacts } from '../../src/grants/tool-facts.js';
 import { AppClient } from './harness.js';
@@ -19,8 +20,8 @@ export const CONTROL_PLANE_TOOLS: Record<string, ToolFacts> = {
 };
 
 /** An app on `database` whose registry holds the tools above (registering them is idempotent). */
-export async function startControlPlaneApp(database: Database, env: Record<string, string> = {}): Promise<AppClient> {
-  const client = await AppClient.start(database, env);
+export async function startControlPlaneApp(database: Database, env: Record<string, string> = {}, options: Pick<AppOptions, 'now'> = {}): Promise<AppClient> {
+  const client = await AppClient.start(database, env, options);
   for (const tool of Object.values(CONTROL_PLANE_TOOLS)) {
     const highRisk = tool.category === 'final_write' || tool.category === 'admin';
     const body = toolBody({
