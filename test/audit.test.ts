@@ -5,10 +5,9 @@ import type { AuditRecord } from '../src/audit/audit-event.js';
 import { GENESIS_HASH, sealRecord } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
-import { openDatabase } from '../src/db/database.js';
+
 import type { DB } from '../src/db/schema.js';
-import { pino } from 'pino';
-import { hasPostgresServer } from './helpers/database.js';
+import { hasPostgresServer, openPool } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 
@@ -183,7 +182,7 @@ describe('the append-only, hash-chained log', () => {
 
   it.skipIf(!hasPostgresServer)('keeps one chain when several gateway instances append at once (needs a PostgreSQL server)', async () => {
     const others = await Promise.all(
-      [0, 1, 2].map(() => openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+      [0, 1, 2].map(() => openPool(h.db.url, 5)),
     );
     try {
       await Promise.all(

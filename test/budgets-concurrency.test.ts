@@ -1,10 +1,9 @@
-import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger, type ReserveResult } from '../src/budgets/budget-ledger.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
-import { openDatabase, type Database } from '../src/db/database.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import type { Database } from '../src/db/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
 // Three gateway instances, each with its own connection pool, sharing one PostgreSQL.
@@ -17,7 +16,7 @@ beforeAll(async () => {
   testDb = await createTestDatabase();
   if (!hasPostgresServer) return;
   databases = await Promise.all(
-    [0, 1, 2].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+    [0, 1, 2].map(() => openPool(testDb.url, 5)),
   );
   ledgers = databases.map(
     (d) => new BudgetLedger(d.db, { now: clock.now, registry: new Registry(), reservationTtlMs: 900_000, sweepIntervalMs: 0 }),

@@ -1,11 +1,10 @@
 import pg from 'pg';
-import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger } from '../src/budgets/budget-ledger.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
-import { openDatabase, type Database } from '../src/db/database.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import type { Database } from '../src/db/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { lockWaits, until } from './helpers/waits.js';
 
@@ -174,7 +173,7 @@ describe.skipIf(!hasPostgresServer)('three replicas meeting on one counter (need
 
   beforeAll(async () => {
     databases = await Promise.all(
-      [0, 1, 2].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+      [0, 1, 2].map(() => openPool(testDb.url, 5)),
     );
     await Promise.all(databases.map((d) => d.ping()));
   });

@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { pino } from 'pino';
 import { describe, expect, inject, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
-import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+import { createEmptyDatabaseUrl, hasPostgresServer, openPool } from './helpers/database.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { until } from './helpers/waits.js';
 
@@ -10,7 +10,7 @@ import { until } from './helpers/waits.js';
 describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL server)', () => {
   it('prepares a repeated statement once per connection and plans it with each call’s values', async () => {
     const empty = await createEmptyDatabaseUrl();
-    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const database = await openPool(empty.url, 1);
     try {
       await sql`create table things (id int primary key, label text)`.execute(database.db);
       await sql`insert into things select g, 'n' || g from generate_series(1, 50) g`.execute(database.db);
@@ -30,7 +30,7 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
 
   it('plans a hot statement once per connection, as index lookups that stay right after the table grew', async () => {
     const empty = await createEmptyDatabaseUrl();
-    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const database = await openPool(empty.url, 1);
     try {
       await sql`create table things (tenant text, id text, created_at timestamptz not null default now(), label text, primary key (tenant, id))`.execute(database.db);
       await sql`create index things_tenant_created on things (tenant, created_at desc)`.execute(database.db);
@@ -74,7 +74,7 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
 
   it('compiles no hot statement just in time, not even one left with a ruled-out scan', async () => {
     const empty = await createEmptyDatabaseUrl();
-    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const database = await openPool(empty.url, 1);
     try {
       await sql`create table things (id int primary key, label text)`.execute(database.db);
       // No index on label: the generic plan scans, priced past jit_above_cost by enable_seqscan=off.
@@ -92,7 +92,7 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
 
   it('recovers a statement whose result columns a migration changed: it fails once, then works unprepared', async () => {
     const empty = await createEmptyDatabaseUrl();
-    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const database = await openPool(empty.url, 1);
     try {
       await sql`create table widgets (id int primary key)`.execute(database.db);
       await sql`insert into widgets values (1)`.execute(database.db);

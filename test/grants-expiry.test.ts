@@ -1,9 +1,9 @@
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../src/db/database.js';
+import type { Database } from '../src/db/database.js';
 import { GrantExpirySweeper } from '../src/grants/grant-expiry-sweeper.js';
 import { startControlPlaneApp } from './helpers/control-plane.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import type { AppClient } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
@@ -23,7 +23,7 @@ describe.skipIf(!hasPostgresServer)('the grant expiry sweeper with two instances
 
   beforeAll(async () => {
     db = await createTestDatabase();
-    otherDb = await openDatabase({ databaseUrl: db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    otherDb = await openPool(db.url, 5);
     a = await startControlPlaneApp(db.database, {}, { now: clock.now });
     b = await startControlPlaneApp(otherDb, {}, { now: clock.now });
   });

@@ -3,7 +3,7 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js';
-import { hasPostgresServer } from './helpers/database.js';
+import { hasPostgresServer, openPool } from './helpers/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
@@ -39,7 +39,7 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
 
   beforeAll(async () => {
     h = await startHarness();
-    dbB = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    dbB = await openPool(h.db.url, 5);
     b = await AppClient.start(dbB);
     backend = await new TestBackend().start();
     await registerTool(h.client, { id: 'replica.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });

@@ -1,9 +1,9 @@
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase } from '../src/db/database.js';
+
 import { KillSwitchSnapshot } from '../src/kill-switches/kill-switch-snapshot.js';
-import { hasPostgresServer } from './helpers/database.js';
+import { hasPostgresServer, openPool } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { TestBackend } from './helpers/backend.js';
@@ -484,7 +484,7 @@ describe('snapshot freshness, on an injected clock', () => {
 
   it.skipIf(!hasPostgresServer)('stays stale when its database cannot be read (needs a PostgreSQL server)', async () => {
     let now = 0;
-    const database = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const database = await openPool(h.db.url, 1);
     const snapshot = snapshotOn(database, () => now);
     await snapshot.refresh();
     await database.close();

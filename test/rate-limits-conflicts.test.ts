@@ -1,13 +1,12 @@
 import { sql } from 'kysely';
 import pg from 'pg';
-import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../src/db/database.js';
+import type { Database } from '../src/db/database.js';
 import { RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
 import { storeBucketIf, type BucketKey } from '../src/rate-limits/rate-bucket-repository.js';
 import type { BucketState } from '../src/rate-limits/token-bucket.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { lockWaits, until } from './helpers/waits.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
@@ -141,7 +140,7 @@ describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (ne
 
   beforeAll(async () => {
     databases = await Promise.all(
-      [0, 1].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) })),
+      [0, 1].map(() => openPool(testDb.url, 3)),
     );
   });
   afterAll(async () => {

@@ -5,7 +5,7 @@ import { openDatabase } from '../src/db/database.js';
 import { isDatabaseUnavailable } from '../src/db/unavailable.js';
 import { readBucket } from '../src/rate-limits/rate-bucket-repository.js';
 import { LEASE_WINDOW_MS, leaseSize, RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 
@@ -221,7 +221,7 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
 
   beforeAll(async () => {
     databases = await Promise.all(
-      [0, 1, 2].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+      [0, 1, 2].map(() => openPool(testDb.url, 5)),
     );
   });
   afterAll(async () => {
@@ -293,7 +293,7 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
 describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL server)', () => {
   it('does not hold the pool open after a close that gave up on a lease return blocked by a held row', async () => {
     // The replica's own pools, as the app's: closing them waits for every statement they run.
-    const own = await openDatabase({ databaseUrl: testDb.url!, dataDir: '', poolSize: 4, logger: pino({ level: 'silent' }) });
+    const own = await openPool(testDb.url!, 4);
     const b = bucket(32, 20);
     const leasing = new RateLimiter(own.hotAsync, { now: clock.now, registry: new Registry() });
     expect((await leasing.take(b)).ok).toBe(true); // 32 → 29, 2 leased

@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase, type Database } from '../src/db/database.js';
-import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
+import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { AppClient } from './helpers/harness.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
@@ -20,7 +20,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
   beforeAll(async () => {
     testDb = await createTestDatabase();
     databases = await Promise.all(
-      [0, 1].map(() => openDatabase({ databaseUrl: testDb.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) })),
+      [0, 1].map(() => openPool(testDb.url, 5)),
     );
     // A slow revision check, so that freshness below comes from notifications.
     const slow = { TOOLGATE_REGISTRY_REFRESH_MS: '1000' };

@@ -1,11 +1,10 @@
 import { sql } from 'kysely';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openDatabase, type Database } from '../src/db/database.js';
+import type { Database } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
-import { hasPostgresServer } from './helpers/database.js';
+import { hasPostgresServer, openPool } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
-import { ManualClock } from './helpers/manual-clock.js';
+import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { egressSchemas, grantTool, newRunId, registerTool } from './helpers/world.js';
@@ -280,7 +279,7 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
   let second: AppClient;
 
   beforeAll(async () => {
-    database = await openDatabase({ databaseUrl: h.db.url, dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    database = await openPool(h.db.url, 5);
     second = await AppClient.start(database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
   });
   afterAll(async () => {
@@ -352,7 +351,7 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
   it('an expiry stops the runs that relied on the grant, recorded by system.expiry', async () => {
     // The grant lapses on the clock of a replica whose time the test moves: its sweeper records the lapse.
     const clock = new ManualClock(new Date());
-    const clocked = await AppClient.start(database, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' }, { now: clock.now });
+    const clocked = await startClient(database, clock, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
     try {
       const agentId = 'expiring.agent';
       await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search', expires_at: new Date(clock.now().getTime() + 60_000).toISOString() });

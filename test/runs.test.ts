@@ -3,7 +3,7 @@ import { closeLostRunReservations } from '../src/budgets/budget-ledger-repositor
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
-import { ManualClock } from './helpers/manual-clock.js';
+import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool, toolBody } from './helpers/world.js';
@@ -350,7 +350,7 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
   it('finishes a throttled run when its owner resubmits it after Retry-After, without running its completed steps again', async () => {
     // On a replica whose clock the test moves: Retry-After goes by without being waited out.
     const clock = new ManualClock(new Date());
-    const replica = await AppClient.start(h.db.database, {}, { now: clock.now });
+    const replica = await startClient(h.db.database, clock);
     try {
       const runId = newRunId();
       const plan = [step('refilling', 'one'), step('refilling', 'two')];

@@ -43,6 +43,11 @@ export async function createTestDatabase(): Promise<TestDatabase> {
   };
 }
 
+/** Another pool of `poolSize` connections on the database at `url`, as another replica opens it. */
+export function openPool(url: string | undefined, poolSize: number): Promise<Database> {
+  return openDatabase({ databaseUrl: url, dataDir: '', poolSize, logger: pino({ level: 'silent' }) });
+}
+
 /** A new, empty, unmigrated database on the test server (for migration tests). */
 export async function createEmptyDatabaseUrl(): Promise<{ url: string; drop(): Promise<void> }> {
   const serverUrl = inject('testDatabaseUrl');
