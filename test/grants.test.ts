@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startControlPlaneApp } from './helpers/control-plane.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
 import type { AppClient } from './helpers/harness.js';
-import { ManualClock } from './helpers/manual-clock.js';
+import { ManualClock, startClient } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
 
 const A = 'tenant-grants-a';
@@ -14,21 +14,17 @@ const opB = tokens.tenantOperator(B, 'bob');
 
 let db: TestDatabase;
 let client: AppClient;
-/** The gateway's time: expiries are reached by moving it, not by waiting. */
-const clock = new ManualClock(new Date());
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  client = await startControlPlaneApp(db.database, {}, { now: clock.now });
+  client = await startControlPlaneApp(db.database);
 });
 afterAll(async () => {
   await client?.close();
   await db?.drop();
 });
 
-/** The gateway's time `ms` from now, as an ISO string. */
-const fromNow = (ms: number) => new Date(clock.now().getTime() + ms).toISOString();
-const inHours = (hours: number) => fromNow(hours * 3600_000);
+const inHours = (hours: number) => new Date(Date.now() + hours * 3600_000).toISOString();
 
 let agentCounter = 0;
 /** A fresh agent id, so each test resolves against its own grants. */
@@ -37,8 +33,8 @@ function newAgent(): string {
   return `agent-${agentCounter}.worker`;
 }
 
-function grant(body: Record<string, unknown>, token = opA) {
-  return client.post('/grants', {
+function grant(body: Record<string, unknown>, token = opA, via = client) {
+  return via.post('/grants', {
     token,
     body: {
       agent_id: AGENT,
@@ -51,8 +47,8 @@ function grant(body: Record<string, unknown>, token = opA) {
   });
 }
 
-function explain(query: Record<string, string>, token = opA) {
-  return client.get('/grants/resolve', { token, query: { agent_id: AGENT, tool_id: 'scf.read', ...query } });
+function explain(query: Record<string, string>, token = opA, via = client) {
+  return via.get('/grants/resolve', { token, query: { agent_id: AGENT, tool_id: 'scf.read', ...query } });
 }
 
 async function auditEvents(eventType: string) {
@@ -113,7 +109,7 @@ describe('POST /grants', () => {
   it.each([
     ['a blank rationale', { rationale: '  \n ' }, 'body.rationale'],
     ['no rationale', { rationale: undefined }, 'body.rationale'],
-    ['an expiry in the past', { expires_at: fromNow(-60_000) }, 'body.expires_at'],
+    ['an expiry in the past', { expires_at: new Date(Date.now() - 60_000).toISOString() }, 'body.expires_at'],
     ['an expiry that is not a timestamp', { expires_at: 'next tuesday' }, 'body.expires_at'],
     ['an agent id that is a family', { agent_id: 'family:veritas' }, 'body.agent_id'],
     ['an agent id with spaces', { agent_id: 'rm -rf' }, 'body.agent_id'],
@@ -262,18 +258,24 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
   });
 
   it('says grant_expired once every match has lapsed, at the next call', async () => {
-    const agent = newAgent();
-    const soon = await grant({ agent_id: agent, expires_at: fromNow(60_000) });
-    expect(soon.status).toBe(201);
-    expect((await explain({ agent_id: agent })).body.ok).toBe(true);
-    // Live until the last millisecond before its expiry; lapsed at it.
-    clock.advance(59_999);
-    expect((await explain({ agent_id: agent })).body.ok).toBe(true);
-    clock.advance(1);
-    const res = await explain({ agent_id: agent });
-    expect(res.body).toMatchObject({ ok: false, code: 'grant_expired', candidates: [{ status: 'expired' }] });
-    const listed = await client.get('/grants', { token: opA, query: { agent_id: agent, status: 'expired' } });
-    expect(listed.body.items.map((g: { id: string }) => g.id)).toEqual([soon.body.id]);
+    // On an app whose clock the test moves: the expiry is reached, not waited for.
+    const clock = new ManualClock(new Date());
+    const clocked = await startClient(db.database, clock);
+    try {
+      const agent = newAgent();
+      const soon = await grant({ agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() }, opA, clocked);
+      expect(soon.status).toBe(201);
+      // Live until the last millisecond before its expiry; lapsed at it.
+      clock.advance(59_999);
+      expect((await explain({ agent_id: agent }, opA, clocked)).body.ok).toBe(true);
+      clock.advance(1);
+      const res = await explain({ agent_id: agent }, opA, clocked);
+      expect(res.body).toMatchObject({ ok: false, code: 'grant_expired', candidates: [{ status: 'expired' }] });
+      const listed = await clocked.get('/grants', { token: opA, query: { agent_id: agent, status: 'expired' } });
+      expect(listed.body.items.map((g: { id: string }) => g.id)).toEqual([soon.body.id]);
+    } finally {
+      await clocked.close();
+    }
   });
 });
 
@@ -357,19 +359,26 @@ describe('POST /grants/{id}/renew', () => {
   });
 
   it('renews a grant that has expired', async () => {
-    const agent = newAgent();
-    const old = await grant({ agent_id: agent, expires_at: fromNow(60_000) });
-    clock.advance(60_001);
-    expect((await explain({ agent_id: agent })).body.code).toBe('grant_expired');
-    const res = await client.post(`/grants/${old.body.id}/renew`, { token: opA, body: { rationale: 'still needed', expires_at: inHours(1) } });
-    expect(res.status).toBe(201);
-    expect((await explain({ agent_id: agent })).body.grant.id).toBe(res.body.id);
+    const clock = new ManualClock(new Date());
+    const clocked = await startClient(db.database, clock);
+    try {
+      const agent = newAgent();
+      const old = await grant({ agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() }, opA, clocked);
+      clock.advance(60_001);
+      expect((await explain({ agent_id: agent }, opA, clocked)).body.code).toBe('grant_expired');
+      const renewedUntil = new Date(clock.now().getTime() + 3600_000).toISOString();
+      const res = await clocked.post(`/grants/${old.body.id}/renew`, { token: opA, body: { rationale: 'still needed', expires_at: renewedUntil } });
+      expect(res.status).toBe(201);
+      expect((await explain({ agent_id: agent }, opA, clocked)).body.grant.id).toBe(res.body.id);
+    } finally {
+      await clocked.close();
+    }
   });
 
   it('refuses to renew a revoked grant, a blank rationale, a past expiry, or wider modifiers', async () => {
     const g = await grant({ agent_id: newAgent(), tool_id: 'web.fetch', capability_modifiers: { egress_domains: ['press.un.org'] } });
     const blank = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: ' ', expires_at: inHours(1) } });
-    const past = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'x', expires_at: fromNow(-1000) } });
+    const past = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'x', expires_at: new Date(Date.now() - 1000).toISOString() } });
     const wider = await client.post(`/grants/${g.body.id}/renew`, {
       token: opA,
       body: { rationale: 'x', expires_at: inHours(1), capability_modifiers: { egress_domains: ['*'] } },
