@@ -26,7 +26,7 @@ export interface ToolValidators {
  */
 export const VALIDATION_BUDGET_MS = 200;
 
-/** Limits on a tool schema's shape: compiling costs ~0.3 ms per subschema and recurses per level. */
+/** Limits on a tool schema's shape: compiling costs time per subschema and recurses per level. */
 export const MAX_SCHEMA_NODES = 1_000;
 export const MAX_SCHEMA_DEPTH = 64;
 
@@ -81,7 +81,7 @@ export function createSchemaCompiler(): Ajv2020 {
   return ajv;
 }
 
-function hasUniqueItems(this: unknown, unique: boolean, data: unknown[]): boolean {
+function hasUniqueItems(unique: boolean, data: unknown[]): boolean {
   if (!unique) return true;
   const seen = new Set<string>();
   for (const item of data) {
