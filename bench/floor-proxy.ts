@@ -17,9 +17,12 @@ import { Pool } from 'undici';
 const commits = Number(process.env.FLOOR_COMMITS ?? 2);
 const db = new pg.Pool({ connectionString: process.env.DATABASE_URL, max: 16 });
 const backend = new Pool(process.env.BACKEND_URL!, { connections: 128 });
-await db.query('create table if not exists bench_floor (id bigserial primary key, kind text not null, at timestamptz not null default now())');
+await db.query(
+  'create table if not exists bench_floor (id bigserial primary key, kind text not null, at timestamptz not null default now())',
+);
 
-const record = (kind: string) => db.query({ name: 'floor-record', text: 'insert into bench_floor (kind) values ($1)', values: [kind] });
+const record = (kind: string) =>
+  db.query({ name: 'floor-record', text: 'insert into bench_floor (kind) values ($1)', values: [kind] });
 
 const server = createServer((req, res) => {
   const chunks: Buffer[] = [];
@@ -28,7 +31,12 @@ const server = createServer((req, res) => {
     void (async () => {
       try {
         if (commits > 0) await record('intent');
-        const answer = await backend.request({ path: req.url!, method: 'POST', body: Buffer.concat(chunks), headers: { 'content-type': 'application/json' } });
+        const answer = await backend.request({
+          path: req.url!,
+          method: 'POST',
+          body: Buffer.concat(chunks),
+          headers: { 'content-type': 'application/json' },
+        });
         const body = await answer.body.text();
         if (commits > 1) await record('outcome');
         res.writeHead(answer.statusCode, { 'content-type': 'application/json' });

@@ -13,10 +13,14 @@ let built = false;
  */
 function buildOnce(): void {
   if (built) return;
-  execFileSync(process.execPath, [fileURLToPath(new URL('../node_modules/typescript/bin/tsc', import.meta.url)), '-p', 'tsconfig.build.json'], {
-    cwd: root,
-    stdio: 'inherit',
-  });
+  execFileSync(
+    process.execPath,
+    [fileURLToPath(new URL('../node_modules/typescript/bin/tsc', import.meta.url)), '-p', 'tsconfig.build.json'],
+    {
+      cwd: root,
+      stdio: 'inherit',
+    },
+  );
   built = true;
 }
 
@@ -34,18 +38,22 @@ export async function startGateway(options: {
   const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean);
   buildOnce();
   // The flags the Docker image runs the gateway with (see its NODE_OPTIONS and CMD).
-  const child = spawn(process.execPath, ['--max-semi-space-size=32', '--max-old-space-size=1024', ...nodeArgs, 'dist/server.js'], {
-    cwd: root,
-    env: {
-      ...process.env,
-      DATABASE_URL: options.databaseUrl,
-      PORT: String(options.port),
-      TOOLGATE_JWT_SECRET: options.secret,
-      LOG_LEVEL: 'warn',
-      ...options.env,
+  const child = spawn(
+    process.execPath,
+    ['--max-semi-space-size=32', '--max-old-space-size=1024', ...nodeArgs, 'dist/server.js'],
+    {
+      cwd: root,
+      env: {
+        ...process.env,
+        DATABASE_URL: options.databaseUrl,
+        PORT: String(options.port),
+        TOOLGATE_JWT_SECRET: options.secret,
+        LOG_LEVEL: 'warn',
+        ...options.env,
+      },
+      stdio: ['ignore', 'ignore', 'inherit'],
     },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
+  );
   for (let i = 0; i < 300; i += 1) {
     try {
       if ((await fetch(`http://127.0.0.1:${options.port}/ready`)).ok) return child;
@@ -79,10 +87,21 @@ export async function createBenchDatabase(serverUrl: string): Promise<{ url: str
  * Starts the bench's floor (bench/floor-proxy.ts) as its own process on `port`, in front of
  * `backendUrl`: a proxy that commits `commits` rows durably per call (0, 1 or 2) and nothing else.
  */
-export async function startFloorProxy(options: { databaseUrl: string; backendUrl: string; port: number; commits: number }): Promise<ChildProcess> {
+export async function startFloorProxy(options: {
+  databaseUrl: string;
+  backendUrl: string;
+  port: number;
+  commits: number;
+}): Promise<ChildProcess> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'bench/floor-proxy.ts'], {
     cwd: root,
-    env: { ...process.env, DATABASE_URL: options.databaseUrl, BACKEND_URL: options.backendUrl, PORT: String(options.port), FLOOR_COMMITS: String(options.commits) },
+    env: {
+      ...process.env,
+      DATABASE_URL: options.databaseUrl,
+      BACKEND_URL: options.backendUrl,
+      PORT: String(options.port),
+      FLOOR_COMMITS: String(options.commits),
+    },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   await new Promise<void>((resolve, reject) => {

@@ -79,16 +79,34 @@ async function main(): Promise<void> {
   try {
     const basePort = 19000 + Math.floor(Math.random() * 1000);
     // The first start applies the migrations; the other two then start side by side.
-    gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }));
-    gateways.push(...(await Promise.all([1, 2].map((i) => startGateway({ databaseUrl: dbUrl, port: basePort + i, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } })))));
+    gateways.push(
+      await startGateway({ databaseUrl: dbUrl, port: basePort, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }),
+    );
+    gateways.push(
+      ...(await Promise.all(
+        [1, 2].map((i) =>
+          startGateway({ databaseUrl: dbUrl, port: basePort + i, secret, env: { TOOLGATE_DB_POOL_SIZE: '5' } }),
+        ),
+      )),
+    );
     for (let i = 0; i < 3; i += 1) pools.push(new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 4 }));
     const [changer, ...observers] = pools as [Pool, Pool, Pool];
 
-    const token = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });
+    const token = signDevelopmentToken(secret, {
+      kind: 'operator',
+      sub: 'bench.ops',
+      tenantId: tenant,
+      role: 'platform-operator',
+      ttlSeconds: 3600,
+    });
     const headers = { authorization: `Bearer ${token}`, 'content-type': 'application/json' };
 
     const decide = async (pool: Pool): Promise<boolean> => {
-      const res = await pool.request({ path: `/kill-switches/decide?tenant_id=${tenant}&tool_id=${target}`, method: 'GET', headers });
+      const res = await pool.request({
+        path: `/kill-switches/decide?tenant_id=${tenant}&tool_id=${target}`,
+        method: 'GET',
+        headers,
+      });
       const body = (await res.body.json()) as { ok?: boolean };
       if (res.statusCode !== 200) throw new Error(`decide answered ${res.statusCode}: ${JSON.stringify(body)}`);
       return body.ok === true;
@@ -103,7 +121,8 @@ async function main(): Promise<void> {
     const waitFor = async (pool: Pool, allowed: boolean, deadline: number): Promise<number> => {
       for (;;) {
         if ((await decide(pool)) === allowed) return performance.now();
-        if (performance.now() > deadline) throw new Error(`observer still ${allowed ? 'denying' : 'allowing'} after ${TIMEOUT_MS} ms`);
+        if (performance.now() > deadline)
+          throw new Error(`observer still ${allowed ? 'denying' : 'allowing'} after ${TIMEOUT_MS} ms`);
         // A breath between polls: back-to-back polling would starve the replicas (and the
         // database) of CPU on a small machine and measure the benchmark rather than the gateway.
         await new Promise((r) => setTimeout(r, POLL_PAUSE_MS));
@@ -152,12 +171,30 @@ async function main(): Promise<void> {
       );
       return sorted;
     };
-    console.log(`\nkill-switch propagation: 3 gateway processes, ${pairs} arm/disarm pairs through #0, observed on #1 and #2\n`);
-    const all = line('since commit (propagation)', samples.map((s) => s.sinceCommitMs));
-    line('  arm', samples.filter((s) => s.transition === 'arm').map((s) => s.sinceCommitMs));
-    line('  disarm', samples.filter((s) => s.transition === 'disarm').map((s) => s.sinceCommitMs));
-    for (const observer of [1, 2]) line(`  on replica #${observer}`, samples.filter((s) => s.observer === observer).map((s) => s.sinceCommitMs));
-    const upper = line('since sent (upper bound)', samples.map((s) => s.sinceSentMs));
+    console.log(
+      `\nkill-switch propagation: 3 gateway processes, ${pairs} arm/disarm pairs through #0, observed on #1 and #2\n`,
+    );
+    const all = line(
+      'since commit (propagation)',
+      samples.map((s) => s.sinceCommitMs),
+    );
+    line(
+      '  arm',
+      samples.filter((s) => s.transition === 'arm').map((s) => s.sinceCommitMs),
+    );
+    line(
+      '  disarm',
+      samples.filter((s) => s.transition === 'disarm').map((s) => s.sinceCommitMs),
+    );
+    for (const observer of [1, 2])
+      line(
+        `  on replica #${observer}`,
+        samples.filter((s) => s.observer === observer).map((s) => s.sinceCommitMs),
+      );
+    const upper = line(
+      'since sent (upper bound)',
+      samples.map((s) => s.sinceSentMs),
+    );
     line('arm/disarm request on #0 (for scale)', changeLatencies);
     const verdict = (sorted: number[]) => {
       const p99 = percentile(sorted, 99);

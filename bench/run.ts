@@ -65,10 +65,20 @@ function percentile(sorted: number[], p: number): number {
 
 function summary(phase: Phase) {
   const sorted = [...phase.latenciesMs].sort((a, b) => a - b);
-  return { rps: phase.requests / phase.seconds, p50: percentile(sorted, 50), p99: percentile(sorted, 99), errors: phase.errors };
+  return {
+    rps: phase.requests / phase.seconds,
+    p50: percentile(sorted, 50),
+    p99: percentile(sorted, 99),
+    errors: phase.errors,
+  };
 }
 
-async function load(label: string, concurrency: number, durationS: number, call: () => Promise<boolean>): Promise<Phase> {
+async function load(
+  label: string,
+  concurrency: number,
+  durationS: number,
+  call: () => Promise<boolean>,
+): Promise<Phase> {
   const latenciesMs: number[] = [];
   let requests = 0;
   let errors = 0;
@@ -128,7 +138,10 @@ async function startBackend(): Promise<{ url: string; close: () => Promise<void>
   });
   server.keepAliveTimeout = 60_000;
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise((r) => server.close(() => r())) };
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise((r) => server.close(() => r())),
+  };
 }
 
 /** Linux reports process CPU time in clock ticks of 10 ms (USER_HZ = 100). */
@@ -169,7 +182,10 @@ function cpuTicks(gatewayPids: number[]): Map<number, { gateway: boolean; ticks:
  * not only at both ends: a PostgreSQL backend that exits meanwhile (a pool closing an idle
  * connection) takes its counters with it, and one that starts counts from zero.
  */
-async function cpuDuring<T>(gatewayPids: number[], measure: () => Promise<T>): Promise<{ result: T; gateways: number; postgres: number }> {
+async function cpuDuring<T>(
+  gatewayPids: number[],
+  measure: () => Promise<T>,
+): Promise<{ result: T; gateways: number; postgres: number }> {
   const first = cpuTicks(gatewayPids);
   const last = new Map(first);
   const sample = () => {
@@ -206,9 +222,16 @@ async function main(): Promise<void> {
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
     const maxGateways = Math.max(1, ...gatewayCounts);
-    for (let i = 0; i < maxGateways; i += 1) gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort + i, secret }));
+    for (let i = 0; i < maxGateways; i += 1)
+      gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort + i, secret }));
 
-    const platform = signDevelopmentToken(secret, { kind: 'operator', sub: 'bench.ops', tenantId: tenant, role: 'platform-operator', ttlSeconds: 3600 });
+    const platform = signDevelopmentToken(secret, {
+      kind: 'operator',
+      sub: 'bench.ops',
+      tenantId: tenant,
+      role: 'platform-operator',
+      ttlSeconds: 3600,
+    });
     const agent = signDevelopmentToken(secret, { kind: 'agent', sub: agentId, tenantId: tenant, ttlSeconds: 3600 });
     const api = async (method: string, path: string, body: unknown) => {
       const res = await fetch(`http://127.0.0.1:${basePort}${path}`, {
@@ -219,27 +242,57 @@ async function main(): Promise<void> {
       if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
     };
     await api('POST', '/tools', {
-      id: 'bench.echo', version: '1.0.0', display_name: 'Echo', description: 'benchmark echo', category: 'read_only', risk_level: 'low',
+      id: 'bench.echo',
+      version: '1.0.0',
+      display_name: 'Echo',
+      description: 'benchmark echo',
+      category: 'read_only',
+      risk_level: 'low',
       input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
       output_schema: { type: 'object', required: ['echo'] },
-      allowed_agents: [agentId], required_context: [], required_scopes: [], requires_approval: false,
-      side_effects: [], reads_from: [], writes_to: [], dependencies: [],
+      allowed_agents: [agentId],
+      required_context: [],
+      required_scopes: [],
+      requires_approval: false,
+      side_effects: [],
+      reads_from: [],
+      writes_to: [],
+      dependencies: [],
       backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 5000, max_response_bytes: 65536, headers: {} },
-      target: { family: 'bench', provider: 'loopback', region: 'local' }, cost_units: 1,
+      target: { family: 'bench', provider: 'loopback', region: 'local' },
+      cost_units: 1,
       rate_limit: { capacity: 1_000_000, refill_per_second: 1_000_000 },
     });
     await api('POST', '/grants', {
-      tenant_id: tenant, agent_id: agentId, tool_id: 'bench.echo', scope: 'per-tenant', scope_ref: tenant, capability_modifiers: {},
-      expires_at: new Date(Date.now() + 3600_000).toISOString(), rationale: 'benchmark',
+      tenant_id: tenant,
+      agent_id: agentId,
+      tool_id: 'bench.echo',
+      scope: 'per-tenant',
+      scope_ref: tenant,
+      capability_modifiers: {},
+      expires_at: new Date(Date.now() + 3600_000).toISOString(),
+      rationale: 'benchmark',
     });
-    await api('POST', '/budgets', { tenant_id: tenant, scope: 'tenant', period: 'total', limit_units: 1e9, warn_ratio: 1, grace_units: 0 });
+    await api('POST', '/budgets', {
+      tenant_id: tenant,
+      scope: 'tenant',
+      period: 'total',
+      limit_units: 1e9,
+      warn_ratio: 1,
+      grace_units: 0,
+    });
     // Let every replica's caches see the registration before measuring.
     await new Promise((r) => setTimeout(r, 1500));
 
     const direct = new Pool(backend.url, { connections: 128 });
     const body = JSON.stringify({ q: 'hello' });
     const callThrough = (pool: Pool) => async () => {
-      const res = await pool.request({ path: '/echo', method: 'POST', body, headers: { 'content-type': 'application/json' } });
+      const res = await pool.request({
+        path: '/echo',
+        method: 'POST',
+        body,
+        headers: { 'content-type': 'application/json' },
+      });
       await res.body.text();
       return res.statusCode === 200;
     };
@@ -249,8 +302,13 @@ async function main(): Promise<void> {
     // that records an intent before and an outcome after each call would pay on this machine.
     const floorPort = basePort + maxGateways;
     floors.push(await startFloorProxy({ databaseUrl: dbUrl, backendUrl: backend.url, port: floorPort, commits: 2 }));
-    floors.push(await startFloorProxy({ databaseUrl: dbUrl, backendUrl: backend.url, port: floorPort + 1, commits: 0 }));
-    const floorPools = [new Pool(`http://127.0.0.1:${floorPort}`, { connections: 128 }), new Pool(`http://127.0.0.1:${floorPort + 1}`, { connections: 128 })];
+    floors.push(
+      await startFloorProxy({ databaseUrl: dbUrl, backendUrl: backend.url, port: floorPort + 1, commits: 0 }),
+    );
+    const floorPools = [
+      new Pool(`http://127.0.0.1:${floorPort}`, { connections: 128 }),
+      new Pool(`http://127.0.0.1:${floorPort + 1}`, { connections: 128 }),
+    ];
     const callFloor = callThrough(floorPools[0]!);
     const callBareProxy = callThrough(floorPools[1]!);
     const gatewayPools = gateways.map((_, i) => new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 128 }));
@@ -263,7 +321,11 @@ async function main(): Promise<void> {
         path: '/runs/execute',
         method: 'POST',
         headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ run_id: `bench-${counter}-${randomBytes(4).toString('hex')}`, context: {}, plan: [{ tool_id: 'bench.echo', input: { q: 'hello' } }] }),
+        body: JSON.stringify({
+          run_id: `bench-${counter}-${randomBytes(4).toString('hex')}`,
+          context: {},
+          plan: [{ tool_id: 'bench.echo', input: { q: 'hello' } }],
+        }),
       });
       await res.body.text();
       made += 1;
@@ -280,10 +342,19 @@ async function main(): Promise<void> {
           body: { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'bench.echo', arguments: { q: 'hello' } } },
         };
       }
-      const envelope = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientInfo': { name: 'bench', version: '1.0.0' }, 'io.modelcontextprotocol/clientCapabilities': {} };
+      const envelope = {
+        'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+        'io.modelcontextprotocol/clientInfo': { name: 'bench', version: '1.0.0' },
+        'io.modelcontextprotocol/clientCapabilities': {},
+      };
       return {
         headers: { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'bench.echo' },
-        body: { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'bench.echo', arguments: { q: 'hello' }, _meta: envelope } },
+        body: {
+          jsonrpc: '2.0',
+          id,
+          method: 'tools/call',
+          params: { name: 'bench.echo', arguments: { q: 'hello' }, _meta: envelope },
+        },
       };
     };
     const callMcp = (era: '2025' | '2026') => async () => {
@@ -292,7 +363,12 @@ async function main(): Promise<void> {
       const res = await gatewayPools[0]!.request({
         path: '/mcp',
         method: 'POST',
-        headers: { authorization: `Bearer ${agent}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...request.headers },
+        headers: {
+          authorization: `Bearer ${agent}`,
+          'content-type': 'application/json',
+          accept: 'application/json, text/event-stream',
+          ...request.headers,
+        },
         body: JSON.stringify(request.body),
       });
       const text = await res.body.text();
@@ -311,15 +387,26 @@ async function main(): Promise<void> {
         const text = await (await fetch(`http://127.0.0.1:${basePort + i}/metrics`)).text();
         counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
-        for (const match of text.matchAll(/^nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} ([\d.e+-]+)/gm)) counters.gcSeconds += Number(match[1]);
+        for (const match of text.matchAll(/^nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} ([\d.e+-]+)/gm))
+          counters.gcSeconds += Number(match[1]);
       }
       return counters;
     };
-    const perCall: Array<[string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]> = [];
+    const perCall: Array<
+      [string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]
+    > = [];
     /** Calls through `count` gateways, driven by `drive` (a closed or an open loop); `POST /runs/execute` unless `call` says otherwise. */
-    const gatewayPhase = async (label: string, count: number, drive: (call: () => Promise<boolean>) => Promise<Phase>, call = callGateway(count)) => {
+    const gatewayPhase = async (
+      label: string,
+      count: number,
+      drive: (call: () => Promise<boolean>) => Promise<Phase>,
+      call = callGateway(count),
+    ) => {
       const before = await gatewayCounters(count);
-      const cpu = await cpuDuring(gateways.slice(0, count).map((g) => g.pid!), () => drive(call));
+      const cpu = await cpuDuring(
+        gateways.slice(0, count).map((g) => g.pid!),
+        () => drive(call),
+      );
       const phase = cpu.result;
       const after = await gatewayCounters(count);
       perCall.push([
@@ -346,7 +433,9 @@ async function main(): Promise<void> {
     const moderate = moderateConcurrency;
     const heavy = Number(process.env.BENCH_HEAVY ?? 64);
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
-    const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, 1, (call) => load('gateway', moderate, seconds, call));
+    const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, 1, (call) =>
+      load('gateway', moderate, seconds, call),
+    );
     rows.push([`direct, concurrency ${moderate}`, d8], [`gateway x1, concurrency ${moderate}`, g8]);
     // The MCP door beside REST: the same calls, one gateway, one phase after the other.
     await load('warm-up', moderate, 2, callMcp('2025'));
@@ -357,34 +446,58 @@ async function main(): Promise<void> {
       ['MCP /mcp, 2025-11-25', callMcp('2025')],
       ['MCP /mcp, 2026-07-28', callMcp('2026')],
     ] as const) {
-      mcpRows.push([label, await gatewayPhase(`${label}, concurrency ${moderate}`, 1, (c) => load(label, moderate, seconds, c), call)]);
+      mcpRows.push([
+        label,
+        await gatewayPhase(`${label}, concurrency ${moderate}`, 1, (c) => load(label, moderate, seconds, c), call),
+      ]);
     }
-    rows.push(...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]));
+    rows.push(
+      ...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]),
+    );
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
-    rows.push([`floor: bare proxy, concurrency ${heavy}`, summary(await load('bare proxy', heavy, seconds, callBareProxy))]);
+    rows.push([
+      `floor: bare proxy, concurrency ${heavy}`,
+      summary(await load('bare proxy', heavy, seconds, callBareProxy)),
+    ]);
     rows.push([`floor: 2 commits, concurrency ${heavy}`, summary(await load('floor', heavy, seconds, callFloor))]);
     for (const count of gatewayCounts) {
-      rows.push([`gateway x${count}, concurrency ${heavy}`, await gatewayPhase(`gateway x${count}, concurrency ${heavy}`, count, (call) => load('gateway', heavy, seconds, call))]);
+      rows.push([
+        `gateway x${count}, concurrency ${heavy}`,
+        await gatewayPhase(`gateway x${count}, concurrency ${heavy}`, count, (call) =>
+          load('gateway', heavy, seconds, call),
+        ),
+      ]);
     }
     // Moderate load, in an open loop: a fixed 100 calls/s, and a quarter of what one gateway
     // sustained at concurrency 64 (the machine drifts from run to run; this is moderate for the
     // gateway measured).
     const heavyOne = rows.find(([label]) => label === `gateway x1, concurrency ${heavy}`)?.[1].rps;
     const rates = pacedRates ?? [100, ...(heavyOne ? [Math.round(heavyOne / 4)] : [])];
-    const pacedPairs: Array<[number, ReturnType<typeof summary>, ReturnType<typeof summary>, ReturnType<typeof summary>]> = [];
+    const pacedPairs: Array<
+      [number, ReturnType<typeof summary>, ReturnType<typeof summary>, ReturnType<typeof summary>]
+    > = [];
     for (const rate of rates.filter((r) => r > 0)) {
       const dPaced = summary(await paced('direct', rate, seconds, callDirect));
       const fPaced = summary(await paced('floor', rate, seconds, callFloor));
-      const gPaced = await gatewayPhase(`gateway x1, ${rate} calls/s paced`, 1, (call) => paced('gateway', rate, seconds, call));
-      rows.push([`direct, ${rate} calls/s paced`, dPaced], [`floor: 2 commits, ${rate} calls/s paced`, fPaced], [`gateway x1, ${rate} calls/s paced`, gPaced]);
+      const gPaced = await gatewayPhase(`gateway x1, ${rate} calls/s paced`, 1, (call) =>
+        paced('gateway', rate, seconds, call),
+      );
+      rows.push(
+        [`direct, ${rate} calls/s paced`, dPaced],
+        [`floor: 2 commits, ${rate} calls/s paced`, fPaced],
+        [`gateway x1, ${rate} calls/s paced`, gPaced],
+      );
       pacedPairs.push([rate, dPaced, fPaced, gPaced]);
     }
 
     const fmt = (n: number) => (Number.isFinite(n) ? n.toFixed(2) : '-');
     const width = Math.max(...rows.map(([label]) => label.length));
     console.log(`\n${'phase'.padEnd(width)}     req/s   p50 ms   p99 ms   errors`);
-    for (const [label, s] of rows) console.log(`${label.padEnd(width)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`);
+    for (const [label, s] of rows)
+      console.log(
+        `${label.padEnd(width)} ${fmt(s.rps).padStart(9)} ${fmt(s.p50).padStart(8)} ${fmt(s.p99).padStart(8)} ${String(s.errors).padStart(8)}`,
+      );
     console.log('');
     for (const [rate, d, f, g] of pacedPairs) {
       console.log(
@@ -392,8 +505,12 @@ async function main(): Promise<void> {
           `the floor (two durable commits and a proxy hop, nothing else) p50 +${fmt(f.p50 - d.p50)} ms, p99 +${fmt(f.p99 - d.p99)} ms`,
       );
     }
-    console.log(`added latency at concurrency ${moderate} (closed loop): p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`);
-    console.log(`ratios gateway/direct at concurrency ${moderate}: req/s ${fmt(g8.rps / d8.rps)}, p50 ${fmt(g8.p50 / d8.p50)}, p99 ${fmt(g8.p99 / d8.p99)}`);
+    console.log(
+      `added latency at concurrency ${moderate} (closed loop): p50 +${fmt(g8.p50 - d8.p50)} ms, p99 +${fmt(g8.p99 - d8.p99)} ms`,
+    );
+    console.log(
+      `ratios gateway/direct at concurrency ${moderate}: req/s ${fmt(g8.rps / d8.rps)}, p50 ${fmt(g8.p50 / d8.p50)}, p99 ${fmt(g8.p99 / d8.p99)}`,
+    );
     for (const [label, s] of rows.filter(([l]) => l.startsWith('gateway') && l.endsWith(`concurrency ${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} audited calls/s (${fmt(s.rps / d64.rps)} of direct)`);
     }
@@ -429,7 +546,9 @@ async function main(): Promise<void> {
     );
     await check.end();
     const { outcomes, intents } = counted[0]!;
-    console.log(`audit: ${outcomes} outcome records and ${intents} intent records for ${made} calls made: ${outcomes === made && intents === made ? 'exact' : 'MISMATCH'}`);
+    console.log(
+      `audit: ${outcomes} outcome records and ${intents} intent records for ${made} calls made: ${outcomes === made && intents === made ? 'exact' : 'MISMATCH'}`,
+    );
     if (outcomes !== made || intents !== made) process.exitCode = 1;
   } finally {
     for (const g of [...gateways, ...floors]) g.kill('SIGTERM');

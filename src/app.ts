@@ -104,9 +104,16 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   // Input no route could store or hash — nested too deep, a NUL character, a lone surrogate — is
   // refused for every route here, naming where it is (as parseInput names a field).
   app.addHook('preValidation', async (request) => {
-    for (const [where, value] of [['body', request.body], ['query', request.query], ['params', request.params]] as const) {
+    for (const [where, value] of [
+      ['body', request.body],
+      ['query', request.query],
+      ['params', request.params],
+    ] as const) {
       const problem = jsonProblem(value, where);
-      if (problem) throw new ApiError('invalid_request', `${problem.path}: ${problem.message}`, { issues: [{ field: problem.path, message: problem.message }] });
+      if (problem)
+        throw new ApiError('invalid_request', `${problem.path}: ${problem.message}`, {
+          issues: [{ field: problem.path, message: problem.message }],
+        });
     }
   });
   app.addHook('onSend', (_request, reply, payload, done) => {
@@ -121,7 +128,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       reply.elapsedTime / 1000,
     );
     request.log.info(
-      { method: request.method, route, url: request.url.split('?')[0], status: reply.statusCode, duration_ms: reply.elapsedTime },
+      {
+        method: request.method,
+        route,
+        url: request.url.split('?')[0],
+        status: reply.statusCode,
+        duration_ms: reply.elapsedTime,
+      },
       'request',
     );
   });
@@ -155,7 +168,14 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     callTarget: services.callTarget,
   });
   await app.register(tenantRoutes, { db: database.db, audit, now });
-  await app.register(runRoutes, { db: database.db, audit, executor: services.runs, controls: services.runControls, handoffs: services.handoffs, maxPlanSteps: config.maxPlanSteps });
+  await app.register(runRoutes, {
+    db: database.db,
+    audit,
+    executor: services.runs,
+    controls: services.runControls,
+    handoffs: services.handoffs,
+    maxPlanSteps: config.maxPlanSteps,
+  });
   await app.register(approvalRoutes, { approvals: services.approvals, audit, now });
   await app.register(toolRoutes, {
     db: database.db,

@@ -45,14 +45,17 @@ async function main(): Promise<void> {
   // one request; a later or different one still forces the exit.
   let shutdown: { signal: NodeJS.Signals; atMs: number } | undefined;
   let erroredOut = false;
-  const grace = closeWithGrace({ delay: config.shutdownTimeoutMs, logger, skip: [...SHUTDOWN_SIGNALS] }, async ({ err }) => {
-    if (err) {
-      erroredOut = true;
-      logger.error({ err }, 'shutting down after an error');
-    }
-    await app.close();
-    await database.close();
-  });
+  const grace = closeWithGrace(
+    { delay: config.shutdownTimeoutMs, logger, skip: [...SHUTDOWN_SIGNALS] },
+    async ({ err }) => {
+      if (err) {
+        erroredOut = true;
+        logger.error({ err }, 'shutting down after an error');
+      }
+      await app.close();
+      await database.close();
+    },
+  );
   for (const signal of SHUTDOWN_SIGNALS) {
     process.on(signal, () => {
       if (shutdown === undefined && !erroredOut) {
@@ -60,7 +63,10 @@ async function main(): Promise<void> {
         logger.info({ signal }, 'shutting down');
         grace.close();
       } else if (shutdown?.signal === signal && Date.now() - shutdown.atMs < REPEATED_SIGNAL_MS) {
-        logger.info({ signal }, 'the same signal again at once (delivered to the process group, then forwarded): still shutting down');
+        logger.info(
+          { signal },
+          'the same signal again at once (delivered to the process group, then forwarded): still shutting down',
+        );
       } else {
         logger.error({ signal }, 'another signal while shutting down: exiting now');
         process.exit(1);

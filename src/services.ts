@@ -44,7 +44,11 @@ export interface ServiceOptions {
 }
 
 /** The kill-switch target of the version an agent's call gets, as the executor resolves it. */
-export type CallTarget = (agent: AgentIdentity | null, toolId: string, tenantId: string) => Promise<ToolFacts['target'] | undefined>;
+export type CallTarget = (
+  agent: AgentIdentity | null,
+  toolId: string,
+  tenantId: string,
+) => Promise<ToolFacts['target'] | undefined>;
 
 /** The services built once by the composition root and shared by every route. */
 export interface Services {
@@ -101,7 +105,13 @@ export function buildServices(options: ServiceOptions): Services {
     },
     runEndRider,
   );
-  const catalog = new ToolCatalog({ database, secrets: config.secrets, now, logger, refreshIntervalMs: config.registryRefreshMs });
+  const catalog = new ToolCatalog({
+    database,
+    secrets: config.secrets,
+    now,
+    logger,
+    refreshIntervalMs: config.registryRefreshMs,
+  });
   watchCatalogAge(metrics, () => catalog.ageMs());
   const budgets = new BudgetLedger(database.hotAsync, {
     now,
@@ -113,15 +123,32 @@ export function buildServices(options: ServiceOptions): Services {
   });
   countStatementsSent(metrics, () => database.statementsSent());
   const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
-  const externalCallEnabled = async (tenantId: string) => (await getTenantPolicy(database.db, tenantId)).external_call_enabled;
+  const externalCallEnabled = async (tenantId: string) =>
+    (await getTenantPolicy(database.db, tenantId)).external_call_enabled;
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
-  const resolveTarget = async (agent: AgentIdentity | null, toolId: string, range: string | undefined, enabled: () => Promise<boolean>) => {
+  const resolveTarget = async (
+    agent: AgentIdentity | null,
+    toolId: string,
+    range: string | undefined,
+    enabled: () => Promise<boolean>,
+  ) => {
     const resolved = await catalog.resolveCall(agent, toolId, range, enabled);
     return resolved.ok ? resolved.tool.target : undefined;
   };
-  const callTarget: CallTarget = (agent, toolId, tenantId) => resolveTarget(agent, toolId, undefined, () => externalCallEnabled(tenantId));
-  const cascades = new RunCascades(resolveTarget, async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled);
-  const grants = new GrantService({ db: database.db, hot: database.hot, audit, tools: catalog, now, onGrantsEnded: cascades.grantsEnded });
+  const callTarget: CallTarget = (agent, toolId, tenantId) =>
+    resolveTarget(agent, toolId, undefined, () => externalCallEnabled(tenantId));
+  const cascades = new RunCascades(
+    resolveTarget,
+    async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled,
+  );
+  const grants = new GrantService({
+    db: database.db,
+    hot: database.hot,
+    audit,
+    tools: catalog,
+    now,
+    onGrantsEnded: cascades.grantsEnded,
+  });
   const killSwitches = new KillSwitchSnapshot({
     db: database.db,
     listener: database.listener,
@@ -139,7 +166,10 @@ export function buildServices(options: ServiceOptions): Services {
   const approvals = new ApprovalService({ db: database.db, now });
   // Uses recorded at the same moment share one statement (group commit).
   const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.hotAsync, uses));
-  const grantUses = { record: (use: { tenantId: string; runId: string; grantId: string }) => grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }) };
+  const grantUses = {
+    record: (use: { tenantId: string; runId: string; grantId: string }) =>
+      grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }),
+  };
   const ports: AdmissionPorts = {
     catalog,
     grants,
@@ -147,7 +177,10 @@ export function buildServices(options: ServiceOptions): Services {
     budgets,
     rateLimiter,
     tenantPolicy: { externalCallEnabled },
-    egress: createEgressExecutor({ allowCidrs: config.egressAllowCidrs, ...(options.resolver ? { resolver: options.resolver } : {}) }),
+    egress: createEgressExecutor({
+      allowCidrs: config.egressAllowCidrs,
+      ...(options.resolver ? { resolver: options.resolver } : {}),
+    }),
     approvals,
     grantUses,
   };
@@ -155,11 +188,47 @@ export function buildServices(options: ServiceOptions): Services {
   const approvalTtlMs = config.approvalTtlSeconds * 1000;
   const replicaId = options.replicaId ?? `rep_${randomBytes(8).toString('hex')}`;
   const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
-  const recovery = new RunRecovery({ db: database.db, replicaId, now, intervalMs: config.replicaLeaseMs / 2, logger, registry: metrics.registry });
-  const retention = new RetentionSweeper({ db: database.db, now, retentionDays: config.retention.days, intervalMs: config.retention.sweepIntervalMs, logger, registry: metrics.registry });
-  const runs = new RunExecutor({ db: database.db, hot: database.hot, hotAsync: database.hotAsync, audit, ports, backend, metrics, now, approvalTtlMs, approvals, replicaId, recovery, lease });
+  const recovery = new RunRecovery({
+    db: database.db,
+    replicaId,
+    now,
+    intervalMs: config.replicaLeaseMs / 2,
+    logger,
+    registry: metrics.registry,
+  });
+  const retention = new RetentionSweeper({
+    db: database.db,
+    now,
+    retentionDays: config.retention.days,
+    intervalMs: config.retention.sweepIntervalMs,
+    logger,
+    registry: metrics.registry,
+  });
+  const runs = new RunExecutor({
+    db: database.db,
+    hot: database.hot,
+    hotAsync: database.hotAsync,
+    audit,
+    ports,
+    backend,
+    metrics,
+    now,
+    approvalTtlMs,
+    approvals,
+    replicaId,
+    recovery,
+    lease,
+  });
   const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
-  const handoffs = new HandoffService({ db: database.db, grants, grantUses, now, approvalTtlMs, maxDepth: config.handoffs.maxDepth, rootMaxFanout: config.handoffs.rootMaxFanout });
+  const handoffs = new HandoffService({
+    db: database.db,
+    grants,
+    grantUses,
+    now,
+    approvalTtlMs,
+    maxDepth: config.handoffs.maxDepth,
+    rootMaxFanout: config.handoffs.rootMaxFanout,
+  });
 
   return {
     config,

@@ -24,7 +24,13 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
     await watcher.connect();
     // One token that never refills, and a budget of exactly one call: a call refused after taking
     // either would leave the next call refused.
-    await registerTool(h.client, { id: 'raced', backendUrl: `${backend.url}/echo`, cost_units: 2, allowed_agents: [agent], rate_limit: { capacity: 1, refill_per_second: 0.0001 } });
+    await registerTool(h.client, {
+      id: 'raced',
+      backendUrl: `${backend.url}/echo`,
+      cost_units: 2,
+      allowed_agents: [agent],
+      rate_limit: { capacity: 1, refill_per_second: 0.0001 },
+    });
   });
 
   afterAll(async () => {
@@ -34,13 +40,24 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
   });
 
   const call = (runId: string) =>
-    h.client.post('/runs/execute', { token: tokens.agent(agent, { tenant: T }), body: { run_id: runId, context: {}, plan: [{ tool_id: 'raced', input: { q: 'x' } }] } });
+    h.client.post('/runs/execute', {
+      token: tokens.agent(agent, { tenant: T }),
+      body: { run_id: runId, context: {}, plan: [{ tool_id: 'raced', input: { q: 'x' } }] },
+    });
   const reservationsOf = async (runId: string) =>
-    (await watcher.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, runId])).rows.map((row) => row.status as string);
+    (
+      await watcher.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, runId])
+    ).rows.map((row) => row.status as string);
 
   it('is refused at the grant stage, with nothing reserved and no token taken', async () => {
     const revoked = await grantTool(h.client, { tenant: T, agent, tool: 'raced' });
-    const budget = await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: agent, limit_units: 2, warn_ratio: 1 });
+    const budget = await createBudget(h.client, {
+      tenant: T,
+      scope: 'agent',
+      agent_id: agent,
+      limit_units: 2,
+      warn_ratio: 1,
+    });
     const runId = newRunId('raced');
     const revoker = new pg.Client({ connectionString: h.db.url });
     await revoker.connect();
@@ -48,7 +65,10 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
       // The revocation holds the grant's row, uncommitted: the call still reads the grant as live,
       // and its grant-use record waits for the revocation to commit or roll back.
       await revoker.query('begin');
-      await revoker.query("update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1", [revoked.id]);
+      await revoker.query(
+        "update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1",
+        [revoked.id],
+      );
       const answer = call(runId);
       await until('the grant-use record to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
       await revoker.query('commit');
@@ -62,7 +82,10 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
     expect(await reservationsOf(runId)).toEqual([]);
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T) });
     expect(shown.body).toMatchObject({ spent_units: 0, reserved_units: 0 });
-    const denial = await watcher.query('select event_type, reason_code from audit_events where tenant_id = $1 and run_id = $2', [T, runId]);
+    const denial = await watcher.query(
+      'select event_type, reason_code from audit_events where tenant_id = $1 and run_id = $2',
+      [T, runId],
+    );
     expect(denial.rows).toEqual([{ event_type: 'run.step.denied', reason_code: 'grant_revoked' }]);
 
     // The budget and the bucket are whole: a call under a new grant gets the one token and the

@@ -19,9 +19,32 @@ beforeAll(async () => {
   const audit = h.client.app.services.audit;
   await audit.appendMany([
     { event_type: 'tool.registered', actor: 'operator:ops', tenant_id: null, tool_id: 'web.fetch' },
-    { event_type: 'grant.created', actor: 'operator:ops.a', tenant_id: 'tenant-a', agent_id: 'a.one', tool_id: 'web.fetch' },
-    { event_type: 'run.step.dispatched', actor: 'agent:a.one', tenant_id: 'tenant-a', agent_id: 'a.one', run_id: 'run-1', tool_id: 'web.fetch', cost_units: 1.5, duration_ms: 12.25, details: { nested: { b: 2, a: 1 } } },
-    { event_type: 'run.step.dispatched', actor: 'agent:b.one', tenant_id: 'tenant-b', agent_id: 'b.one', run_id: 'run-2', tool_id: 'web.fetch' },
+    {
+      event_type: 'grant.created',
+      actor: 'operator:ops.a',
+      tenant_id: 'tenant-a',
+      agent_id: 'a.one',
+      tool_id: 'web.fetch',
+    },
+    {
+      event_type: 'run.step.dispatched',
+      actor: 'agent:a.one',
+      tenant_id: 'tenant-a',
+      agent_id: 'a.one',
+      run_id: 'run-1',
+      tool_id: 'web.fetch',
+      cost_units: 1.5,
+      duration_ms: 12.25,
+      details: { nested: { b: 2, a: 1 } },
+    },
+    {
+      event_type: 'run.step.dispatched',
+      actor: 'agent:b.one',
+      tenant_id: 'tenant-b',
+      agent_id: 'b.one',
+      run_id: 'run-2',
+      tool_id: 'web.fetch',
+    },
   ]);
 });
 afterAll(() => h.close());
@@ -33,7 +56,12 @@ describe('GET /audit', () => {
     const seqs = res.body.items.map((e: { seq: number }) => e.seq);
     expect(seqs).toEqual([...seqs].sort((a: number, b: number) => b - a));
     const dispatched = res.body.items.find((e: { run_id: string }) => e.run_id === 'run-1');
-    expect(dispatched).toMatchObject({ cost_units: 1.5, duration_ms: 12.25, details: { nested: { a: 1, b: 2 } }, tenant_id: 'tenant-a' });
+    expect(dispatched).toMatchObject({
+      cost_units: 1.5,
+      duration_ms: 12.25,
+      details: { nested: { a: 1, b: 2 } },
+      tenant_id: 'tenant-a',
+    });
     expect(dispatched.hash).toMatch(/^[0-9a-f]{64}$/);
   });
 
@@ -44,11 +72,20 @@ describe('GET /audit', () => {
     expect(byAgent.body.items).toHaveLength(2);
     const byType = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.registered' } });
     expect(byType.body.items).toHaveLength(1);
-    const byTool = await h.client.get('/audit', { token: platform, query: { tool_id: 'web.fetch', tenant_id: 'tenant-b' } });
+    const byTool = await h.client.get('/audit', {
+      token: platform,
+      query: { tool_id: 'web.fetch', tenant_id: 'tenant-b' },
+    });
     expect(byTool.body.items).toHaveLength(1);
-    const future = await h.client.get('/audit', { token: platform, query: { since: new Date(Date.now() + 60_000).toISOString() } });
+    const future = await h.client.get('/audit', {
+      token: platform,
+      query: { since: new Date(Date.now() + 60_000).toISOString() },
+    });
     expect(future.body.items).toEqual([]);
-    const past = await h.client.get('/audit', { token: platform, query: { until: new Date(Date.now() + 60_000).toISOString(), event_type: 'grant.created' } });
+    const past = await h.client.get('/audit', {
+      token: platform,
+      query: { until: new Date(Date.now() + 60_000).toISOString(), event_type: 'grant.created' },
+    });
     expect(past.body.items).toHaveLength(1);
   });
 
@@ -69,7 +106,9 @@ describe('GET /audit', () => {
     const bad = await h.client.get('/audit', { token: platform, query: { limit: 0 } });
     expect(bad.status).toBe(400);
     expect(bad.body.error).toMatchObject({ code: 'invalid_request', message: expect.stringContaining('query.limit') });
-    expect((await h.client.get('/audit', { token: platform, query: { cursor: '!!nope' } })).body.error.code).toBe('invalid_request');
+    expect((await h.client.get('/audit', { token: platform, query: { cursor: '!!nope' } })).body.error.code).toBe(
+      'invalid_request',
+    );
     expect((await h.client.get('/audit', { token: platform, query: { since: 'yesterday' } })).status).toBe(400);
     expect((await h.client.get('/audit', { token: platform, query: { colour: 'blue' } })).status).toBe(400);
   });
@@ -81,13 +120,23 @@ describe('GET /audit', () => {
     expect(new Set(own.body.items.map((e: { tenant_id: string }) => e.tenant_id))).toEqual(new Set(['tenant-a']));
   });
 
-  it("answers 404 to a tenant-operator naming another tenant, and records the attempt", async () => {
-    const res = await h.client.get('/audit', { token: tokens.tenantOperator('tenant-a', 'mallory'), query: { tenant_id: 'tenant-b' } });
+  it('answers 404 to a tenant-operator naming another tenant, and records the attempt', async () => {
+    const res = await h.client.get('/audit', {
+      token: tokens.tenantOperator('tenant-a', 'mallory'),
+      query: { tenant_id: 'tenant-b' },
+    });
     expect(res.status).toBe(404);
     expect(res.body.error.code).toBe('not_found');
     expect(res.text).not.toContain('b.one');
-    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'security.cross_tenant_attempt' } });
-    expect(events.body.items[0]).toMatchObject({ actor: 'operator:mallory', tenant_id: 'tenant-a', details: { requested_tenant_id: 'tenant-b' } });
+    const events = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'security.cross_tenant_attempt' },
+    });
+    expect(events.body.items[0]).toMatchObject({
+      actor: 'operator:mallory',
+      tenant_id: 'tenant-a',
+      details: { requested_tenant_id: 'tenant-b' },
+    });
   });
 });
 
@@ -95,11 +144,20 @@ describe("another tenant's object ids", () => {
   it('look to a tenant-operator exactly like invented ones, its own audit view included; platform-operators see the attempt', async () => {
     const owner = tokens.tenantOperator('tenant-owner', 'olive');
     const eve = tokens.tenantOperator('tenant-probe', 'eve');
-    const ks = await h.client.post('/kill-switches', { token: owner, body: { scope: 'agent', target: 'owner.agent', reason: 'incident', user_visible_status_copy: 'Paused' } });
-    const budget = await h.client.post('/budgets', { token: owner, body: { scope: 'tenant', period: 'day', limit_units: 10 } });
+    const ks = await h.client.post('/kill-switches', {
+      token: owner,
+      body: { scope: 'agent', target: 'owner.agent', reason: 'incident', user_visible_status_copy: 'Paused' },
+    });
+    const budget = await h.client.post('/budgets', {
+      token: owner,
+      body: { scope: 'tenant', period: 'day', limit_units: 10 },
+    });
     expect([ks.status, budget.status]).toEqual([201, 201]);
     // Something of its own on record, so that an event added to its view would show.
-    await h.client.post('/kill-switches', { token: eve, body: { scope: 'agent', target: 'probe.agent', reason: 'own', user_visible_status_copy: 'Paused' } });
+    await h.client.post('/kill-switches', {
+      token: eve,
+      body: { scope: 'agent', target: 'probe.agent', reason: 'own', user_visible_status_copy: 'Paused' },
+    });
     const ownView = async () => (await h.client.get('/audit', { token: eve, query: { limit: 500 } })).body;
     const before = await ownView();
     expect(before.items.length).toBeGreaterThan(0);
@@ -110,21 +168,36 @@ describe("another tenant's object ids", () => {
       [`/budgets/${budget.body.id}`, '/budgets/bud_invented', undefined],
     ];
     for (const [real, invented, body] of probes) {
-      const send = (url: string) => (body ? h.client.post(url, { token: eve, body }) : h.client.get(url, { token: eve }));
+      const send = (url: string) =>
+        body ? h.client.post(url, { token: eve, body }) : h.client.get(url, { token: eve });
       const a = await send(real);
       const b = await send(invented);
       expect([a.status, b.status]).toEqual([404, 404]);
-      expect(a.body.error.message.replace(/\S+(?= not found)/, 'ID')).toBe(b.body.error.message.replace(/\S+(?= not found)/, 'ID'));
+      expect(a.body.error.message.replace(/\S+(?= not found)/, 'ID')).toBe(
+        b.body.error.message.replace(/\S+(?= not found)/, 'ID'),
+      );
       expect(await ownView()).toEqual(before);
     }
 
-    const attempts = await h.client.get('/audit', { token: platform, query: { event_type: 'security.cross_tenant_attempt', limit: 500 } });
+    const attempts = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'security.cross_tenant_attempt', limit: 500 },
+    });
     const eves = attempts.body.items.filter((e: AuditRecord) => e.actor === 'operator:eve');
     expect(eves).toHaveLength(3);
     for (const event of eves) {
-      expect(event).toMatchObject({ tenant_id: null, status: 'denied', reason_code: 'not_found', details: { caller_tenant_id: 'tenant-probe' } });
+      expect(event).toMatchObject({
+        tenant_id: null,
+        status: 'denied',
+        reason_code: 'not_found',
+        details: { caller_tenant_id: 'tenant-probe' },
+      });
     }
-    expect(eves.map((e: AuditRecord) => e.details.route).sort()).toEqual(['GET /budgets/{id}', 'GET /kill-switches/{id}', 'POST /kill-switches/{id}/disarm']);
+    expect(eves.map((e: AuditRecord) => e.details.route).sort()).toEqual([
+      'GET /budgets/{id}',
+      'GET /kill-switches/{id}',
+      'POST /kill-switches/{id}/disarm',
+    ]);
   });
 });
 
@@ -146,7 +219,9 @@ describe('the append-only, hash-chained log', () => {
   it('keeps the chain whole under many concurrent appends', async () => {
     const audit = h.client.app.services.audit;
     const records = await Promise.all(
-      Array.from({ length: 300 }, (_, i) => audit.append({ event_type: 'load.test', actor: 'system.test', details: { i } })),
+      Array.from({ length: 300 }, (_, i) =>
+        audit.append({ event_type: 'load.test', actor: 'system.test', details: { i } }),
+      ),
     );
     const seqs = records.map((r) => r.seq).sort((a, b) => a - b);
     expect(new Set(seqs).size).toBe(300);
@@ -180,23 +255,26 @@ describe('the append-only, hash-chained log', () => {
     expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
   });
 
-  it.skipIf(!hasPostgresServer)('keeps one chain when several gateway instances append at once (needs a PostgreSQL server)', async () => {
-    const others = await Promise.all(
-      [0, 1, 2].map(() => openPool(h.db.url, 5)),
-    );
-    try {
-      await Promise.all(
-        others.flatMap((database, n) => {
-          const log = new AuditLog(database.db);
-          return Array.from({ length: 100 }, (_, i) => log.append({ event_type: 'replica.test', actor: `system.replica${n}`, details: { i } }));
-        }),
-      );
-      const result = await verifyAuditChain(h.db.database.db);
-      expect(result.ok).toBe(true);
-    } finally {
-      await Promise.all(others.map((d) => d.close()));
-    }
-  });
+  it.skipIf(!hasPostgresServer)(
+    'keeps one chain when several gateway instances append at once (needs a PostgreSQL server)',
+    async () => {
+      const others = await Promise.all([0, 1, 2].map(() => openPool(h.db.url, 5)));
+      try {
+        await Promise.all(
+          others.flatMap((database, n) => {
+            const log = new AuditLog(database.db);
+            return Array.from({ length: 100 }, (_, i) =>
+              log.append({ event_type: 'replica.test', actor: `system.replica${n}`, details: { i } }),
+            );
+          }),
+        );
+        const result = await verifyAuditChain(h.db.database.db);
+        expect(result.ok).toBe(true);
+      } finally {
+        await Promise.all(others.map((d) => d.close()));
+      }
+    },
+  );
 });
 
 // Tampering needs the trigger off, which only a superuser can do: this is the attacker's view.
@@ -233,11 +311,17 @@ describe('tamper evidence', () => {
  * Inserts a copy of `template` at another place in the chain with a valid hash of its own, by a
  * plain INSERT: what anyone allowed to insert into audit_events can do without touching a trigger.
  */
-async function insertForgedRow(db: Kysely<DB>, template: AuditRecord, at: Pick<AuditRecord, 'seq' | 'prev_hash'>): Promise<AuditRecord> {
+async function insertForgedRow(
+  db: Kysely<DB>,
+  template: AuditRecord,
+  at: Pick<AuditRecord, 'seq' | 'prev_hash'>,
+): Promise<AuditRecord> {
   const { hash: _hash, ...unhashed } = template;
   const forged = { ...unhashed, ...at, event_id: randomUUID(), actor: 'operator:mallory' };
   const sealed = sealRecord(forged);
-  await sql`insert into audit_events select * from jsonb_populate_record(null::audit_events, ${sealed.json}::jsonb)`.execute(db);
+  await sql`insert into audit_events select * from jsonb_populate_record(null::audit_events, ${sealed.json}::jsonb)`.execute(
+    db,
+  );
   return { ...forged, hash: sealed.hash };
 }
 
@@ -253,7 +337,9 @@ async function withTriggerOff(db: Kysely<DB>, tamper: () => Promise<unknown>): P
 
 // Each case tampers with a chain of its own, so that one case's evidence cannot mask another's.
 describe('tamper evidence, each on a fresh chain', () => {
-  async function withChain(test: (t: { h: Harness; db: Kysely<DB>; records: AuditRecord[] }) => Promise<void>): Promise<void> {
+  async function withChain(
+    test: (t: { h: Harness; db: Kysely<DB>; records: AuditRecord[] }) => Promise<void>,
+  ): Promise<void> {
     const fresh = await startHarness();
     try {
       const records = await fresh.client.app.services.audit.appendMany(
@@ -270,7 +356,9 @@ describe('tamper evidence, each on a fresh chain', () => {
   it('refuses a row below seq 1 in the database itself, however well it is chained', () =>
     withChain(async (t) => {
       for (const seq of [0, -1]) {
-        await expect(insertForgedRow(t.db, t.records[0]!, { seq, prev_hash: GENESIS_HASH })).rejects.toThrow(/audit_events_seq_positive/);
+        await expect(insertForgedRow(t.db, t.records[0]!, { seq, prev_hash: GENESIS_HASH })).rejects.toThrow(
+          /audit_events_seq_positive/,
+        );
       }
     }));
 
@@ -287,7 +375,10 @@ describe('tamper evidence, each on a fresh chain', () => {
       const paged: number[] = [];
       let cursor: string | undefined;
       do {
-        const page = await t.h.client.get('/audit', { token: platform, query: { limit: 2, ...(cursor ? { cursor } : {}) } });
+        const page = await t.h.client.get('/audit', {
+          token: platform,
+          query: { limit: 2, ...(cursor ? { cursor } : {}) },
+        });
         expect(page.status, page.text).toBe(200);
         paged.push(...page.body.items.map((e: AuditRecord) => e.seq));
         cursor = page.body.next_cursor ?? undefined;
@@ -323,7 +414,9 @@ describe('tamper evidence, each on a fresh chain', () => {
       // The hash covers occurred_at to the millisecond, as a Date holds it: the part of a
       // millisecond the column also keeps is checked on its own (rows are written from Dates).
       await withTriggerOff(t.db, () =>
-        sql`update audit_events set occurred_at = occurred_at + interval '1 microsecond' where seq = ${second!.seq}`.execute(t.db),
+        sql`update audit_events set occurred_at = occurred_at + interval '1 microsecond' where seq = ${second!.seq}`.execute(
+          t.db,
+        ),
       );
       expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq, head: null });
     }));
@@ -331,7 +424,9 @@ describe('tamper evidence, each on a fresh chain', () => {
   it('reports an occurred_at no JavaScript Date can hold instead of failing', () =>
     withChain(async (t) => {
       const [first, second] = t.records;
-      await withTriggerOff(t.db, () => sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db));
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db),
+      );
       expect(await verify(t)).toEqual({ ok: false, checked: first!.seq, first_bad_seq: second!.seq, head: null });
     }));
 
@@ -341,7 +436,9 @@ describe('tamper evidence, each on a fresh chain', () => {
       await withTriggerOff(t.db, async () => {
         await sql`update audit_events set occurred_at = 'infinity' where seq = ${second!.seq}`.execute(t.db);
         await sql`update audit_events set occurred_at = '-infinity' where seq = ${third!.seq}`.execute(t.db);
-        await sql`update audit_events set occurred_at = '12000-01-01T00:00:00Z' where seq = ${first!.seq}`.execute(t.db);
+        await sql`update audit_events set occurred_at = '12000-01-01T00:00:00Z' where seq = ${first!.seq}`.execute(
+          t.db,
+        );
       });
       const res = await t.h.client.get('/audit', { token: platform });
       expect(res.status).toBe(200);
@@ -364,19 +461,30 @@ describe('tamper evidence, each on a fresh chain', () => {
       ]);
       expect(await verify(t)).toMatchObject({ ok: true });
       await withTriggerOff(t.db, () =>
-        sql`update audit_events set details = jsonb_set(details, '{nested,list,0}', '0.1000000000000000000001') where seq = ${first!.seq}`.execute(t.db),
+        sql`update audit_events set details = jsonb_set(details, '{nested,list,0}', '0.1000000000000000000001') where seq = ${first!.seq}`.execute(
+          t.db,
+        ),
       );
       expect(await verify(t)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq, head: null });
       // Compared page by page, the row found on whichever page it falls.
       for (const pageSize of [1, 2, 3]) {
-        expect(await verifyAuditChain(t.db, pageSize)).toEqual({ ok: false, checked: first!.seq - 1, first_bad_seq: first!.seq, head: null });
+        expect(await verifyAuditChain(t.db, pageSize)).toEqual({
+          ok: false,
+          checked: first!.seq - 1,
+          first_bad_seq: first!.seq,
+          head: null,
+        });
       }
     }));
 
   it('reports a null in details replaced by a number too large for a double', () =>
     withChain(async (t) => {
-      const [extra] = await t.h.client.app.services.audit.appendMany([{ event_type: 'chain.test', actor: 'system.numbers', details: { limit: null } }]);
-      await withTriggerOff(t.db, () => sql`update audit_events set details = '{"limit": 1e400}' where seq = ${extra!.seq}`.execute(t.db));
+      const [extra] = await t.h.client.app.services.audit.appendMany([
+        { event_type: 'chain.test', actor: 'system.numbers', details: { limit: null } },
+      ]);
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set details = '{"limit": 1e400}' where seq = ${extra!.seq}`.execute(t.db),
+      );
       expect(await verify(t)).toEqual({ ok: false, checked: extra!.seq - 1, first_bad_seq: extra!.seq, head: null });
     }));
 
@@ -392,15 +500,27 @@ describe('tamper evidence, each on a fresh chain', () => {
 
   it('verifies numbers a double holds exactly, however they are written', () =>
     withChain(async (t) => {
+      // eslint-disable-next-line no-loss-of-precision -- a literal longer than a double holds is the point
       const awkward = [0.1 + 0.2, 1e21, 2 ** 64, 5e-324, -0, 1.7976931348623157e308, 123456789.123456789, -1e-7];
       await t.h.client.app.services.audit.appendMany([
-        { event_type: 'chain.test', actor: 'system.numbers', cost_units: 0.1 + 0.2, duration_ms: 1e-7, details: { awkward, deep: { awkward } } },
+        {
+          event_type: 'chain.test',
+          actor: 'system.numbers',
+          cost_units: 0.1 + 0.2,
+          duration_ms: 1e-7,
+          details: { awkward, deep: { awkward } },
+        },
       ]);
       expect(await verify(t)).toMatchObject({ ok: true, first_bad_seq: null });
     }));
 
   const verifyWith = async (t: { h: Harness }, anchor: { seq: number; hash: string }) =>
-    (await t.h.client.get('/audit/verify', { token: platform, query: { anchor_seq: anchor.seq, anchor_hash: anchor.hash } })).body;
+    (
+      await t.h.client.get('/audit/verify', {
+        token: platform,
+        query: { anchor_seq: anchor.seq, anchor_hash: anchor.hash },
+      })
+    ).body;
 
   /** Replaces the chain from `from` on with well-chained forgeries and moves the head onto them. */
   async function forgeTail(db: Kysely<DB>, records: AuditRecord[], from: number): Promise<AuditRecord[]> {
@@ -460,7 +580,10 @@ describe('tamper evidence, each on a fresh chain', () => {
       });
       // An anchor below the head holds as well.
       const first = t.records[0]!;
-      expect(await verifyWith(t, first)).toMatchObject({ ok: true, anchor: { seq: first.seq, ok: true, reason: null } });
+      expect(await verifyWith(t, first)).toMatchObject({
+        ok: true,
+        anchor: { seq: first.seq, ok: true, reason: null },
+      });
     }));
 
   it('reports a forged tail with the head moved onto it, which verifies without an anchor, as a hash mismatch', () =>
@@ -470,7 +593,12 @@ describe('tamper evidence, each on a fresh chain', () => {
       expect(anchor).toEqual({ seq: third!.seq, hash: third!.hash });
       const forged = await forgeTail(t.db, t.records, second!.seq);
       // The attack: without an anchor the forgery is an intact chain, head and all.
-      expect(await verify(t)).toEqual({ ok: true, checked: third!.seq, first_bad_seq: null, head: { seq: third!.seq, hash: forged[1]!.hash } });
+      expect(await verify(t)).toEqual({
+        ok: true,
+        checked: third!.seq,
+        first_bad_seq: null,
+        head: { seq: third!.seq, hash: forged[1]!.hash },
+      });
       expect(await verifyWith(t, anchor)).toEqual({
         ok: false,
         checked: third!.seq - 1,
@@ -480,11 +608,22 @@ describe('tamper evidence, each on a fresh chain', () => {
       });
       // Page by page alike.
       for (const pageSize of [1, 2]) {
-        expect(await verifyAuditChain(t.db, pageSize, anchor)).toMatchObject({ ok: false, first_bad_seq: third!.seq, anchor: { reason: 'hash_mismatch' } });
+        expect(await verifyAuditChain(t.db, pageSize, anchor)).toMatchObject({
+          ok: false,
+          first_bad_seq: third!.seq,
+          anchor: { reason: 'hash_mismatch' },
+        });
       }
       // An older anchor, of a row kept, still holds: the rewrite began after it.
-      expect(await verifyWith(t, first!)).toMatchObject({ ok: true, anchor: { seq: first!.seq, ok: true, reason: null } });
-      expect(await verifyWith(t, second!)).toMatchObject({ ok: false, first_bad_seq: second!.seq, anchor: { reason: 'hash_mismatch' } });
+      expect(await verifyWith(t, first!)).toMatchObject({
+        ok: true,
+        anchor: { seq: first!.seq, ok: true, reason: null },
+      });
+      expect(await verifyWith(t, second!)).toMatchObject({
+        ok: false,
+        first_bad_seq: second!.seq,
+        anchor: { reason: 'hash_mismatch' },
+      });
     }));
 
   it('reports rows cut off below the anchor, with the head moved back, as missing', () =>
@@ -506,7 +645,9 @@ describe('tamper evidence, each on a fresh chain', () => {
   it('reports an anchor the chain breaks before as not held, and the break as the first bad seq', () =>
     withChain(async (t) => {
       const [first, second, third] = t.records;
-      await withTriggerOff(t.db, () => sql`update audit_events set actor = 'operator:mallory' where seq = ${second!.seq}`.execute(t.db));
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set actor = 'operator:mallory' where seq = ${second!.seq}`.execute(t.db),
+      );
       // The anchored row itself is untouched, hash and all.
       expect(await verifyWith(t, third!)).toEqual({
         ok: false,

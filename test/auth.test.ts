@@ -33,7 +33,10 @@ let jwks: AppClient;
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  hs = await AppClient.start(db.database, { TOOLGATE_JWT_ISSUER: 'https://idp.test', TOOLGATE_JWT_AUDIENCE: 'toolgate' });
+  hs = await AppClient.start(db.database, {
+    TOOLGATE_JWT_ISSUER: 'https://idp.test',
+    TOOLGATE_JWT_AUDIENCE: 'toolgate',
+  });
   rs = await AppClient.start(db.database, { TOOLGATE_JWT_SECRET: '', TOOLGATE_JWT_PUBLIC_KEY: rsaPublicPem });
   es = await AppClient.start(db.database, { TOOLGATE_JWT_SECRET: '', TOOLGATE_JWT_PUBLIC_KEY: ecPublicPem });
   const dir = mkdtempSync(join(tmpdir(), 'toolgate-jwks-'));
@@ -61,7 +64,14 @@ describe('authentication (SPEC §1)', () => {
   it('accepts a valid HS256 token and reads the principal from it', async () => {
     const res = await hs.get('/whoami', { token: signToken({ ...withIssuer, scope: 'read write' }) });
     expect(res.status).toBe(200);
-    expect(res.body).toEqual({ kind: 'operator', id: 'ops.one', tenant_id: 't1', role: 'platform-operator', family: null, scopes: ['read', 'write'] });
+    expect(res.body).toEqual({
+      kind: 'operator',
+      id: 'ops.one',
+      tenant_id: 't1',
+      role: 'platform-operator',
+      family: null,
+      scopes: ['read', 'write'],
+    });
   });
 
   it('accepts RS256 and ES256 tokens signed by the configured key', async () => {
@@ -71,8 +81,13 @@ describe('authentication (SPEC §1)', () => {
 
   it('verifies a token carrying a kid against the one configured public key', async () => {
     // Identity providers add a `kid`; with a single PEM key there is nothing to choose between.
-    expect((await rs.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) })).status).toBe(200);
-    expect((await es.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) })).status).toBe(200);
+    expect(
+      (await rs.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) }))
+        .status,
+    ).toBe(200);
+    expect(
+      (await es.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'idp-key-2024' }) })).status,
+    ).toBe(200);
     // The kid picks nothing: another key's token is refused, with or without one.
     for (const header of [{ kid: 'idp-key-2024' }, {}]) {
       const res = await rs.get('/whoami', { token: sign('RS256', otherRsaPrivatePem, operatorClaims, header) });
@@ -82,40 +97,97 @@ describe('authentication (SPEC §1)', () => {
   });
 
   it('picks the JWKS key by kid', async () => {
-    expect((await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'rsa-1' }) })).status).toBe(200);
-    expect((await jwks.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'ec-1' }) })).status).toBe(200);
-    expect((await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'nope' }) })).status).toBe(401);
+    expect(
+      (await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'rsa-1' }) })).status,
+    ).toBe(200);
+    expect(
+      (await jwks.get('/whoami', { token: sign('ES256', ecPrivatePem, operatorClaims, { kid: 'ec-1' }) })).status,
+    ).toBe(200);
+    expect(
+      (await jwks.get('/whoami', { token: sign('RS256', rsaPrivatePem, operatorClaims, { kid: 'nope' }) })).status,
+    ).toBe(401);
     // A key the JWKS does not hold cannot borrow a known kid.
     const forged = sign('RS256', otherRsaPrivatePem, operatorClaims, { kid: 'rsa-1' });
     expect((await jwks.get('/whoami', { token: forged })).status).toBe(401);
   });
 
   const attacks: Array<[string, () => { client: () => AppClient; token: string }]> = [
-    ['alg none', () => ({ client: () => hs, token: `${b64({ alg: 'none', typ: 'JWT' })}.${b64({ ...withIssuer, exp: now() + 600 })}.` })],
-    ['alg none on an RS256 gateway', () => ({ client: () => rs, token: `${b64({ alg: 'none', typ: 'JWT' })}.${b64({ ...operatorClaims, exp: now() + 600 })}.` })],
-    ['HS256 signed with the RS256 public key (algorithm confusion)', () => ({ client: () => rs, token: sign('HS256', rsaPublicPem, operatorClaims) })],
-    ['RS256 token on an ES256 gateway', () => ({ client: () => es, token: sign('RS256', rsaPrivatePem, operatorClaims) })],
+    [
+      'alg none',
+      () => ({
+        client: () => hs,
+        token: `${b64({ alg: 'none', typ: 'JWT' })}.${b64({ ...withIssuer, exp: now() + 600 })}.`,
+      }),
+    ],
+    [
+      'alg none on an RS256 gateway',
+      () => ({
+        client: () => rs,
+        token: `${b64({ alg: 'none', typ: 'JWT' })}.${b64({ ...operatorClaims, exp: now() + 600 })}.`,
+      }),
+    ],
+    [
+      'HS256 signed with the RS256 public key (algorithm confusion)',
+      () => ({ client: () => rs, token: sign('HS256', rsaPublicPem, operatorClaims) }),
+    ],
+    [
+      'RS256 token on an ES256 gateway',
+      () => ({ client: () => es, token: sign('RS256', rsaPrivatePem, operatorClaims) }),
+    ],
     ['expired', () => ({ client: () => hs, token: signToken({ ...withIssuer, exp: now() - 120 }) })],
     ['not yet valid', () => ({ client: () => hs, token: signToken({ ...withIssuer, nbf: now() + 3600 }) })],
     ['wrong issuer', () => ({ client: () => hs, token: signToken({ ...withIssuer, iss: 'https://evil.test' }) })],
     ['missing issuer', () => ({ client: () => hs, token: signToken({ ...operatorClaims, aud: 'toolgate' }) })],
-    ['missing audience', () => ({ client: () => hs, token: signToken({ ...operatorClaims, iss: 'https://idp.test' }) })],
+    [
+      'missing audience',
+      () => ({ client: () => hs, token: signToken({ ...operatorClaims, iss: 'https://idp.test' }) }),
+    ],
     ['wrong audience', () => ({ client: () => hs, token: signToken({ ...withIssuer, aud: 'someone-else' }) })],
-    ['bad signature', () => ({ client: () => hs, token: signToken(withIssuer, 'another-secret-another-secret-another-secret') })],
-    ['tampered payload', () => {
-      const [header, , signature] = signToken(withIssuer).split('.');
-      return { client: () => hs, token: `${header}.${b64({ ...withIssuer, roles: ['platform-operator'], tenant_id: 'other', exp: now() + 600 })}.${signature}` };
-    }],
-    ['no exp claim', () => ({ client: () => hs, token: createSigner({ key: 'test-secret-test-secret-test-secret-0123456789', algorithm: 'HS256' })(withIssuer) })],
+    [
+      'bad signature',
+      () => ({ client: () => hs, token: signToken(withIssuer, 'another-secret-another-secret-another-secret') }),
+    ],
+    [
+      'tampered payload',
+      () => {
+        const [header, , signature] = signToken(withIssuer).split('.');
+        return {
+          client: () => hs,
+          token: `${header}.${b64({ ...withIssuer, roles: ['platform-operator'], tenant_id: 'other', exp: now() + 600 })}.${signature}`,
+        };
+      },
+    ],
+    [
+      'no exp claim',
+      () => ({
+        client: () => hs,
+        token: createSigner({ key: 'test-secret-test-secret-test-secret-0123456789', algorithm: 'HS256' })(withIssuer),
+      }),
+    ],
     ['garbage', () => ({ client: () => hs, token: 'not-a-jwt' })],
     ['three garbage segments', () => ({ client: () => hs, token: 'aaa.bbb.ccc' })],
     ['no tenant_id claim', () => ({ client: () => hs, token: signToken({ ...withIssuer, tenant_id: undefined }) })],
     ['unknown kind', () => ({ client: () => hs, token: signToken({ ...withIssuer, kind: 'admin' }) })],
-    ['operator without a known role', () => ({ client: () => hs, token: signToken({ ...withIssuer, roles: ['root'] }) })],
-    ['an exp in the year 9999', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: 253402300799 }) })],
-    ['a lifetime one second past the 24 h default', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: now() + 86_401 }) })],
-    ['no iat and an exp more than 24 h ahead', () => ({ client: () => hs, token: signToken({ ...withIssuer, exp: now() + 86_460 }) })],
-    ['an iat ten minutes in the future', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now() + 600, exp: now() + 1200 }) })],
+    [
+      'operator without a known role',
+      () => ({ client: () => hs, token: signToken({ ...withIssuer, roles: ['root'] }) }),
+    ],
+    [
+      'an exp in the year 9999',
+      () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: 253402300799 }) }),
+    ],
+    [
+      'a lifetime one second past the 24 h default',
+      () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now(), exp: now() + 86_401 }) }),
+    ],
+    [
+      'no iat and an exp more than 24 h ahead',
+      () => ({ client: () => hs, token: signToken({ ...withIssuer, exp: now() + 86_460 }) }),
+    ],
+    [
+      'an iat ten minutes in the future',
+      () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: now() + 600, exp: now() + 1200 }) }),
+    ],
     ['a non-numeric iat', () => ({ client: () => hs, token: signToken({ ...withIssuer, iat: 'yesterday' }) })],
   ];
 
@@ -128,18 +200,27 @@ describe('authentication (SPEC §1)', () => {
 
   it('accepts a lifetime of exactly the bound, and an iat within a minute ahead (clock skew)', async () => {
     const t = now();
-    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t, exp: t + 86_400 }) })).status).toBe(200);
-    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t + 30, exp: t + 3600 }) })).status).toBe(200);
+    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t, exp: t + 86_400 }) })).status).toBe(
+      200,
+    );
+    expect((await hs.get('/whoami', { token: signToken({ ...withIssuer, iat: t + 30, exp: t + 3600 }) })).status).toBe(
+      200,
+    );
   });
 
   it('bounds the lifetime by TOOLGATE_JWT_MAX_TTL_SECONDS', async () => {
     const short = await AppClient.start(db.database, { TOOLGATE_JWT_MAX_TTL_SECONDS: '600' });
     try {
       const t = now();
-      expect((await short.get('/whoami', { token: signToken({ ...operatorClaims, iat: t, exp: t + 600 }) })).status).toBe(200);
+      expect(
+        (await short.get('/whoami', { token: signToken({ ...operatorClaims, iat: t, exp: t + 600 }) })).status,
+      ).toBe(200);
       const res = await short.get('/whoami', { token: signToken({ ...operatorClaims, iat: t, exp: t + 601 }) });
       expect(res.status).toBe(401);
-      expect(res.body.error).toMatchObject({ code: 'unauthenticated', message: expect.stringContaining('longer than 600 s') });
+      expect(res.body.error).toMatchObject({
+        code: 'unauthenticated',
+        message: expect.stringContaining('longer than 600 s'),
+      });
     } finally {
       await short.close();
     }
@@ -154,7 +235,9 @@ describe('authentication (SPEC §1)', () => {
 
   it('refuses a request without a token, or with another scheme', async () => {
     expect((await hs.get('/whoami')).body.error.code).toBe('unauthenticated');
-    expect((await hs.get('/whoami', { headers: { authorization: `Basic ${signToken(withIssuer)}` } })).status).toBe(401);
+    expect((await hs.get('/whoami', { headers: { authorization: `Basic ${signToken(withIssuer)}` } })).status).toBe(
+      401,
+    );
   });
 
   it('never echoes the token or the verifier error', async () => {
@@ -167,22 +250,46 @@ describe('authentication (SPEC §1)', () => {
 
 describe('separation of powers', () => {
   it('gives an agent on an operator route 403 agent_forbidden and records a security event', async () => {
-    const agent = signToken({ sub: 'veritas.fact-checker', tenant_id: 't-esc', kind: 'agent', iss: 'https://idp.test', aud: 'toolgate' });
+    const agent = signToken({
+      sub: 'veritas.fact-checker',
+      tenant_id: 't-esc',
+      kind: 'agent',
+      iss: 'https://idp.test',
+      aud: 'toolgate',
+    });
     const res = await hs.get('/audit', { token: agent });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('agent_forbidden');
-    const events = await hs.get('/audit', { token: signToken(withIssuer), query: { event_type: 'security.escalation_attempt', tenant_id: 't-esc' } });
+    const events = await hs.get('/audit', {
+      token: signToken(withIssuer),
+      query: { event_type: 'security.escalation_attempt', tenant_id: 't-esc' },
+    });
     expect(events.body.items).toHaveLength(1);
-    expect(events.body.items[0]).toMatchObject({ actor: 'agent:veritas.fact-checker', agent_id: 'veritas.fact-checker', tenant_id: 't-esc', reason_code: 'agent_forbidden', details: { route: '/audit', method: 'GET' } });
+    expect(events.body.items[0]).toMatchObject({
+      actor: 'agent:veritas.fact-checker',
+      agent_id: 'veritas.fact-checker',
+      tenant_id: 't-esc',
+      reason_code: 'agent_forbidden',
+      details: { route: '/audit', method: 'GET' },
+    });
   });
 
   it('keeps platform routes from tenant-operators, and records the attempt', async () => {
-    const res = await hs.get('/audit/verify', { token: signToken({ ...withIssuer, sub: 'tenant.reacher', tenant_id: 't-reach', roles: ['tenant-operator'] }) });
+    const res = await hs.get('/audit/verify', {
+      token: signToken({ ...withIssuer, sub: 'tenant.reacher', tenant_id: 't-reach', roles: ['tenant-operator'] }),
+    });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('forbidden');
-    const events = await hs.get('/audit', { token: signToken(withIssuer), query: { event_type: 'security.escalation_attempt', tenant_id: 't-reach' } });
+    const events = await hs.get('/audit', {
+      token: signToken(withIssuer),
+      query: { event_type: 'security.escalation_attempt', tenant_id: 't-reach' },
+    });
     expect(events.body.items).toHaveLength(1);
-    expect(events.body.items[0]).toMatchObject({ actor: 'operator:tenant.reacher', reason_code: 'forbidden', details: { route: '/audit/verify', required: 'platform-operator', actor_role: 'tenant-operator' } });
+    expect(events.body.items[0]).toMatchObject({
+      actor: 'operator:tenant.reacher',
+      reason_code: 'forbidden',
+      details: { route: '/audit/verify', required: 'platform-operator', actor_role: 'tenant-operator' },
+    });
   });
 
   it('lets the public routes through without a token', async () => {
@@ -193,8 +300,14 @@ describe('separation of powers', () => {
   it('uses the tokens helper shapes the other suites rely on', async () => {
     const plain = await AppClient.start(db.database);
     try {
-      expect((await plain.get('/whoami', { token: tokens.agent('a.one', { tenant: 't1', family: 'fam', scope: 's1' }) })).body).toMatchObject({ kind: 'agent', family: 'fam', scopes: ['s1'] });
-      expect((await plain.get('/whoami', { token: tokens.tenantOperator('t1') })).body).toMatchObject({ kind: 'operator', role: 'tenant-operator' });
+      expect(
+        (await plain.get('/whoami', { token: tokens.agent('a.one', { tenant: 't1', family: 'fam', scope: 's1' }) }))
+          .body,
+      ).toMatchObject({ kind: 'agent', family: 'fam', scopes: ['s1'] });
+      expect((await plain.get('/whoami', { token: tokens.tenantOperator('t1') })).body).toMatchObject({
+        kind: 'operator',
+        role: 'tenant-operator',
+      });
     } finally {
       await plain.close();
     }

@@ -19,7 +19,10 @@ let backend: TestBackend;
 const openInput = { type: 'object', properties: { q: { type: 'string' } } };
 
 async function register(id: string, url: string, method = 'GET'): Promise<void> {
-  const body = { ...toolBody({ id, backendUrl: url, allowed_agents: [AGENT], input_schema: openInput }), backend: { url, method, timeout_ms: 2000, max_response_bytes: 65536, headers: {} } };
+  const body = {
+    ...toolBody({ id, backendUrl: url, allowed_agents: [AGENT], input_schema: openInput }),
+    backend: { url, method, timeout_ms: 2000, max_response_bytes: 65536, headers: {} },
+  };
   const res = await h.client.post('/tools', { token: tokens.platform(), body });
   expect(res.status, JSON.stringify(res.body)).toBe(201);
   await grantTool(h.client, { tenant: T, agent: AGENT, tool: id });
@@ -28,7 +31,10 @@ async function register(id: string, url: string, method = 'GET'): Promise<void> 
 /** Runs one call of `tool` and answers the request its backend received. */
 async function callOnce(tool: string, input: Record<string, unknown>) {
   const before = backend.hitsOn('/echo').length;
-  const res = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input }] } });
+  const res = await h.client.post('/runs/execute', {
+    token: agent,
+    body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input }] },
+  });
   expect(res.status, JSON.stringify(res.body)).toBe(200);
   expect(res.body.steps[0]).toMatchObject({ status: 'completed' });
   const hits = backend.hitsOn('/echo');
@@ -61,14 +67,23 @@ describe('GET backends: the registered URL’s query parameters are the operator
   });
 
   it('drops the spellings lenient backends read as a fixed name (case, `.`/space for `_`, `[]` suffix)', async () => {
-    const hit = await callOnce('fixed.get', { MODE: 'unsafe', 'mode[]': 'unsafe', 'api.key': 'k1', 'api key': 'k2', ' API_KEY[x]': 'k3', q: 'v' });
+    const hit = await callOnce('fixed.get', {
+      MODE: 'unsafe',
+      'mode[]': 'unsafe',
+      'api.key': 'k1',
+      'api key': 'k2',
+      ' API_KEY[x]': 'k3',
+      q: 'v',
+    });
     expect(hit.query).toBe('api_key=SECRET&mode=safe&q=v');
   });
 
   it('keeps the registered query byte for byte (encoding, bare and repeated parameters) and adds the input after it', async () => {
     const hit = await callOnce('signed.get', { q: 'a b', n: 2, filter: { a: [1, 'x'] }, none: null, tag: 'z' });
     // Non-string values travel as their JSON text; `tag` is fixed, so the input's is not sent.
-    expect(hit.query).toBe(`sig=a%20b~&flag&tag=x&tag=y&q=a+b&n=2&filter=${encodeURIComponent('{"a":[1,"x"]}')}&none=null`);
+    expect(hit.query).toBe(
+      `sig=a%20b~&flag&tag=x&tag=y&q=a+b&n=2&filter=${encodeURIComponent('{"a":[1,"x"]}')}&none=null`,
+    );
     expect(new URLSearchParams(hit.query).get('filter')).toBe('{"a":[1,"x"]}');
   });
 

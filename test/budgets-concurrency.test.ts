@@ -15,11 +15,15 @@ const clock = new ManualClock('2030-06-10T09:00:00.000Z');
 beforeAll(async () => {
   testDb = await createTestDatabase();
   if (!hasPostgresServer) return;
-  databases = await Promise.all(
-    [0, 1, 2].map(() => openPool(testDb.url, 5)),
-  );
+  databases = await Promise.all([0, 1, 2].map(() => openPool(testDb.url, 5)));
   ledgers = databases.map(
-    (d) => new BudgetLedger(d.db, { now: clock.now, registry: new Registry(), reservationTtlMs: 900_000, sweepIntervalMs: 0 }),
+    (d) =>
+      new BudgetLedger(d.db, {
+        now: clock.now,
+        registry: new Registry(),
+        reservationTtlMs: 900_000,
+        sweepIntervalMs: 0,
+      }),
   );
 });
 afterAll(async () => {
@@ -71,7 +75,9 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     // Settle half of the admitted calls at half their cost and release the rest, from every instance.
     const admitted = results.flatMap((r) => (r.ok ? [r.reservation] : []));
     const outcomes = await Promise.all(
-      admitted.map((reservation, i) => (i % 2 === 0 ? ledgers[(i + 1) % 3]!.settle(reservation, 0.5) : ledgers[(i + 2) % 3]!.release(reservation))),
+      admitted.map((reservation, i) =>
+        i % 2 === 0 ? ledgers[(i + 1) % 3]!.settle(reservation, 0.5) : ledgers[(i + 2) % 3]!.release(reservation),
+      ),
     );
     expect(outcomes.filter((o) => o === 'settled')).toHaveLength(29);
     expect(outcomes.filter((o) => o === 'released')).toHaveLength(28);
@@ -79,7 +85,9 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
 
     // 57 - 14.5 = 42.5 units of room: exactly 42 more one-unit calls.
     const again = await Promise.all(
-      Array.from({ length: 200 }, (_, i) => ledgers[i % 3]!.reserve({ tenantId: 'conc-1', agentId: 'agent.x', runId: `again-${i}`, units: 1 })),
+      Array.from({ length: 200 }, (_, i) =>
+        ledgers[i % 3]!.reserve({ tenantId: 'conc-1', agentId: 'agent.x', runId: `again-${i}`, units: 1 }),
+      ),
     );
     expect(again.filter((r) => r.ok)).toHaveLength(42);
     expect(await usage(id)).toMatchObject({ reservedUnits: 42, spentUnits: 14.5 });
@@ -88,7 +96,9 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
   it('hold every budget of a call together: agents within theirs, the tenant within its own', async () => {
     const tenantBudget = await budget('conc-2', { scope: 'tenant', limitUnits: 100, warnRatio: 1, graceUnits: 0 });
     const agentBudgets = await Promise.all(
-      [0, 1, 2, 3].map((n) => budget('conc-2', { scope: 'agent', agentId: `agent.${n}`, limitUnits: 30, warnRatio: 1, graceUnits: 0 })),
+      [0, 1, 2, 3].map((n) =>
+        budget('conc-2', { scope: 'agent', agentId: `agent.${n}`, limitUnits: 30, warnRatio: 1, graceUnits: 0 }),
+      ),
     );
     const results = await Promise.all(
       Array.from({ length: 200 }, (_, i) =>
@@ -107,7 +117,9 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     const id = await budget('conc-3', { scope: 'tenant', limitUnits: 97.5, warnRatio: 0.9, graceUnits: 2.5 });
     const costs = Array.from({ length: 200 }, (_, i) => [0.5, 1, 2.25, 3][i % 4]!);
     const results = await Promise.all(
-      costs.map((units, i) => ledgers[i % 3]!.reserve({ tenantId: 'conc-3', agentId: 'agent.m', runId: `run-${i}`, units })),
+      costs.map((units, i) =>
+        ledgers[i % 3]!.reserve({ tenantId: 'conc-3', agentId: 'agent.m', runId: `run-${i}`, units }),
+      ),
     );
     const admittedUnits = results.reduce((sum, r, i) => sum + (r.ok ? costs[i]! : 0), 0);
     expect(admittedUnits).toBeLessThanOrEqual(100);

@@ -62,7 +62,13 @@ async function conflicts(registry: Registry): Promise<number> {
 
 const reservationsOf = async (tenantId: string) =>
   Number(
-    (await testDb.database.db.selectFrom('budget_reservations').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenantId).executeTakeFirstOrThrow()).n,
+    (
+      await testDb.database.db
+        .selectFrom('budget_reservations')
+        .select((eb) => eb.fn.countAll<number>().as('n'))
+        .where('tenant_id', '=', tenantId)
+        .executeTakeFirstOrThrow()
+    ).n,
   );
 
 describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (needs a PostgreSQL server)', () => {
@@ -81,13 +87,24 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
    * replica add `movedUnits` to the counter (and commit) while the ledger's write waits for the
    * lock: the ledger read the counter before the move and writes after it.
    */
-  async function reserveAcrossAMove(ledger: BudgetLedger, tenantId: string, budgetId: string, units: number, movedUnits: number) {
+  async function reserveAcrossAMove(
+    ledger: BudgetLedger,
+    tenantId: string,
+    budgetId: string,
+    units: number,
+    movedUnits: number,
+  ) {
     await other.query('begin');
     try {
       await other.query('select * from budget_counters where counter_key = $1 for update', [budgetId]);
       const pending = ledger.reserve({ tenantId, agentId: 'agent.one', runId: 'run-moved', units });
-      await until('a statement to wait for the row lock', async () => (await lockWaits(testDb.database.db)) > 0, { timeoutMs: 15_000 });
-      await other.query('update budget_counters set reserved_units = reserved_units + $2 where counter_key = $1', [budgetId, movedUnits]);
+      await until('a statement to wait for the row lock', async () => (await lockWaits(testDb.database.db)) > 0, {
+        timeoutMs: 15_000,
+      });
+      await other.query('update budget_counters set reserved_units = reserved_units + $2 where counter_key = $1', [
+        budgetId,
+        movedUnits,
+      ]);
       await other.query('commit');
       return await pending;
     } catch (error) {
@@ -125,8 +142,12 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
       expect(await usage(id)).toEqual({ spent: 0, reserved: 8 });
       expect(await reservationsOf(tenant)).toBe(1);
       // The rest of the budget, exactly, is still there to take.
-      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 2 })).ok).toBe(true);
-      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 0.000001 })).ok).toBe(false);
+      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 2 })).ok).toBe(
+        true,
+      );
+      expect(
+        (await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-2', units: 0.000001 })).ok,
+      ).toBe(false);
       expect(await usage(id)).toEqual({ spent: 0, reserved: 10 });
     });
   });
@@ -160,8 +181,13 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
     const tenant = freshTenant();
     const budget = await totalBudget(tenant, 10);
     await withLedger(async (ledger, registry) => {
-      for (let i = 0; i < 3; i += 1) expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${i}`, units: 3 })).ok).toBe(true);
-      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-x', units: 2 })).ok).toBe(false);
+      for (let i = 0; i < 3; i += 1)
+        expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${i}`, units: 3 })).ok).toBe(
+          true,
+        );
+      expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: 'run-x', units: 2 })).ok).toBe(
+        false,
+      );
       expect(await conflicts(registry)).toBe(0);
       expect(await usage(budget)).toEqual({ spent: 0, reserved: 9 });
     });
@@ -172,9 +198,7 @@ describe.skipIf(!hasPostgresServer)('three replicas meeting on one counter (need
   let databases: Database[];
 
   beforeAll(async () => {
-    databases = await Promise.all(
-      [0, 1, 2].map(() => openPool(testDb.url, 5)),
-    );
+    databases = await Promise.all([0, 1, 2].map(() => openPool(testDb.url, 5)));
     await Promise.all(databases.map((d) => d.ping()));
   });
   afterAll(async () => {
@@ -196,7 +220,12 @@ describe.skipIf(!hasPostgresServer)('three replicas meeting on one counter (need
           Array.from({ length: 10 }, async () => {
             while (next < 300) {
               next += 1;
-              const result = await ledger.reserve({ tenantId: tenant, agentId: 'agent.one', runId: `run-${next}`, units: 1 });
+              const result = await ledger.reserve({
+                tenantId: tenant,
+                agentId: 'agent.one',
+                runId: `run-${next}`,
+                units: 1,
+              });
               if (result.ok) admitted += 1;
             }
           }),

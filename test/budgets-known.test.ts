@@ -2,7 +2,13 @@ import type { Kysely, KyselyPlugin } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
-import { changeBudgetLimits, createBudget, getBudget, removeBudget, type BudgetDraft } from '../src/budgets/budget-service.js';
+import {
+  changeBudgetLimits,
+  createBudget,
+  getBudget,
+  removeBudget,
+  type BudgetDraft,
+} from '../src/budgets/budget-service.js';
 import { runCounterKey } from '../src/budgets/budget.js';
 import { readCounters } from '../src/budgets/budget-ledger-repository.js';
 import { runTotalCounter } from '../src/budgets/known-ledger.js';
@@ -42,7 +48,12 @@ function replica(): { ledger: BudgetLedger; statements: () => number } {
     transformResult: async (args) => args.result,
   };
   const db: Kysely<DB> = testDb.database.db.withPlugin(counting);
-  const ledger = new BudgetLedger(db, { now: clock.now, registry: new Registry(), reservationTtlMs: 900_000, sweepIntervalMs: 0 });
+  const ledger = new BudgetLedger(db, {
+    now: clock.now,
+    registry: new Registry(),
+    reservationTtlMs: 900_000,
+    sweepIntervalMs: 0,
+  });
   ledgers.push(ledger);
   return { ledger, statements: () => statements };
 }
@@ -50,7 +61,16 @@ function replica(): { ledger: BudgetLedger; statements: () => number } {
 async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenantId'>): Promise<string> {
   const result = await createBudget(
     testDb.database.db,
-    { scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits: 10, warnRatio: 1, graceUnits: 0, ...draft },
+    {
+      scope: 'tenant',
+      agentId: null,
+      runId: null,
+      period: 'total',
+      limitUnits: 10,
+      warnRatio: 1,
+      graceUnits: 0,
+      ...draft,
+    },
     context(),
   );
   if (!result.ok) throw new Error('budget conflict');
@@ -105,7 +125,11 @@ describe('a ledger that knows its budgets and counters', () => {
     admitted(await a.ledger.reserve(call(tenant, 6))); // a knows 6 of 10
     admitted(await b.ledger.reserve(call(tenant, 3))); // now 9 of 10
     const result = await a.ledger.reserve(call(tenant, 2));
-    expect(result).toMatchObject({ ok: false, code: 'budget_exceeded', details: { budget_id: id, consumed_units: 9, requested_units: 2 } });
+    expect(result).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { budget_id: id, consumed_units: 9, requested_units: 2 },
+    });
     expect(await usage(id)).toEqual({ spent: 0, reserved: 9 });
   });
 
@@ -126,8 +150,18 @@ describe('a ledger that knows its budgets and counters', () => {
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
     // Created mid-day, the agent's budget starts from what the agent holds today: 1 of 2.
-    const agentBudget = await budget({ tenantId: tenant, scope: 'agent', agentId: 'agent.known', period: 'day', limitUnits: 2 });
-    expect(await ledger.reserve(call(tenant, 2))).toMatchObject({ ok: false, code: 'budget_exceeded', details: { budget_id: agentBudget, consumed_units: 1 } });
+    const agentBudget = await budget({
+      tenantId: tenant,
+      scope: 'agent',
+      agentId: 'agent.known',
+      period: 'day',
+      limitUnits: 2,
+    });
+    expect(await ledger.reserve(call(tenant, 2))).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { budget_id: agentBudget, consumed_units: 1 },
+    });
     admitted(await ledger.reserve(call(tenant, 1)));
     expect(await usage(agentBudget)).toEqual({ spent: 1, reserved: 1 }); // the seed counts as spent
   });
@@ -138,7 +172,11 @@ describe('a ledger that knows its budgets and counters', () => {
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
     await changeBudgetLimits(testDb.database.db, id, { limitUnits: 3 }, context());
-    expect(await ledger.reserve(call(tenant, 3))).toMatchObject({ ok: false, code: 'budget_exceeded', details: { budget_id: id, limit_units: 3 } });
+    expect(await ledger.reserve(call(tenant, 3))).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { budget_id: id, limit_units: 3 },
+    });
     await changeBudgetLimits(testDb.database.db, id, { limitUnits: 4, graceUnits: 1 }, context());
     expect(await ledger.reserve(call(tenant, 4))).toMatchObject({ ok: true, verdict: 'grace' });
     expect(await usage(id)).toEqual({ spent: 0, reserved: 5 });
@@ -152,7 +190,11 @@ describe('a ledger that knows its budgets and counters', () => {
     await removeBudget(testDb.database.db, id, context());
     admitted(await ledger.reserve(call(tenant, 4)));
     admitted(await ledger.reserve(call(tenant, 4)));
-    const [counter] = await testDb.database.db.selectFrom('budget_counters').select('reserved_units').where('counter_key', '=', id).execute();
+    const [counter] = await testDb.database.db
+      .selectFrom('budget_counters')
+      .select('reserved_units')
+      .where('counter_key', '=', id)
+      .execute();
     expect(counter).toEqual({ reserved_units: '4.000000' });
   });
 
@@ -163,7 +205,11 @@ describe('a ledger that knows its budgets and counters', () => {
     admitted(await ledger.reserve(call(tenant, 1)));
     const runId = fresh('run');
     const runBudget = await budget({ tenantId: tenant, scope: 'run', runId, limitUnits: 2 });
-    expect(await ledger.reserve(call(tenant, 3, { runId }))).toMatchObject({ ok: false, code: 'budget_exceeded', details: { budget_id: runBudget } });
+    expect(await ledger.reserve(call(tenant, 3, { runId }))).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { budget_id: runBudget },
+    });
     admitted(await ledger.reserve(call(tenant, 2, { runId })));
     expect(await usage(runBudget)).toEqual({ spent: 0, reserved: 2 });
   });
@@ -177,10 +223,16 @@ describe('a ledger that knows its budgets and counters', () => {
     const runId = fresh('run');
     admitted(await b.ledger.reserve(call(tenant, 3, { runId, requestLimitUnits: 5 })));
     // The run goes on on replica a: its request allows 5 in all, 3 are already reserved.
-    expect(await a.ledger.reserve(call(tenant, 3, { runId, requestLimitUnits: 5 }))).toMatchObject({ ok: false, code: 'budget_exceeded', details: { source: 'request' } });
+    expect(await a.ledger.reserve(call(tenant, 3, { runId, requestLimitUnits: 5 }))).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { source: 'request' },
+    });
     admitted(await a.ledger.reserve(call(tenant, 2, { runId, requestLimitUnits: 5 })));
     const total = runTotalCounter({ tenantId: tenant, agentId: 'agent.known', runId });
     expect(total.key).toBe(runCounterKey(tenant, runId));
-    expect([...(await readCounters(testDb.database.db, [total])).values()]).toEqual([{ spentMicros: 0, reservedMicros: 5_000_000 }]);
+    expect([...(await readCounters(testDb.database.db, [total])).values()]).toEqual([
+      { spentMicros: 0, reservedMicros: 5_000_000 },
+    ]);
   });
 });

@@ -39,7 +39,10 @@ function freshTenant(): string {
 }
 
 async function createBudget(tenant: string, body: Record<string, unknown>): Promise<string> {
-  const res = await client.post('/budgets', { token: platform, body: { tenant_id: tenant, warn_ratio: 1, grace_units: 0, ...body } });
+  const res = await client.post('/budgets', {
+    token: platform,
+    body: { tenant_id: tenant, warn_ratio: 1, grace_units: 0, ...body },
+  });
   expect(res.status, res.text).toBe(201);
   return res.body.id as string;
 }
@@ -66,7 +69,13 @@ function admitted(result: ReserveResult) {
 describe('verdicts', () => {
   it('admits ok, then warn at warn_ratio, grace past the limit, and refuses past limit + grace', async () => {
     const tenant = freshTenant();
-    const id = await createBudget(tenant, { scope: 'tenant', period: 'month', limit_units: 10, warn_ratio: 0.5, grace_units: 2 });
+    const id = await createBudget(tenant, {
+      scope: 'tenant',
+      period: 'month',
+      limit_units: 10,
+      warn_ratio: 0.5,
+      grace_units: 2,
+    });
     const verdicts: string[] = [];
     for (const units of [4, 1, 5, 1, 1]) verdicts.push(admitted(await ledger.reserve(call(tenant, units))).verdict);
     // Consumption 4 (ok), 5 (= 0.5 × 10: warn), 10 (the limit itself: warn), 11 and 12 (grace).
@@ -92,8 +101,19 @@ describe('verdicts', () => {
 
   it('carries a warning for each budget past its warn ratio or in its grace', async () => {
     const tenant = freshTenant();
-    const monthly = await createBudget(tenant, { scope: 'tenant', period: 'month', limit_units: 100, warn_ratio: 0.05 });
-    const daily = await createBudget(tenant, { scope: 'agent', agent_id: 'agent.one', period: 'day', limit_units: 4, grace_units: 1 });
+    const monthly = await createBudget(tenant, {
+      scope: 'tenant',
+      period: 'month',
+      limit_units: 100,
+      warn_ratio: 0.05,
+    });
+    const daily = await createBudget(tenant, {
+      scope: 'agent',
+      agent_id: 'agent.one',
+      period: 'day',
+      limit_units: 4,
+      grace_units: 1,
+    });
     const result = admitted(await ledger.reserve(call(tenant, 5)));
     expect(result.verdict).toBe('grace');
     expect(result.warnings).toEqual([
@@ -123,12 +143,21 @@ describe('every applicable budget, all or nothing', () => {
   it('checks the tenant, agent and run budgets together and holds nothing when one refuses', async () => {
     const tenant = freshTenant();
     const tenantBudget = await createBudget(tenant, { scope: 'tenant', period: 'day', limit_units: 100 });
-    const agentBudget = await createBudget(tenant, { scope: 'agent', agent_id: 'agent.one', period: 'total', limit_units: 5 });
+    const agentBudget = await createBudget(tenant, {
+      scope: 'agent',
+      agent_id: 'agent.one',
+      period: 'total',
+      limit_units: 5,
+    });
     const runBudget = await createBudget(tenant, { scope: 'run', run_id: 'run-1', period: 'month', limit_units: 50 });
 
     const refused = await ledger.reserve(call(tenant, 6));
-    expect(refused).toMatchObject({ ok: false, details: { budget_id: agentBudget, exceeded_budget_ids: [agentBudget] } });
-    for (const id of [tenantBudget, agentBudget, runBudget]) expect(await usage(id)).toMatchObject({ reserved_units: 0 });
+    expect(refused).toMatchObject({
+      ok: false,
+      details: { budget_id: agentBudget, exceeded_budget_ids: [agentBudget] },
+    });
+    for (const id of [tenantBudget, agentBudget, runBudget])
+      expect(await usage(id)).toMatchObject({ reserved_units: 0 });
 
     // Another agent in another run is held only by the tenant budget.
     admitted(await ledger.reserve(call(tenant, 6, { agentId: 'agent.two', runId: 'run-2' })));
@@ -156,7 +185,10 @@ describe("the request's own budget_units", () => {
     const tenant = freshTenant();
     await createBudget(tenant, { scope: 'run', run_id: 'run-1', period: 'total', limit_units: 10 });
     const refused = await ledger.reserve(call(tenant, 4, { requestLimitUnits: 3 }));
-    expect(refused).toMatchObject({ ok: false, details: { source: 'request', budget_id: null, limit_units: 3, exceeded_budget_ids: [] } });
+    expect(refused).toMatchObject({
+      ok: false,
+      details: { source: 'request', budget_id: null, limit_units: 3, exceeded_budget_ids: [] },
+    });
     expect(admitted(await ledger.reserve(call(tenant, 3, { requestLimitUnits: 3 }))).verdict).toBe('ok');
   });
 
@@ -167,7 +199,7 @@ describe("the request's own budget_units", () => {
     expect(refused).toMatchObject({ ok: false, details: { source: 'budget', budget_id: policy } });
   });
 
-  it("counts what the run spent before, even in requests that gave no budget_units", async () => {
+  it('counts what the run spent before, even in requests that gave no budget_units', async () => {
     const tenant = freshTenant();
     const first = admitted(await ledger.reserve(call(tenant, 2)));
     await ledger.settle(first.reservation, 2);
@@ -187,7 +219,11 @@ describe('settle and release', () => {
     const { reservation } = admitted(await ledger.reserve(call(tenant, 3)));
     expect(await ledger.settle(reservation, 1.5)).toBe('settled');
     expect(await usage(id)).toMatchObject({ spent_units: 1.5, reserved_units: 0 });
-    const row = await testDb.database.db.selectFrom('budget_reservations').selectAll().where('id', '=', reservation.id).executeTakeFirstOrThrow();
+    const row = await testDb.database.db
+      .selectFrom('budget_reservations')
+      .selectAll()
+      .where('id', '=', reservation.id)
+      .executeTakeFirstOrThrow();
     expect(row).toMatchObject({ status: 'settled', units: '3.000000', actual_units: '1.500000' });
     // What the actual cost left unused is available again: 10 - 1.5.
     admitted(await ledger.reserve(call(tenant, 8.5)));
@@ -218,7 +254,11 @@ describe('settle and release', () => {
     const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
     const { reservation } = admitted(await ledger.reserve(call(tenant, 2)));
     // All three in one batch: the first wins, the others were too late.
-    const outcomes = await Promise.all([ledger.settle(reservation, 2), ledger.settle(reservation, 3), ledger.release(reservation)]);
+    const outcomes = await Promise.all([
+      ledger.settle(reservation, 2),
+      ledger.settle(reservation, 3),
+      ledger.release(reservation),
+    ]);
     expect(outcomes).toEqual(['settled', 'already_closed', 'already_closed']);
     expect(await ledger.settle(reservation, 4)).toBe('already_closed');
     expect(await ledger.release(reservation)).toBe('already_closed');
@@ -252,7 +292,11 @@ describe('settle and release', () => {
   it('releases many abandoned reservations a chunk per transaction, so the audit chain is never held for all of them', async () => {
     const tenant = freshTenant();
     const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 1000 });
-    await Promise.all(Array.from({ length: 120 }, (_, i) => ledger.reserve(call(tenant, 1, { runId: `abandoned-${i}` })).then(admitted)));
+    await Promise.all(
+      Array.from({ length: 120 }, (_, i) =>
+        ledger.reserve(call(tenant, 1, { runId: `abandoned-${i}` })).then(admitted),
+      ),
+    );
     expect(await usage(id)).toMatchObject({ reserved_units: 120 });
     clock.advance(client.app.services.config.budgetReservationTtlSeconds * 1000);
     expect(await ledger.releaseExpired()).toBeGreaterThanOrEqual(120);
@@ -278,26 +322,36 @@ describe('settle and release', () => {
     expect(await ledger.settle(reservation, 3)).toBe('already_closed');
     expect(await ledger.release(reservation)).toBe('already_closed');
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
-    const row = await testDb.database.db.selectFrom('budget_reservations').selectAll().where('id', '=', reservation.id).executeTakeFirstOrThrow();
+    const row = await testDb.database.db
+      .selectFrom('budget_reservations')
+      .selectAll()
+      .where('id', '=', reservation.id)
+      .executeTakeFirstOrThrow();
     expect(row).toMatchObject({ status: 'settled', units: '4.000000', actual_units: '3.000000' });
   });
 
-  it.skipIf(!hasPostgresServer)('charges a call whose settlement meets the sweep expiring its reservation (needs a PostgreSQL server)', async () => {
-    const tenant = freshTenant();
-    const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
-    const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
-    const db = testDb.database.db;
-    let settling: Promise<string> | undefined;
-    // The sweep has closed the reservation but not committed when the settlement reaches its row.
-    await db.transaction().execute(async (trx) => {
-      expect((await closeAndUncharge(trx, [{ id: reservation.id, status: 'expired', actualMicros: null }], clock.now())).closed).toEqual(new Set([reservation.id]));
-      settling = ledger.settle(reservation, 3);
-      await until('the settlement to wait for the sweep', async () => (await lockWaits(db)) > 0);
-      expect(await lockWaits(db)).toBe(1);
-    });
-    expect(await settling).toBe('settled_after_expiry');
-    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
-  });
+  it.skipIf(!hasPostgresServer)(
+    'charges a call whose settlement meets the sweep expiring its reservation (needs a PostgreSQL server)',
+    async () => {
+      const tenant = freshTenant();
+      const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
+      const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
+      const db = testDb.database.db;
+      let settling: Promise<string> | undefined;
+      // The sweep has closed the reservation but not committed when the settlement reaches its row.
+      await db.transaction().execute(async (trx) => {
+        expect(
+          (await closeAndUncharge(trx, [{ id: reservation.id, status: 'expired', actualMicros: null }], clock.now()))
+            .closed,
+        ).toEqual(new Set([reservation.id]));
+        settling = ledger.settle(reservation, 3);
+        await until('the settlement to wait for the sweep', async () => (await lockWaits(db)) > 0);
+        expect(await lockWaits(db)).toBe(1);
+      });
+      expect(await settling).toBe('settled_after_expiry');
+      expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
+    },
+  );
 });
 
 describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a PostgreSQL server)', () => {
@@ -311,7 +365,16 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
    * hand-off closes (its parent ended it), and `close` reaches the call's reservation while the
    * hand-off, which has just charged it to the parent too, has not committed.
    */
-  async function closeDuringHandoffEnd(units: number, close: (reservation: { id: string; tenantId: string; agentId: string; runId: string; units: number }) => Promise<string>) {
+  async function closeDuringHandoffEnd(
+    units: number,
+    close: (reservation: {
+      id: string;
+      tenantId: string;
+      agentId: string;
+      runId: string;
+      units: number;
+    }) => Promise<string>,
+  ) {
     const tenant = freshTenant();
     const db = testDb.database.db;
     await db.transaction().execute(async (trx) => {
@@ -322,7 +385,11 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
     let closing: Promise<string> | undefined;
     await db.transaction().execute(async (trx) => {
       await lockAuditChain(trx);
-      await returnSubRunAllowances(trx, [{ tenantId: tenant, parentRunId: 'parent', subRunId: 'sub', heldUnits: 5 }], clock.now());
+      await returnSubRunAllowances(
+        trx,
+        [{ tenantId: tenant, parentRunId: 'parent', subRunId: 'sub', heldUnits: 5 }],
+        clock.now(),
+      );
       closing = close(reservation);
       await until('the close to wait for the hand-off', async () => (await lockWaits(db)) > 0);
       expect(await lockWaits(db)).toBe(1);
@@ -336,7 +403,11 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
     expect(outcome).toBe('released');
     expect(await runTotal(tenant, 'sub')).toEqual({ spentMicros: 0, reservedMicros: 0 });
     expect(await runTotal(tenant, 'parent')).toEqual({ spentMicros: 0, reservedMicros: 0 });
-    const row = await testDb.database.db.selectFrom('budget_reservations').select('status').where('id', '=', reservation.id).executeTakeFirstOrThrow();
+    const row = await testDb.database.db
+      .selectFrom('budget_reservations')
+      .select('status')
+      .where('id', '=', reservation.id)
+      .executeTakeFirstOrThrow();
     expect(row.status).toBe('released');
   });
 
@@ -360,7 +431,11 @@ describe('periods', () => {
     clock.set('2030-02-11T00:00:00.000Z');
     admitted(await ledger.reserve(call(tenant, 5)));
     expect((await ledger.reserve(call(tenant, 1))).ok).toBe(false);
-    expect(await usage(daily)).toMatchObject({ period_start: '2030-02-11T00:00:00.000Z', reserved_units: 5, spent_units: 0 });
+    expect(await usage(daily)).toMatchObject({
+      period_start: '2030-02-11T00:00:00.000Z',
+      reserved_units: 5,
+      spent_units: 0,
+    });
     expect(await usage(monthly)).toMatchObject({ period_start: '2030-02-01T00:00:00.000Z', reserved_units: 10 });
 
     // Yesterday's call settles against yesterday's window, not today's.
@@ -369,7 +444,11 @@ describe('periods', () => {
     expect(await usage(monthly)).toMatchObject({ reserved_units: 5, spent_units: 5 });
 
     clock.set('2030-03-01T00:00:00.000Z');
-    expect(await usage(monthly)).toMatchObject({ period_start: '2030-03-01T00:00:00.000Z', reserved_units: 0, spent_units: 0 });
+    expect(await usage(monthly)).toMatchObject({
+      period_start: '2030-03-01T00:00:00.000Z',
+      reserved_units: 0,
+      spent_units: 0,
+    });
   });
 
   it('starts a new budget from what its subject already spent in the current period', async () => {
@@ -383,7 +462,12 @@ describe('periods', () => {
     admitted(await ledger.reserve(call(tenant, 2, { agentId: 'agent.two' })));
 
     const monthly = await createBudget(tenant, { scope: 'tenant', period: 'month', limit_units: 10 });
-    const agent = await createBudget(tenant, { scope: 'agent', agent_id: 'agent.one', period: 'month', limit_units: 10 });
+    const agent = await createBudget(tenant, {
+      scope: 'agent',
+      agent_id: 'agent.one',
+      period: 'month',
+      limit_units: 10,
+    });
     // May so far: 6 settled and 2 still open (counted at their reserved amount); April not at all.
     expect(await usage(monthly)).toMatchObject({ spent_units: 8, reserved_units: 0 });
     expect(await usage(agent)).toMatchObject({ spent_units: 6, reserved_units: 0 });
@@ -417,12 +501,29 @@ describe('changing and removing budgets', () => {
 describe('dry runs', () => {
   it('check answers what reserve would, holding nothing', async () => {
     const tenant = freshTenant();
-    const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 10, warn_ratio: 0.5, grace_units: 1 });
+    const id = await createBudget(tenant, {
+      scope: 'tenant',
+      period: 'total',
+      limit_units: 10,
+      warn_ratio: 0.5,
+      grace_units: 1,
+    });
     admitted(await ledger.reserve(call(tenant, 4)));
-    expect(await ledger.check(call(tenant, 1))).toEqual({ ok: true, verdict: 'warn', warnings: [expect.stringContaining(id)] });
+    expect(await ledger.check(call(tenant, 1))).toEqual({
+      ok: true,
+      verdict: 'warn',
+      warnings: [expect.stringContaining(id)],
+    });
     expect(await ledger.check(call(tenant, 7))).toMatchObject({ ok: true, verdict: 'grace' });
-    expect(await ledger.check(call(tenant, 8))).toMatchObject({ ok: false, code: 'budget_exceeded', details: { budget_id: id } });
-    expect(await ledger.check(call(tenant, 1, { requestLimitUnits: 4 }))).toMatchObject({ ok: false, details: { source: 'request' } });
+    expect(await ledger.check(call(tenant, 8))).toMatchObject({
+      ok: false,
+      code: 'budget_exceeded',
+      details: { budget_id: id },
+    });
+    expect(await ledger.check(call(tenant, 1, { requestLimitUnits: 4 }))).toMatchObject({
+      ok: false,
+      details: { source: 'request' },
+    });
     expect(await usage(id)).toMatchObject({ reserved_units: 4, spent_units: 0 });
   });
 });
@@ -460,11 +561,23 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
       poolSize: 1,
       logger: pino({ level: 'silent' }),
     });
-    const cut = new BudgetLedger(unreachable.db, { now: clock.now, registry: new Registry(), reservationTtlMs: 60_000, sweepIntervalMs: 0 });
+    const cut = new BudgetLedger(unreachable.db, {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 60_000,
+      sweepIntervalMs: 0,
+    });
     try {
       const fake = { id: 'bres_x', tenantId: 't', agentId: 'a', runId: 'r', units: 1 };
       const attempts = [cut.reserve(call('t', 1)), cut.check(call('t', 1)), cut.settle(fake, 1), cut.release(fake)];
-      const errors = await Promise.all(attempts.map((attempt) => attempt.then(() => 'admitted', (e: unknown) => e)));
+      const errors = await Promise.all(
+        attempts.map((attempt) =>
+          attempt.then(
+            () => 'admitted',
+            (e: unknown) => e,
+          ),
+        ),
+      );
       for (const error of errors) expect(isDatabaseUnavailable(error)).toBe(true);
     } finally {
       await cut.close();

@@ -23,9 +23,20 @@ describe.skipIf(!hasPostgresServer)('budget changes racing reservations (needs a
     watcher = new pg.Client({ connectionString: h.db.url });
     await watcher.connect();
     const agents = ['lowered.agent', 'created.agent'];
-    await registerTool(h.client, { id: 'one', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: agents });
-    await registerTool(h.client, { id: 'three', backendUrl: `${backend.url}/echo`, cost_units: 3, allowed_agents: agents });
-    for (const agent of agents) for (const tool of ['one', 'three']) await grantTool(h.client, { tenant: T, agent, tool });
+    await registerTool(h.client, {
+      id: 'one',
+      backendUrl: `${backend.url}/echo`,
+      cost_units: 1,
+      allowed_agents: agents,
+    });
+    await registerTool(h.client, {
+      id: 'three',
+      backendUrl: `${backend.url}/echo`,
+      cost_units: 3,
+      allowed_agents: agents,
+    });
+    for (const agent of agents)
+      for (const tool of ['one', 'three']) await grantTool(h.client, { tenant: T, agent, tool });
   });
 
   afterAll(async () => {
@@ -35,7 +46,10 @@ describe.skipIf(!hasPostgresServer)('budget changes racing reservations (needs a
   });
 
   const call = (client: AppClient, agent: string, tool: string) =>
-    client.post('/runs/execute', { token: tokens.agent(agent, { tenant: T }), body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input: { q: 'x' } }] } });
+    client.post('/runs/execute', {
+      token: tokens.agent(agent, { tenant: T }),
+      body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input: { q: 'x' } }] },
+    });
   const spentPerLedger = async (agent: string) =>
     Number(
       (
@@ -71,7 +85,13 @@ describe.skipIf(!hasPostgresServer)('budget changes racing reservations (needs a
 
   it('a limit lowered while a call is being admitted is decided after that call, and binds every later one', async () => {
     const agent = 'lowered.agent';
-    const budget = await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: agent, limit_units: 10, warn_ratio: 1 });
+    const budget = await createBudget(h.client, {
+      tenant: T,
+      scope: 'agent',
+      agent_id: agent,
+      limit_units: 10,
+      warn_ratio: 1,
+    });
     for (let i = 0; i < 4; i += 1) expect((await call(h.client, agent, 'one')).status).toBe(200);
     let lowered: { status: number; body: any } | undefined;
     await withReservationInFlight(budget.id, agent, async () => {

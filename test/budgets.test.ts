@@ -21,7 +21,14 @@ describe('POST /budgets', () => {
   it('creates a budget in the operator’s own tenant and audits it', async () => {
     const res = await h.client.post('/budgets', {
       token: opsA,
-      body: { scope: 'agent', agent_id: 'a.writer', period: 'day', limit_units: 250.5, warn_ratio: 0.75, grace_units: 10 },
+      body: {
+        scope: 'agent',
+        agent_id: 'a.writer',
+        period: 'day',
+        limit_units: 250.5,
+        warn_ratio: 0.75,
+        grace_units: 10,
+      },
     });
     expect(res.status).toBe(201);
     expect(res.body).toMatchObject({
@@ -44,12 +51,18 @@ describe('POST /budgets', () => {
     expect(event).toMatchObject({
       tenant_id: 'tenant-a',
       actor: 'operator:ops.tenant-a',
-      details: { budget_id: res.body.id, budget: { limit_units: 250.5, warn_ratio: 0.75, grace_units: 10, period: 'day' } },
+      details: {
+        budget_id: res.body.id,
+        budget: { limit_units: 250.5, warn_ratio: 0.75, grace_units: 10, period: 'day' },
+      },
     });
   });
 
   it('defaults warn_ratio to 0.8 and grace_units to 0', async () => {
-    const res = await h.client.post('/budgets', { token: opsA, body: { scope: 'tenant', period: 'month', limit_units: 1000 } });
+    const res = await h.client.post('/budgets', {
+      token: opsA,
+      body: { scope: 'tenant', period: 'month', limit_units: 1000 },
+    });
     expect(res.status).toBe(201);
     expect(res.body).toMatchObject({ warn_ratio: 0.8, grace_units: 0, agent_id: null, run_id: null });
   });
@@ -72,7 +85,9 @@ describe('POST /budgets', () => {
 
   it('creates one budget when identical requests race', async () => {
     const body = { scope: 'agent', agent_id: 'a.racer', period: 'month', limit_units: 5 };
-    const results = await Promise.all(Array.from({ length: 8 }, () => h.client.post('/budgets', { token: opsA, body })));
+    const results = await Promise.all(
+      Array.from({ length: 8 }, () => h.client.post('/budgets', { token: opsA, body })),
+    );
     expect(results.map((r) => r.status).sort()).toEqual([200, 200, 200, 200, 200, 200, 200, 201]);
     expect(new Set(results.map((r) => r.body.id)).size).toBe(1);
   });
@@ -121,7 +136,10 @@ describe('POST /budgets', () => {
     });
     expect(res.status).toBe(404);
     expect(res.body.error.code).toBe('not_found');
-    const listed = await h.client.get('/budgets', { token: platform, query: { tenant_id: 'tenant-b', scope: 'tenant', period: 'day' } });
+    const listed = await h.client.get('/budgets', {
+      token: platform,
+      query: { tenant_id: 'tenant-b', scope: 'tenant', period: 'day' },
+    });
     expect(listed.body.items).toEqual([]);
     const [event] = await auditEvents({ event_type: 'security.cross_tenant_attempt' });
     expect(event).toMatchObject({
@@ -133,7 +151,10 @@ describe('POST /budgets', () => {
 
   it('refuses agents with 403 agent_forbidden', async () => {
     const agent = tokens.agent('a.sneaky', { tenant: 'tenant-a' });
-    const res = await h.client.post('/budgets', { token: agent, body: { scope: 'tenant', period: 'day', limit_units: 1e9 } });
+    const res = await h.client.post('/budgets', {
+      token: agent,
+      body: { scope: 'tenant', period: 'day', limit_units: 1e9 },
+    });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('agent_forbidden');
   });
@@ -168,7 +189,9 @@ describe('GET /budgets', () => {
   it('filters by scope, agent, run and period', async () => {
     const ops = tokens.tenantOperator('tenant-list');
     const ids = async (query: Record<string, string>) =>
-      (await h.client.get('/budgets', { token: ops, query })).body.items.map((b: { limit_units: number }) => b.limit_units);
+      (await h.client.get('/budgets', { token: ops, query })).body.items.map(
+        (b: { limit_units: number }) => b.limit_units,
+      );
     expect(await ids({ scope: 'agent' })).toEqual([5, 3, 2]);
     expect(await ids({ agent_id: 'l.one' })).toEqual([5, 2]);
     expect(await ids({ agent_id: 'l.one', period: 'day' })).toEqual([2]);
@@ -180,7 +203,10 @@ describe('GET /budgets', () => {
     const seen: string[] = [];
     let cursor: string | undefined;
     for (let page = 0; page < 10; page += 1) {
-      const res = await h.client.get('/budgets', { token: platform, query: { tenant_id: 'tenant-list', limit: 2, cursor } });
+      const res = await h.client.get('/budgets', {
+        token: platform,
+        query: { tenant_id: 'tenant-list', limit: 2, cursor },
+      });
       expect(res.body.items.length).toBeLessThanOrEqual(2);
       seen.push(...res.body.items.map((b: { id: string }) => b.id));
       cursor = res.body.next_cursor ?? undefined;
@@ -236,18 +262,38 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
   });
 
   it('changes limits with PUT, keeps what was spent, and audits before and after', async () => {
-    const id = await create(opsA, { scope: 'agent', agent_id: 'u.changer', period: 'total', limit_units: 10, warn_ratio: 0.5, grace_units: 1 });
+    const id = await create(opsA, {
+      scope: 'agent',
+      agent_id: 'u.changer',
+      period: 'total',
+      limit_units: 10,
+      warn_ratio: 0.5,
+      grace_units: 1,
+    });
     const res = await h.client.put(`/budgets/${id}`, { token: opsA, body: { limit_units: 20, grace_units: 0 } });
     expect(res.status).toBe(200);
-    expect(res.body).toMatchObject({ id, limit_units: 20, warn_ratio: 0.5, grace_units: 0, updated_by: 'operator:ops.tenant-a' });
+    expect(res.body).toMatchObject({
+      id,
+      limit_units: 20,
+      warn_ratio: 0.5,
+      grace_units: 0,
+      updated_by: 'operator:ops.tenant-a',
+    });
     expect((await h.client.get(`/budgets/${id}`, { token: opsA })).body.limit_units).toBe(20);
     const [event] = await auditEvents({ event_type: 'budget.updated', agent_id: 'u.changer' });
     expect(event).toMatchObject({
       tenant_id: 'tenant-a',
-      details: { budget_id: id, before: { limit_units: 10, grace_units: 1 }, after: { limit_units: 20, grace_units: 0, warn_ratio: 0.5 } },
+      details: {
+        budget_id: id,
+        before: { limit_units: 10, grace_units: 1 },
+        after: { limit_units: 20, grace_units: 0, warn_ratio: 0.5 },
+      },
     });
     // The same limits again change nothing and record nothing.
-    const same = await h.client.put(`/budgets/${id}`, { token: tokens.tenantOperator('tenant-a', 'ops.other'), body: { limit_units: 20 } });
+    const same = await h.client.put(`/budgets/${id}`, {
+      token: tokens.tenantOperator('tenant-a', 'ops.other'),
+      body: { limit_units: 20 },
+    });
     expect(same.body).toMatchObject({ limit_units: 20, updated_by: 'operator:ops.tenant-a' });
     expect(await auditEvents({ event_type: 'budget.updated', agent_id: 'u.changer' })).toHaveLength(1);
   });
@@ -288,10 +334,23 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
       expect(res.body.error.code).toBe('not_found');
       expect(res.text).not.toContain('u.private');
     }
-    expect((await h.client.get(`/budgets/${id}`, { token: opsB })).body).toMatchObject({ limit_units: 10, removed_at: null });
-    const events = (await auditEvents({ event_type: 'security.cross_tenant_attempt' })).filter((e) => e.actor === 'operator:eve');
-    expect(events.map((e) => e.details.route).sort()).toEqual(['DELETE /budgets/{id}', 'GET /budgets/{id}', 'PUT /budgets/{id}']);
-    expect(events.every((e) => e.details.budget_id === id && e.tenant_id === null && e.details.caller_tenant_id === 'tenant-a')).toBe(true);
+    expect((await h.client.get(`/budgets/${id}`, { token: opsB })).body).toMatchObject({
+      limit_units: 10,
+      removed_at: null,
+    });
+    const events = (await auditEvents({ event_type: 'security.cross_tenant_attempt' })).filter(
+      (e) => e.actor === 'operator:eve',
+    );
+    expect(events.map((e) => e.details.route).sort()).toEqual([
+      'DELETE /budgets/{id}',
+      'GET /budgets/{id}',
+      'PUT /budgets/{id}',
+    ]);
+    expect(
+      events.every(
+        (e) => e.details.budget_id === id && e.tenant_id === null && e.details.caller_tenant_id === 'tenant-a',
+      ),
+    ).toBe(true);
   });
 
   it('answers a PUT with a refused body alike for another tenant’s budget and an invented id', async () => {
@@ -315,7 +374,9 @@ describe('GET, PUT and DELETE /budgets/{id}', () => {
   it('lets a platform-operator read, change and remove any tenant’s budget', async () => {
     const id = await create(opsB, { scope: 'agent', agent_id: 'u.managed', period: 'day', limit_units: 10 });
     expect((await h.client.get(`/budgets/${id}`, { token: platform })).status).toBe(200);
-    expect((await h.client.put(`/budgets/${id}`, { token: platform, body: { warn_ratio: 0.5 } })).body.warn_ratio).toBe(0.5);
+    expect((await h.client.put(`/budgets/${id}`, { token: platform, body: { warn_ratio: 0.5 } })).body.warn_ratio).toBe(
+      0.5,
+    );
     expect((await h.client.request('DELETE', `/budgets/${id}`, { token: platform })).status).toBe(200);
   });
 });

@@ -21,21 +21,48 @@ describe('toolgate --help', () => {
   it('has a command for everything an operator does with the API', () => {
     const paths = commands.map((c) => c.path);
     for (const expected of [
-      'toolgate tools register', 'toolgate tools list', 'toolgate tools show', 'toolgate tools deprecate',
-      'toolgate grants create', 'toolgate grants list', 'toolgate grants show', 'toolgate grants revoke', 'toolgate grants renew', 'toolgate grants resolve',
-      'toolgate switches arm', 'toolgate switches disarm', 'toolgate switches list', 'toolgate switches decide',
-      'toolgate budgets create', 'toolgate budgets list', 'toolgate budgets show', 'toolgate budgets update', 'toolgate budgets delete',
-      'toolgate policy get', 'toolgate policy set',
-      'toolgate approvals list', 'toolgate approvals approve', 'toolgate approvals reject',
-      'toolgate runs list', 'toolgate runs show', 'toolgate runs cancel', 'toolgate runs kill', 'toolgate runs pause', 'toolgate runs resume',
-      'toolgate audit tail', 'toolgate audit verify', 'toolgate token',
+      'toolgate tools register',
+      'toolgate tools list',
+      'toolgate tools show',
+      'toolgate tools deprecate',
+      'toolgate grants create',
+      'toolgate grants list',
+      'toolgate grants show',
+      'toolgate grants revoke',
+      'toolgate grants renew',
+      'toolgate grants resolve',
+      'toolgate switches arm',
+      'toolgate switches disarm',
+      'toolgate switches list',
+      'toolgate switches decide',
+      'toolgate budgets create',
+      'toolgate budgets list',
+      'toolgate budgets show',
+      'toolgate budgets update',
+      'toolgate budgets delete',
+      'toolgate policy get',
+      'toolgate policy set',
+      'toolgate approvals list',
+      'toolgate approvals approve',
+      'toolgate approvals reject',
+      'toolgate runs list',
+      'toolgate runs show',
+      'toolgate runs cancel',
+      'toolgate runs kill',
+      'toolgate runs pause',
+      'toolgate runs resume',
+      'toolgate audit tail',
+      'toolgate audit verify',
+      'toolgate token',
     ]) {
       expect(paths).toContain(expected);
     }
   });
 
   it('shows an example on every level', () => {
-    const without = commands.filter(({ cmd }) => !/\nExamples?:\n {2}\$ .*toolgate /.test(helpOf(cmd))).map((c) => c.path);
+    const without = commands
+      .filter(({ cmd }) => !/\nExamples?:\n {2}\$ .*toolgate /.test(helpOf(cmd)))
+      .map((c) => c.path);
     expect(without).toEqual([]);
   });
 });
@@ -47,7 +74,8 @@ describe('durations', () => {
     expect(parseDuration('12h')).toBe(43_200);
     expect(parseDuration('7d')).toBe(604_800);
     expect(parseDuration('2w')).toBe(1_209_600);
-    for (const bad of ['7', '0d', '-1d', '1.5h', '7 days', 'P7D', '']) expect(() => parseDuration(bad)).toThrow(/expected a duration/);
+    for (const bad of ['7', '0d', '-1d', '1.5h', '7 days', 'P7D', ''])
+      expect(() => parseDuration(bad)).toThrow(/expected a duration/);
   });
 
   it('are seconds when bare for `token --ttl`, as `npm run token` always took them', () => {
@@ -58,8 +86,14 @@ describe('durations', () => {
 
 describe('tables', () => {
   it('align columns, show nothing as -, and objects as JSON', () => {
-    expect(table(['ID', 'STATUS', 'BY'], [['grt_1', 'live', { actor_id: 'a' }], ['grt_22', null, undefined]])).toBe(
-      ['ID      STATUS  BY', 'grt_1   live    {"actor_id":"a"}', 'grt_22  -       -'].join('\n'),
-    );
+    expect(
+      table(
+        ['ID', 'STATUS', 'BY'],
+        [
+          ['grt_1', 'live', { actor_id: 'a' }],
+          ['grt_22', null, undefined],
+        ],
+      ),
+    ).toBe(['ID      STATUS  BY', 'grt_1   live    {"actor_id":"a"}', 'grt_22  -       -'].join('\n'));
   });
 });

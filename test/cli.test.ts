@@ -46,7 +46,8 @@ function toolgate(args: string[], env: Record<string, string> = {}): Promise<Out
 }
 
 const json = (outcome: Outcome) => JSON.parse(outcome.stdout) as any;
-const callAsAgent = (input: unknown) => toolgate(['runs', 'execute', '--tool', 'cli.echo', '--input', JSON.stringify(input)], { TOOLGATE_TOKEN: agent });
+const callAsAgent = (input: unknown) =>
+  toolgate(['runs', 'execute', '--tool', 'cli.echo', '--input', JSON.stringify(input)], { TOOLGATE_TOKEN: agent });
 
 beforeAll(async () => {
   await backend.start();
@@ -59,11 +60,23 @@ beforeAll(async () => {
   }
   gateway = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
     cwd: root,
-    env: bareEnv({ PORT: String(port), TOOLGATE_JWT_SECRET: TEST_JWT_SECRET, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn', ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}) }),
+    env: bareEnv({
+      PORT: String(port),
+      TOOLGATE_JWT_SECRET: TEST_JWT_SECRET,
+      TOOLGATE_DATA_DIR: dataDir,
+      LOG_LEVEL: 'warn',
+      ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
+    }),
   });
   url = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 1500; i += 1) {
-    if (await fetch(`${url}/ready`).then((r) => r.ok, () => false)) return;
+    if (
+      await fetch(`${url}/ready`).then(
+        (r) => r.ok,
+        () => false,
+      )
+    )
+      return;
     await new Promise((r) => setTimeout(r, 100));
   }
   throw new Error('the gateway did not become ready');
@@ -121,18 +134,38 @@ describe('toolgate, run as an operator runs it', () => {
     expect(first.stdout).toMatch(/registered\s+cli\.echo\s+1\.0\.0/);
     expect(first.stdout).toMatch(/registered\s+cli\.lookup\s+1\.0\.0/);
 
-    const stored = (id: string) => fetch(`${url}/tools/${id}`, { headers: { authorization: `Bearer ${operator}` } }).then((r) => r.json() as Promise<{ backend: { url: string } }>);
+    const stored = (id: string) =>
+      fetch(`${url}/tools/${id}`, { headers: { authorization: `Bearer ${operator}` } }).then(
+        (r) => r.json() as Promise<{ backend: { url: string } }>,
+      );
     expect((await stored('cli.lookup')).backend.url).toBe(`${backend.url}/demo/cli.lookup`);
     expect((await stored('cli.echo')).backend.url).toBe(`${backend.url}/echo`);
 
     const again = await toolgate(['tools', 'register', dir, '--backend-base', `${backend.url}/demo`, '--json']);
     expect(again.status).toBe(0);
-    expect(json(again).items.map((r: { id: string; result: string }) => `${r.id} ${r.result}`)).toEqual(['cli.echo unchanged', 'cli.lookup unchanged']);
+    expect(json(again).items.map((r: { id: string; result: string }) => `${r.id} ${r.result}`)).toEqual([
+      'cli.echo unchanged',
+      'cli.lookup unchanged',
+    ]);
   }, 120_000);
 
   it('grants a tool for a duration, after which the agent calls it', async () => {
     const before = Date.now();
-    const created = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'cli.echo', '--scope', 'per-tenant', '--ttl', '7d', '--reason', 'pilot', '--json']);
+    const created = await toolgate([
+      'grants',
+      'create',
+      '--agent',
+      'cli.agent',
+      '--tool',
+      'cli.echo',
+      '--scope',
+      'per-tenant',
+      '--ttl',
+      '7d',
+      '--reason',
+      'pilot',
+      '--json',
+    ]);
     expect(created.status).toBe(0);
     const grant = json(created);
     expect(grant).toMatchObject({ agent_id: 'cli.agent', tool_id: 'cli.echo', status: 'live', rationale: 'pilot' });
@@ -148,7 +181,21 @@ describe('toolgate, run as an operator runs it', () => {
   }, 120_000);
 
   it('arms a switch that refuses the call, and disarms it by target', async () => {
-    const armed = await toolgate(['switches', 'arm', '--scope', 'tool', '--target', 'cli.echo', '--tenant', 't1', '--reason', 'incident 7', '--copy', 'Echo is paused', '--json']);
+    const armed = await toolgate([
+      'switches',
+      'arm',
+      '--scope',
+      'tool',
+      '--target',
+      'cli.echo',
+      '--tenant',
+      't1',
+      '--reason',
+      'incident 7',
+      '--copy',
+      'Echo is paused',
+      '--json',
+    ]);
     expect(armed.status).toBe(0);
     const switchId = json(armed).id;
 
@@ -169,22 +216,75 @@ describe('toolgate, run as an operator runs it', () => {
 
     const grants = [];
     for (const ref of ['s1', 's2']) {
-      const created = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'cli.echo', '--scope', 'per-session', '--ref', ref, '--ttl', '1h', '--reason', 'sessions', '--json']);
+      const created = await toolgate([
+        'grants',
+        'create',
+        '--agent',
+        'cli.agent',
+        '--tool',
+        'cli.echo',
+        '--scope',
+        'per-session',
+        '--ref',
+        ref,
+        '--ttl',
+        '1h',
+        '--reason',
+        'sessions',
+        '--json',
+      ]);
       grants.push(json(created).id);
     }
-    const byMatch = await toolgate(['grants', 'revoke', '--agent', 'cli.agent', '--tool', 'cli.echo', '--reason', 'incident 8', '--json']);
+    const byMatch = await toolgate([
+      'grants',
+      'revoke',
+      '--agent',
+      'cli.agent',
+      '--tool',
+      'cli.echo',
+      '--reason',
+      'incident 8',
+      '--json',
+    ]);
     expect(byMatch.status).toBe(0);
     const revoked = json(byMatch).items;
     expect(revoked.map((g: { id: string }) => g.id).sort()).toEqual(grants.sort());
-    expect(revoked.every((g: { status: string; revocation_reason: string }) => g.status === 'revoked' && g.revocation_reason === 'incident 8')).toBe(true);
+    expect(
+      revoked.every(
+        (g: { status: string; revocation_reason: string }) =>
+          g.status === 'revoked' && g.revocation_reason === 'incident 8',
+      ),
+    ).toBe(true);
 
-    const resolved = await toolgate(['grants', 'resolve', '--agent', 'cli.agent', '--tool', 'cli.echo', '--session', 's1']);
+    const resolved = await toolgate([
+      'grants',
+      'resolve',
+      '--agent',
+      'cli.agent',
+      '--tool',
+      'cli.echo',
+      '--session',
+      's1',
+    ]);
     expect(resolved.status).toBe(1);
     expect(resolved.stdout).toContain('cli.agent may not call cli.echo: grant_revoked');
   }, 120_000);
 
   it("exits non-zero on a refusal, with the API's code and message on stderr, and 2 on a usage mistake", async () => {
-    const refused = await toolgate(['grants', 'create', '--agent', 'cli.agent', '--tool', 'no.such.tool', '--scope', 'per-tenant', '--ttl', '1d', '--reason', 'x']);
+    const refused = await toolgate([
+      'grants',
+      'create',
+      '--agent',
+      'cli.agent',
+      '--tool',
+      'no.such.tool',
+      '--scope',
+      'per-tenant',
+      '--ttl',
+      '1d',
+      '--reason',
+      'x',
+    ]);
     expect(refused.status).toBe(1);
     expect(refused.stdout).toBe('');
     expect(refused.stderr).toMatch(/^toolgate: tool_not_registered: .*no\.such\.tool/);
@@ -193,7 +293,20 @@ describe('toolgate, run as an operator runs it', () => {
     expect(call.status).toBe(1);
     expect(call.stderr).toContain('toolgate: grant_revoked:');
 
-    const unitless = await toolgate(['grants', 'create', '--agent', 'a', '--tool', 't', '--scope', 'per-tenant', '--ttl', '7', '--reason', 'x']);
+    const unitless = await toolgate([
+      'grants',
+      'create',
+      '--agent',
+      'a',
+      '--tool',
+      't',
+      '--scope',
+      'per-tenant',
+      '--ttl',
+      '7',
+      '--reason',
+      'x',
+    ]);
     expect(unitless.status).toBe(2);
     expect(unitless.stderr).toContain('expected a duration such as 90s, 15m, 12h, 7d or 2w');
   }, 120_000);
@@ -206,7 +319,11 @@ describe('toolgate, run as an operator runs it', () => {
   }, 30_000);
 
   it('follows the audit log as events are recorded', async () => {
-    const tail = spawn(process.execPath, [join(root, 'bin', 'toolgate.js'), 'audit', 'tail', '--lines', '1', '--interval', '1s', '--json'], { cwd: root, env: bareEnv({ TOOLGATE_URL: url, TOOLGATE_TOKEN: operator }) });
+    const tail = spawn(
+      process.execPath,
+      [join(root, 'bin', 'toolgate.js'), 'audit', 'tail', '--lines', '1', '--interval', '1s', '--json'],
+      { cwd: root, env: bareEnv({ TOOLGATE_URL: url, TOOLGATE_TOKEN: operator }) },
+    );
     let stdout = '';
     tail.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
     try {
@@ -214,10 +331,20 @@ describe('toolgate, run as an operator runs it', () => {
       await fetch(`${url}/kill-switches`, {
         method: 'POST',
         headers: { authorization: `Bearer ${operator}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ scope: 'agent', target: 'someone', tenant_id: 't1', reason: 'tail', user_visible_status_copy: 'paused' }),
+        body: JSON.stringify({
+          scope: 'agent',
+          target: 'someone',
+          tenant_id: 't1',
+          reason: 'tail',
+          user_visible_status_copy: 'paused',
+        }),
       });
-      for (let i = 0; i < 600 && !stdout.includes('kill_switch.armed'); i += 1) await new Promise((r) => setTimeout(r, 50));
-      const events = stdout.trim().split('\n').map((line) => JSON.parse(line) as { seq: number; event_type: string });
+      for (let i = 0; i < 600 && !stdout.includes('kill_switch.armed'); i += 1)
+        await new Promise((r) => setTimeout(r, 50));
+      const events = stdout
+        .trim()
+        .split('\n')
+        .map((line) => JSON.parse(line) as { seq: number; event_type: string });
       expect(events.at(-1)?.event_type).toBe('kill_switch.armed');
       expect(events.map((e) => e.seq)).toEqual([...events.map((e) => e.seq)].sort((a, b) => a - b));
     } finally {
@@ -225,28 +352,32 @@ describe('toolgate, run as an operator runs it', () => {
     }
   }, 120_000);
 
-  it.skipIf(!hasPostgresServer)('verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)', async () => {
-    const anchor = join(mkdtempSync(join(tmpdir(), 'toolgate-anchor-')), 'anchor.json');
-    const first = await toolgate(['audit', 'verify', '--anchor', anchor]);
-    expect(first.status).toBe(0);
-    expect(first.stdout).toMatch(/^audit chain intact: \d+ rows, head seq \d+/);
-    expect(existsSync(anchor)).toBe(true);
-    const kept = JSON.parse(readFileSync(anchor, 'utf8'));
+  it.skipIf(!hasPostgresServer)(
+    'verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)',
+    async () => {
+      const anchor = join(mkdtempSync(join(tmpdir(), 'toolgate-anchor-')), 'anchor.json');
+      const first = await toolgate(['audit', 'verify', '--anchor', anchor]);
+      expect(first.status).toBe(0);
+      expect(first.stdout).toMatch(/^audit chain intact: \d+ rows, head seq \d+/);
+      expect(existsSync(anchor)).toBe(true);
+      const kept = JSON.parse(readFileSync(anchor, 'utf8'));
 
-    const client = new pg.Client({ connectionString: databaseUrl });
-    await client.connect();
-    try {
-      await client.query('alter table audit_events disable trigger audit_events_no_update_delete');
-      await client.query(`update audit_events set actor = 'operator:someone-else' where seq = $1`, [kept.seq - 1]);
-      await client.query('alter table audit_events enable trigger audit_events_no_update_delete');
-    } finally {
-      await client.end();
-    }
-    const second = await toolgate(['audit', 'verify', '--anchor', anchor, '--json']);
-    expect(second.status).toBe(1);
-    expect(json(second)).toMatchObject({ ok: false, first_bad_seq: kept.seq - 1 });
-    expect(second.stderr).toContain(`toolgate: audit chain broken at seq ${kept.seq - 1}`);
-    // A broken chain leaves the anchor as it was.
-    expect(JSON.parse(readFileSync(anchor, 'utf8'))).toEqual(kept);
-  }, 120_000);
+      const client = new pg.Client({ connectionString: databaseUrl });
+      await client.connect();
+      try {
+        await client.query('alter table audit_events disable trigger audit_events_no_update_delete');
+        await client.query(`update audit_events set actor = 'operator:someone-else' where seq = $1`, [kept.seq - 1]);
+        await client.query('alter table audit_events enable trigger audit_events_no_update_delete');
+      } finally {
+        await client.end();
+      }
+      const second = await toolgate(['audit', 'verify', '--anchor', anchor, '--json']);
+      expect(second.status).toBe(1);
+      expect(json(second)).toMatchObject({ ok: false, first_bad_seq: kept.seq - 1 });
+      expect(second.stderr).toContain(`toolgate: audit chain broken at seq ${kept.seq - 1}`);
+      // A broken chain leaves the anchor as it was.
+      expect(JSON.parse(readFileSync(anchor, 'utf8'))).toEqual(kept);
+    },
+    120_000,
+  );
 });

@@ -28,7 +28,12 @@ let port: number;
 beforeAll(async () => {
   h = await startHarness();
   backend = await new TestBackend().start();
-  await registerTool(h.client, { id: 'drain.gated', backendUrl: `${backend.url}/gate`, allowed_agents: [AGENT], timeout_ms: 10_000 });
+  await registerTool(h.client, {
+    id: 'drain.gated',
+    backendUrl: `${backend.url}/gate`,
+    allowed_agents: [AGENT],
+    timeout_ms: 10_000,
+  });
   await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'drain.gated' });
   await h.client.app.listen({ port: 0, host: '127.0.0.1' });
   port = (h.client.app.server.address() as AddressInfo).port;
@@ -60,7 +65,11 @@ describe('closing while clients hold connections open', () => {
     const inFlight = fetch(`http://127.0.0.1:${port}/runs/execute`, {
       method: 'POST',
       headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ run_id: runId, context: {}, plan: [{ tool_id: 'drain.gated', input: { q: 'in flight' } }] }),
+      body: JSON.stringify({
+        run_id: runId,
+        context: {},
+        plan: [{ tool_id: 'drain.gated', input: { q: 'in flight' } }],
+      }),
     });
     await backend.waitForHits('/gate', 1);
 
@@ -72,7 +81,10 @@ describe('closing while clients hold connections open', () => {
     backend.openGate();
     expect((await inFlight).status).toBe(200);
 
-    const ended = await Promise.race([closing.then(() => 'closed'), new Promise((resolve) => setTimeout(() => resolve('still open'), 5_000))]);
+    const ended = await Promise.race([
+      closing.then(() => 'closed'),
+      new Promise((resolve) => setTimeout(() => resolve('still open'), 5_000)),
+    ]);
     expect(ended).toBe('closed');
     for (const socket of [halfHeaders, halfBody, idle]) {
       if (!socket.destroyed) await once(socket, 'close');
@@ -85,12 +97,18 @@ describe('a client hanging up mid-request', () => {
     const lines: Array<Record<string, unknown>> = [];
     const sink = new Writable({
       write(chunk: Buffer, _encoding, done) {
-        for (const line of chunk.toString('utf8').split('\n')) if (line) lines.push(JSON.parse(line) as Record<string, unknown>);
+        for (const line of chunk.toString('utf8').split('\n'))
+          if (line) lines.push(JSON.parse(line) as Record<string, unknown>);
         done();
       },
     });
     const config = testConfig();
-    const app = await buildApp({ config, database: h.db.database, keys: await loadVerificationKeys(config), logger: pino({ level: 'info' }, sink) });
+    const app = await buildApp({
+      config,
+      database: h.db.database,
+      keys: await loadVerificationKeys(config),
+      logger: pino({ level: 'info' }, sink),
+    });
     await app.listen({ port: 0, host: '127.0.0.1' });
     try {
       const token = tokens.platform();
@@ -101,12 +119,21 @@ describe('a client hanging up mid-request', () => {
         const socket = connect(port, '127.0.0.1');
         await once(socket, 'connect');
         socket.on('error', () => undefined);
-        socket.write(`POST /grants HTTP/1.1\r\nhost: toolgate\r\nauthorization: Bearer ${token}\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{"agent_id":`);
+        socket.write(
+          `POST /grants HTTP/1.1\r\nhost: toolgate\r\nauthorization: Bearer ${token}\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{"agent_id":`,
+        );
         await new Promise((resolve) => setTimeout(resolve, 200));
         socket[hangUp]();
-        for (let i = 0; i < 100 && !lines.some((line) => line.msg === CLIENT_WENT_AWAY); i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
-        expect(lines.map((line) => line.msg), hangUp).not.toContain('database unavailable');
-        expect(lines.find((line) => line.msg === CLIENT_WENT_AWAY), hangUp).toMatchObject({ level: 30 });
+        for (let i = 0; i < 100 && !lines.some((line) => line.msg === CLIENT_WENT_AWAY); i += 1)
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        expect(
+          lines.map((line) => line.msg),
+          hangUp,
+        ).not.toContain('database unavailable');
+        expect(
+          lines.find((line) => line.msg === CLIENT_WENT_AWAY),
+          hangUp,
+        ).toMatchObject({ level: 30 });
       }
     } finally {
       await app.close();

@@ -17,7 +17,9 @@ describe('the generated client', () => {
       () => ({ fresh: true, output: '' }),
       (error: { stdout: string; stderr: string }) => ({ fresh: false, output: `${error.stdout}${error.stderr}` }),
     );
-    expect(check.fresh, `src/client/openapi-types.ts is stale: run npm run generate:client\n${check.output}`).toBe(true);
+    expect(check.fresh, `src/client/openapi-types.ts is stale: run npm run generate:client\n${check.output}`).toBe(
+      true,
+    );
   }, 60_000);
 
   it('type-checks a program that imports toolgate/client, and refuses one that misuses it', async () => {
@@ -73,7 +75,9 @@ console.log(grant.granted_to);
           files: ['program.ts'],
         }),
       );
-      const compiled = await run(join(root, 'node_modules', '.bin', 'tsc'), ['-p', join(dir, 'tsconfig.json')], { cwd: root }).then(
+      const compiled = await run(join(root, 'node_modules', '.bin', 'tsc'), ['-p', join(dir, 'tsconfig.json')], {
+        cwd: root,
+      }).then(
         () => ({ ok: true, output: '' }),
         (error: { stdout: string }) => ({ ok: false, output: error.stdout }),
       );
@@ -102,16 +106,22 @@ describe('createToolgateClient against a gateway', () => {
 
   it("throws a refusal as a ToolgateError with the API's code, message, details and status", async () => {
     const api = createToolgateClient({ baseUrl: url, token: tokens.tenantOperator('t1') });
-    const refusal = await unwrap(api.GET('/grants/{id}', { params: { path: { id: 'grt_missing' } } })).catch((error: unknown) => error);
+    const refusal = await unwrap(api.GET('/grants/{id}', { params: { path: { id: 'grt_missing' } } })).catch(
+      (error: unknown) => error,
+    );
     expect(refusal).toBeInstanceOf(ToolgateError);
     expect(refusal).toMatchObject({ status: 404, code: 'not_found', message: 'grant grt_missing not found' });
-    const anonymous = await unwrap(createToolgateClient({ baseUrl: url }).GET('/whoami')).catch((error: unknown) => error);
+    const anonymous = await unwrap(createToolgateClient({ baseUrl: url }).GET('/whoami')).catch(
+      (error: unknown) => error,
+    );
     expect(anonymous).toMatchObject({ status: 401, code: 'unauthenticated' });
   });
 
   it('names the URL it tried when nothing answers there', async () => {
     const nowhere = `http://127.0.0.1:${await freePort()}`;
-    const failure = await unwrap(createToolgateClient({ baseUrl: nowhere }).GET('/health')).catch((error: unknown) => error);
+    const failure = await unwrap(createToolgateClient({ baseUrl: nowhere }).GET('/health')).catch(
+      (error: unknown) => error,
+    );
     expect(failure).toBeInstanceOf(GatewayUnreachableError);
     expect((failure as Error).message).toBe(`cannot reach the gateway at ${nowhere}/health: ECONNREFUSED`);
   });

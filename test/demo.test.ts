@@ -59,9 +59,18 @@ async function call(path: string, input: unknown): Promise<{ status: number; bod
 
 describe('npm run demo:backend', () => {
   it('judges the quickstart’s claims', async () => {
-    expect(await call('fact-check', { claim: 'The Earth orbits the Sun' })).toMatchObject({ status: 200, body: { verdict: 'supported' } });
-    expect(await call('fact-check', { claim: 'The Moon is made of cheese.' })).toMatchObject({ status: 200, body: { verdict: 'refuted' } });
-    expect(await call('fact-check', { claim: 'Cats can fly' })).toMatchObject({ status: 200, body: { verdict: 'unverified' } });
+    expect(await call('fact-check', { claim: 'The Earth orbits the Sun' })).toMatchObject({
+      status: 200,
+      body: { verdict: 'supported' },
+    });
+    expect(await call('fact-check', { claim: 'The Moon is made of cheese.' })).toMatchObject({
+      status: 200,
+      body: { verdict: 'refuted' },
+    });
+    expect(await call('fact-check', { claim: 'Cats can fly' })).toMatchObject({
+      status: 200,
+      body: { verdict: 'unverified' },
+    });
   });
 
   it('answers every agent tool of the example catalog with an output its output_schema accepts', async () => {
@@ -70,10 +79,14 @@ describe('npm run demo:backend', () => {
     for (const tool of agentTools) {
       expect(DEMO_TOOL_PATHS, tool.id).toContain(tool.id);
       const input = SAMPLE_INPUTS[tool.id];
-      expect(ajv.validate(tool.input_schema as object, input), `${tool.id} sample input: ${ajv.errorsText()}`).toBe(true);
+      expect(ajv.validate(tool.input_schema as object, input), `${tool.id} sample input: ${ajv.errorsText()}`).toBe(
+        true,
+      );
       const answer = await call(tool.id, input);
       expect(answer.status, tool.id).toBe(200);
-      expect(ajv.validate(tool.output_schema as object, answer.body), `${tool.id} output: ${ajv.errorsText()}`).toBe(true);
+      expect(ajv.validate(tool.output_schema as object, answer.body), `${tool.id} output: ${ajv.errorsText()}`).toBe(
+        true,
+      );
     }
   });
 

@@ -176,7 +176,10 @@ describe('egress executor: refusals never reach the inside', () => {
     });
     const executor = apiExecutor();
 
-    const result = await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ allowed_hosts: ['*'] }));
+    const result = await executor.execute(
+      { url: `http://api.example.test:${api.port}/` },
+      policy({ allowed_hosts: ['*'] }),
+    );
 
     expect(result).toMatchObject({
       ok: true,
@@ -216,7 +219,10 @@ describe('egress executor: refusals never reach the inside', () => {
     });
     const { resolver, asked } = tableResolver({ 'api.example.test': PUBLIC, 'elsewhere.test': PUBLIC });
     const executor = createEgressExecutor({ allowCidrs, resolver });
-    const result = await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ follow_redirects: true }));
+    const result = await executor.execute(
+      { url: `http://api.example.test:${api.port}/` },
+      policy({ follow_redirects: true }),
+    );
     expect(result).toMatchObject({ reason: 'host_not_allowed', details: { hop: 1, host: 'elsewhere.test' } });
     expect(asked['elsewhere.test']).toBeUndefined();
   });
@@ -256,8 +262,14 @@ describe('egress executor: refusals never reach the inside', () => {
     const executor = apiExecutor();
     const following = policy({ follow_redirects: true, methods: ['GET', 'POST'] });
 
-    await executor.execute({ url: `http://api.example.test:${api.port}/see-other`, method: 'POST', body: 'x' }, following);
-    await executor.execute({ url: `http://api.example.test:${api.port}/temporary`, method: 'POST', body: 'y' }, following);
+    await executor.execute(
+      { url: `http://api.example.test:${api.port}/see-other`, method: 'POST', body: 'x' },
+      following,
+    );
+    await executor.execute(
+      { url: `http://api.example.test:${api.port}/temporary`, method: 'POST', body: 'y' },
+      following,
+    );
 
     expect(api.hits.map((hit) => [hit.method, hit.url, hit.body])).toEqual([
       ['POST', '/see-other', 'x'],
@@ -314,7 +326,9 @@ describe('egress executor: refusals never reach the inside', () => {
     expect(await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy(), narrowing)).toMatchObject({
       ok: true,
     });
-    expect(await executor.execute({ url: `http://other.example.test:${api.port}/` }, policy(), narrowing)).toMatchObject({
+    expect(
+      await executor.execute({ url: `http://other.example.test:${api.port}/` }, policy(), narrowing),
+    ).toMatchObject({
       code: 'egress_denied',
       reason: 'host_not_in_grant',
     });
@@ -353,7 +367,10 @@ describe('egress executor: caps and faults are values', () => {
     });
     const executor = apiExecutor();
     expect(
-      await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ max_response_bytes: 64 * 1024 })),
+      await executor.execute(
+        { url: `http://api.example.test:${api.port}/` },
+        policy({ max_response_bytes: 64 * 1024 }),
+      ),
     ).toMatchObject({ code: 'tool_backend_failed', reason: 'response_too_large' });
   });
 
@@ -362,7 +379,9 @@ describe('egress executor: caps and faults are values', () => {
       /* never responds */
     });
     const executor = apiExecutor();
-    expect(await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ timeout_ms: 200 }))).toEqual({
+    expect(
+      await executor.execute({ url: `http://api.example.test:${api.port}/` }, policy({ timeout_ms: 200 })),
+    ).toEqual({
       ok: false,
       code: 'tool_backend_timeout',
       reason: 'deadline_exceeded',

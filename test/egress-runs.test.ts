@@ -66,7 +66,13 @@ beforeAll(async () => {
     category: 'external_call',
     risk_level: 'medium',
     allowed_agents: [AGENT],
-    egress: { allowed_hosts: ['*.example.test'], schemes: ['http'], methods: ['GET'], follow_redirects: true, max_redirects: 3 },
+    egress: {
+      allowed_hosts: ['*.example.test'],
+      schemes: ['http'],
+      methods: ['GET'],
+      follow_redirects: true,
+      max_redirects: 3,
+    },
     ...egressSchemas,
   });
   await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'web.fetch' });
@@ -83,7 +89,10 @@ afterAll(async () => {
 
 describe('external_call tools through /runs/execute', () => {
   it('fetches an allowed public host and returns {status, headers, body} without set-cookie', async () => {
-    const res = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/data`)] } });
+    const res = await h.client.post('/runs/execute', {
+      token: agent,
+      body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/data`)] },
+    });
     expect(res.status).toBe(200);
     expect(res.body.steps[0].output).toMatchObject({ status: 200, body: { hello: 'world' } });
     expect(res.body.steps[0].output.headers['set-cookie']).toBeUndefined();
@@ -91,21 +100,31 @@ describe('external_call tools through /runs/execute', () => {
 
   it('refuses a host of which one address is private, before any connection', async () => {
     const before = outside.hits.length;
-    const res = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), plan: [fetchStep(`http://mixed.example.test:${outside.port}/data`)] } });
+    const res = await h.client.post('/runs/execute', {
+      token: agent,
+      body: { run_id: newRunId(), plan: [fetchStep(`http://mixed.example.test:${outside.port}/data`)] },
+    });
     expect(res.status).toBe(403);
     expect(res.body.steps[0].error.code).toBe('egress_denied');
     expect(outside.hits.length).toBe(before);
-    const events = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.egress_blocked' } });
+    const events = await h.client.get('/audit', {
+      token: tokens.platform(),
+      query: { event_type: 'security.egress_blocked' },
+    });
     expect(events.body.items.length).toBeGreaterThan(0);
   });
 
   it('never lets a redirect reach the inside', async () => {
-    const res = await h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/redirect-inside`)] } });
+    const res = await h.client.post('/runs/execute', {
+      token: agent,
+      body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/redirect-inside`)] },
+    });
     expect(res.status).toBe(403);
     expect(res.body.steps[0].error.code).toBe('egress_denied');
     expect(inside.hits).toEqual([]);
     // Refused at a redirect hop, as at the input stage: a security event, not a plain failure.
-    const events = (await h.client.get('/audit', { token: tokens.platform(), query: { run_id: res.body.run_id } })).body.items as Array<{ event_type: string }>;
+    const events = (await h.client.get('/audit', { token: tokens.platform(), query: { run_id: res.body.run_id } })).body
+      .items as Array<{ event_type: string }>;
     expect(events.map((e) => e.event_type).sort()).toEqual(['run.step.dispatching', 'security.egress_blocked']);
   });
 
@@ -120,11 +139,22 @@ describe('external_call tools through /runs/execute', () => {
       egress: { allowed_hosts: ['*.example.test'], schemes: ['http'], methods: ['GET'] },
       ...egressSchemas,
     });
-    await grantTool(h.client, { tenant: T, agent: narrowed, tool: 'web.fetch', capability_modifiers: { egress_domains: ['docs.example.test'] } });
+    await grantTool(h.client, {
+      tenant: T,
+      agent: narrowed,
+      tool: 'web.fetch',
+      capability_modifiers: { egress_domains: ['docs.example.test'] },
+    });
     const token = tokens.agent(narrowed, { tenant: T });
-    const allowed = await h.client.post('/runs/execute', { token, body: { run_id: newRunId(), plan: [fetchStep(`http://docs.example.test:${outside.port}/x`)] } });
+    const allowed = await h.client.post('/runs/execute', {
+      token,
+      body: { run_id: newRunId(), plan: [fetchStep(`http://docs.example.test:${outside.port}/x`)] },
+    });
     expect(allowed.status).toBe(200);
-    const refused = await h.client.post('/runs/execute', { token, body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/x`)] } });
+    const refused = await h.client.post('/runs/execute', {
+      token,
+      body: { run_id: newRunId(), plan: [fetchStep(`http://api.example.test:${outside.port}/x`)] },
+    });
     expect(refused.status).toBe(403);
     expect(refused.body.steps[0].error.code).toBe('egress_denied');
   });

@@ -118,10 +118,26 @@ describe('POST /grants', () => {
     ['a per-run grant without scope_ref', { scope: 'per-run' }, 'body.scope_ref'],
     ['a per-tenant grant for another tenant id', { scope_ref: 'elsewhere' }, 'body.scope_ref'],
     ['an unknown capability modifier', { capability_modifiers: { sudo: true } }, 'body.capability_modifiers'],
-    ['a non-positive cost cap', { capability_modifiers: { max_cost_units: 0 } }, 'body.capability_modifiers.max_cost_units'],
-    ['a cost cap that rounds to zero units', { capability_modifiers: { max_cost_units: 1e-300 } }, 'body.capability_modifiers.max_cost_units'],
-    ['a cost cap above the most units any amount may be', { capability_modifiers: { max_cost_units: 1e308 } }, 'body.capability_modifiers.max_cost_units'],
-    ['egress domains on a tool without egress', { capability_modifiers: { egress_domains: ['api.example.com'] } }, 'body.capability_modifiers.egress_domains'],
+    [
+      'a non-positive cost cap',
+      { capability_modifiers: { max_cost_units: 0 } },
+      'body.capability_modifiers.max_cost_units',
+    ],
+    [
+      'a cost cap that rounds to zero units',
+      { capability_modifiers: { max_cost_units: 1e-300 } },
+      'body.capability_modifiers.max_cost_units',
+    ],
+    [
+      'a cost cap above the most units any amount may be',
+      { capability_modifiers: { max_cost_units: 1e308 } },
+      'body.capability_modifiers.max_cost_units',
+    ],
+    [
+      'egress domains on a tool without egress',
+      { capability_modifiers: { egress_domains: ['api.example.com'] } },
+      'body.capability_modifiers.egress_domains',
+    ],
     ['an unknown field', { colour: 'blue' }, 'body'],
   ])('refuses %s with 400 naming the field', async (_name, body, field) => {
     const res = await grant(body as Record<string, unknown>);
@@ -170,14 +186,30 @@ describe('POST /grants run twice', () => {
     expect(again.status).toBe(200);
     expect(again.body).toEqual(first.body);
     // The same modifiers, as stored and read back, are the same grant.
-    const modifiers = await grant({ agent_id: agent, expires_at, scope: 'per-session', scope_ref: 's1', capability_modifiers: { max_cost_units: 3 } });
-    const same = await grant({ agent_id: agent, expires_at, scope: 'per-session', scope_ref: 's1', capability_modifiers: { max_cost_units: 3 } });
+    const modifiers = await grant({
+      agent_id: agent,
+      expires_at,
+      scope: 'per-session',
+      scope_ref: 's1',
+      capability_modifiers: { max_cost_units: 3 },
+    });
+    const same = await grant({
+      agent_id: agent,
+      expires_at,
+      scope: 'per-session',
+      scope_ref: 's1',
+      capability_modifiers: { max_cost_units: 3 },
+    });
     expect(modifiers.status).toBe(201);
     expect([same.status, same.body.id]).toEqual([200, modifiers.body.id]);
-    const created = (await auditEvents('grant.created')).filter((e) => e.agent_id === agent || e.details?.agent_id === agent);
+    const created = (await auditEvents('grant.created')).filter(
+      (e) => e.agent_id === agent || e.details?.agent_id === agent,
+    );
     expect(created).toHaveLength(2);
     // Revoking the one grant leaves nothing granting.
-    expect((await client.post(`/grants/${first.body.id}/revoke`, { token: opA, body: { reason: 'done' } })).status).toBe(200);
+    expect(
+      (await client.post(`/grants/${first.body.id}/revoke`, { token: opA, body: { reason: 'done' } })).status,
+    ).toBe(200);
     expect((await explain({ agent_id: agent })).body).toMatchObject({ ok: false, code: 'grant_revoked' });
     // Once it is revoked, the same request grants anew.
     const anew = await grant({ agent_id: agent, expires_at });
@@ -194,7 +226,9 @@ describe('POST /grants run twice', () => {
       expect(res.body.error).toMatchObject({ code: 'grant_conflict', details: { grant_id: live.body.id } });
     }
     // Other modifiers are another grant.
-    expect((await grant({ agent_id: agent, expires_at: inHours(3), capability_modifiers: { max_cost_units: 2 } })).status).toBe(201);
+    expect(
+      (await grant({ agent_id: agent, expires_at: inHours(3), capability_modifiers: { max_cost_units: 2 } })).status,
+    ).toBe(201);
   });
 
   it('lets identical requests arriving together make one grant', async () => {
@@ -214,16 +248,30 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
     const session = await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'sess-1' });
     const pipeline = await grant({ agent_id: agent, scope: 'per-pipeline-instance', scope_ref: 'pipe-1' });
     const run = await grant({ agent_id: agent, scope: 'per-run', scope_ref: 'run-1' });
-    const full = { agent_id: agent, run_id: 'run-1', pipeline_instance_id: 'pipe-1', session_id: 'sess-1', user_id: 'user-1' };
+    const full = {
+      agent_id: agent,
+      run_id: 'run-1',
+      pipeline_instance_id: 'pipe-1',
+      session_id: 'sess-1',
+      user_id: 'user-1',
+    };
 
     const res = await explain(full);
     expect(res.status).toBe(200);
     expect(res.body).toMatchObject({ ok: true, code: null, grant: { id: run.body.id } });
     expect(res.body.candidates.map((c: { priority: number }) => c.priority)).toEqual([100, 80, 60, 40, 20]);
-    expect(res.body.candidates.map((c: { selected: boolean }) => c.selected)).toEqual([true, false, false, false, false]);
+    expect(res.body.candidates.map((c: { selected: boolean }) => c.selected)).toEqual([
+      true,
+      false,
+      false,
+      false,
+      false,
+    ]);
 
     expect((await explain({ ...full, run_id: 'run-2' })).body.grant.id).toBe(pipeline.body.id);
-    expect((await explain({ agent_id: agent, session_id: 'sess-1', user_id: 'user-1' })).body.grant.id).toBe(session.body.id);
+    expect((await explain({ agent_id: agent, session_id: 'sess-1', user_id: 'user-1' })).body.grant.id).toBe(
+      session.body.id,
+    );
     expect((await explain({ agent_id: agent, user_id: 'user-1' })).body.grant.id).toBe(user.body.id);
     expect((await explain({ agent_id: agent, user_id: 'someone-else' })).body.grant.id).toBe(tenantWide.body.id);
 
@@ -240,7 +288,13 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
   it('breaks a tie within one scope in favour of the most recent grant', async () => {
     const agent = newAgent();
     await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'tie' });
-    const newer = await grant({ agent_id: agent, scope: 'per-session', scope_ref: 'tie', rationale: 'second thoughts', capability_modifiers: { max_cost_units: 5 } });
+    const newer = await grant({
+      agent_id: agent,
+      scope: 'per-session',
+      scope_ref: 'tie',
+      rationale: 'second thoughts',
+      capability_modifiers: { max_cost_units: 5 },
+    });
     expect(newer.status).toBe(201);
     const res = await explain({ agent_id: agent, session_id: 'tie' });
     expect(res.body.grant.id).toBe(newer.body.id);
@@ -249,11 +303,21 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
 
   it('says grant_missing for an agent that never had the tool, or for another tool or tenant', async () => {
     const agent = newAgent();
-    expect((await explain({ agent_id: agent })).body).toMatchObject({ ok: false, code: 'grant_missing', grant: null, candidates: [] });
+    expect((await explain({ agent_id: agent })).body).toMatchObject({
+      ok: false,
+      code: 'grant_missing',
+      grant: null,
+      candidates: [],
+    });
     await grant({ agent_id: agent });
     expect((await explain({ agent_id: agent, tool_id: 'draft.write' })).body.code).toBe('grant_missing');
     expect((await explain({ agent_id: agent }, opB)).body.code).toBe('grant_missing');
-    const decision = await client.app.services.grants.resolve({ tenantId: B, agentId: agent, toolId: 'scf.read', context: { tenant_id: A } });
+    const decision = await client.app.services.grants.resolve({
+      tenantId: B,
+      agentId: agent,
+      toolId: 'scf.read',
+      context: { tenant_id: A },
+    });
     expect(decision).toMatchObject({ ok: false, code: 'grant_missing' });
   });
 
@@ -263,7 +327,11 @@ describe('GET /grants/resolve and services.grants.resolve: SPEC §3 at every cal
     const clocked = await startClient(db.database, clock);
     try {
       const agent = newAgent();
-      const soon = await grant({ agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() }, opA, clocked);
+      const soon = await grant(
+        { agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() },
+        opA,
+        clocked,
+      );
       expect(soon.status).toBe(201);
       // Live until the last millisecond before its expiry; lapsed at it.
       clock.advance(59_999);
@@ -292,11 +360,21 @@ describe('POST /grants/{id}/revoke', () => {
       revocation_reason: 'agent misbehaved',
     });
     expect((await explain({ agent_id: agent })).body).toMatchObject({ ok: false, code: 'grant_revoked' });
-    const decision = await client.app.services.grants.resolve({ tenantId: A, agentId: agent, toolId: 'scf.read', context: {} });
+    const decision = await client.app.services.grants.resolve({
+      tenantId: A,
+      agentId: agent,
+      toolId: 'scf.read',
+      context: {},
+    });
     expect(decision).toMatchObject({ ok: false, code: 'grant_revoked' });
     const events = (await auditEvents('grant.revoked')).filter((e) => e.details.grant_id === g.body.id);
     expect(events).toEqual([
-      expect.objectContaining({ actor: 'operator:alice', tenant_id: A, agent_id: agent, details: expect.objectContaining({ reason: 'agent misbehaved', cascade_depth: 0 }) }),
+      expect.objectContaining({
+        actor: 'operator:alice',
+        tenant_id: A,
+        agent_id: agent,
+        details: expect.objectContaining({ reason: 'agent misbehaved', cascade_depth: 0 }),
+      }),
     ]);
   });
 
@@ -326,7 +404,12 @@ describe('POST /grants/{id}/revoke', () => {
 describe('POST /grants/{id}/renew', () => {
   it('mints a new grant id and ends the old one, which then resolves as revoked', async () => {
     const agent = newAgent();
-    const old = await grant({ agent_id: agent, scope: 'per-user', scope_ref: 'u-7', capability_modifiers: { max_cost_units: 3 } });
+    const old = await grant({
+      agent_id: agent,
+      scope: 'per-user',
+      scope_ref: 'u-7',
+      capability_modifiers: { max_cost_units: 3 },
+    });
     const res = await client.post(`/grants/${old.body.id}/renew`, {
       token: opA,
       body: { rationale: 'quarter two', expires_at: inHours(48) },
@@ -344,18 +427,29 @@ describe('POST /grants/{id}/renew', () => {
     });
 
     const before = await client.get(`/grants/${old.body.id}`, { token: opA });
-    expect(before.body).toMatchObject({ status: 'revoked', superseded_by: res.body.id, revocation_reason: `renewed as ${res.body.id}` });
+    expect(before.body).toMatchObject({
+      status: 'revoked',
+      superseded_by: res.body.id,
+      revocation_reason: `renewed as ${res.body.id}`,
+    });
 
     const resolved = await explain({ agent_id: agent, user_id: 'u-7' });
     expect(resolved.body.grant.id).toBe(res.body.id);
-    expect(resolved.body.candidates.find((c: { grant: { id: string } }) => c.grant.id === old.body.id).status).toBe('revoked');
+    expect(resolved.body.candidates.find((c: { grant: { id: string } }) => c.grant.id === old.body.id).status).toBe(
+      'revoked',
+    );
 
     // With the new grant revoked too, what is left is the old one, and it is revoked.
     await client.post(`/grants/${res.body.id}/revoke`, { token: opA, body: { reason: 'done' } });
     expect((await explain({ agent_id: agent, user_id: 'u-7' })).body.code).toBe('grant_revoked');
 
     const events = (await auditEvents('grant.renewed')).filter((e) => e.details.renewed_from === old.body.id);
-    expect(events).toEqual([expect.objectContaining({ actor: 'operator:alice', details: expect.objectContaining({ grant_id: res.body.id, rationale: 'quarter two' }) })]);
+    expect(events).toEqual([
+      expect.objectContaining({
+        actor: 'operator:alice',
+        details: expect.objectContaining({ grant_id: res.body.id, rationale: 'quarter two' }),
+      }),
+    ]);
   });
 
   it('renews a grant that has expired', async () => {
@@ -363,11 +457,18 @@ describe('POST /grants/{id}/renew', () => {
     const clocked = await startClient(db.database, clock);
     try {
       const agent = newAgent();
-      const old = await grant({ agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() }, opA, clocked);
+      const old = await grant(
+        { agent_id: agent, expires_at: new Date(clock.now().getTime() + 60_000).toISOString() },
+        opA,
+        clocked,
+      );
       clock.advance(60_001);
       expect((await explain({ agent_id: agent }, opA, clocked)).body.code).toBe('grant_expired');
       const renewedUntil = new Date(clock.now().getTime() + 3600_000).toISOString();
-      const res = await clocked.post(`/grants/${old.body.id}/renew`, { token: opA, body: { rationale: 'still needed', expires_at: renewedUntil } });
+      const res = await clocked.post(`/grants/${old.body.id}/renew`, {
+        token: opA,
+        body: { rationale: 'still needed', expires_at: renewedUntil },
+      });
       expect(res.status).toBe(201);
       expect((await explain({ agent_id: agent }, opA, clocked)).body.grant.id).toBe(res.body.id);
     } finally {
@@ -376,9 +477,19 @@ describe('POST /grants/{id}/renew', () => {
   });
 
   it('refuses to renew a revoked grant, a blank rationale, a past expiry, or wider modifiers', async () => {
-    const g = await grant({ agent_id: newAgent(), tool_id: 'web.fetch', capability_modifiers: { egress_domains: ['press.un.org'] } });
-    const blank = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: ' ', expires_at: inHours(1) } });
-    const past = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'x', expires_at: new Date(Date.now() - 1000).toISOString() } });
+    const g = await grant({
+      agent_id: newAgent(),
+      tool_id: 'web.fetch',
+      capability_modifiers: { egress_domains: ['press.un.org'] },
+    });
+    const blank = await client.post(`/grants/${g.body.id}/renew`, {
+      token: opA,
+      body: { rationale: ' ', expires_at: inHours(1) },
+    });
+    const past = await client.post(`/grants/${g.body.id}/renew`, {
+      token: opA,
+      body: { rationale: 'x', expires_at: new Date(Date.now() - 1000).toISOString() },
+    });
     const wider = await client.post(`/grants/${g.body.id}/renew`, {
       token: opA,
       body: { rationale: 'x', expires_at: inHours(1), capability_modifiers: { egress_domains: ['*'] } },
@@ -387,7 +498,10 @@ describe('POST /grants/{id}/renew', () => {
     expect((await client.get(`/grants/${g.body.id}`, { token: opA })).body.status).toBe('live');
 
     await client.post(`/grants/${g.body.id}/revoke`, { token: opA, body: { reason: 'pulled' } });
-    const revoked = await client.post(`/grants/${g.body.id}/renew`, { token: opA, body: { rationale: 'sneak back', expires_at: inHours(1) } });
+    const revoked = await client.post(`/grants/${g.body.id}/renew`, {
+      token: opA,
+      body: { rationale: 'sneak back', expires_at: inHours(1) },
+    });
     expect(revoked.status).toBe(403);
     expect(revoked.body.error.code).toBe('grant_revoked');
   });
@@ -395,7 +509,9 @@ describe('POST /grants/{id}/renew', () => {
   it('lets only one of two concurrent renewals of a grant succeed', async () => {
     const g = await grant({ agent_id: newAgent() });
     const body = { rationale: 'renew', expires_at: inHours(2) };
-    const results = await Promise.all([0, 1, 2].map(() => client.post(`/grants/${g.body.id}/renew`, { token: opA, body })));
+    const results = await Promise.all(
+      [0, 1, 2].map(() => client.post(`/grants/${g.body.id}/renew`, { token: opA, body })),
+    );
     expect(results.map((r) => r.status).sort()).toEqual([201, 403, 403]);
     const live = await client.get('/grants', { token: opA, query: { agent_id: g.body.agent_id, status: 'live' } });
     expect(live.body.items).toHaveLength(1);
@@ -410,7 +526,9 @@ describe('GET /grants', () => {
     const three = await grant({ agent_id: agent, tool_id: 'draft.write' });
     await client.post(`/grants/${three.body.id}/revoke`, { token: opA, body: { reason: 'x' } });
     const ids = async (query: Record<string, string>) =>
-      (await client.get('/grants', { token: opA, query: { agent_id: agent, ...query } })).body.items.map((g: { id: string }) => g.id);
+      (await client.get('/grants', { token: opA, query: { agent_id: agent, ...query } })).body.items.map(
+        (g: { id: string }) => g.id,
+      );
     expect(await ids({})).toEqual([three.body.id, two.body.id, one.body.id]);
     expect(await ids({ tool_id: 'draft.write' })).toEqual([three.body.id, two.body.id]);
     expect(await ids({ scope: 'per-run' })).toEqual([two.body.id]);
@@ -443,7 +561,10 @@ describe('grants: tenant isolation', () => {
     const attempts = [
       await client.get(`/grants/${theirs.body.id}`, { token: opA }),
       await client.post(`/grants/${theirs.body.id}/revoke`, { token: opA, body: { reason: 'mine' } }),
-      await client.post(`/grants/${theirs.body.id}/renew`, { token: opA, body: { rationale: 'mine', expires_at: inHours(1) } }),
+      await client.post(`/grants/${theirs.body.id}/renew`, {
+        token: opA,
+        body: { rationale: 'mine', expires_at: inHours(1) },
+      }),
     ];
     for (const res of attempts) {
       expect(res.status).toBe(404);
@@ -451,11 +572,18 @@ describe('grants: tenant isolation', () => {
       expect(res.text).not.toContain('secret');
     }
     expect((await client.get(`/grants/${theirs.body.id}`, { token: opB })).body.status).toBe('live');
-    const events = (await auditEvents('security.cross_tenant_attempt')).filter((e) => e.details.grant_id === theirs.body.id);
+    const events = (await auditEvents('security.cross_tenant_attempt')).filter(
+      (e) => e.details.grant_id === theirs.body.id,
+    );
     expect(events).toHaveLength(3);
     // Outside the caller's tenant: in its own audit view, a real id would differ from an invented one.
-    expect(events.every((e) => e.actor === 'operator:alice' && e.tenant_id === null && e.details.caller_tenant_id === A)).toBe(true);
-    const ownView = await client.get('/audit', { token: opA, query: { event_type: 'security.cross_tenant_attempt', limit: 500 } });
+    expect(
+      events.every((e) => e.actor === 'operator:alice' && e.tenant_id === null && e.details.caller_tenant_id === A),
+    ).toBe(true);
+    const ownView = await client.get('/audit', {
+      token: opA,
+      query: { event_type: 'security.cross_tenant_attempt', limit: 500 },
+    });
     expect(ownView.body.items.filter((e: Record<string, any>) => e.details.grant_id === theirs.body.id)).toEqual([]);
   });
 

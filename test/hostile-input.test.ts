@@ -57,7 +57,10 @@ async function send(method: 'GET' | 'POST', url: string, token: string, payload?
   const res = await h.client.app.inject({
     method,
     url,
-    headers: { authorization: `Bearer ${token}`, ...(payload !== undefined ? { 'content-type': 'application/json' } : {}) },
+    headers: {
+      authorization: `Bearer ${token}`,
+      ...(payload !== undefined ? { 'content-type': 'application/json' } : {}),
+    },
     ...(payload !== undefined ? { payload } : {}),
   });
   return { status: res.statusCode, body: JSON.parse(res.body) };
@@ -71,51 +74,114 @@ function expectInvalid(res: { status: number; body: any }, field: string) {
 
 describe('input no route can keep is refused, naming where it is', () => {
   it('refuses JSON nested deeper than 64 levels, in any body', async () => {
-    const run = await send('POST', '/runs/execute', agent, `{"run_id":"${newRunId()}","context":{},"plan":[{"tool_id":"plain","input":{"q":${deep(5000)}}}]}`);
+    const run = await send(
+      'POST',
+      '/runs/execute',
+      agent,
+      `{"run_id":"${newRunId()}","context":{},"plan":[{"tool_id":"plain","input":{"q":${deep(5000)}}}]}`,
+    );
     expect(run.status).toBe(400);
     expect(run.body.error.message).toMatch(/^body\.plan\.0\.input\.q(\.0)+: nested deeper than 64 levels$/);
-    const grant = await send('POST', '/grants', operator, `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"x","expires_at":"2099-01-01T00:00:00Z","capability_modifiers":{"x":${deep(100)}}}`);
+    const grant = await send(
+      'POST',
+      '/grants',
+      operator,
+      `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"x","expires_at":"2099-01-01T00:00:00Z","capability_modifiers":{"x":${deep(100)}}}`,
+    );
     expect(grant.status).toBe(400);
     expect(grant.body.error.message).toContain('nested deeper than 64 levels');
     // Sixty levels are still fine for a run's input.
-    const fine = await send('POST', '/runs/execute', agent, `{"run_id":"${newRunId()}","dry_run":true,"context":{"n":${deep(60)}},"plan":[{"tool_id":"plain","input":{"q":"ok"}}]}`);
+    const fine = await send(
+      'POST',
+      '/runs/execute',
+      agent,
+      `{"run_id":"${newRunId()}","dry_run":true,"context":{"n":${deep(60)}},"plan":[{"tool_id":"plain","input":{"q":"ok"}}]}`,
+    );
     expect(fine.status).toBe(200);
   });
 
   it('refuses a NUL character or a lone surrogate in a body, a key, a query or a path, and stores nothing', async () => {
     const before = await h.client.get('/grants', { token: operator });
     expectInvalid(
-      await send('POST', '/grants', operator, `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"a\\u0000b","expires_at":"2099-01-01T00:00:00Z"}`),
+      await send(
+        'POST',
+        '/grants',
+        operator,
+        `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"a\\u0000b","expires_at":"2099-01-01T00:00:00Z"}`,
+      ),
       'body.rationale',
     );
     expectInvalid(
-      await send('POST', '/grants', operator, `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"\\udc00 alone","expires_at":"2099-01-01T00:00:00Z"}`),
+      await send(
+        'POST',
+        '/grants',
+        operator,
+        `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"\\udc00 alone","expires_at":"2099-01-01T00:00:00Z"}`,
+      ),
       'body.rationale',
     );
     expect((await h.client.get('/grants', { token: operator })).body.items).toHaveLength(before.body.items.length);
-    expectInvalid(await send('POST', '/runs/execute', agent, `{"run_id":"${newRunId()}","context":{"a\\u0000":1},"plan":[{"tool_id":"plain","input":{"q":"x"}}]}`), 'body.context.a\\u0000');
+    expectInvalid(
+      await send(
+        'POST',
+        '/runs/execute',
+        agent,
+        `{"run_id":"${newRunId()}","context":{"a\\u0000":1},"plan":[{"tool_id":"plain","input":{"q":"x"}}]}`,
+      ),
+      'body.context.a\\u0000',
+    );
     expectInvalid(await send('GET', '/runs?agent_id=a%00b', operator), 'query.agent_id');
     expectInvalid(await send('GET', '/grants/grt_a%00b', operator), 'params.id');
   });
 
   it('refuses amounts that round to zero units, and dates the API could not write back', async () => {
-    expectInvalid(await send('POST', '/runs/execute', agent, `{"run_id":"${newRunId()}","context":{},"budget_units":1e-7,"plan":[{"tool_id":"plain","input":{"q":"x"}}]}`), 'body.budget_units');
-    expectInvalid(await send('POST', '/tools', platform, JSON.stringify(toolBody({ id: 'almost.free', cost_units: 1e-9 }))), 'body.cost_units');
     expectInvalid(
-      await send('POST', '/tools', platform, JSON.stringify(toolBody({ id: 'slow.bucket', rate_limit: { capacity: 1, refill_per_second: 1e-300 } }))),
+      await send(
+        'POST',
+        '/runs/execute',
+        agent,
+        `{"run_id":"${newRunId()}","context":{},"budget_units":1e-7,"plan":[{"tool_id":"plain","input":{"q":"x"}}]}`,
+      ),
+      'body.budget_units',
+    );
+    expectInvalid(
+      await send('POST', '/tools', platform, JSON.stringify(toolBody({ id: 'almost.free', cost_units: 1e-9 }))),
+      'body.cost_units',
+    );
+    expectInvalid(
+      await send(
+        'POST',
+        '/tools',
+        platform,
+        JSON.stringify(toolBody({ id: 'slow.bucket', rate_limit: { capacity: 1, refill_per_second: 1e-300 } })),
+      ),
       'body.rate_limit.refill_per_second',
     );
     expectInvalid(
-      await send('POST', '/grants', operator, `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"x","expires_at":"9999-12-31T23:59:59-01:00"}`),
+      await send(
+        'POST',
+        '/grants',
+        operator,
+        `{"agent_id":"${AGENT}","tool_id":"plain","scope":"per-tenant","rationale":"x","expires_at":"9999-12-31T23:59:59-01:00"}`,
+      ),
       'body.expires_at',
     );
-    expectInvalid(await send('POST', '/tools/plain/versions/1.0.0/deprecate', platform, '{"deprecated_at":"0000-01-01T00:00:00+01:00"}'), 'body.deprecated_at');
+    expectInvalid(
+      await send(
+        'POST',
+        '/tools/plain/versions/1.0.0/deprecate',
+        platform,
+        '{"deprecated_at":"0000-01-01T00:00:00+01:00"}',
+      ),
+      'body.deprecated_at',
+    );
     expectInvalid(await send('GET', '/tools/deprecations?within=P300000Y', platform), 'query.within');
     expect((await send('GET', '/tools/deprecations?within=P100Y', platform)).status).toBe(200);
   });
 
   it('refuses a kill switch that could match nothing', async () => {
-    const arm = (body: Record<string, unknown>) => send('POST', '/kill-switches', operator, JSON.stringify({ reason: 'r', user_visible_status_copy: 'c', ...body }));
+    const arm = (body: Record<string, unknown>) =>
+      send('POST', '/kill-switches', operator, JSON.stringify({ reason: 'r', user_visible_status_copy: 'c', ...body }));
     expectInvalid(await arm({ scope: 'agent', target: '*' }), 'body.target');
     expectInvalid(await arm({ scope: 'tool', target: 'Not.A.Tool' }), 'body.target');
     expect((await h.client.get('/kill-switches', { token: operator })).body.items).toEqual([]);
@@ -140,7 +206,11 @@ describe('input no route can keep is refused, naming where it is', () => {
       for (const [what, cursor] of Object.entries(forgeries)) {
         const res = await send('GET', `${path}?cursor=${encodeURIComponent(cursor)}`, operator);
         expect(res.status, `${path}, ${what}: ${JSON.stringify(res.body)}`).toBe(400);
-        expect(res.body.error).toMatchObject({ code: 'invalid_request', message: 'query.cursor: not a cursor this API issued', details: { field: 'query.cursor' } });
+        expect(res.body.error).toMatchObject({
+          code: 'invalid_request',
+          message: 'query.cursor: not a cursor this API issued',
+          details: { field: 'query.cursor' },
+        });
       }
     }
   });
@@ -159,9 +229,15 @@ describe('a backend answer no record can hold', () => {
       const res = await h.client.post('/runs/execute', { token: agent, body });
       expect(res.status, JSON.stringify(res.body)).toBe(502);
       expect(res.body.status).toBe('failed');
-      expect(res.body.steps[0]).toMatchObject({ status: 'failed', cost_units: 1, error: { code: 'tool_backend_failed', details: { reason: 'output_not_storable' } } });
+      expect(res.body.steps[0]).toMatchObject({
+        status: 'failed',
+        cost_units: 1,
+        error: { code: 'tool_backend_failed', details: { reason: 'output_not_storable' } },
+      });
       expect(res.body.steps[0].output).toBeUndefined();
-      const outcome = (await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.step.failed' } })).body.items;
+      const outcome = (
+        await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.step.failed' } })
+      ).body.items;
       expect(outcome).toHaveLength(1);
       expect(outcome[0]).toMatchObject({ reason_code: 'tool_backend_failed', output_sha256: null });
       const again = await h.client.post('/runs/execute', { token: agent, body });

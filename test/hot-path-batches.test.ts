@@ -4,13 +4,27 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCounterKey } from '../src/budgets/budget.js';
 import { BudgetLedger, type BudgetReservation, type ReserveResult } from '../src/budgets/budget-ledger.js';
-import { closeAndUncharge, counterId, readCounters, writeLedgerIf, type CounterRef } from '../src/budgets/budget-ledger-repository.js';
+import {
+  closeAndUncharge,
+  counterId,
+  readCounters,
+  writeLedgerIf,
+  type CounterRef,
+} from '../src/budgets/budget-ledger-repository.js';
 import { periodStart } from '../src/budgets/budget-period.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { DB } from '../src/db/schema.js';
 import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
-import { claimRuns, findRun, insertSubRun, leaveRuns, recordGrantUses, type NewRun, type RunLeave } from '../src/runs/run-repository.js';
+import {
+  claimRuns,
+  findRun,
+  insertSubRun,
+  leaveRuns,
+  recordGrantUses,
+  type NewRun,
+  type RunLeave,
+} from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
@@ -62,7 +76,13 @@ function newRun(tenant: string, runId: string, extra: Partial<NewRun> = {}): New
   };
 }
 
-const envelope = (runId: string, status: RunEnvelope['status']): RunEnvelope => ({ run_id: runId, status, dry_run: false, steps: [], warnings: [`ended ${status}`] });
+const envelope = (runId: string, status: RunEnvelope['status']): RunEnvelope => ({
+  run_id: runId,
+  status,
+  dry_run: false,
+  steps: [],
+  warnings: [`ended ${status}`],
+});
 
 async function claimOne(tenant: string, runId: string): Promise<void> {
   const [claimed] = await claimRuns(db, [newRun(tenant, runId)]);
@@ -95,7 +115,11 @@ describe('claimRuns', () => {
     // id taken before keeps its first owner.
     expect((await findRun(db, tenant, 'zeta'))!.agent_id).toBe('agent.first');
     expect((await findRun(db, tenant, 'taken-before'))!.agent_id).toBe('agent.batch');
-    const count = await db.selectFrom('runs').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenant).executeTakeFirstOrThrow();
+    const count = await db
+      .selectFrom('runs')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where('tenant_id', '=', tenant)
+      .executeTakeFirstOrThrow();
     expect(Number(count.n)).toBe(4);
   });
 
@@ -140,14 +164,22 @@ describe('claimRuns', () => {
         updated_at: '2030-04-08T10:00:00.987Z',
       });
     }
-    const row = await db.selectFrom('runs').select(['trace_id', 'owner_agent_id']).where('tenant_id', '=', tenant).where('run_id', '=', 'stored').executeTakeFirstOrThrow();
+    const row = await db
+      .selectFrom('runs')
+      .select(['trace_id', 'owner_agent_id'])
+      .where('tenant_id', '=', tenant)
+      .where('run_id', '=', 'stored')
+      .executeTakeFirstOrThrow();
     expect(row).toEqual({ trace_id: 'trace-stored', owner_agent_id: 'agent.batch' });
   });
 
   it('keeps run ids per tenant: the same id in two tenants is claimed twice, in one batch', async () => {
     const a = fresh('claim-a');
     const b = fresh('claim-b');
-    const answers = await claimRuns(db, [newRun(b, 'shared', { agent_id: 'agent.b' }), newRun(a, 'shared', { agent_id: 'agent.a' })]);
+    const answers = await claimRuns(db, [
+      newRun(b, 'shared', { agent_id: 'agent.b' }),
+      newRun(a, 'shared', { agent_id: 'agent.a' }),
+    ]);
     expect(answers.map((r) => r && [r.tenant_id, r.agent_id])).toEqual([
       [b, 'agent.b'],
       [a, 'agent.a'],
@@ -162,7 +194,13 @@ describe('claimRuns', () => {
 });
 
 describe('leaveRuns', () => {
-  const leave = (tenant: string, runId: string, epoch = 1, status: RunLeave['status'] = 'completed', httpStatus = 200): RunLeave => ({
+  const leave = (
+    tenant: string,
+    runId: string,
+    epoch = 1,
+    status: RunLeave['status'] = 'completed',
+    httpStatus = 200,
+  ): RunLeave => ({
     tenant_id: tenant,
     run_id: runId,
     epoch,
@@ -173,14 +211,27 @@ describe('leaveRuns', () => {
 
   const rowOf = async (tenant: string, runId: string) => {
     const run = (await findRun(db, tenant, runId))!;
-    return { status: run.status, busy: run.busy, epoch: run.epoch, http_status: run.http_status, envelope: run.envelope, updated_at: run.updated_at };
+    return {
+      status: run.status,
+      busy: run.busy,
+      epoch: run.epoch,
+      http_status: run.http_status,
+      envelope: run.envelope,
+      updated_at: run.updated_at,
+    };
   };
 
   it('ends a running run of its epoch: status, http status and envelope stored, no longer busy', async () => {
     const tenant = fresh('leave-t');
     await claimOne(tenant, 'ends');
     expect(await leaveRuns(db, [leave(tenant, 'ends', 1, 'failed', 502)])).toEqual([true]);
-    expect(await rowOf(tenant, 'ends')).toMatchObject({ status: 'failed', busy: false, epoch: 1, http_status: 502, envelope: envelope('ends', 'failed') });
+    expect(await rowOf(tenant, 'ends')).toMatchObject({
+      status: 'failed',
+      busy: false,
+      epoch: 1,
+      http_status: 502,
+      envelope: envelope('ends', 'failed'),
+    });
   });
 
   it('leaves a run of another epoch alone', async () => {
@@ -194,7 +245,12 @@ describe('leaveRuns', () => {
   it('leaves a run that is no longer running alone', async () => {
     const tenant = fresh('leave-t');
     await claimOne(tenant, 'killed');
-    await db.updateTable('runs').set({ status: 'killed' }).where('tenant_id', '=', tenant).where('run_id', '=', 'killed').execute();
+    await db
+      .updateTable('runs')
+      .set({ status: 'killed' })
+      .where('tenant_id', '=', tenant)
+      .where('run_id', '=', 'killed')
+      .execute();
     const before = await rowOf(tenant, 'killed');
     expect(before.status).toBe('killed');
     expect(await leaveRuns(db, [leave(tenant, 'killed')])).toEqual([false]);
@@ -251,7 +307,12 @@ describe('leaveRuns', () => {
   it('answers each position of a mixed batch', async () => {
     const tenant = fresh('leave-t');
     for (const id of ['m-ok-1', 'm-epoch', 'm-paused', 'm-parent', 'm-ok-2']) await claimOne(tenant, id);
-    await db.updateTable('runs').set({ status: 'paused' }).where('tenant_id', '=', tenant).where('run_id', '=', 'm-paused').execute();
+    await db
+      .updateTable('runs')
+      .set({ status: 'paused' })
+      .where('tenant_id', '=', tenant)
+      .where('run_id', '=', 'm-paused')
+      .execute();
     await db.transaction().execute(async (trx) => {
       await insertSubRun(trx, {
         tenant_id: tenant,
@@ -289,16 +350,34 @@ describe('leaveRuns', () => {
     // epoch's leave ends the run; the stale one must hear false, as it would alone.
     const tenant = fresh('leave-t');
     await claimOne(tenant, 'twice');
-    await db.updateTable('runs').set({ epoch: 2 }).where('tenant_id', '=', tenant).where('run_id', '=', 'twice').execute();
-    const answers = await leaveRuns(db, [leave(tenant, 'twice', 1, 'failed', 500), leave(tenant, 'twice', 2, 'completed', 200)]);
+    await db
+      .updateTable('runs')
+      .set({ epoch: 2 })
+      .where('tenant_id', '=', tenant)
+      .where('run_id', '=', 'twice')
+      .execute();
+    const answers = await leaveRuns(db, [
+      leave(tenant, 'twice', 1, 'failed', 500),
+      leave(tenant, 'twice', 2, 'completed', 200),
+    ]);
     expect(await rowOf(tenant, 'twice')).toMatchObject({ status: 'completed', http_status: 200, epoch: 2 });
     expect(answers).toEqual([false, true]);
   });
 });
 
 describe('appendIfHead carrying run ends', () => {
-  const leave = (tenant: string, runId: string, epoch = 1): RunLeave => ({ tenant_id: tenant, run_id: runId, epoch, status: 'completed', httpStatus: 200, envelope: envelope(runId, 'completed') });
-  const event = (tenant: string, runId: string) => ({ occurredAt: clock.now(), event: { event_type: 'run.step.completed', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId } });
+  const leave = (tenant: string, runId: string, epoch = 1): RunLeave => ({
+    tenant_id: tenant,
+    run_id: runId,
+    epoch,
+    status: 'completed',
+    httpStatus: 200,
+    envelope: envelope(runId, 'completed'),
+  });
+  const event = (tenant: string, runId: string) => ({
+    occurredAt: clock.now(),
+    event: { event_type: 'run.step.completed', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId },
+  });
   const statusOf = async (tenant: string, runId: string) => (await findRun(db, tenant, runId))!.status;
 
   it('ends the runs its events carry, in the statement that appends them, and answers which ended', async () => {
@@ -335,75 +414,99 @@ describe('appendIfHead carrying run ends', () => {
     expect(stale).toEqual({ ok: false, head: mover.ok && mover.last });
     expect(await readChainHead(db)).toEqual(mover.ok && mover.last);
     expect(await statusOf(tenant, 'stale')).toBe('running');
-    const rows = await db.selectFrom('audit_events').select('seq').where('tenant_id', '=', tenant).where('run_id', '=', 'stale').execute();
+    const rows = await db
+      .selectFrom('audit_events')
+      .select('seq')
+      .where('tenant_id', '=', tenant)
+      .where('run_id', '=', 'stale')
+      .execute();
     expect(rows).toEqual([]);
   });
 
-  it.skipIf(!hasPostgresServer)('answers the head another writer committed while it waited for the lock, which the next try appends after (needs a PostgreSQL server)', async () => {
-    const tenant = fresh('append-fresh-t');
-    const stale = await readChainHead(db);
-    const watcher = new pg.Client({ connectionString: testDb.url! });
-    await watcher.connect();
-    let letGo!: () => void;
-    const gate = new Promise<void>((resolve) => (letGo = resolve));
-    let wrote!: () => void;
-    const written = new Promise<void>((resolve) => (wrote = resolve));
-    try {
-      // Another writer holds the head, uncommitted, having appended a record after `stale`.
-      const holder = db.transaction().execute(async (trx) => {
-        const [record] = await writeAuditEvents(trx, [event(tenant, 'holder')]);
-        wrote();
-        await gate;
-        return record!;
-      });
-      await written;
-      const attempt = appendIfHead(db, stale, [event(tenant, 'waiter')]);
-      await until('the append to wait for the head', async () => (await lockWaits(watcher)) > 0);
-      letGo();
-      const held = await holder;
-      // Read as it stood when the statement began, the head would still be `stale`.
-      expect(await attempt).toEqual({ ok: false, head: { seq: held.seq, hash: held.hash } });
-      const again = await appendIfHead(db, { seq: held.seq, hash: held.hash }, [event(tenant, 'waiter')]);
-      expect(again.ok && again.records[0]!.prev_hash).toBe(held.hash);
-    } finally {
-      letGo();
-      await watcher.end();
-    }
-    expect((await verifyAuditChain(db)).ok).toBe(true);
-  });
+  it.skipIf(!hasPostgresServer)(
+    'answers the head another writer committed while it waited for the lock, which the next try appends after (needs a PostgreSQL server)',
+    async () => {
+      const tenant = fresh('append-fresh-t');
+      const stale = await readChainHead(db);
+      const watcher = new pg.Client({ connectionString: testDb.url! });
+      await watcher.connect();
+      let letGo!: () => void;
+      const gate = new Promise<void>((resolve) => (letGo = resolve));
+      let wrote!: () => void;
+      const written = new Promise<void>((resolve) => (wrote = resolve));
+      try {
+        // Another writer holds the head, uncommitted, having appended a record after `stale`.
+        const holder = db.transaction().execute(async (trx) => {
+          const [record] = await writeAuditEvents(trx, [event(tenant, 'holder')]);
+          wrote();
+          await gate;
+          return record!;
+        });
+        await written;
+        const attempt = appendIfHead(db, stale, [event(tenant, 'waiter')]);
+        await until('the append to wait for the head', async () => (await lockWaits(watcher)) > 0);
+        letGo();
+        const held = await holder;
+        // Read as it stood when the statement began, the head would still be `stale`.
+        expect(await attempt).toEqual({ ok: false, head: { seq: held.seq, hash: held.hash } });
+        const again = await appendIfHead(db, { seq: held.seq, hash: held.hash }, [event(tenant, 'waiter')]);
+        expect(again.ok && again.records[0]!.prev_hash).toBe(held.hash);
+      } finally {
+        letGo();
+        await watcher.end();
+      }
+      expect((await verifyAuditChain(db)).ok).toBe(true);
+    },
+  );
 
-  it.skipIf(!hasPostgresServer)('under the chain’s lock, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)', async () => {
-    const tenant = fresh('append-end-t');
-    await claimOne(tenant, 'free');
-    await claimOne(tenant, 'held');
-    const holder = new pg.Client({ connectionString: testDb.url! });
-    await holder.connect();
-    try {
-      await holder.query('begin');
-      await holder.query("select 1 from runs where tenant_id = $1 and run_id = 'held' for no key update", [tenant]);
-      const appended = await db.transaction().execute((trx) =>
-        writeAuditEventsEndingRuns(trx, [
-          { ...event(tenant, 'held'), endRun: leave(tenant, 'held') },
-          { ...event(tenant, 'free'), endRun: leave(tenant, 'free') },
-        ]),
-      );
-      expect(appended.runsEnded).toEqual([false, true]);
-      expect(appended.records).toHaveLength(2);
-    } finally {
-      await holder.query('rollback');
-      await holder.end();
-    }
-    expect(await statusOf(tenant, 'free')).toBe('completed');
-    expect(await statusOf(tenant, 'held')).toBe('running');
-  });
+  it.skipIf(!hasPostgresServer)(
+    'under the chain’s lock, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)',
+    async () => {
+      const tenant = fresh('append-end-t');
+      await claimOne(tenant, 'free');
+      await claimOne(tenant, 'held');
+      const holder = new pg.Client({ connectionString: testDb.url! });
+      await holder.connect();
+      try {
+        await holder.query('begin');
+        await holder.query("select 1 from runs where tenant_id = $1 and run_id = 'held' for no key update", [tenant]);
+        const appended = await db.transaction().execute((trx) =>
+          writeAuditEventsEndingRuns(trx, [
+            { ...event(tenant, 'held'), endRun: leave(tenant, 'held') },
+            { ...event(tenant, 'free'), endRun: leave(tenant, 'free') },
+          ]),
+        );
+        expect(appended.runsEnded).toEqual([false, true]);
+        expect(appended.records).toHaveLength(2);
+      } finally {
+        await holder.query('rollback');
+        await holder.end();
+      }
+      expect(await statusOf(tenant, 'free')).toBe('completed');
+      expect(await statusOf(tenant, 'held')).toBe('running');
+    },
+  );
 
   it('does not end a run that has a sub-run', async () => {
     const tenant = fresh('append-end-t');
     await claimOne(tenant, 'parent');
     await db.transaction().execute((trx) =>
-      insertSubRun(trx, { tenant_id: tenant, run_id: 'parent.sub', agent_id: 'agent.sub', parent_run_id: 'parent', status: 'queued', depth: 1, lineage: [{ run_id: 'parent', agent_id: 'agent.batch' }], budget_units: 3, trace_id: null, created_at: clock.now() }),
+      insertSubRun(trx, {
+        tenant_id: tenant,
+        run_id: 'parent.sub',
+        agent_id: 'agent.sub',
+        parent_run_id: 'parent',
+        status: 'queued',
+        depth: 1,
+        lineage: [{ run_id: 'parent', agent_id: 'agent.batch' }],
+        budget_units: 3,
+        trace_id: null,
+        created_at: clock.now(),
+      }),
     );
-    const appended = await appendIfHead(db, await readChainHead(db), [{ ...event(tenant, 'parent'), endRun: leave(tenant, 'parent') }]);
+    const appended = await appendIfHead(db, await readChainHead(db), [
+      { ...event(tenant, 'parent'), endRun: leave(tenant, 'parent') },
+    ]);
     expect(appended.ok && appended.runsEnded).toEqual([false]);
     expect(await statusOf(tenant, 'parent')).toBe('running');
   });
@@ -438,16 +541,27 @@ async function grant({ tenant, agent = 'agent.batch', tool = 'echo', scope, ref 
 
 async function revoke(id: string): Promise<void> {
   const revoked = await db.transaction().execute((trx) =>
-    revokeGrant(trx, { id, by: { actor_id: 'alice', actor_role: 'tenant-operator' }, reason: 'pulled', at: clock.now() }),
+    revokeGrant(trx, {
+      id,
+      by: { actor_id: 'alice', actor_role: 'tenant-operator' },
+      reason: 'pulled',
+      at: clock.now(),
+    }),
   );
   expect(revoked).toBeDefined();
 }
 
 describe('recordGrantUses', () => {
   const usesOf = async (tenant: string) =>
-    (await db.selectFrom('run_grant_uses').select(['grant_id', 'run_id']).where('tenant_id', '=', tenant).orderBy('grant_id').orderBy('run_id').execute()).map(
-      (u) => `${u.grant_id}/${u.run_id}`,
-    );
+    (
+      await db
+        .selectFrom('run_grant_uses')
+        .select(['grant_id', 'run_id'])
+        .where('tenant_id', '=', tenant)
+        .orderBy('grant_id')
+        .orderBy('run_id')
+        .execute()
+    ).map((u) => `${u.grant_id}/${u.run_id}`);
 
   it('records uses of live grants, refuses revoked ones without recording them, and takes repeats', async () => {
     const tenant = fresh('uses-t');
@@ -535,7 +649,14 @@ describe('findGrantCandidates', () => {
     expect(answers[7]).toEqual([]);
     // Each grant comes back whole, as stored.
     const revoked = answers[0]!.find((x) => x.id === g.run1Revoked.id)!;
-    expect(revoked).toMatchObject({ tenant_id: t1, agent_id: 'agent.batch', tool_id: 'echo', scope: 'per-run', scope_ref: 'run-1', revocation_reason: 'pulled' });
+    expect(revoked).toMatchObject({
+      tenant_id: t1,
+      agent_id: 'agent.batch',
+      tool_id: 'echo',
+      scope: 'per-run',
+      scope_ref: 'run-1',
+      revocation_reason: 'pulled',
+    });
     expect(revoked.revoked_at).toBeInstanceOf(Date);
     expect(answers[0]!.find((x) => x.id === g.session.id)).toEqual(g.session);
   });
@@ -544,7 +665,9 @@ describe('findGrantCandidates', () => {
     const tenant = fresh('cand-t');
     const only = await grant({ tenant, scope: 'per-tenant', ref: tenant });
     await grant({ tenant, scope: 'per-run', ref: 'run-x' });
-    const [answer] = await findGrantCandidates(db, [{ tenantId: tenant, agentId: 'agent.batch', toolId: 'echo', context: { tenant_id: tenant } }]);
+    const [answer] = await findGrantCandidates(db, [
+      { tenantId: tenant, agentId: 'agent.batch', toolId: 'echo', context: { tenant_id: tenant } },
+    ]);
     expect(answer!.map((x) => x.id)).toEqual([only.id]);
     expect(await findGrantCandidates(db, [])).toEqual([]);
   });
@@ -553,7 +676,12 @@ describe('findGrantCandidates', () => {
 describe('closeAndUncharge', () => {
   let ledger: BudgetLedger;
   beforeAll(() => {
-    ledger = new BudgetLedger(db, { now: clock.now, registry: new Registry(), reservationTtlMs: 900_000, sweepIntervalMs: 0 });
+    ledger = new BudgetLedger(db, {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 900_000,
+      sweepIntervalMs: 0,
+    });
   });
   afterAll(async () => {
     await ledger.close();
@@ -562,7 +690,16 @@ describe('closeAndUncharge', () => {
   async function monthly(tenant: string, limitUnits: number): Promise<string> {
     const result = await createBudget(
       db,
-      { tenantId: tenant, scope: 'tenant', agentId: null, runId: null, period: 'month', limitUnits, warnRatio: 1, graceUnits: 0 },
+      {
+        tenantId: tenant,
+        scope: 'tenant',
+        agentId: null,
+        runId: null,
+        period: 'month',
+        limitUnits,
+        warnRatio: 1,
+        graceUnits: 0,
+      },
       { actor: 'operator:test', traceId: null, now: clock.now() },
     );
     if (!result.ok) throw new Error('budget conflict');
@@ -574,7 +711,10 @@ describe('closeAndUncharge', () => {
     return { spent: u.spentUnits, reserved: u.reservedUnits };
   };
 
-  const runTotal = (tenant: string, runId: string): CounterRef => ({ key: runCounterKey(tenant, runId), periodStart: periodStart('total', clock.now()) });
+  const runTotal = (tenant: string, runId: string): CounterRef => ({
+    key: runCounterKey(tenant, runId),
+    periodStart: periodStart('total', clock.now()),
+  });
 
   async function runTotals(tenant: string, runIds: string[]) {
     const refs = runIds.map((runId) => runTotal(tenant, runId));
@@ -588,14 +728,20 @@ describe('closeAndUncharge', () => {
   }
 
   const reservationRow = (id: string) =>
-    db.selectFrom('budget_reservations').select(['status', 'actual_units', 'closed_at']).where('id', '=', id).executeTakeFirstOrThrow();
+    db
+      .selectFrom('budget_reservations')
+      .select(['status', 'actual_units', 'closed_at'])
+      .where('id', '=', id)
+      .executeTakeFirstOrThrow();
 
   it('closes a mixed batch in one call: units given back, settled costs charged, first close of an id wins', async () => {
     const tenant = fresh('close-t');
     const budget = await monthly(tenant, 100);
     const r1 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 3 }));
     const r2 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-2', units: 5 }));
-    const r3 = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-3', units: 7.25 }));
+    const r3 = admitted(
+      await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-3', units: 7.25 }),
+    );
     expect(await usage(budget)).toEqual({ spent: 0, reserved: 15.25 });
 
     const at = new Date('2030-04-08T10:05:00.000Z');
@@ -614,7 +760,12 @@ describe('closeAndUncharge', () => {
     expect(closed.closed).toEqual(new Set([r1.id, r2.id, r3.id]));
     expect(await usage(budget)).toEqual({ spent: 2.5, reserved: 0 });
     // And the levels it left each counter it changed at, as the table now holds them.
-    const counters = [{ key: budget, periodStart: periodStart('month', clock.now()) }, runTotal(tenant, 'run-1'), runTotal(tenant, 'run-2'), runTotal(tenant, 'run-3')];
+    const counters = [
+      { key: budget, periodStart: periodStart('month', clock.now()) },
+      runTotal(tenant, 'run-1'),
+      runTotal(tenant, 'run-2'),
+      runTotal(tenant, 'run-3'),
+    ];
     expect(closed.levels).toEqual(await readCounters(db, counters));
     expect(closed.levels.size).toBe(4);
     expect(await runTotals(tenant, ['run-1', 'run-2', 'run-3'])).toEqual([
@@ -633,7 +784,9 @@ describe('closeAndUncharge', () => {
     const open = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 4 }));
     const done = admitted(await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-1', units: 6 }));
     const first = new Date('2030-04-08T10:01:00.000Z');
-    expect((await closeAndUncharge(db, [{ id: done.id, status: 'settled', actualMicros: 6_000_000 }], first)).closed).toEqual(new Set([done.id]));
+    expect(
+      (await closeAndUncharge(db, [{ id: done.id, status: 'settled', actualMicros: 6_000_000 }], first)).closed,
+    ).toEqual(new Set([done.id]));
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 4 });
 
     const later = new Date('2030-04-08T10:02:00.000Z');
@@ -649,9 +802,17 @@ describe('closeAndUncharge', () => {
     expect(closed.closed).toEqual(new Set([open.id]));
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
     expect(await runTotals(tenant, ['run-1'])).toEqual([{ spentMicros: 6_000_000, reservedMicros: 0 }]);
-    expect(await reservationRow(done.id)).toMatchObject({ status: 'settled', actual_units: '6.000000', closed_at: first });
+    expect(await reservationRow(done.id)).toMatchObject({
+      status: 'settled',
+      actual_units: '6.000000',
+      closed_at: first,
+    });
 
-    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual({ closed: new Set(), late: new Set(), levels: new Map() });
+    expect(await closeAndUncharge(db, [{ id: open.id, status: 'settled', actualMicros: 1 }], later)).toEqual({
+      closed: new Set(),
+      late: new Set(),
+      levels: new Map(),
+    });
     expect(await usage(budget)).toEqual({ spent: 6, reserved: 0 });
   });
 
@@ -659,15 +820,29 @@ describe('closeAndUncharge', () => {
     const tenant = fresh('close-t');
     const budget = await monthly(tenant, 50);
     const [a, b, c] = (
-      await Promise.all([1, 2, 3].map((n) => ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: `run-${n}`, units: 10 })))
+      await Promise.all(
+        [1, 2, 3].map((n) =>
+          ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: `run-${n}`, units: 10 }),
+        ),
+      )
     ).map(admitted);
     expect(await usage(budget)).toEqual({ spent: 0, reserved: 30 });
-    const outcomes = await Promise.all([ledger.settle(a!, 4), ledger.release(a!), ledger.settle(b!, 10), ledger.release(c!), ledger.settle(c!, 1)]);
+    const outcomes = await Promise.all([
+      ledger.settle(a!, 4),
+      ledger.release(a!),
+      ledger.settle(b!, 10),
+      ledger.release(c!),
+      ledger.settle(c!, 1),
+    ]);
     expect(outcomes).toEqual(['settled', 'already_closed', 'settled', 'released', 'already_closed']);
     expect(await usage(budget)).toEqual({ spent: 14, reserved: 0 });
     // Freed units are there to reserve again, exactly: 50 - 14 = 36.
-    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 36 })).ok).toBe(true);
-    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 0.000001 })).ok).toBe(false);
+    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 36 })).ok).toBe(
+      true,
+    );
+    expect(
+      (await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'run-4', units: 0.000001 })).ok,
+    ).toBe(false);
   });
 });
 
@@ -685,7 +860,15 @@ describe('writeLedgerIf', () => {
 
   const levels = (refs: CounterRef[]) => readCounters(db, refs);
   const reservationCount = async (id: string) =>
-    Number((await db.selectFrom('budget_reservations').select((eb) => eb.fn.countAll<number>().as('n')).where('id', '=', id).executeTakeFirstOrThrow()).n);
+    Number(
+      (
+        await db
+          .selectFrom('budget_reservations')
+          .select((eb) => eb.fn.countAll<number>().as('n'))
+          .where('id', '=', id)
+          .executeTakeFirstOrThrow()
+      ).n,
+    );
 
   const reservation = (id: string, unitsMicros: number, charges: CounterRef[]) => ({
     id,
@@ -724,14 +907,30 @@ describe('writeLedgerIf', () => {
     // It answers the levels it left.
     expect(ok.levels).toEqual(await levels([a!, b!]));
     const row = await db.selectFrom('budget_reservations').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
-    expect(row).toMatchObject({ tenant_id: 'cas-tenant', agent_id: 'agent.batch', run_id: 'run-cas', units: '2.000000', status: 'reserved', reserved_at: reservedAt, expires_at: expiresAt, closed_at: null });
+    expect(row).toMatchObject({
+      tenant_id: 'cas-tenant',
+      agent_id: 'agent.batch',
+      run_id: 'run-cas',
+      units: '2.000000',
+      status: 'reserved',
+      reserved_at: reservedAt,
+      expires_at: expiresAt,
+      closed_at: null,
+    });
     expect(row.charges).toEqual([
       { counter_key: a!.key, period_start: total.toISOString() },
       { counter_key: b!.key, period_start: total.toISOString() },
     ]);
 
     // Read again, written again: the expectation is the level the first write left.
-    const again = await writeLedgerIf(db, await levels([a!, b!]), [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }], [], reservedAt, expiresAt);
+    const again = await writeLedgerIf(
+      db,
+      await levels([a!, b!]),
+      [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }],
+      [],
+      reservedAt,
+      expiresAt,
+    );
     expect(again.ok).toBe(true);
     expect((await levels([a!]))!.get(counterId(a!))).toEqual({ spentMicros: 0, reservedMicros: 3_000_000 });
   });
@@ -843,9 +1042,14 @@ describe('writeLedgerIf', () => {
     const [a, b] = await counters(fresh('cas-a'), fresh('cas-b'));
     const expected = await levels([a!, b!]);
     // Other replicas reserve and spend on both after the read.
-    await sql`update budget_counters set reserved_units = reserved_units + 4, spent_units = spent_units + 1 where counter_key in (${a!.key}, ${b!.key})`.execute(db);
+    await sql`update budget_counters set reserved_units = reserved_units + 4, spent_units = spent_units + 1 where counter_key in (${a!.key}, ${b!.key})`.execute(
+      db,
+    );
     const changes = [{ ...a!, spentMicros: 0, reservedMicros: 1_000_000 }];
-    const bounds = new Map([[counterId(a!), 5_000_000], [counterId(b!), null]]);
+    const bounds = new Map([
+      [counterId(a!), 5_000_000],
+      [counterId(b!), null],
+    ]);
     const written = await writeLedgerIf(db, expected, changes, [], reservedAt, expiresAt, undefined, bounds);
     expect(written.ok).toBe(true);
     // The levels it answers are those it left, not those it was decided from.
@@ -857,7 +1061,16 @@ describe('writeLedgerIf', () => {
     );
     expect(await levels([a!, b!])).toEqual(written.levels);
     // a now holds 6 units: past its bound of 5, so the next write is refused whole.
-    const refused = await writeLedgerIf(db, expected, [...changes, { ...b!, spentMicros: 0, reservedMicros: 1_000_000 }], [], reservedAt, expiresAt, undefined, bounds);
+    const refused = await writeLedgerIf(
+      db,
+      expected,
+      [...changes, { ...b!, spentMicros: 0, reservedMicros: 1_000_000 }],
+      [],
+      reservedAt,
+      expiresAt,
+      undefined,
+      bounds,
+    );
     expect(refused).toEqual({ ok: false, budgetsHeld: true, levels: written.levels });
     expect(await levels([a!, b!])).toEqual(written.levels);
   });
@@ -869,10 +1082,21 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
       db,
       hot: testDb.database.hot,
       audit: new AuditLog(testDb.database.hot, () => clock.now()),
-      tools: { resolve: () => ({ ok: false, reason: 'not_registered' }) as never, versions: () => [], resolveFor: () => ({ ok: false, code: 'tool_not_registered' }) },
+      tools: {
+        resolve: () => ({ ok: false, reason: 'not_registered' }) as never,
+        versions: () => [],
+        resolveFor: () => ({ ok: false, code: 'tool_not_registered' }),
+      },
       now: () => clock.now(),
     });
-  const principal = (tenant: string): AgentPrincipal => ({ kind: 'agent', id: 'agent.batch', tenantId: tenant, family: 'batchers', scopes: new Set(['scf:read']) }) as unknown as AgentPrincipal;
+  const principal = (tenant: string): AgentPrincipal =>
+    ({
+      kind: 'agent',
+      id: 'agent.batch',
+      tenantId: tenant,
+      family: 'batchers',
+      scopes: new Set(['scf:read']),
+    }) as unknown as AgentPrincipal;
   const runOf = (runId: string): StepRequest['run'] => ({ run_id: runId, context: {} });
 
   it('is used by the resolve of its own query, and a grant revoked after the read is still refused at the grant stage', async () => {
@@ -888,11 +1112,25 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
     expect(await service.resolve(query, ahead)).toMatchObject({ ok: true, grant: { id: granted.id } });
     expect(await service.resolve(query)).toMatchObject({ ok: false, code: 'grant_revoked' });
     // ...and the stage, which records the run's reliance on the grant, refuses it all the same.
-    const ports = { grants: service, grantUses: { record: async (use: { tenantId: string; runId: string; grantId: string }) => (await recordGrantUses(db, [{ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }]))[0]! } } as unknown as AdmissionPorts;
-    const request: StepRequest = { principal: principal(tenant), run: runOf('run-a'), step: { index: 0, tool_id: 'echo', input: {} }, dryRun: false, prefetchedGrants: ahead };
+    const ports = {
+      grants: service,
+      grantUses: {
+        record: async (use: { tenantId: string; runId: string; grantId: string }) =>
+          (await recordGrantUses(db, [{ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }]))[0]!,
+      },
+    } as unknown as AdmissionPorts;
+    const request: StepRequest = {
+      principal: principal(tenant),
+      run: runOf('run-a'),
+      step: { index: 0, tool_id: 'echo', input: {} },
+      dryRun: false,
+      prefetchedGrants: ahead,
+    };
     const state: StepState = { tool: { id: 'echo' } as AdmissibleTool, warnings: [] };
     expect(await grantStage.check(request, state, ports)).toMatchObject({ ok: false, code: 'grant_revoked' });
-    expect(await db.selectFrom('run_grant_uses').select('grant_id').where('tenant_id', '=', tenant).execute()).toEqual([]);
+    expect(await db.selectFrom('run_grant_uses').select('grant_id').where('tenant_id', '=', tenant).execute()).toEqual(
+      [],
+    );
   });
 
   it('is ignored by the resolve of any other query', async () => {
@@ -900,9 +1138,15 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
     const other = await grant({ tenant, tool: 'other', scope: 'per-run', ref: 'run-b' });
     const service = grants();
     const ahead = service.prefetch(grantQueryOf(principal(tenant), runOf('run-b'), 'echo'));
-    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-b'), 'other'), ahead)).toMatchObject({ ok: true, grant: { id: other.id } });
+    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-b'), 'other'), ahead)).toMatchObject({
+      ok: true,
+      grant: { id: other.id },
+    });
     // The same subject in another run reads its own candidates: the per-run grant is not there.
     const elsewhere = service.prefetch(grantQueryOf(principal(tenant), runOf('run-b'), 'other'));
-    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-c'), 'other'), elsewhere)).toMatchObject({ ok: false, code: 'grant_missing' });
+    expect(await service.resolve(grantQueryOf(principal(tenant), runOf('run-c'), 'other'), elsewhere)).toMatchObject({
+      ok: false,
+      code: 'grant_missing',
+    });
   });
 });

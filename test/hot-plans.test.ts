@@ -44,8 +44,15 @@ const KEYED: Record<string, string[]> = {
  * statistics, the resolution index wins). Anything else fails.
  */
 const KNOWN: Array<{ statement: string; problem: RegExp }> = [
-  { statement: 'budget_counters', problem: /^budget_counters_pkey probed without period_start: Index Cond: \(counter_key = ANY/ },
-  { statement: 'join grants g', problem: /^(scan of grants_listing, not a key|grants_resolution probed without agent_id, tool_id, scope, scope_ref: Index Cond: \(tenant_id = ANY)/ },
+  {
+    statement: 'budget_counters',
+    problem: /^budget_counters_pkey probed without period_start: Index Cond: \(counter_key = ANY/,
+  },
+  {
+    statement: 'join grants g',
+    problem:
+      /^(scan of grants_listing, not a key|grants_resolution probed without agent_id, tool_id, scope, scope_ref: Index Cond: \(tenant_id = ANY)/,
+  },
 ];
 
 /** What is wrong with a kept plan: scans that are not a probe of a key it knows in full. */
@@ -67,8 +74,11 @@ function unkeyedScans(plan: string): string[] {
     // The scan's own lines run to the next plan node.
     const next = lines.findIndex((other, j) => j > i && other.includes('->'));
     const own = lines.slice(i + 1, next === -1 ? undefined : next).find((other) => /^\s*Index Cond:/.test(other));
-    const missing = required.filter((column) => !own || !new RegExp(`(?<!\\w)${escapeRegExp(column)}[^=()]*\\)? = `).test(own));
-    if (missing.length > 0) problems.push(`${index} probed without ${missing.join(', ')}: ${own?.trim() ?? 'no index condition'}`);
+    const missing = required.filter(
+      (column) => !own || !new RegExp(`(?<!\\w)${escapeRegExp(column)}[^=()]*\\)? = `).test(own),
+    );
+    if (missing.length > 0)
+      problems.push(`${index} probed without ${missing.join(', ')}: ${own?.trim() ?? 'no index condition'}`);
   });
   return problems;
 }
@@ -98,7 +108,9 @@ async function keptPlans(db: Kysely<DB>, size: number): Promise<Array<[string, s
         for (const { name, statement, parameters } of named.rows) {
           // The kept (generic) plan, whatever the values: nulls will do, nothing is executed.
           const args = parameters === 0 ? '' : `(${Array.from({ length: parameters }, () => 'null').join(', ')})`;
-          const plan = await sql<{ 'QUERY PLAN': string }>`explain (costs off) execute ${sql.raw(name)}${sql.raw(args)}`.execute(conn);
+          const plan = await sql<{
+            'QUERY PLAN': string;
+          }>`explain (costs off) execute ${sql.raw(name)}${sql.raw(args)}`.execute(conn);
           plans.push([statement.replace(/\s+/g, ' ').trim(), plan.rows.map((row) => row['QUERY PLAN']).join('\n')]);
         }
       }),
@@ -114,7 +126,13 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
   beforeAll(async () => {
     h = await startHarness();
     backend = await new TestBackend().start();
-    await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT], cost_units: 1, rate_limit: { capacity: 1000, refill_per_second: 100 } });
+    await registerTool(h.client, {
+      id: 'echo',
+      backendUrl: `${backend.url}/echo`,
+      allowed_agents: [AGENT],
+      cost_units: 1,
+      rate_limit: { capacity: 1000, refill_per_second: 100 },
+    });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'echo' });
     await createBudget(h.client, { tenant: T, limit_units: 100_000 });
     await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, period: 'day', limit_units: 100_000 });
@@ -125,7 +143,8 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
   });
 
   it('probe every table by a key they know in full, though they were made on empty tables', async () => {
-    const call = (runId: string) => execute(h.client, agent, { run_id: runId, budget_units: 50, plan: [step('echo', runId)] });
+    const call = (runId: string) =>
+      execute(h.client, agent, { run_id: runId, budget_units: 50, plan: [step('echo', runId)] });
     // One call at a time (batches of one), then many at once (larger batches), then one again
     // (the ledger reserving from what it remembers).
     for (let i = 0; i < 3; i += 1) expect((await call(newRunId('planned'))).status).toBe(200);
@@ -138,8 +157,20 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
     const texts = plans.map(([statement]) => statement);
     // The statements of a call are all there: claim, grant read and use, reservation,
     // rate-limit take, audit append, settlement, run end.
-    for (const shape of ['insert into runs', 'join grants g', 'insert into run_grant_uses', 'insert into budget_reservations', 'rate_buckets', 'audit_chain_head', 'update budget_reservations', 'update runs r']) {
-      expect(texts.some((text) => text.includes(shape)), `a kept plan for "${shape}"`).toBe(true);
+    for (const shape of [
+      'insert into runs',
+      'join grants g',
+      'insert into run_grant_uses',
+      'insert into budget_reservations',
+      'rate_buckets',
+      'audit_chain_head',
+      'update budget_reservations',
+      'update runs r',
+    ]) {
+      expect(
+        texts.some((text) => text.includes(shape)),
+        `a kept plan for "${shape}"`,
+      ).toBe(true);
     }
     const problems = plans.flatMap(([statement, plan]) =>
       unkeyedScans(plan)
@@ -150,12 +181,34 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
   });
 
   it('tells a probe by a full key from a walk over part of an index', () => {
-    expect(unkeyedScans('Index Scan using runs_open on runs r\n  Index Cond: ((tenant_id = v.tenant_id) AND (run_id = v.run_id))')).toEqual([]);
-    expect(unkeyedScans('Index Scan using runs_tenant_created on runs r_1\n  Index Cond: ((tenant_id = ANY ($2)) AND (run_id = ANY ($3)))')).toHaveLength(1);
-    expect(unkeyedScans('Index Scan using grants_resolution on grants g\n  Index Cond: (tenant_id = ANY ($7))\n  Filter: ((agent_id = ANY ($8)))')).toHaveLength(1);
-    expect(unkeyedScans('->  Index Scan using budget_reservations_open on budget_reservations r\n      Filter: (status = \'reserved\'::text)')).toHaveLength(1);
-    expect(unkeyedScans('->  Index Scan using budget_counters_pkey on budget_counters c_1\n      Index Cond: (counter_key = ANY ($4))')).toHaveLength(1);
-    expect(unkeyedScans('->  Index Scan using runs_open on runs r\n  ->  CTE Scan on v\n  Index Cond: (run_id = v.run_id)')).toHaveLength(1);
+    expect(
+      unkeyedScans(
+        'Index Scan using runs_open on runs r\n  Index Cond: ((tenant_id = v.tenant_id) AND (run_id = v.run_id))',
+      ),
+    ).toEqual([]);
+    expect(
+      unkeyedScans(
+        'Index Scan using runs_tenant_created on runs r_1\n  Index Cond: ((tenant_id = ANY ($2)) AND (run_id = ANY ($3)))',
+      ),
+    ).toHaveLength(1);
+    expect(
+      unkeyedScans(
+        'Index Scan using grants_resolution on grants g\n  Index Cond: (tenant_id = ANY ($7))\n  Filter: ((agent_id = ANY ($8)))',
+      ),
+    ).toHaveLength(1);
+    expect(
+      unkeyedScans(
+        "->  Index Scan using budget_reservations_open on budget_reservations r\n      Filter: (status = 'reserved'::text)",
+      ),
+    ).toHaveLength(1);
+    expect(
+      unkeyedScans(
+        '->  Index Scan using budget_counters_pkey on budget_counters c_1\n      Index Cond: (counter_key = ANY ($4))',
+      ),
+    ).toHaveLength(1);
+    expect(
+      unkeyedScans('->  Index Scan using runs_open on runs r\n  ->  CTE Scan on v\n  Index Cond: (run_id = v.run_id)'),
+    ).toHaveLength(1);
     expect(unkeyedScans('->  Seq Scan on grants g')).toHaveLength(1);
   });
 });

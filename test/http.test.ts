@@ -47,27 +47,40 @@ describe('HTTP conventions', () => {
   });
 
   it('answers an oversized body with a documented 413 on every route that takes one', async () => {
-    const agentOnly = new Set(['POST /runs/execute', 'POST /runs/{run_id}/complete', 'POST /runs/{run_id}/handoffs', 'POST /mcp']);
+    const agentOnly = new Set([
+      'POST /runs/execute',
+      'POST /runs/{run_id}/complete',
+      'POST /runs/{run_id}/handoffs',
+      'POST /mcp',
+    ]);
     const operations = Object.entries(openapi.paths).flatMap(([path, item]) =>
-      ['post', 'put', 'patch', 'delete'].filter((method) => method in item).map((method) => `${method.toUpperCase()} ${path}`),
+      ['post', 'put', 'patch', 'delete']
+        .filter((method) => method in item)
+        .map((method) => `${method.toUpperCase()} ${path}`),
     );
     expect(operations.length).toBeGreaterThan(10);
     for (const operation of operations) {
       const [method, path] = operation.split(' ') as [string, string];
       const token = agentOnly.has(operation) ? tokens.agent('big.agent', { tenant: 't-big' }) : tokens.platform();
       // Checked against openapi.yaml as every response is: a 413 it does not document fails here.
-      const res = await h.client.request(method, path.replace(/\{[^}]+\}/g, 'x1'), { token, body: { blob: 'x'.repeat(4096) } });
+      const res = await h.client.request(method, path.replace(/\{[^}]+\}/g, 'x1'), {
+        token,
+        body: { blob: 'x'.repeat(4096) },
+      });
       expect(res.status, operation).toBe(413);
       expect(res.body.error.code, operation).toBe('payload_too_large');
     }
   });
 
-  it.each(['/health', '/ready', '/metrics', '/openapi.json'])('ignores a query parameter on %s, but refuses one no record could keep, as documented', async (path) => {
-    expect((await h.client.get(path, { query: { x: 'y' } })).status).toBe(200);
-    const res = await h.client.get(path, { query: { x: 'a\u0000b' } });
-    expect(res.status).toBe(400);
-    expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'query.x' }] } });
-  });
+  it.each(['/health', '/ready', '/metrics', '/openapi.json'])(
+    'ignores a query parameter on %s, but refuses one no record could keep, as documented',
+    async (path) => {
+      expect((await h.client.get(path, { query: { x: 'y' } })).status).toBe(200);
+      const res = await h.client.get(path, { query: { x: 'a\u0000b' } });
+      expect(res.status).toBe(400);
+      expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'query.x' }] } });
+    },
+  );
 
   it('echoes a sane x-request-id and mints one otherwise', async () => {
     const given = await h.client.get('/health', { headers: { 'x-request-id': 'req-123' } });
@@ -102,7 +115,10 @@ describe('HTTP conventions', () => {
     for (const field of ['tenant_id', 'run_id', 'tool_id', 'agent_id', 'event_type']) {
       const res = await h.client.get('/audit', { token: tokens.platform(), query: { [field]: 'x\u0000y' } });
       expect(res.status, field).toBe(400);
-      expect(res.body.error, field).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: `query.${field}` }] } });
+      expect(res.body.error, field).toMatchObject({
+        code: 'invalid_request',
+        details: { issues: [{ field: `query.${field}` }] },
+      });
     }
   });
 
@@ -110,14 +126,19 @@ describe('HTTP conventions', () => {
     const operator = tokens.tenantOperator('t-audit-filter');
     const malformed = await h.client.get('/audit', { token: operator, query: { tenant_id: 'x\u0000y' } });
     expect(malformed.status).toBe(400);
-    expect(malformed.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'query.tenant_id' }] } });
+    expect(malformed.body.error).toMatchObject({
+      code: 'invalid_request',
+      details: { issues: [{ field: 'query.tenant_id' }] },
+    });
     const other = await h.client.get('/audit', { token: operator, query: { tenant_id: 'x-y' } });
     expect(other.status).toBe(404);
     const events = await h.client.get('/audit', {
       token: tokens.platform(),
       query: { event_type: 'security.cross_tenant_attempt', tenant_id: 't-audit-filter' },
     });
-    expect(events.body.items.map((e: { details: { requested_tenant_id: string } }) => e.details.requested_tenant_id)).toEqual(['x-y']);
+    expect(
+      events.body.items.map((e: { details: { requested_tenant_id: string } }) => e.details.requested_tenant_id),
+    ).toEqual(['x-y']);
   });
 
   it('exposes Prometheus metrics, including request durations', async () => {
@@ -139,7 +160,10 @@ describe('HTTP conventions', () => {
 });
 
 /** Sends raw bytes on a fresh connection and returns everything the gateway answers until it closes. */
-async function rawExchange(port: number, bytes: string): Promise<{ head: string; headers: Record<string, string>; body: string; raw: string }> {
+async function rawExchange(
+  port: number,
+  bytes: string,
+): Promise<{ head: string; headers: Record<string, string>; body: string; raw: string }> {
   const socket = connect(port, '127.0.0.1');
   await once(socket, 'connect');
   let reply = '';
@@ -149,7 +173,9 @@ async function rawExchange(port: number, bytes: string): Promise<{ head: string;
   await once(socket, 'close');
   const [head = '', body = ''] = reply.split('\r\n\r\n');
   const [statusLine = '', ...lines] = head.split('\r\n');
-  const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
+  const headers = Object.fromEntries(
+    lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]),
+  );
   return { head: statusLine, headers, body, raw: reply };
 }
 
@@ -171,15 +197,26 @@ describe("requests Node's HTTP parser refuses", () => {
     expect(reply.headers['content-type']).toMatch(/^application\/json/);
     expect(reply.headers.connection).toBe('close');
     const body = JSON.parse(reply.body);
-    expect(body).toEqual({ error: { code: 'invalid_request', message: 'the request is not valid HTTP', details: { reason: expect.stringMatching(/^HPE_/) } } });
+    expect(body).toEqual({
+      error: {
+        code: 'invalid_request',
+        message: 'the request is not valid HTTP',
+        details: { reason: expect.stringMatching(/^HPE_/) },
+      },
+    });
     expect(Number(reply.headers['content-length'])).toBe(Buffer.byteLength(reply.body));
   });
 
   it('answers headers over the size limit with 400 invalid_request, with a request id', async () => {
-    const reply = await rawExchange(port, `GET /health HTTP/1.1\r\nhost: toolgate\r\nx-big: ${'a'.repeat(20_000)}\r\n\r\n`);
+    const reply = await rawExchange(
+      port,
+      `GET /health HTTP/1.1\r\nhost: toolgate\r\nx-big: ${'a'.repeat(20_000)}\r\n\r\n`,
+    );
     expect(reply.head).toMatch(/^HTTP\/1\.1 400 /);
     expect(reply.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
-    expect(JSON.parse(reply.body)).toMatchObject({ error: { code: 'invalid_request', details: { reason: 'HPE_HEADER_OVERFLOW' } } });
+    expect(JSON.parse(reply.body)).toMatchObject({
+      error: { code: 'invalid_request', details: { reason: 'HPE_HEADER_OVERFLOW' } },
+    });
   });
 
   it('still serves well-formed requests on the same server', async () => {
@@ -190,7 +227,10 @@ describe("requests Node's HTTP parser refuses", () => {
 
   it('answers the good requests pipelined before a refused one first, each in its turn, then the refusal', async () => {
     const good = 'GET /health HTTP/1.1\r\nhost: toolgate\r\n\r\n';
-    const reply = await rawExchange(port, `${good}GET /ready HTTP/1.1\r\nhost: toolgate\r\n\r\nGET /health HTTP/1.1\r\nthis is no header\r\n\r\n`);
+    const reply = await rawExchange(
+      port,
+      `${good}GET /ready HTTP/1.1\r\nhost: toolgate\r\n\r\nGET /health HTTP/1.1\r\nthis is no header\r\n\r\n`,
+    );
     // Read as a client reads: each answer is taken for the request in the same position.
     const statuses = [...reply.raw.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((match) => match[1]);
     expect(statuses).toEqual(['200', '200', '400']);
@@ -205,9 +245,19 @@ describe("requests Node's HTTP parser refuses", () => {
     const onWarning = (warning: Error) => warnings.push(warning);
     process.on('warning', onWarning);
     try {
-      await registerTool(h.client, { id: 'parser.held', backendUrl: `${backend.url}/gate`, allowed_agents: ['parser.agent'], category: 'read_only', cost_units: 0 });
+      await registerTool(h.client, {
+        id: 'parser.held',
+        backendUrl: `${backend.url}/gate`,
+        allowed_agents: ['parser.agent'],
+        category: 'read_only',
+        cost_units: 0,
+      });
       await grantTool(h.client, { tenant: 'parser-tenant', agent: 'parser.agent', tool: 'parser.held' });
-      const body = JSON.stringify({ run_id: newRunId(), context: {}, plan: [{ tool_id: 'parser.held', input: { q: 'held' } }] });
+      const body = JSON.stringify({
+        run_id: newRunId(),
+        context: {},
+        plan: [{ tool_id: 'parser.held', input: { q: 'held' } }],
+      });
       const socket = connect(port, '127.0.0.1');
       await once(socket, 'connect');
       let reply = '';
@@ -241,7 +291,12 @@ describe.skipIf(!hasPostgresServer)('when the database goes away (needs a Postgr
   it('fails closed: /ready and audited routes answer 503 gateway_unavailable, and it recovers', async () => {
     const server = new URL(h.db.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
-    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 2, logger: pino({ level: 'silent' }) });
+    const database = await openDatabase({
+      databaseUrl: proxy.urlFor(h.db.url!),
+      dataDir: '',
+      poolSize: 2,
+      logger: pino({ level: 'silent' }),
+    });
     const client = await AppClient.start(database);
     try {
       expect((await client.get('/ready')).status).toBe(200);
@@ -273,9 +328,17 @@ describe.skipIf(!hasPostgresServer)('when the database goes away (needs a Postgr
   it('answers /ready without waiting out a ping a silent partition holds: ready while its snapshots are confirmed, then not', async () => {
     const server = new URL(h.db.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
-    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 10, logger: pino({ level: 'silent' }) });
+    const database = await openDatabase({
+      databaseUrl: proxy.urlFor(h.db.url!),
+      dataDir: '',
+      poolSize: 10,
+      logger: pino({ level: 'silent' }),
+    });
     // Confirmations every 100 ms: the snapshots are seconds away from their 5 s bound when the ping is given up.
-    const client = await AppClient.start(database, { TOOLGATE_KILL_SWITCH_POLL_MS: '100', TOOLGATE_REGISTRY_REFRESH_MS: '100' });
+    const client = await AppClient.start(database, {
+      TOOLGATE_KILL_SWITCH_POLL_MS: '100',
+      TOOLGATE_REGISTRY_REFRESH_MS: '100',
+    });
     try {
       // Idle pooled connections, which the partition will leave open and silent.
       await Promise.all(Array.from({ length: 5 }, () => client.get('/ready')));

@@ -42,9 +42,37 @@ afterAll(async () => {
 
 describe('Idempotency-Key', () => {
   const bodies: Array<[string, string, () => Record<string, unknown>, string]> = [
-    ['POST /grants', '/grants', () => ({ agent_id: `a${keyCounter}.agent`, tool_id: 'idem.tool', scope: 'per-tenant', expires_at: inHours(1), rationale: 'idempotency' }), 'grant.created'],
-    ['POST /kill-switches', '/kill-switches', () => ({ scope: 'agent', target: `k${keyCounter}.agent`, reason: 'test', user_visible_status_copy: 'Paused' }), 'kill_switch.armed'],
-    ['POST /budgets', '/budgets', () => ({ scope: 'agent', agent_id: `b${keyCounter}.agent`, period: 'day', limit_units: 10, warn_ratio: 0.8, grace_units: 0 }), 'budget.created'],
+    [
+      'POST /grants',
+      '/grants',
+      () => ({
+        agent_id: `a${keyCounter}.agent`,
+        tool_id: 'idem.tool',
+        scope: 'per-tenant',
+        expires_at: inHours(1),
+        rationale: 'idempotency',
+      }),
+      'grant.created',
+    ],
+    [
+      'POST /kill-switches',
+      '/kill-switches',
+      () => ({ scope: 'agent', target: `k${keyCounter}.agent`, reason: 'test', user_visible_status_copy: 'Paused' }),
+      'kill_switch.armed',
+    ],
+    [
+      'POST /budgets',
+      '/budgets',
+      () => ({
+        scope: 'agent',
+        agent_id: `b${keyCounter}.agent`,
+        period: 'day',
+        limit_units: 10,
+        warn_ratio: 0.8,
+        grace_units: 0,
+      }),
+      'budget.created',
+    ],
   ];
 
   it.each(bodies)('%s: a retry answers the first answer and creates nothing', async (_name, path, body, eventType) => {
@@ -66,7 +94,10 @@ describe('Idempotency-Key', () => {
     keyCounter += 1; // another subject: another request
     const other = await post(path, body(), key);
     expect(other.status).toBe(422);
-    expect(other.body.error).toMatchObject({ code: 'idempotency_key_reused', details: { field: 'header.idempotency-key' } });
+    expect(other.body.error).toMatchObject({
+      code: 'idempotency_key_reused',
+      details: { field: 'header.idempotency-key' },
+    });
   });
 
   it('POST /tools: a retry answers the first answer, another contract under the key is 422', async () => {
@@ -83,18 +114,37 @@ describe('Idempotency-Key', () => {
 
   it('keeps keys apart per caller: another operator may use the same key for its own request', async () => {
     const key = newKey();
-    const mine = await post('/kill-switches', { scope: 'agent', target: 'mine.agent', reason: 'r', user_visible_status_copy: 'c' }, key);
-    const theirs = await post('/kill-switches', { scope: 'agent', target: 'theirs.agent', reason: 'r', user_visible_status_copy: 'c' }, key, tokens.tenantOperator(T, 'dave'));
+    const mine = await post(
+      '/kill-switches',
+      { scope: 'agent', target: 'mine.agent', reason: 'r', user_visible_status_copy: 'c' },
+      key,
+    );
+    const theirs = await post(
+      '/kill-switches',
+      { scope: 'agent', target: 'theirs.agent', reason: 'r', user_visible_status_copy: 'c' },
+      key,
+      tokens.tenantOperator(T, 'dave'),
+    );
     expect([mine.status, theirs.status]).toEqual([201, 201]);
     expect(theirs.body.id).not.toBe(mine.body.id);
   });
 
   it('does not keep a refusal: a retry after fixing the cause runs again', async () => {
     const key = newKey();
-    const body = { agent_id: 'late.agent', tool_id: 'idem.unknown', scope: 'per-tenant', expires_at: inHours(1), rationale: 'r' };
+    const body = {
+      agent_id: 'late.agent',
+      tool_id: 'idem.unknown',
+      scope: 'per-tenant',
+      expires_at: inHours(1),
+      rationale: 'r',
+    };
     const refused = await post('/grants', body, key);
     expect(refused.status).toBe(404);
-    await registerTool(h.client, { id: 'idem.unknown', allowed_agents: ['late.agent'], backendUrl: `${backend.url}/echo` });
+    await registerTool(h.client, {
+      id: 'idem.unknown',
+      allowed_agents: ['late.agent'],
+      backendUrl: `${backend.url}/echo`,
+    });
     const granted = await post('/grants', body, key);
     expect(granted.status).toBe(201);
   });
@@ -115,7 +165,10 @@ describe('Idempotency-Key', () => {
         body: { scope: 'agent', target: 'bad.key', reason: 'r', user_visible_status_copy: 'c' },
       });
       expect(res.status, JSON.stringify(key)).toBe(400);
-      expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'header.idempotency-key' }] } });
+      expect(res.body.error).toMatchObject({
+        code: 'invalid_request',
+        details: { issues: [{ field: 'header.idempotency-key' }] },
+      });
     }
   });
 
@@ -127,10 +180,19 @@ describe('Idempotency-Key', () => {
     // A run that is still going: its step waits at the gate.
     await registerTool(h.client, { id: 'idem.gated', allowed_agents: [ROOT], backendUrl: `${backend.url}/gate` });
     await grantTool(h.client, { tenant: T, agent: ROOT, tool: 'idem.gated' });
-    const running = h.client.post('/runs/execute', { token: root, body: { run_id: runId, context: {}, budget_units: 10, plan: [{ tool_id: 'idem.gated', input: { q: 'hold' } }] } });
+    const running = h.client.post('/runs/execute', {
+      token: root,
+      body: { run_id: runId, context: {}, budget_units: 10, plan: [{ tool_id: 'idem.gated', input: { q: 'hold' } }] },
+    });
     await backend.waitForHits('/gate', 1);
     const key = newKey();
-    const body = { sub_agent_id: SUB, sub_run_id: newRunId('sub'), budget_units: 1, delegable_tool_ids: ['idem.tool'], max_fanout: 0 };
+    const body = {
+      sub_agent_id: SUB,
+      sub_run_id: newRunId('sub'),
+      budget_units: 1,
+      delegable_tool_ids: ['idem.tool'],
+      max_fanout: 0,
+    };
     const first = await post(`/runs/${runId}/handoffs`, body, key, root);
     expect(first.status, JSON.stringify(first.body)).toBe(201);
     const again = await post(`/runs/${runId}/handoffs`, body, key, root);

@@ -45,7 +45,10 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
     await registerTool(h.client, { id: 'replica.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo' });
     // B's catalog follows A's registration within its refresh bound.
-    await until("B's catalog to know replica.echo", async () => (await run(b, 'replica.echo')).status === 200, { timeoutMs: 2_000, intervalMs: 50 });
+    await until("B's catalog to know replica.echo", async () => (await run(b, 'replica.echo')).status === 200, {
+      timeoutMs: 2_000,
+      intervalMs: 50,
+    });
   });
   afterAll(async () => {
     await backend?.close();
@@ -57,31 +60,58 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
   it("stops B's runs at the next step once A arms a switch (403 kill_switch_active, run killed), and lets them through once disarmed", async () => {
     const armed = await h.client.post('/kill-switches', {
       token: operator,
-      body: { scope: 'family', target: 'workers', reason: 'runaway loop', user_visible_status_copy: 'Workers are paused for maintenance' },
+      body: {
+        scope: 'family',
+        target: 'workers',
+        reason: 'runaway loop',
+        user_visible_status_copy: 'Workers are paused for maintenance',
+      },
     });
-    await until('B to refuse under the armed switch', async () => (await run(b, 'replica.echo')).status === 403, { timeoutMs: 1_000 });
+    await until('B to refuse under the armed switch', async () => (await run(b, 'replica.echo')).status === 403, {
+      timeoutMs: 1_000,
+    });
     const killed = await run(b, 'replica.echo');
-    expect(killed.body).toMatchObject({ status: 'killed', steps: [{ status: 'denied', error: { code: 'kill_switch_active' } }] });
+    expect(killed.body).toMatchObject({
+      status: 'killed',
+      steps: [{ status: 'denied', error: { code: 'kill_switch_active' } }],
+    });
     expect(JSON.stringify(killed.body)).toContain('Workers are paused for maintenance');
     const dispatchedBefore = backend.hits.length;
     await run(b, 'replica.echo');
     expect(backend.hits.length).toBe(dispatchedBefore);
 
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'loop fixed' } });
-    await until('B to admit again once disarmed', async () => (await run(b, 'replica.echo')).status === 200, { timeoutMs: 1_000 });
+    await until('B to admit again once disarmed', async () => (await run(b, 'replica.echo')).status === 200, {
+      timeoutMs: 1_000,
+    });
   });
 
   it("refuses B's next run once A revokes the grant (grant_revoked); a revoked grant cannot be renewed, only granted anew", async () => {
-    const granted = await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'replica.echo', scope: 'per-user', scope_ref: 'u-1' });
+    const granted = await grantTool(h.client, {
+      tenant: T,
+      agent: AGENT,
+      tool: 'replica.echo',
+      scope: 'per-user',
+      scope_ref: 'u-1',
+    });
     const withUser = () =>
       b.post('/runs/execute', {
         token: agent,
-        body: { run_id: newRunId('replica'), user_id: 'u-1', context: {}, plan: [{ tool_id: 'replica.echo', input: { q: 'hi' } }] },
+        body: {
+          run_id: newRunId('replica'),
+          user_id: 'u-1',
+          context: {},
+          plan: [{ tool_id: 'replica.echo', input: { q: 'hi' } }],
+        },
       });
     expect((await withUser()).status).toBe(200);
     // Leave only the per-user grant in force: revoke the tenant-wide one from beforeAll.
-    const tenantWide = await h.client.get('/grants', { token: operator, query: { agent_id: AGENT, scope: 'per-tenant', status: 'live' } });
-    for (const g of tenantWide.body.items) await h.client.post(`/grants/${g.id}/revoke`, { token: operator, body: { reason: 'narrowing' } });
+    const tenantWide = await h.client.get('/grants', {
+      token: operator,
+      query: { agent_id: AGENT, scope: 'per-tenant', status: 'live' },
+    });
+    for (const g of tenantWide.body.items)
+      await h.client.post(`/grants/${g.id}/revoke`, { token: operator, body: { reason: 'narrowing' } });
     await h.client.post(`/grants/${granted.id}/revoke`, { token: operator, body: { reason: 'pulled' } });
     const refused = await withUser();
     expect(refused.status).toBe(403);
@@ -104,12 +134,20 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
       body: { scope: 'agent', target: 'spreading.agent', reason: 'loops', user_visible_status_copy: 'Paused' },
     });
     expect(armed.status).toBe(201);
-    await until('the switch to deny on B', async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === false, { timeoutMs: 1_000 });
+    await until(
+      'the switch to deny on B',
+      async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === false,
+      { timeoutMs: 1_000 },
+    );
     const onB = await decision(b, { agent_id: 'spreading.agent' });
     expect(onB.body).toMatchObject({ code: 'kill_switch_active', blamed: { id: armed.body.id } });
 
     await a.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'fixed' } });
-    await until('the disarm to reach B', async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === true, { timeoutMs: 1_000 });
+    await until(
+      'the disarm to reach B',
+      async () => (await decision(b, { agent_id: 'spreading.agent' })).body.ok === true,
+      { timeoutMs: 1_000 },
+    );
   });
 
   it('propagates the other way too, for every arm and disarm of a quick sequence', async () => {
@@ -118,9 +156,17 @@ describe.skipIf(!hasPostgresServer)('kill switches across replicas (needs a Post
         token: platform,
         body: { scope: 'tool', target: `flap.tool${i}`, reason: 'flap', user_visible_status_copy: 'Paused' },
       });
-      await until('the switch to deny on A', async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === false, { timeoutMs: 1_000 });
+      await until(
+        'the switch to deny on A',
+        async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === false,
+        { timeoutMs: 1_000 },
+      );
       await b.post(`/kill-switches/${armed.body.id}/disarm`, { token: platform, body: { reason: 'unflap' } });
-      await until('the disarm to reach A', async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === true, { timeoutMs: 1_000 });
+      await until(
+        'the disarm to reach A',
+        async () => (await decision(h.client, { tool_id: `flap.tool${i}` })).body.ok === true,
+        { timeoutMs: 1_000 },
+      );
     }
   });
 
@@ -146,12 +192,20 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     h = await startHarness();
     const url = new URL(h.db.url!);
     proxy = await new TcpProxy(url.hostname, Number(url.port || 5432)).start();
-    dbC = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 5, logger: pino({ level: 'silent' }) });
+    dbC = await openDatabase({
+      databaseUrl: proxy.urlFor(h.db.url!),
+      dataDir: '',
+      poolSize: 5,
+      logger: pino({ level: 'silent' }),
+    });
     c = await AppClient.start(dbC);
     backend = await new TestBackend().start();
     await registerTool(h.client, { id: 'cut.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'cut.echo' });
-    await until("C's catalog to know cut.echo", async () => (await run(c, 'cut.echo')).status === 200, { timeoutMs: 2_000, intervalMs: 50 });
+    await until("C's catalog to know cut.echo", async () => (await run(c, 'cut.echo')).status === 200, {
+      timeoutMs: 2_000,
+      intervalMs: 50,
+    });
   });
   afterAll(async () => {
     await backend?.close();
@@ -168,7 +222,9 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     proxy.cutConnections();
     // The hard bound is 5 s from the last confirmation, which came before the cut; the slack is
     // for a loaded machine's timers, not for the gateway.
-    await until('C to fail closed', async () => (await decision(c, { tool_id: 'any.tool' })).status === 503, { timeoutMs: 5_500 });
+    await until('C to fail closed', async () => (await decision(c, { tool_id: 'any.tool' })).status === 503, {
+      timeoutMs: 5_500,
+    });
     const refused = await decision(c, { tool_id: 'any.tool' });
     expect(refused.body.error.code).toBe('gateway_unavailable');
     const hits = backend.hits.length;
@@ -195,14 +251,28 @@ describe.skipIf(!hasPostgresServer)('a replica that loses its database (needs a 
     expect(armed.status).toBe(201);
 
     proxy.restore();
-    await until('C to confirm a snapshot again', async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200, { timeoutMs: 15_000, intervalMs: 50 });
-    expect((await decision(c, { tool_id: 'armed.while.away' })).body).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
-    await until('C to be ready again', async () => (await c.get('/ready')).status === 200, { timeoutMs: 5_000, intervalMs: 50 });
+    await until(
+      'C to confirm a snapshot again',
+      async () => (await decision(c, { tool_id: 'armed.while.away' })).status === 200,
+      { timeoutMs: 15_000, intervalMs: 50 },
+    );
+    expect((await decision(c, { tool_id: 'armed.while.away' })).body).toMatchObject({
+      ok: false,
+      blamed: { id: armed.body.id },
+    });
+    await until('C to be ready again', async () => (await c.get('/ready')).status === 200, {
+      timeoutMs: 5_000,
+      intervalMs: 50,
+    });
     expect((await run(c, 'cut.echo')).status).toBe(200);
 
     // And its listener is back: a disarm reaches it by notification, well inside the poll bound.
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
-    await until('the disarm to reach C', async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true, { timeoutMs: 1_000 });
+    await until(
+      'the disarm to reach C',
+      async () => (await decision(c, { tool_id: 'armed.while.away' })).body.ok === true,
+      { timeoutMs: 1_000 },
+    );
   });
 });
 
@@ -215,7 +285,12 @@ describe.skipIf(!hasPostgresServer)('a replica whose database connection hangs (
     h = await startHarness();
     const url = new URL(h.db.url!);
     proxy = await new TcpProxy(url.hostname, Number(url.port || 5432)).start();
-    database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 3, logger: pino({ level: 'silent' }) });
+    database = await openDatabase({
+      databaseUrl: proxy.urlFor(h.db.url!),
+      dataDir: '',
+      poolSize: 3,
+      logger: pino({ level: 'silent' }),
+    });
   });
   afterAll(async () => {
     await proxy?.close();

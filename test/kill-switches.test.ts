@@ -92,14 +92,20 @@ describe('POST /kill-switches: arming', () => {
   });
 
   it('lets a platform-operator arm global, region and provider switches, platform-wide', async () => {
-    for (const [scope, target] of [['region', 'mars-north'], ['provider', 'flaky-llm']] as const) {
+    for (const [scope, target] of [
+      ['region', 'mars-north'],
+      ['provider', 'flaky-llm'],
+    ] as const) {
       const res = await arm(platform, { scope, target });
       expect(res.status).toBe(201);
       expect(res.body).toMatchObject({ scope, target, tenant_id: null });
     }
     const global = await arm(platform, { scope: 'global' });
     expect(global.body).toMatchObject({ scope: 'global', target: '*', tenant_id: null });
-    const disarmed = await h.client.post(`/kill-switches/${global.body.id}/disarm`, { token: platform, body: { reason: 'drill over' } });
+    const disarmed = await h.client.post(`/kill-switches/${global.body.id}/disarm`, {
+      token: platform,
+      body: { reason: 'drill over' },
+    });
     expect(disarmed.status).toBe(200);
   });
 
@@ -136,11 +142,14 @@ describe('kill switches: who may arm what', () => {
     }
     const events = (await auditEvents('security.escalation_attempt')).filter((e) => e.actor === 'operator:alice');
     expect(events.length).toBeGreaterThanOrEqual(attempts.length);
-    const armed = await h.client.get('/kill-switches', { token: platform, query: { scope: 'provider', target: 'acme' } });
+    const armed = await h.client.get('/kill-switches', {
+      token: platform,
+      query: { scope: 'provider', target: 'acme' },
+    });
     expect(armed.body.items).toEqual([]);
   });
 
-  it("answers 404 to a tenant-operator arming in another tenant, and records the attempt", async () => {
+  it('answers 404 to a tenant-operator arming in another tenant, and records the attempt', async () => {
     const viaTenantId = await arm(opA, { scope: 'agent', target: 'victim.agent', tenant_id: B });
     const viaTenantScope = await arm(opA, { scope: 'tenant', target: B });
     const viaBoth = await arm(opA, { scope: 'tenant', target: A, tenant_id: B });
@@ -158,7 +167,10 @@ describe('kill switches: who may arm what', () => {
     const res = await arm(opB, { scope: 'tenant', target: B, reason: 'offboarding' });
     expect(res.status).toBe(201);
     expect(res.body).toMatchObject({ scope: 'tenant', target: B, tenant_id: B });
-    expect((await decide(opB, { agent_id: 'any.agent', tool_id: 'any.tool' })).body).toMatchObject({ ok: false, blamed: { scope: 'tenant' } });
+    expect((await decide(opB, { agent_id: 'any.agent', tool_id: 'any.tool' })).body).toMatchObject({
+      ok: false,
+      blamed: { scope: 'tenant' },
+    });
     expect((await decide(opA, { agent_id: 'any.agent', tool_id: 'any.tool' })).body.ok).toBe(true);
     await h.client.post(`/kill-switches/${res.body.id}/disarm`, { token: opB, body: { reason: 'back' } });
   });
@@ -166,12 +178,17 @@ describe('kill switches: who may arm what', () => {
   it("hides another tenant's switches: reading or disarming one is 404 and a security event", async () => {
     const theirs = await arm(opB, { scope: 'agent', target: 'b.private' });
     const read = await h.client.get(`/kill-switches/${theirs.body.id}`, { token: opA });
-    const disarm = await h.client.post(`/kill-switches/${theirs.body.id}/disarm`, { token: opA, body: { reason: 'mine now' } });
+    const disarm = await h.client.post(`/kill-switches/${theirs.body.id}/disarm`, {
+      token: opA,
+      body: { reason: 'mine now' },
+    });
     expect([read.status, disarm.status]).toEqual([404, 404]);
     expect(read.text).not.toContain('b.private');
     const still = await h.client.get(`/kill-switches/${theirs.body.id}`, { token: opB });
     expect(still.body.state).toBe('armed');
-    const events = (await auditEvents('security.cross_tenant_attempt')).filter((e) => e.details.kill_switch_id === theirs.body.id);
+    const events = (await auditEvents('security.cross_tenant_attempt')).filter(
+      (e) => e.details.kill_switch_id === theirs.body.id,
+    );
     expect(events).toHaveLength(2);
     const listA = await h.client.get('/kill-switches', { token: opA, query: { limit: 500 } });
     expect(listA.body.items.map((k: { id: string }) => k.id)).not.toContain(theirs.body.id);
@@ -181,7 +198,10 @@ describe('kill switches: who may arm what', () => {
     const platformWide = await arm(platform, { scope: 'agent', target: 'everywhere.agent' });
     const read = await h.client.get(`/kill-switches/${platformWide.body.id}`, { token: opA });
     expect(read.status).toBe(200);
-    const disarm = await h.client.post(`/kill-switches/${platformWide.body.id}/disarm`, { token: opA, body: { reason: 'nope' } });
+    const disarm = await h.client.post(`/kill-switches/${platformWide.body.id}/disarm`, {
+      token: opA,
+      body: { reason: 'nope' },
+    });
     expect(disarm.status).toBe(403);
     expect(disarm.body.error.code).toBe('forbidden');
     expect((await decide(opA, { agent_id: 'everywhere.agent' })).body.ok).toBe(false);
@@ -198,7 +218,10 @@ describe('POST /kill-switches/{id}/disarm', () => {
   it('disarms, records who and why, and lets calls through again', async () => {
     const armed = await arm(opA, { scope: 'agent', target: 'disarm.me' });
     expect((await decide(opA, { agent_id: 'disarm.me' })).body.ok).toBe(false);
-    const res = await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: { reason: 'root cause fixed' } });
+    const res = await h.client.post(`/kill-switches/${armed.body.id}/disarm`, {
+      token: opA,
+      body: { reason: 'root cause fixed' },
+    });
     expect(res.status).toBe(200);
     expect(res.body).toMatchObject({
       state: 'disarmed',
@@ -206,17 +229,30 @@ describe('POST /kill-switches/{id}/disarm', () => {
       disarm_reason: 'root cause fixed',
     });
     expect((await decide(opA, { agent_id: 'disarm.me' })).body.ok).toBe(true);
-    const events = (await auditEvents('kill_switch.disarmed')).filter((e) => e.details.kill_switch_id === armed.body.id);
-    expect(events).toEqual([expect.objectContaining({ actor: 'operator:alice', tenant_id: A, details: expect.objectContaining({ reason: 'root cause fixed' }) })]);
+    const events = (await auditEvents('kill_switch.disarmed')).filter(
+      (e) => e.details.kill_switch_id === armed.body.id,
+    );
+    expect(events).toEqual([
+      expect.objectContaining({
+        actor: 'operator:alice',
+        tenant_id: A,
+        details: expect.objectContaining({ reason: 'root cause fixed' }),
+      }),
+    ]);
   });
 
   it('is idempotent, and arming the target again makes a new switch', async () => {
     const armed = await arm(opA, { scope: 'agent', target: 'twice.off' });
     await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: { reason: 'one' } });
-    const again = await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: { reason: 'two' } });
+    const again = await h.client.post(`/kill-switches/${armed.body.id}/disarm`, {
+      token: opA,
+      body: { reason: 'two' },
+    });
     expect(again.status).toBe(200);
     expect(again.body.disarm_reason).toBe('one');
-    expect((await auditEvents('kill_switch.disarmed')).filter((e) => e.details.kill_switch_id === armed.body.id)).toHaveLength(1);
+    expect(
+      (await auditEvents('kill_switch.disarmed')).filter((e) => e.details.kill_switch_id === armed.body.id),
+    ).toHaveLength(1);
     const rearmed = await arm(opA, { scope: 'agent', target: 'twice.off' });
     expect(rearmed.status).toBe(201);
     expect(rearmed.body.id).not.toBe(armed.body.id);
@@ -225,8 +261,12 @@ describe('POST /kill-switches/{id}/disarm', () => {
   it('needs a reason, and a switch that exists', async () => {
     const armed = await arm(opA, { scope: 'agent', target: 'needs.reason' });
     expect((await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: {} })).status).toBe(400);
-    expect((await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: { reason: ' ' } })).status).toBe(400);
-    expect((await h.client.post('/kill-switches/ks_nope/disarm', { token: opA, body: { reason: 'x' } })).status).toBe(404);
+    expect(
+      (await h.client.post(`/kill-switches/${armed.body.id}/disarm`, { token: opA, body: { reason: ' ' } })).status,
+    ).toBe(400);
+    expect((await h.client.post('/kill-switches/ks_nope/disarm', { token: opA, body: { reason: 'x' } })).status).toBe(
+      404,
+    );
     expect((await h.client.get('/kill-switches/ks_nope', { token: platform })).status).toBe(404);
   });
 });
@@ -236,8 +276,14 @@ describe('kill switches on the audit record', () => {
     const agentSwitch = await arm(opA, { scope: 'agent', target: 'audited.agent' });
     const toolSwitch = await arm(platform, { scope: 'tool', target: 'audited.tool' });
     const regionSwitch = await arm(platform, { scope: 'region', target: 'audited-region' });
-    for (const [ks, token] of [[agentSwitch, opA], [toolSwitch, platform], [regionSwitch, platform]] as const) {
-      expect((await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token, body: { reason: 'over' } })).status).toBe(200);
+    for (const [ks, token] of [
+      [agentSwitch, opA],
+      [toolSwitch, platform],
+      [regionSwitch, platform],
+    ] as const) {
+      expect(
+        (await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token, body: { reason: 'over' } })).status,
+      ).toBe(200);
     }
     const found = async (token: string, query: Record<string, string>) => {
       const res = await h.client.get('/audit', { token, query: { limit: 500, ...query } });
@@ -255,8 +301,14 @@ describe('kill switches on the audit record', () => {
       ['kill_switch.armed', toolSwitch.body.id, null, 'audited.tool'],
     ]);
     // Other scopes name no agent or tool: their target stays in details alone.
-    const region = (await auditEvents('kill_switch.armed')).find((e) => e.details.kill_switch_id === regionSwitch.body.id);
-    expect(region).toMatchObject({ agent_id: null, tool_id: null, details: { scope: 'region', target: 'audited-region' } });
+    const region = (await auditEvents('kill_switch.armed')).find(
+      (e) => e.details.kill_switch_id === regionSwitch.body.id,
+    );
+    expect(region).toMatchObject({
+      agent_id: null,
+      tool_id: null,
+      details: { scope: 'region', target: 'audited-region' },
+    });
   });
 });
 
@@ -288,7 +340,7 @@ describe('GET /kill-switches', () => {
     expect((await h.client.get('/kill-switches', { token: platform, query: { cursor: 'garbage' } })).status).toBe(400);
   });
 
-  it("confines a tenant-operator to its tenant and the platform-wide switches", async () => {
+  it('confines a tenant-operator to its tenant and the platform-wide switches', async () => {
     const res = await h.client.get('/kill-switches', { token: opA, query: { limit: 500 } });
     const tenants = new Set(res.body.items.map((k: { tenant_id: string | null }) => k.tenant_id));
     expect([...tenants].every((t) => t === A || t === null)).toBe(true);
@@ -302,9 +354,18 @@ describe('what an agent refused by a switch learns', () => {
   it('the status copy, the scope and the switch id: never the reason or who armed it', async () => {
     const backend = await new TestBackend().start();
     try {
-      await registerTool(h.client, { id: 'ks.told', allowed_agents: ['told.agent'], backendUrl: `${backend.url}/echo` });
+      await registerTool(h.client, {
+        id: 'ks.told',
+        allowed_agents: ['told.agent'],
+        backendUrl: `${backend.url}/echo`,
+      });
       await grantTool(h.client, { tenant: A, agent: 'told.agent', tool: 'ks.told' });
-      const armed = await arm(opA, { scope: 'tool', target: 'ks.told', reason: 'suspected exfiltration by told.agent', user_visible_status_copy: 'This tool is paused' });
+      const armed = await arm(opA, {
+        scope: 'tool',
+        target: 'ks.told',
+        reason: 'suspected exfiltration by told.agent',
+        user_visible_status_copy: 'This tool is paused',
+      });
       expect(armed.status).toBe(201);
       const res = await h.client.post('/runs/execute', {
         token: tokens.agent('told.agent', { tenant: A }),
@@ -320,7 +381,10 @@ describe('what an agent refused by a switch learns', () => {
       expect(res.text).not.toContain('alice');
       expect(backend.hitsOn('/echo')).toHaveLength(0);
       // Operators still find everything through their own routes.
-      expect((await h.client.get(`/kill-switches/${armed.body.id}`, { token: opA })).body).toMatchObject({ reason: 'suspected exfiltration by told.agent', armed_by: { actor_id: 'alice' } });
+      expect((await h.client.get(`/kill-switches/${armed.body.id}`, { token: opA })).body).toMatchObject({
+        reason: 'suspected exfiltration by told.agent',
+        armed_by: { actor_id: 'alice' },
+      });
     } finally {
       await backend.close();
     }
@@ -330,7 +394,11 @@ describe('what an agent refused by a switch learns', () => {
 describe('GET /kill-switches/decide', () => {
   it('blames the broadest matching switch and lists every match', async () => {
     const agentSwitch = await arm(opA, { scope: 'agent', target: 'layered.agent' });
-    const familySwitch = await arm(opA, { scope: 'family', target: 'layered', user_visible_status_copy: 'The layered family is paused' });
+    const familySwitch = await arm(opA, {
+      scope: 'family',
+      target: 'layered',
+      user_visible_status_copy: 'The layered family is paused',
+    });
     const toolSwitch = await arm(opA, { scope: 'tool', target: 'layered.tool' });
     const res = await decide(opA, { agent_id: 'layered.agent', family: 'layered', tool_id: 'layered.tool' });
     expect(res.status).toBe(200);
@@ -340,7 +408,11 @@ describe('GET /kill-switches/decide', () => {
       blamed: { id: familySwitch.body.id, user_visible_status_copy: 'The layered family is paused' },
       call: { tenant_id: A, agent_id: 'layered.agent', family: 'layered', tool_id: 'layered.tool' },
     });
-    expect(res.body.matches.map((k: { id: string }) => k.id)).toEqual([familySwitch.body.id, agentSwitch.body.id, toolSwitch.body.id]);
+    expect(res.body.matches.map((k: { id: string }) => k.id)).toEqual([
+      familySwitch.body.id,
+      agentSwitch.body.id,
+      toolSwitch.body.id,
+    ]);
     expect(res.body.snapshot.version).toBeGreaterThan(0);
   });
 
@@ -352,8 +424,14 @@ describe('GET /kill-switches/decide', () => {
   });
 
   it("matches region, provider and family switches on the registered tool's target", async () => {
-    await registerTool(h.client, { id: 'geo.tool', target: { family: 'retrieval', provider: 'acme-llm', region: 'eu-central' } });
-    await registerTool(h.client, { id: 'elsewhere.tool', target: { family: 'ranking', provider: 'other-llm', region: 'us-west' } });
+    await registerTool(h.client, {
+      id: 'geo.tool',
+      target: { family: 'retrieval', provider: 'acme-llm', region: 'eu-central' },
+    });
+    await registerTool(h.client, {
+      id: 'elsewhere.tool',
+      target: { family: 'ranking', provider: 'other-llm', region: 'us-west' },
+    });
     const region = await arm(platform, { scope: 'region', target: 'eu-central' });
     const provider = await arm(platform, { scope: 'provider', target: 'acme-llm' });
     const family = await arm(opA, { scope: 'family', target: 'retrieval' });
@@ -361,13 +439,20 @@ describe('GET /kill-switches/decide', () => {
     const geo = await decide(opA, { tool_id: 'geo.tool', agent_id: 'any.agent', family: 'unrelated' });
     expect(geo.body.call.tool_target).toEqual({ family: 'retrieval', provider: 'acme-llm', region: 'eu-central' });
     expect(geo.body.blamed.id).toBe(region.body.id);
-    expect(geo.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id, family.body.id]);
+    expect(geo.body.matches.map((k: { id: string }) => k.id)).toEqual([
+      region.body.id,
+      provider.body.id,
+      family.body.id,
+    ]);
     // The family switch is tenant A's: in tenant B only the platform-wide ones match.
     const inB = await decide(opB, { tool_id: 'geo.tool' });
     expect(inB.body.matches.map((k: { id: string }) => k.id)).toEqual([region.body.id, provider.body.id]);
     expect((await decide(opA, { tool_id: 'elsewhere.tool' })).body.ok).toBe(true);
     // A tool the registry does not know has no target: only its id can match.
-    expect((await decide(opA, { tool_id: 'unknown.tool' })).body).toMatchObject({ ok: true, call: { tool_target: null } });
+    expect((await decide(opA, { tool_id: 'unknown.tool' })).body).toMatchObject({
+      ok: true,
+      call: { tool_target: null },
+    });
 
     for (const ks of [region, provider]) {
       await h.client.post(`/kill-switches/${ks.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
@@ -377,15 +462,35 @@ describe('GET /kill-switches/decide', () => {
 
   it("judges the target of the version the agent's call would run, when an agent is named", async () => {
     // The newer version is on another allowlist, in another region: the agent's calls run 1.0.0.
-    await registerTool(h.client, { id: 'decide.split', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'split', provider: 'p', region: 'eu-decide' } });
-    await registerTool(h.client, { id: 'decide.split', version: '2.0.0', allowed_agents: ['someone.else'], target: { family: 'split', provider: 'p', region: 'us-decide' } });
+    await registerTool(h.client, {
+      id: 'decide.split',
+      version: '1.0.0',
+      allowed_agents: ['decide.agent'],
+      target: { family: 'split', provider: 'p', region: 'eu-decide' },
+    });
+    await registerTool(h.client, {
+      id: 'decide.split',
+      version: '2.0.0',
+      allowed_agents: ['someone.else'],
+      target: { family: 'split', provider: 'p', region: 'us-decide' },
+    });
     const region = await arm(platform, { scope: 'region', target: 'eu-decide' });
     try {
       const forAgent = await decide(opA, { tool_id: 'decide.split', agent_id: 'decide.agent' });
-      expect(forAgent.body).toMatchObject({ ok: false, blamed: { id: region.body.id }, call: { tool_target: { region: 'eu-decide' } } });
+      expect(forAgent.body).toMatchObject({
+        ok: false,
+        blamed: { id: region.body.id },
+        call: { tool_target: { region: 'eu-decide' } },
+      });
       // Without an agent, or for one that may use the newer version, the call gets 2.0.0.
-      expect((await decide(opA, { tool_id: 'decide.split' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
-      expect((await decide(opA, { tool_id: 'decide.split', agent_id: 'someone.else' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-decide' } } });
+      expect((await decide(opA, { tool_id: 'decide.split' })).body).toMatchObject({
+        ok: true,
+        call: { tool_target: { region: 'us-decide' } },
+      });
+      expect((await decide(opA, { tool_id: 'decide.split', agent_id: 'someone.else' })).body).toMatchObject({
+        ok: true,
+        call: { tool_target: { region: 'us-decide' } },
+      });
     } finally {
       await h.client.post(`/kill-switches/${region.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
     }
@@ -394,9 +499,25 @@ describe('GET /kill-switches/decide', () => {
   it('judges, without an agent, the version a call would run: the newest one agents may use in the tenant, allowlists aside', async () => {
     // Each newer version is one no call runs: final_write, or an external_call while tenant A has
     // external calls off. A call runs 1.0.0, so a switch on its region stops it.
-    await registerTool(h.client, { id: 'decide.blocked', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'blocked', provider: 'p', region: 'eu-usable' } });
-    await registerTool(h.client, { id: 'decide.blocked', version: '2.0.0', category: 'final_write', risk_level: 'high', target: { family: 'blocked', provider: 'p', region: 'us-blocked' } });
-    await registerTool(h.client, { id: 'decide.reach', version: '1.0.0', allowed_agents: ['decide.agent'], target: { family: 'reach', provider: 'p', region: 'eu-usable' } });
+    await registerTool(h.client, {
+      id: 'decide.blocked',
+      version: '1.0.0',
+      allowed_agents: ['decide.agent'],
+      target: { family: 'blocked', provider: 'p', region: 'eu-usable' },
+    });
+    await registerTool(h.client, {
+      id: 'decide.blocked',
+      version: '2.0.0',
+      category: 'final_write',
+      risk_level: 'high',
+      target: { family: 'blocked', provider: 'p', region: 'us-blocked' },
+    });
+    await registerTool(h.client, {
+      id: 'decide.reach',
+      version: '1.0.0',
+      allowed_agents: ['decide.agent'],
+      target: { family: 'reach', provider: 'p', region: 'eu-usable' },
+    });
     await registerTool(h.client, {
       id: 'decide.reach',
       version: '2.0.0',
@@ -408,20 +529,47 @@ describe('GET /kill-switches/decide', () => {
       target: { family: 'reach', provider: 'p', region: 'us-blocked' },
     });
     // No version is one agents may use: the call path judges the newest, and so does decide.
-    await registerTool(h.client, { id: 'decide.locked', version: '1.0.0', category: 'admin', risk_level: 'high', target: { family: 'locked', provider: 'p', region: 'eu-usable' } });
-    await registerTool(h.client, { id: 'decide.locked', version: '2.0.0', category: 'final_write', risk_level: 'high', target: { family: 'locked', provider: 'p', region: 'us-blocked' } });
+    await registerTool(h.client, {
+      id: 'decide.locked',
+      version: '1.0.0',
+      category: 'admin',
+      risk_level: 'high',
+      target: { family: 'locked', provider: 'p', region: 'eu-usable' },
+    });
+    await registerTool(h.client, {
+      id: 'decide.locked',
+      version: '2.0.0',
+      category: 'final_write',
+      risk_level: 'high',
+      target: { family: 'locked', provider: 'p', region: 'us-blocked' },
+    });
     const region = await arm(platform, { scope: 'region', target: 'eu-usable' });
     try {
       for (const tool_id of ['decide.blocked', 'decide.reach']) {
         const res = await decide(opA, { tool_id });
-        expect(res.body, tool_id).toMatchObject({ ok: false, blamed: { id: region.body.id }, call: { tool_target: { region: 'eu-usable' } } });
+        expect(res.body, tool_id).toMatchObject({
+          ok: false,
+          blamed: { id: region.body.id },
+          call: { tool_target: { region: 'eu-usable' } },
+        });
         // As the agent's own call resolves, and as its run's cascade judges it.
-        expect((await decide(opA, { tool_id, agent_id: 'decide.agent' })).body, tool_id).toMatchObject({ ok: false, call: { tool_target: { region: 'eu-usable' } } });
+        expect((await decide(opA, { tool_id, agent_id: 'decide.agent' })).body, tool_id).toMatchObject({
+          ok: false,
+          call: { tool_target: { region: 'eu-usable' } },
+        });
       }
-      expect((await decide(opA, { tool_id: 'decide.locked' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-blocked' } } });
+      expect((await decide(opA, { tool_id: 'decide.locked' })).body).toMatchObject({
+        ok: true,
+        call: { tool_target: { region: 'us-blocked' } },
+      });
       // In a tenant that enables external calls, the external_call version is what a call runs.
-      expect((await h.client.put(`/tenants/${B}/policy`, { token: platform, body: { external_call_enabled: true } })).status).toBe(200);
-      expect((await decide(opB, { tool_id: 'decide.reach' })).body).toMatchObject({ ok: true, call: { tool_target: { region: 'us-blocked' } } });
+      expect(
+        (await h.client.put(`/tenants/${B}/policy`, { token: platform, body: { external_call_enabled: true } })).status,
+      ).toBe(200);
+      expect((await decide(opB, { tool_id: 'decide.reach' })).body).toMatchObject({
+        ok: true,
+        call: { tool_target: { region: 'us-blocked' } },
+      });
     } finally {
       await h.client.put(`/tenants/${B}/policy`, { token: platform, body: { external_call_enabled: false } });
       await h.client.post(`/kill-switches/${region.body.id}/disarm`, { token: platform, body: { reason: 'done' } });
@@ -482,23 +630,29 @@ describe('snapshot freshness, on an injected clock', () => {
     await snapshot.stop();
   });
 
-  it.skipIf(!hasPostgresServer)('stays stale when its database cannot be read (needs a PostgreSQL server)', async () => {
-    let now = 0;
-    const database = await openPool(h.db.url, 1);
-    const snapshot = snapshotOn(database, () => now);
-    await snapshot.refresh();
-    await database.close();
-    now += 6_000;
-    await expect(snapshot.refresh()).rejects.toThrow();
-    expect(snapshot.decide({ tenantId: A })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
-    await snapshot.stop();
-  });
+  it.skipIf(!hasPostgresServer)(
+    'stays stale when its database cannot be read (needs a PostgreSQL server)',
+    async () => {
+      let now = 0;
+      const database = await openPool(h.db.url, 1);
+      const snapshot = snapshotOn(database, () => now);
+      await snapshot.refresh();
+      await database.close();
+      now += 6_000;
+      await expect(snapshot.refresh()).rejects.toThrow();
+      expect(snapshot.decide({ tenantId: A })).toMatchObject({ ok: false, code: 'gateway_unavailable' });
+      await snapshot.stop();
+    },
+  );
 
   it('loads what was armed before it started', async () => {
     const armed = await arm(opA, { scope: 'tool', target: 'preexisting.tool' });
     const snapshot = snapshotOn(h.db.database, () => 0);
     await snapshot.refresh();
-    expect(snapshot.decide({ tenantId: A, toolId: 'preexisting.tool' })).toMatchObject({ ok: false, blamed: { id: armed.body.id } });
+    expect(snapshot.decide({ tenantId: A, toolId: 'preexisting.tool' })).toMatchObject({
+      ok: false,
+      blamed: { id: armed.body.id },
+    });
     expect(snapshot.state().version).toBe(h.client.app.services.killSwitches.state().version);
     await snapshot.stop();
   });

@@ -18,7 +18,12 @@ const RESOURCE = 'https://gateway.example.com/mcp';
 
 describe('TOOLGATE_MCP_* configuration, validated at start-up', () => {
   it('defaults to an enabled door with no audience, authorization servers or browser origins', () => {
-    expect(loadConfig({}).mcp).toEqual({ enabled: true, resource: undefined, authorizationServers: [], allowedOrigins: [] });
+    expect(loadConfig({}).mcp).toEqual({
+      enabled: true,
+      resource: undefined,
+      authorizationServers: [],
+      allowedOrigins: [],
+    });
   });
 
   it('reads lists and switches', () => {
@@ -55,10 +60,16 @@ describe('a gateway with a resource, authorization servers and an allowed origin
   const post = (token: string, headers: Record<string, string> = {}) =>
     fetch(`${base}/mcp`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${token}`, ...headers },
+      headers: {
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+        authorization: `Bearer ${token}`,
+        ...headers,
+      },
       body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} }),
     });
-  const agentWith = (aud: unknown) => signToken({ sub: AGENT, tenant_id: T, kind: 'agent', ...(aud === undefined ? {} : { aud }) });
+  const agentWith = (aud: unknown) =>
+    signToken({ sub: AGENT, tenant_id: T, kind: 'agent', ...(aud === undefined ? {} : { aud }) });
 
   beforeAll(async () => {
     h = await startHarness({
@@ -73,14 +84,25 @@ describe('a gateway with a resource, authorization servers and an allowed origin
 
   it('serves RFC 9728 metadata naming the resource and its authorization servers', async () => {
     const res = await h.client.get('/.well-known/oauth-protected-resource/mcp');
-    expect(res.body).toEqual({ resource: RESOURCE, authorization_servers: ['https://auth.example.com'], bearer_methods_supported: ['header'], resource_name: 'toolgate' });
+    expect(res.body).toEqual({
+      resource: RESOURCE,
+      authorization_servers: ['https://auth.example.com'],
+      bearer_methods_supported: ['header'],
+      resource_name: 'toolgate',
+    });
   });
 
   it('refuses a token whose aud does not name the resource with 401 and the pointer at the resource’s origin', async () => {
-    for (const token of [agentWith(undefined), agentWith('https://elsewhere.example.com/mcp'), agentWith(['https://gateway.example.com'])]) {
+    for (const token of [
+      agentWith(undefined),
+      agentWith('https://elsewhere.example.com/mcp'),
+      agentWith(['https://gateway.example.com']),
+    ]) {
       const res = await post(token);
       expect(res.status).toBe(401);
-      expect(res.headers.get('www-authenticate')).toBe('Bearer error="invalid_token", resource_metadata="https://gateway.example.com/.well-known/oauth-protected-resource/mcp"');
+      expect(res.headers.get('www-authenticate')).toBe(
+        'Bearer error="invalid_token", resource_metadata="https://gateway.example.com/.well-known/oauth-protected-resource/mcp"',
+      );
     }
   });
 
@@ -111,7 +133,11 @@ describe('shutting down', () => {
     try {
       await h.client.app.listen({ port: 0, host: '127.0.0.1' });
       const url = new URL(`http://127.0.0.1:${(h.client.app.server.address() as { port: number }).port}/mcp`);
-      await client.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } } }));
+      await client.connect(
+        new StreamableHTTPClientTransport(url, {
+          requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } },
+        }),
+      );
       const subscription = await client.listen({ toolsListChanged: true });
       const started = Date.now();
       await h.client.app.close();
@@ -132,16 +158,29 @@ describe.skipIf(!hasPostgresServer)('two replicas on one database (needs a Postg
     try {
       await other.app.listen({ port: 0, host: '127.0.0.1' });
       const url = new URL(`http://127.0.0.1:${(other.app.server.address() as { port: number }).port}/mcp`);
-      await client.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } } }));
+      await client.connect(
+        new StreamableHTTPClientTransport(url, {
+          requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } },
+        }),
+      );
       let heard = 0;
       client.setNotificationHandler('notifications/tools/list_changed', async () => {
         heard += 1;
       });
       await client.listen({ toolsListChanged: true });
-      await registerTool(h.client, { id: 'registered.elsewhere', backendUrl: 'http://127.0.0.1:9/echo', allowed_agents: [AGENT] });
+      await registerTool(h.client, {
+        id: 'registered.elsewhere',
+        backendUrl: 'http://127.0.0.1:9/echo',
+        allowed_agents: [AGENT],
+      });
       await until('the registration to be heard', () => heard === 1);
-      expect((await client.listTools(undefined, { cacheMode: 'refresh' })).tools.map((tool) => tool.name)).toContain('registered.elsewhere');
-      const policy = await h.client.put(`/tenants/${T}/policy`, { token: tokens.platform(), body: { external_call_enabled: true } });
+      expect((await client.listTools(undefined, { cacheMode: 'refresh' })).tools.map((tool) => tool.name)).toContain(
+        'registered.elsewhere',
+      );
+      const policy = await h.client.put(`/tenants/${T}/policy`, {
+        token: tokens.platform(),
+        body: { external_call_enabled: true },
+      });
       expect(policy.status).toBe(200);
       await until('the policy change to be heard', () => heard === 2);
     } finally {
@@ -158,7 +197,12 @@ describe.skipIf(!hasPostgresServer)('when the database goes away (needs a Postgr
     const backend = await new TestBackend().start();
     const server = new URL(h.db.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
-    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 2, logger: pino({ level: 'silent' }) });
+    const database = await openDatabase({
+      databaseUrl: proxy.urlFor(h.db.url!),
+      dataDir: '',
+      poolSize: 2,
+      logger: pino({ level: 'silent' }),
+    });
     const app = await AppClient.start(database);
     const client = new Client({ name: 'outage-test', version: '1.0.0' });
     try {
@@ -166,7 +210,11 @@ describe.skipIf(!hasPostgresServer)('when the database goes away (needs a Postgr
       await grantTool(app, { tenant: T, agent: AGENT, tool: 'echo' });
       await app.app.listen({ port: 0, host: '127.0.0.1' });
       const url = new URL(`http://127.0.0.1:${(app.app.server.address() as { port: number }).port}/mcp`);
-      await client.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } } }));
+      await client.connect(
+        new StreamableHTTPClientTransport(url, {
+          requestInit: { headers: { authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}` } },
+        }),
+      );
       expect((await client.callTool({ name: 'echo', arguments: { q: 'before' } })).isError).toBe(false);
       proxy.cutConnections();
       const error = await client.callTool({ name: 'echo', arguments: { q: 'during' } }).then(

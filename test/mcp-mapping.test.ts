@@ -26,9 +26,15 @@ const view = (id: string, overrides: Partial<AgentToolView> = {}): AgentToolView
 describe('tools from agent views', () => {
   it('keeps object schemas, gives a typeless one its object type, and wraps anything else so it still constrains', () => {
     expect(mcpToolOf(view('a')).inputSchema).toEqual({ type: 'object', properties: { q: { type: 'string' } } });
-    expect(mcpToolOf(view('b', { input_schema: { properties: { q: {} } } })).inputSchema).toEqual({ type: 'object', properties: { q: {} } });
+    expect(mcpToolOf(view('b', { input_schema: { properties: { q: {} } } })).inputSchema).toEqual({
+      type: 'object',
+      properties: { q: {} },
+    });
     expect(mcpToolOf(view('c', { input_schema: true })).inputSchema).toEqual({ type: 'object', allOf: [true] });
-    expect(mcpToolOf(view('d', { input_schema: { type: 'string' } })).inputSchema).toEqual({ type: 'object', allOf: [{ type: 'string' }] });
+    expect(mcpToolOf(view('d', { input_schema: { type: 'string' } })).inputSchema).toEqual({
+      type: 'object',
+      allOf: [{ type: 'string' }],
+    });
   });
 
   it('carries an output schema only when it describes an object (structuredContent is one)', () => {
@@ -37,8 +43,14 @@ describe('tools from agent views', () => {
   });
 
   it('marks external_call tools as reaching the open world, and only read_only ones as read-only', () => {
-    expect(mcpToolOf(view('a', { category: 'external_call' })).annotations).toMatchObject({ readOnlyHint: false, openWorldHint: true });
-    expect(mcpToolOf(view('b', { category: 'draft_write' })).annotations).toMatchObject({ readOnlyHint: false, openWorldHint: false });
+    expect(mcpToolOf(view('a', { category: 'external_call' })).annotations).toMatchObject({
+      readOnlyHint: false,
+      openWorldHint: true,
+    });
+    expect(mcpToolOf(view('b', { category: 'draft_write' })).annotations).toMatchObject({
+      readOnlyHint: false,
+      openWorldHint: false,
+    });
   });
 });
 
@@ -56,7 +68,13 @@ describe('tool pages', () => {
 
   it('goes on after the cursor’s tool even when that tool is gone', () => {
     const cursor = toolsPage(tools, undefined, 2)!.nextCursor;
-    expect(toolsPage(tools.filter((t) => t.name !== 'b'), cursor, 2)!.tools.map((t) => t.name)).toEqual(['c', 'd']);
+    expect(
+      toolsPage(
+        tools.filter((t) => t.name !== 'b'),
+        cursor,
+        2,
+      )!.tools.map((t) => t.name),
+    ).toEqual(['c', 'd']);
   });
 
   it('refuses a cursor it did not issue', () => {
@@ -68,8 +86,26 @@ describe('tool pages', () => {
 
 describe('run requests from tools/call', () => {
   it('names the tool, takes the arguments as input, and the run fields from _meta, absent ones absent', () => {
-    const request = runRequestOf('scf.search', { q: 'x' }, { 'dev.toolgate/run': { run_id: 'r-1', version: '^1', context: { organization_id: 'o' }, budget_units: 5, session_id: 's-1' } });
-    expect(request).toEqual({ run_id: 'r-1', session_id: 's-1', budget_units: 5, context: { organization_id: 'o' }, plan: [{ tool_id: 'scf.search', version: '^1', input: { q: 'x' } }] });
+    const request = runRequestOf(
+      'scf.search',
+      { q: 'x' },
+      {
+        'dev.toolgate/run': {
+          run_id: 'r-1',
+          version: '^1',
+          context: { organization_id: 'o' },
+          budget_units: 5,
+          session_id: 's-1',
+        },
+      },
+    );
+    expect(request).toEqual({
+      run_id: 'r-1',
+      session_id: 's-1',
+      budget_units: 5,
+      context: { organization_id: 'o' },
+      plan: [{ tool_id: 'scf.search', version: '^1', input: { q: 'x' } }],
+    });
   });
 
   it('makes a fresh run id, an empty context and an empty input when none is given', () => {
@@ -78,12 +114,17 @@ describe('run requests from tools/call', () => {
     expect(request).toMatchObject({ context: {}, plan: [{ tool_id: 'scf.search', input: {} }] });
   });
 
-  it.each([{ run_id: 'a b' }, { budget_units: 0 }, { context: 'x' }, { unknown: 1 }, 'not an object'])('refuses %j as -32602', (meta) => {
-    expect(() => runRequestOf('t', {}, { 'dev.toolgate/run': meta })).toThrowError(ProtocolError);
-  });
+  it.each([{ run_id: 'a b' }, { budget_units: 0 }, { context: 'x' }, { unknown: 1 }, 'not an object'])(
+    'refuses %j as -32602',
+    (meta) => {
+      expect(() => runRequestOf('t', {}, { 'dev.toolgate/run': meta })).toThrowError(ProtocolError);
+    },
+  );
 
   it('reads a valid traceparent only', () => {
-    expect(traceIdOfMeta({ traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' })).toBe('4bf92f3577b34da6a3ce929d0e0e4736');
+    expect(traceIdOfMeta({ traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' })).toBe(
+      '4bf92f3577b34da6a3ce929d0e0e4736',
+    );
     expect(traceIdOfMeta({ traceparent: '00-00000000000000000000000000000000-00f067aa0ba902b7-01' })).toBeUndefined();
     expect(traceIdOfMeta({ traceparent: 'nonsense' })).toBeUndefined();
     expect(traceIdOfMeta(undefined)).toBeUndefined();
@@ -100,19 +141,55 @@ describe('results from run envelopes', () => {
 
   it('gives a completed call its output as text and as structured content', () => {
     const result = callResultOf('t', answer({ steps: [{ ...step, status: 'completed', output: { a: 1 } }] }));
-    expect(result).toEqual({ content: [{ type: 'text', text: '{"a":1}' }], structuredContent: { a: 1 }, isError: false, _meta: { 'dev.toolgate/result': { run_id: 'r-1', status: 'completed' } } });
-    expect(callResultOf('t', answer({ steps: [{ ...step, status: 'completed', output: [1] }] })).structuredContent).toBeUndefined();
+    expect(result).toEqual({
+      content: [{ type: 'text', text: '{"a":1}' }],
+      structuredContent: { a: 1 },
+      isError: false,
+      _meta: { 'dev.toolgate/result': { run_id: 'r-1', status: 'completed' } },
+    });
+    expect(
+      callResultOf('t', answer({ steps: [{ ...step, status: 'completed', output: [1] }] })).structuredContent,
+    ).toBeUndefined();
   });
 
   it('gives a stopped run the code of the step that stopped it, and a rate limit its retry time', () => {
-    const result = callResultOf('t', answer({ status: 'throttled', retry_after_seconds: 3, steps: [{ ...step, status: 'denied', error: { code: 'rate_limited', message: 'slow down', details: {} } }] }));
-    expect(result).toMatchObject({ isError: true, content: [{ type: 'text', text: 'rate_limited: slow down' }], _meta: { 'dev.toolgate/result': { run_id: 'r-1', status: 'throttled', code: 'rate_limited', retry_after_seconds: 3 } } });
+    const result = callResultOf(
+      't',
+      answer({
+        status: 'throttled',
+        retry_after_seconds: 3,
+        steps: [{ ...step, status: 'denied', error: { code: 'rate_limited', message: 'slow down', details: {} } }],
+      }),
+    );
+    expect(result).toMatchObject({
+      isError: true,
+      content: [{ type: 'text', text: 'rate_limited: slow down' }],
+      _meta: {
+        'dev.toolgate/result': { run_id: 'r-1', status: 'throttled', code: 'rate_limited', retry_after_seconds: 3 },
+      },
+    });
   });
 
   it('answers a tool that does not exist for the agent with -32602, an outage with -32603', () => {
     for (const code of ['tool_not_registered', 'tool_category_blocked', 'unauthorized_tool_access'] as const) {
-      expect(() => callResultOf('t', answer({ status: 'failed', steps: [{ ...step, status: 'denied', error: { code, message: 'm', details: {} } }] }))).toThrowError(/Unknown tool: t/);
+      expect(() =>
+        callResultOf(
+          't',
+          answer({
+            status: 'failed',
+            steps: [{ ...step, status: 'denied', error: { code, message: 'm', details: {} } }],
+          }),
+        ),
+      ).toThrowError(/Unknown tool: t/);
     }
-    expect(() => callResultOf('t', answer({ status: 'failed', steps: [{ ...step, status: 'denied', error: { code: 'gateway_unavailable', message: 'm', details: {} } }] }))).toThrowError(/gateway_unavailable/);
+    expect(() =>
+      callResultOf(
+        't',
+        answer({
+          status: 'failed',
+          steps: [{ ...step, status: 'denied', error: { code: 'gateway_unavailable', message: 'm', details: {} } }],
+        }),
+      ),
+    ).toThrowError(/gateway_unavailable/);
   });
 });

@@ -1,4 +1,10 @@
-import { Client, ProtocolError, SdkHttpError, StreamableHTTPClientTransport, type CallToolResult } from '@modelcontextprotocol/client';
+import {
+  Client,
+  ProtocolError,
+  SdkHttpError,
+  StreamableHTTPClientTransport,
+  type CallToolResult,
+} from '@modelcontextprotocol/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { startHarness, type Harness } from './helpers/harness.js';
@@ -25,8 +31,15 @@ let base: string;
 const clients: Client[] = [];
 
 async function connect(era: Era, token = agentToken(era)): Promise<Client> {
-  const client = new Client({ name: 'toolgate-test', version: '1.0.0' }, era === 'modern' ? { versionNegotiation: { mode: 'auto' } } : {});
-  await client.connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`), { requestInit: { headers: { authorization: `Bearer ${token}` } } }));
+  const client = new Client(
+    { name: 'toolgate-test', version: '1.0.0' },
+    era === 'modern' ? { versionNegotiation: { mode: 'auto' } } : {},
+  );
+  await client.connect(
+    new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+      requestInit: { headers: { authorization: `Bearer ${token}` } },
+    }),
+  );
   clients.push(client);
   return client;
 }
@@ -39,7 +52,15 @@ const textOf = (result: CallToolResult) => (result.content[0] as { text: string 
 async function auditOf(runId: string) {
   const res = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
   expect(res.status).toBe(200);
-  return (res.body.items as Array<{ event_type: string; status: string; reason_code: string | null; trace_id: string; details: Record<string, unknown> }>).reverse();
+  return (
+    res.body.items as Array<{
+      event_type: string;
+      status: string;
+      reason_code: string | null;
+      trace_id: string;
+      details: Record<string, unknown>;
+    }>
+  ).reverse();
 }
 
 async function callError(promise: Promise<unknown>): Promise<ProtocolError> {
@@ -66,21 +87,41 @@ beforeAll(async () => {
   await registerTool(h.client, { id: 'revoked', backendUrl: echo, ...allowed });
   await registerTool(h.client, { id: 'switched', backendUrl: echo, ...allowed });
   await registerTool(h.client, { id: 'expensive', backendUrl: echo, cost_units: 1000, ...allowed });
-  await registerTool(h.client, { id: 'limited', backendUrl: echo, rate_limit: { capacity: 1, refill_per_second: 0.01 }, ...allowed });
+  await registerTool(h.client, {
+    id: 'limited',
+    backendUrl: echo,
+    rate_limit: { capacity: 1, refill_per_second: 0.01 },
+    ...allowed,
+  });
   await registerTool(h.client, { id: 'fails', backendUrl: `${backend.url}/status/500`, ...allowed });
-  await registerTool(h.client, { id: 'gated', backendUrl: echo, requires_approval: true, risk_level: 'high', ...allowed });
+  await registerTool(h.client, {
+    id: 'gated',
+    backendUrl: echo,
+    requires_approval: true,
+    risk_level: 'high',
+    ...allowed,
+  });
   await registerTool(h.client, { id: 'not.allowed', backendUrl: echo, allowed_agents: ['someone.else'] });
   await registerTool(h.client, { id: 'final.publish', category: 'final_write', risk_level: 'high', backendUrl: echo });
   for (const era of ERAS) {
     for (const tool of ['echo', 'drafts.write', 'revoked', 'switched', 'expensive', 'limited', 'fails', 'gated']) {
       const grant = await grantTool(h.client, { tenant: T, agent: AGENTS[era], tool });
-      if (tool === 'revoked') expect((await h.client.post(`/grants/${grant.id}/revoke`, { token: operator, body: { reason: 'no longer needed' } })).status).toBe(200);
+      if (tool === 'revoked')
+        expect(
+          (await h.client.post(`/grants/${grant.id}/revoke`, { token: operator, body: { reason: 'no longer needed' } }))
+            .status,
+        ).toBe(200);
     }
     await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENTS[era], limit_units: 500 });
   }
   const armed = await h.client.post('/kill-switches', {
     token: operator,
-    body: { scope: 'tool', target: 'switched', reason: 'incident 7', user_visible_status_copy: 'Paused for maintenance' },
+    body: {
+      scope: 'tool',
+      target: 'switched',
+      reason: 'incident 7',
+      user_visible_status_copy: 'Paused for maintenance',
+    },
   });
   expect(armed.status).toBe(201);
 });
@@ -102,8 +143,21 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     const listed = await client.listTools();
     const view = await h.client.get('/tools', { token: agentToken(era) });
     expect(view.status).toBe(200);
-    const items = view.body.items as Array<{ id: string; version: string; display_name: string; category: string; risk_level: string; requires_approval: boolean; required_context: string[]; cost_units: number; input_schema: unknown; output_schema: unknown }>;
-    expect(listed.tools.map((tool) => [tool.name, (tool._meta?.['dev.toolgate/tool'] as { version: string }).version])).toEqual(items.map((item) => [item.id, item.version]));
+    const items = view.body.items as Array<{
+      id: string;
+      version: string;
+      display_name: string;
+      category: string;
+      risk_level: string;
+      requires_approval: boolean;
+      required_context: string[];
+      cost_units: number;
+      input_schema: unknown;
+      output_schema: unknown;
+    }>;
+    expect(
+      listed.tools.map((tool) => [tool.name, (tool._meta?.['dev.toolgate/tool'] as { version: string }).version]),
+    ).toEqual(items.map((item) => [item.id, item.version]));
     expect(listed.tools.map((tool) => tool.name)).toEqual([...listed.tools.map((tool) => tool.name)].sort());
     expect(listed.tools.map((tool) => tool.name)).not.toContain('not.allowed');
     expect(listed.tools.map((tool) => tool.name)).not.toContain('final.publish');
@@ -114,9 +168,21 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       inputSchema: echoView.input_schema,
       outputSchema: echoView.output_schema,
       annotations: { readOnlyHint: true, openWorldHint: false },
-      _meta: { 'dev.toolgate/tool': { version: '1.1.0', category: 'read_only', risk_level: 'low', requires_approval: false, required_context: [], cost_units: 1 } },
+      _meta: {
+        'dev.toolgate/tool': {
+          version: '1.1.0',
+          category: 'read_only',
+          risk_level: 'low',
+          requires_approval: false,
+          required_context: [],
+          cost_units: 1,
+        },
+      },
     });
-    expect(listed.tools.find((tool) => tool.name === 'drafts.write')!.annotations).toMatchObject({ readOnlyHint: false, openWorldHint: false });
+    expect(listed.tools.find((tool) => tool.name === 'drafts.write')!.annotations).toMatchObject({
+      readOnlyHint: false,
+      openWorldHint: false,
+    });
     // A cache lifetime, for clients that hear of no change.
     expect((listed as { ttlMs?: number }).ttlMs).toBeGreaterThan(0);
   });
@@ -168,17 +234,24 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     ['switched', { q: 'x' }, 'kill_switch_active', 'killed'],
     ['expensive', { q: 'x' }, 'budget_exceeded', 'killed'],
     ['echo', { q: 42 }, 'tool_input_schema_invalid', 'failed'],
-  ])('a refusal (%s → %s) is an isError result the model can read, and nothing is dispatched', async (tool, input, code, status) => {
-    const dispatched = backend.hits.length;
-    const runId = newRunId('mcp');
-    const result = (await client.callTool({ name: tool, arguments: input, _meta: { 'dev.toolgate/run': { run_id: runId } } })) as CallToolResult;
-    expect(result.isError).toBe(true);
-    expect(textOf(result)).toMatch(new RegExp(`^${code}: `));
-    expect(resultMeta(result)).toEqual({ run_id: runId, status, code });
-    expect(backend.hits.length).toBe(dispatched);
-    const events = await auditOf(runId);
-    expect(events.map((e) => [e.status, e.reason_code, e.details.via])).toContainEqual(['denied', code, 'mcp']);
-  });
+  ])(
+    'a refusal (%s → %s) is an isError result the model can read, and nothing is dispatched',
+    async (tool, input, code, status) => {
+      const dispatched = backend.hits.length;
+      const runId = newRunId('mcp');
+      const result = (await client.callTool({
+        name: tool,
+        arguments: input,
+        _meta: { 'dev.toolgate/run': { run_id: runId } },
+      })) as CallToolResult;
+      expect(result.isError).toBe(true);
+      expect(textOf(result)).toMatch(new RegExp(`^${code}: `));
+      expect(resultMeta(result)).toEqual({ run_id: runId, status, code });
+      expect(backend.hits.length).toBe(dispatched);
+      const events = await auditOf(runId);
+      expect(events.map((e) => [e.status, e.reason_code, e.details.via])).toContainEqual(['denied', code, 'mcp']);
+    },
+  );
 
   it('a backend failure is an isError result with its code, after one dispatch', async () => {
     const marker = `fails-${era}`;
@@ -198,14 +271,23 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     expect(hitsFor(`limited-${era}-2`)).toHaveLength(0);
   });
 
-  it.each(['not.allowed', 'final.publish', 'no.such.tool'])('a tool that does not exist for the agent (%s) is -32602, as if it were not there', async (name) => {
-    const error = await callError(client.callTool({ name, arguments: { q: 'x' } }));
-    expect(error.code).toBe(-32602);
-    expect(error.message).toContain(`Unknown tool: ${name}`);
-  });
+  it.each(['not.allowed', 'final.publish', 'no.such.tool'])(
+    'a tool that does not exist for the agent (%s) is -32602, as if it were not there',
+    async (name) => {
+      const error = await callError(client.callTool({ name, arguments: { q: 'x' } }));
+      expect(error.code).toBe(-32602);
+      expect(error.message).toContain(`Unknown tool: ${name}`);
+    },
+  );
 
   it('malformed run fields in _meta are the client’s error (-32602), and nothing runs', async () => {
-    const error = await callError(client.callTool({ name: 'echo', arguments: { q: `bad-meta-${era}` }, _meta: { 'dev.toolgate/run': { run_id: 'has spaces' } } }));
+    const error = await callError(
+      client.callTool({
+        name: 'echo',
+        arguments: { q: `bad-meta-${era}` },
+        _meta: { 'dev.toolgate/run': { run_id: 'has spaces' } },
+      }),
+    );
     expect(error.code).toBe(-32602);
     expect(error.message).toContain('run_id');
     expect(hitsFor(`bad-meta-${era}`)).toHaveLength(0);
@@ -213,16 +295,26 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
 
   it('an approval-gated call is held, approved over REST, and completes when called again', async () => {
     const marker = `gated-${era}`;
-    const call = { name: 'gated', arguments: { q: marker }, _meta: { 'dev.toolgate/run': { run_id: newRunId('mcp') } } };
+    const call = {
+      name: 'gated',
+      arguments: { q: marker },
+      _meta: { 'dev.toolgate/run': { run_id: newRunId('mcp') } },
+    };
     const held = (await client.callTool(call)) as CallToolResult;
     expect(held.isError).toBe(true);
     const meta = resultMeta(held);
     expect(meta).toMatchObject({ status: 'awaiting_approval', code: 'awaiting_approval' });
     expect(meta.approval_id).toMatch(/^apr_/);
     // Still waiting: the same call answers the same hold.
-    expect(resultMeta((await client.callTool(call)) as CallToolResult)).toMatchObject({ status: 'awaiting_approval', approval_id: meta.approval_id });
+    expect(resultMeta((await client.callTool(call)) as CallToolResult)).toMatchObject({
+      status: 'awaiting_approval',
+      approval_id: meta.approval_id,
+    });
     expect(hitsFor(marker)).toHaveLength(0);
-    const approved = await h.client.post(`/approvals/${meta.approval_id as string}/approve`, { token: operator, body: { rationale: 'looked at it' } });
+    const approved = await h.client.post(`/approvals/${meta.approval_id as string}/approve`, {
+      token: operator,
+      body: { rationale: 'looked at it' },
+    });
     expect(approved.status).toBe(200);
     const done = (await client.callTool(call)) as CallToolResult;
     expect(done.isError).toBe(false);
@@ -234,9 +326,16 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
 
   it('a held call whose proposal an operator rejected is refused when called again, and never dispatched', async () => {
     const marker = `rejected-${era}`;
-    const call = { name: 'gated', arguments: { q: marker }, _meta: { 'dev.toolgate/run': { run_id: newRunId('mcp') } } };
+    const call = {
+      name: 'gated',
+      arguments: { q: marker },
+      _meta: { 'dev.toolgate/run': { run_id: newRunId('mcp') } },
+    };
     const held = resultMeta((await client.callTool(call)) as CallToolResult);
-    const rejected = await h.client.post(`/approvals/${held.approval_id as string}/reject`, { token: operator, body: { rationale: 'not this one' } });
+    const rejected = await h.client.post(`/approvals/${held.approval_id as string}/reject`, {
+      token: operator,
+      body: { rationale: 'not this one' },
+    });
     expect(rejected.status).toBe(200);
     const again = (await client.callTool(call)) as CallToolResult;
     expect(again.isError).toBe(true);
@@ -250,13 +349,28 @@ describe('run ids', () => {
     const runId = newRunId('mcp');
     const owner = await connect('legacy');
     const other = await connect('modern');
-    expect(((await owner.callTool({ name: 'echo', arguments: { q: 'owned' }, _meta: { 'dev.toolgate/run': { run_id: runId } } })) as CallToolResult).isError).toBe(false);
-    const refused = (await other.callTool({ name: 'echo', arguments: { q: 'not yours' }, _meta: { 'dev.toolgate/run': { run_id: runId } } })) as CallToolResult;
+    expect(
+      (
+        (await owner.callTool({
+          name: 'echo',
+          arguments: { q: 'owned' },
+          _meta: { 'dev.toolgate/run': { run_id: runId } },
+        })) as CallToolResult
+      ).isError,
+    ).toBe(false);
+    const refused = (await other.callTool({
+      name: 'echo',
+      arguments: { q: 'not yours' },
+      _meta: { 'dev.toolgate/run': { run_id: runId } },
+    })) as CallToolResult;
     expect(refused.isError).toBe(true);
     expect(resultMeta(refused)).toEqual({ run_id: runId, status: 'rejected', code: 'run_id_conflict' });
     expect(hitsFor('not yours')).toHaveLength(0);
     const events = await auditOf(runId);
-    expect(events.find((e) => e.event_type === 'run.rejected')).toMatchObject({ reason_code: 'run_id_conflict', details: { via: 'mcp' } });
+    expect(events.find((e) => e.event_type === 'run.rejected')).toMatchObject({
+      reason_code: 'run_id_conflict',
+      details: { via: 'mcp' },
+    });
   });
 });
 
@@ -269,7 +383,11 @@ describe('list changes', () => {
     });
     const subscription = await client.listen({ toolsListChanged: true });
     expect(subscription.honoredFilter).toMatchObject({ toolsListChanged: true });
-    await registerTool(h.client, { id: 'arrived.later', backendUrl: `${backend.url}/echo`, allowed_agents: Object.values(AGENTS) });
+    await registerTool(h.client, {
+      id: 'arrived.later',
+      backendUrl: `${backend.url}/echo`,
+      allowed_agents: Object.values(AGENTS),
+    });
     await until('a tools/list_changed notification', () => heard > 0);
     const tools = await client.listTools(undefined, { cacheMode: 'refresh' });
     expect(tools.tools.map((tool) => tool.name)).toContain('arrived.later');
@@ -295,12 +413,16 @@ describe('the door itself', () => {
   it('answers no token with 401 and the resource metadata pointer, which is served without auth', async () => {
     const res = await post({});
     expect(res.status).toBe(401);
-    expect(res.headers.get('www-authenticate')).toBe(`Bearer resource_metadata="${base}/.well-known/oauth-protected-resource/mcp"`);
+    expect(res.headers.get('www-authenticate')).toBe(
+      `Bearer resource_metadata="${base}/.well-known/oauth-protected-resource/mcp"`,
+    );
     const metadata = await h.client.get('/.well-known/oauth-protected-resource/mcp');
     expect(metadata.status).toBe(200);
     expect(metadata.body).toMatchObject({ bearer_methods_supported: ['header'] });
     // The SDK's client sees the status (and would start its OAuth discovery from the pointer).
-    const failed = await new Client({ name: 't', version: '1' }).connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`))).catch((e: unknown) => e);
+    const failed = await new Client({ name: 't', version: '1' })
+      .connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`)))
+      .catch((e: unknown) => e);
     expect(failed).toBeInstanceOf(SdkHttpError);
     expect((failed as SdkHttpError).status).toBe(401);
   });
@@ -335,29 +457,55 @@ describe('the door itself', () => {
       const call = await h.client.app.inject({
         method: 'POST',
         url: '/mcp',
-        headers: { host, 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` },
+        headers: {
+          host,
+          'content-type': 'application/json',
+          accept: 'application/json, text/event-stream',
+          authorization: `Bearer ${agentToken('legacy')}`,
+        },
         payload: { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} },
       });
       expect(call.statusCode, call.body).toBe(200);
-      const refused = await h.client.app.inject({ method: 'POST', url: '/mcp', headers: { host, 'content-type': 'application/json' }, payload: {} });
+      const refused = await h.client.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { host, 'content-type': 'application/json' },
+        payload: {},
+      });
       expect(refused.statusCode).toBe(401);
-      expect(refused.headers['www-authenticate']).toBe('Bearer resource_metadata="http://localhost/.well-known/oauth-protected-resource/mcp"');
+      expect(refused.headers['www-authenticate']).toBe(
+        'Bearer resource_metadata="http://localhost/.well-known/oauth-protected-resource/mcp"',
+      );
     }
   });
 
   it('answers a 2025-06-18 initialize on any replica, and a tools/call that follows it without a session', async () => {
-    const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` };
+    const headers = {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      authorization: `Bearer ${agentToken('legacy')}`,
+    };
     const init = await fetch(`${base}/mcp`, {
       method: 'POST',
       headers,
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+      body: JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'initialize',
+        params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+      }),
     });
     expect(init.status).toBe(200);
     expect(((await init.json()) as { result: { protocolVersion: string } }).result.protocolVersion).toBe('2025-06-18');
     const call = await fetch(`${base}/mcp`, {
       method: 'POST',
       headers: { ...headers, 'mcp-protocol-version': '2025-06-18' },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'echo', arguments: { q: 'raw-2025-06-18' } } }),
+      body: JSON.stringify({
+        jsonrpc: '2.0',
+        id: 2,
+        method: 'tools/call',
+        params: { name: 'echo', arguments: { q: 'raw-2025-06-18' } },
+      }),
     });
     const body = (await call.json()) as { result: CallToolResult };
     expect(body.result.structuredContent).toEqual({ echo: { q: 'raw-2025-06-18' } });
@@ -373,7 +521,11 @@ describe('the door itself', () => {
   it('counts MCP requests by method and outcome', async () => {
     const unknown = await fetch(`${base}/mcp`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${agentToken('legacy')}` },
+      headers: {
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+        authorization: `Bearer ${agentToken('legacy')}`,
+      },
       body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'prompts/list', params: {} }),
     });
     expect(((await unknown.json()) as { error: { code: number } }).error.code).toBe(-32601);

@@ -62,12 +62,19 @@ describe('migrations carry checksums', () => {
       // A database migrated before checksums were kept: its rows have none, and get today's.
       await sql`update schema_migrations set checksum = null where version = '0002_registry'`.execute(database.db);
       expect((await migrate(database.db, dir)).applied).toEqual([]);
-      const adopted = await sql<{ checksum: string | null }>`select checksum from schema_migrations where version = '0002_registry'`.execute(database.db);
+      const adopted = await sql<{
+        checksum: string | null;
+      }>`select checksum from schema_migrations where version = '0002_registry'`.execute(database.db);
       expect(adopted.rows[0]!.checksum).toMatch(/^[0-9a-f]{64}$/);
 
-      appendFileSync(join(dir, '0011_retention.sql'), '\nCREATE INDEX IF NOT EXISTS late_addition ON grants (agent_id);\n');
+      appendFileSync(
+        join(dir, '0011_retention.sql'),
+        '\nCREATE INDEX IF NOT EXISTS late_addition ON grants (agent_id);\n',
+      );
       await expect(migrate(database.db, dir)).rejects.toThrow(MigrationChangedError);
-      await expect(migrate(database.db, dir)).rejects.toThrow(/migration 0011_retention\.sql was changed after it was applied/);
+      await expect(migrate(database.db, dir)).rejects.toThrow(
+        /migration 0011_retention\.sql was changed after it was applied/,
+      );
     } finally {
       await database.close();
     }

@@ -18,7 +18,9 @@ const operations = Object.entries(openapi.paths).flatMap(([path, item]) =>
 
 describe('openapi.yaml operations', () => {
   it('each have a camelCase operationId, the name a generated client gives the call', () => {
-    const unnamed = operations.filter((op) => !/^[a-z][a-zA-Z0-9]*$/.test(op.operationId ?? '')).map((op) => `${op.name}: ${op.operationId}`);
+    const unnamed = operations
+      .filter((op) => !/^[a-z][a-zA-Z0-9]*$/.test(op.operationId ?? ''))
+      .map((op) => `${op.name}: ${op.operationId}`);
     expect(unnamed).toEqual([]);
   });
 

@@ -37,7 +37,10 @@ describe('openapi.yaml', () => {
   it('documents 413 on every operation whose method carries a body, as the body limit applies to each', () => {
     const undocumented = Object.entries(openapi.paths).flatMap(([path, item]) =>
       Object.entries(item as Record<string, { requestBody?: unknown; responses?: Record<string, unknown> }>)
-        .filter(([method, operation]) => ['post', 'put', 'patch', 'delete'].includes(method) || operation.requestBody !== undefined)
+        .filter(
+          ([method, operation]) =>
+            ['post', 'put', 'patch', 'delete'].includes(method) || operation.requestBody !== undefined,
+        )
         .filter(([, operation]) => !('413' in (operation.responses ?? {})))
         .map(([method]) => `${method.toUpperCase()} ${path}`),
     );

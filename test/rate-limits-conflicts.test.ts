@@ -39,7 +39,10 @@ const refused = (retryAfterSeconds: number): RateDecision => ({ ok: false, code:
 
 const readBucketState = async (key: BucketKey): Promise<BucketState[]> =>
   (
-    await sql<{ tokens: number; updated_at: Date }>`select tokens, updated_at from rate_buckets where tenant_id = ${key.tenantId} and agent_id = ${key.agentId} and tool_id = ${key.toolId}`.execute(
+    await sql<{
+      tokens: number;
+      updated_at: Date;
+    }>`select tokens, updated_at from rate_buckets where tenant_id = ${key.tenantId} and agent_id = ${key.agentId} and tool_id = ${key.toolId}`.execute(
       testDb.database.db,
     )
   ).rows.map((row) => ({ tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() }));
@@ -101,47 +104,58 @@ describe('a bucket changed behind the limiter’s back', () => {
     for (const remaining of [4, 3, 2, 1, 0]) expect(await limiter.take(b)).toEqual(ok(remaining));
     expect(await limiter.take(b)).toEqual(refused(2));
     await setTokens(b, 5);
-    expect(await Promise.all(Array.from({ length: 6 }, () => limiter.take(b)))).toEqual([ok(4), ok(3), ok(2), ok(1), ok(0), refused(2)]);
+    expect(await Promise.all(Array.from({ length: 6 }, () => limiter.take(b)))).toEqual([
+      ok(4),
+      ok(3),
+      ok(2),
+      ok(1),
+      ok(0),
+      refused(2),
+    ]);
   });
 });
 
-describe.skipIf(!hasPostgresServer)('a store that waited for the bucket while another replica stored (needs a PostgreSQL server)', () => {
-  it('answers the level the other stored, which the next store is decided from', async () => {
-    const b = bucket(5, 0.5);
-    const limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
-    const watcher = new pg.Client({ connectionString: testDb.url });
-    await watcher.connect();
-    const other = new pg.Client({ connectionString: testDb.url });
-    await other.connect();
-    try {
-      expect(await limiter.take(b)).toEqual(ok(4));
-      const key = { tenantId: b.tenantId, agentId: b.agentId, toolId: b.toolId };
-      const [stale] = await readBucketState(key);
-      // Another replica holds the row, uncommitted, having taken three tokens.
-      await other.query('begin');
-      await other.query('update rate_buckets set tokens = 1 where tenant_id = $1 and agent_id = $2 and tool_id = $3', [b.tenantId, b.agentId, b.toolId]);
-      const store = storeBucketIf(testDb.database.db, key, stale!, { tokens: 3, updatedAtMs: stale!.updatedAtMs });
-      await until('the store to wait for the bucket', async () => (await lockWaits(watcher)) > 0);
-      await other.query('commit');
-      // Read as it stood when the statement began, the level would still be 4.
-      expect(await store).toEqual({ ok: false, current: { tokens: 1, updatedAtMs: stale!.updatedAtMs } });
-      expect((await readBucketState(key))[0]).toEqual({ tokens: 1, updatedAtMs: stale!.updatedAtMs });
-    } finally {
-      await other.query('rollback').catch(() => undefined);
-      await other.end();
-      await watcher.end();
-      await limiter.close();
-    }
-  });
-});
+describe.skipIf(!hasPostgresServer)(
+  'a store that waited for the bucket while another replica stored (needs a PostgreSQL server)',
+  () => {
+    it('answers the level the other stored, which the next store is decided from', async () => {
+      const b = bucket(5, 0.5);
+      const limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+      const watcher = new pg.Client({ connectionString: testDb.url });
+      await watcher.connect();
+      const other = new pg.Client({ connectionString: testDb.url });
+      await other.connect();
+      try {
+        expect(await limiter.take(b)).toEqual(ok(4));
+        const key = { tenantId: b.tenantId, agentId: b.agentId, toolId: b.toolId };
+        const [stale] = await readBucketState(key);
+        // Another replica holds the row, uncommitted, having taken three tokens.
+        await other.query('begin');
+        await other.query(
+          'update rate_buckets set tokens = 1 where tenant_id = $1 and agent_id = $2 and tool_id = $3',
+          [b.tenantId, b.agentId, b.toolId],
+        );
+        const store = storeBucketIf(testDb.database.db, key, stale!, { tokens: 3, updatedAtMs: stale!.updatedAtMs });
+        await until('the store to wait for the bucket', async () => (await lockWaits(watcher)) > 0);
+        await other.query('commit');
+        // Read as it stood when the statement began, the level would still be 4.
+        expect(await store).toEqual({ ok: false, current: { tokens: 1, updatedAtMs: stale!.updatedAtMs } });
+        expect((await readBucketState(key))[0]).toEqual({ tokens: 1, updatedAtMs: stale!.updatedAtMs });
+      } finally {
+        await other.query('rollback').catch(() => undefined);
+        await other.end();
+        await watcher.end();
+        await limiter.close();
+      }
+    });
+  },
+);
 
 describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (needs a PostgreSQL server)', () => {
   let databases: Database[];
 
   beforeAll(async () => {
-    databases = await Promise.all(
-      [0, 1].map(() => openPool(testDb.url, 3)),
-    );
+    databases = await Promise.all([0, 1].map(() => openPool(testDb.url, 3)));
   });
   afterAll(async () => {
     await Promise.all(databases.map((d) => d.close()));
@@ -165,7 +179,12 @@ describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (ne
       clock.advance(1_000);
       expect((await Promise.all(limiters.map((l) => l.take(b)))).filter((d) => d.ok)).toHaveLength(0);
       clock.advance(999_000);
-      const afterRefill = await Promise.all([limiters[0]!.take(b), limiters[1]!.take(b), limiters[0]!.take(b), limiters[1]!.take(b)]);
+      const afterRefill = await Promise.all([
+        limiters[0]!.take(b),
+        limiters[1]!.take(b),
+        limiters[0]!.take(b),
+        limiters[1]!.take(b),
+      ]);
       expect(afterRefill.filter((d) => d.ok)).toEqual([ok(0)]);
     } finally {
       await Promise.all(limiters.map((l) => l.close()));

@@ -4,7 +4,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../src/db/database.js';
 import { isDatabaseUnavailable } from '../src/db/unavailable.js';
 import { readBucket } from '../src/rate-limits/rate-bucket-repository.js';
-import { LEASE_WINDOW_MS, leaseSize, RateLimiter, type RateDecision, type TakeRequest } from '../src/rate-limits/rate-limiter.js';
+import {
+  LEASE_WINDOW_MS,
+  leaseSize,
+  RateLimiter,
+  type RateDecision,
+  type TakeRequest,
+} from '../src/rate-limits/rate-limiter.js';
 import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
@@ -177,7 +183,9 @@ describe('take', () => {
 
     // Two replicas' leases given back into a bucket that refilled meanwhile: capped at its capacity.
     const c = bucket(32, 20);
-    const [first, second] = [0, 1].map(() => new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() }));
+    const [first, second] = [0, 1].map(
+      () => new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() }),
+    );
     expect((await first!.take(c)).ok).toBe(true); // 32 → 29, 2 leased
     clock.advance(10_000);
     expect((await second!.take(c)).ok).toBe(true); // refilled to 32 → 29, 2 leased
@@ -220,9 +228,7 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
   let databases: Awaited<ReturnType<typeof openDatabase>>[];
 
   beforeAll(async () => {
-    databases = await Promise.all(
-      [0, 1, 2].map(() => openPool(testDb.url, 5)),
-    );
+    databases = await Promise.all([0, 1, 2].map(() => openPool(testDb.url, 5)));
   });
   afterAll(async () => {
     await Promise.all(databases.map((d) => d.close()));
@@ -324,7 +330,12 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
   it('does not fail a close whose leased tokens cannot go back: they are lost, as at a crash', async () => {
     const server = new URL(testDb.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
-    const through = await openDatabase({ databaseUrl: proxy.urlFor(testDb.url!), dataDir: '', poolSize: 1, logger: pino({ level: 'silent' }) });
+    const through = await openDatabase({
+      databaseUrl: proxy.urlFor(testDb.url!),
+      dataDir: '',
+      poolSize: 1,
+      logger: pino({ level: 'silent' }),
+    });
     try {
       const b = bucket(32, 20);
       const leasing = new RateLimiter(through.db, { now: clock.now, registry: new Registry() });
@@ -348,7 +359,14 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
     const cut = new RateLimiter(unreachable.db, { now: clock.now, registry: new Registry() });
     try {
       const attempts = [cut.take(bucket(5, 1)), cut.peek(bucket(5, 1))];
-      const errors = await Promise.all(attempts.map((attempt) => attempt.then(() => 'admitted', (e: unknown) => e)));
+      const errors = await Promise.all(
+        attempts.map((attempt) =>
+          attempt.then(
+            () => 'admitted',
+            (e: unknown) => e,
+          ),
+        ),
+      );
       for (const error of errors) expect(isDatabaseUnavailable(error)).toBe(true);
     } finally {
       await cut.close();

@@ -38,12 +38,18 @@ describe('the example catalog', () => {
   });
 
   it('lists every tool with an explicit allowlist that matches the agent matrix of §14', async () => {
-    const all = (await h.client.get('/tools', { token: platform, query: { limit: 500 } })).body.items as Array<{ id: string; allowed_agents: string[] }>;
+    const all = (await h.client.get('/tools', { token: platform, query: { limit: 500 } })).body.items as Array<{
+      id: string;
+      allowed_agents: string[];
+    }>;
     expect(all).toHaveLength(31);
     for (const tool of all) {
       const expected = catalog.agents!.filter((agent) => agent.may_use.includes(tool.id)).map((agent) => agent.id);
       expect(new Set(tool.allowed_agents), tool.id).toEqual(new Set(expected));
-      expect(tool.allowed_agents.some((entry) => entry.startsWith('family:')), tool.id).toBe(false);
+      expect(
+        tool.allowed_agents.some((entry) => entry.startsWith('family:')),
+        tool.id,
+      ).toBe(false);
     }
   });
 });
@@ -69,7 +75,8 @@ describe('each agent is offered exactly its allowed tools', () => {
   it('shows an agent no backend, target, registrant or allowlist, and no other agent', async () => {
     const res = await h.client.get('/tools', { token: agentToken('standard.knowledge_steward') });
     for (const tool of res.body.items) {
-      for (const hidden of ['backend', 'allowed_agents', 'target', 'registered_by']) expect(tool).not.toHaveProperty(hidden);
+      for (const hidden of ['backend', 'allowed_agents', 'target', 'registered_by'])
+        expect(tool).not.toHaveProperty(hidden);
     }
     expect(res.text).not.toContain('standard.evidence_analyst');
   });
@@ -81,7 +88,17 @@ describe('each agent is offered exactly its allowed tools', () => {
 });
 
 describe('§21: what no agent can reach', () => {
-  const forbidden = ['approve_soa', 'approve_gap', 'approve_maturity', 'approve_poam', 'approve_report', 'delete_document', 'admin_scf_import', 'raw_database_query', 'external_api_call'];
+  const forbidden = [
+    'approve_soa',
+    'approve_gap',
+    'approve_maturity',
+    'approve_poam',
+    'approve_report',
+    'delete_document',
+    'admin_scf_import',
+    'raw_database_query',
+    'external_api_call',
+  ];
 
   it('registers the forbidden tools of §13 for operators, with no agent on any final_write or admin tool', async () => {
     for (const id of forbidden) {
@@ -90,7 +107,10 @@ describe('§21: what no agent can reach', () => {
       expect(res.body.allowed_agents, id).toEqual([]);
       expect(catalog.forbidden_tools!.find((f) => f.id === id)?.category).toBe(res.body.category);
     }
-    const all = (await h.client.get('/tools', { token: platform, query: { limit: 500 } })).body.items as Array<{ category: string; allowed_agents: string[] }>;
+    const all = (await h.client.get('/tools', { token: platform, query: { limit: 500 } })).body.items as Array<{
+      category: string;
+      allowed_agents: string[];
+    }>;
     const privileged = all.filter((t) => t.category === 'final_write' || t.category === 'admin');
     expect(privileged).toHaveLength(8);
     expect(privileged.every((t) => t.allowed_agents.length === 0)).toBe(true);
@@ -99,19 +119,31 @@ describe('§21: what no agent can reach', () => {
   it('refuses a new version of a forbidden tool that would name an agent', async () => {
     const res = await h.client.post('/tools', {
       token: platform,
-      body: toolBody({ id: 'approve_soa', version: '1.0.1', category: 'final_write', risk_level: 'critical', allowed_agents: ['standard.scope_soa_architect'] }),
+      body: toolBody({
+        id: 'approve_soa',
+        version: '1.0.1',
+        category: 'final_write',
+        risk_level: 'critical',
+        allowed_agents: ['standard.scope_soa_architect'],
+      }),
     });
     expect(res.status).toBe(400);
     expect(res.body.error.details.issues[0].field).toBe('body.allowed_agents');
   });
 
   it('never offers a forbidden tool to any agent, even with external calls enabled for its tenant', async () => {
-    const enable = await h.client.put(`/tenants/${TENANT}/policy`, { token: platform, body: { external_call_enabled: true } });
+    const enable = await h.client.put(`/tenants/${TENANT}/policy`, {
+      token: platform,
+      body: { external_call_enabled: true },
+    });
     expect(enable.status).toBe(200);
     try {
       for (const agent of [...catalog.agents!.map((a) => a.id), 'standard.intruder']) {
         const ids = (await offeredTo(agentToken(agent))).map((t) => t.id);
-        expect(ids.filter((id) => forbidden.includes(id)), agent).toEqual([]);
+        expect(
+          ids.filter((id) => forbidden.includes(id)),
+          agent,
+        ).toEqual([]);
         for (const id of ['approve_gap', 'external_api_call']) {
           const direct = await h.client.get(`/tools/${id}`, { token: agentToken(agent) });
           expect(direct.status).toBe(404);
@@ -126,18 +158,25 @@ describe('§21: what no agent can reach', () => {
   it('keeps approval, mapping and finding-changing tools away from the agents §21 names', async () => {
     const mapper = (await offeredTo(agentToken('standard.framework_mapper'))).map((t) => t.id);
     expect(mapper.filter((id) => id.includes('mapping') && !id.startsWith('get_'))).toEqual([]);
-    expect((await offeredTo(agentToken('standard.framework_mapper'))).every((t) => t.category === 'read_only')).toBe(true);
+    expect((await offeredTo(agentToken('standard.framework_mapper'))).every((t) => t.category === 'read_only')).toBe(
+      true,
+    );
     const evidence = (await offeredTo(agentToken('standard.evidence_analyst'))).map((t) => t.id);
     expect(evidence.filter((id) => id.startsWith('approve_'))).toEqual([]);
     const writer = await offeredTo(agentToken('standard.report_writer'));
-    expect(writer.filter((t) => t.category === 'draft_write').map((t) => t.id)).toEqual(['suggest_report_section_draft']);
+    expect(writer.filter((t) => t.category === 'draft_write').map((t) => t.id)).toEqual([
+      'suggest_report_section_draft',
+    ]);
   });
 
   it('makes an unregistered tool not exist for agents', async () => {
     const res = await h.client.get('/tools/approve_everything', { token: agentToken('standard.gap_analyst') });
     expect(res.status).toBe(404);
     expect(res.body.error.code).toBe('tool_not_registered');
-    expect(h.client.app.services.catalog.resolve('approve_everything')).toEqual({ ok: false, code: 'tool_not_registered' });
+    expect(h.client.app.services.catalog.resolve('approve_everything')).toEqual({
+      ok: false,
+      code: 'tool_not_registered',
+    });
   });
 });
 
@@ -145,7 +184,13 @@ describe('external_call tools and the tenant policy', () => {
   beforeAll(async () => {
     const res = await h.client.post('/tools', {
       token: platform,
-      body: toolBody({ id: 'un.fetch', category: 'external_call', risk_level: 'high', allowed_agents: ['standard.report_writer'], egress: { allowed_hosts: ['*.un.org'] } }),
+      body: toolBody({
+        id: 'un.fetch',
+        category: 'external_call',
+        risk_level: 'high',
+        allowed_agents: ['standard.report_writer'],
+        egress: { allowed_hosts: ['*.un.org'] },
+      }),
     });
     expect(res.status).toBe(201);
   });
@@ -157,7 +202,10 @@ describe('external_call tools and the tenant policy', () => {
     await h.client.put(`/tenants/${TENANT}/policy`, { token: platform, body: { external_call_enabled: true } });
     try {
       const offered = await offeredTo(writer);
-      expect(offered.find((t) => t.id === 'un.fetch')).toMatchObject({ category: 'external_call', egress: { allowed_hosts: ['*.un.org'] } });
+      expect(offered.find((t) => t.id === 'un.fetch')).toMatchObject({
+        category: 'external_call',
+        egress: { allowed_hosts: ['*.un.org'] },
+      });
       const otherTenant = tokens.agent('standard.report_writer', { tenant: 'tenant-other', family: 'standard' });
       expect((await offeredTo(otherTenant)).map((t) => t.id)).not.toContain('un.fetch');
     } finally {

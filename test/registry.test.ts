@@ -25,7 +25,12 @@ async function registered(options: ToolOptions, overrides: Record<string, unknow
 describe('POST /tools: registering a version', () => {
   it('stores every field of the contract and answers 201 with it', async () => {
     const res = await register(
-      { id: 'get_scf_control', allowed_agents: ['scf.analyst', 'family:scf'], required_context: ['tenant_id', 'trace_id'], backendUrl: 'http://scf.internal/controls' },
+      {
+        id: 'get_scf_control',
+        allowed_agents: ['scf.analyst', 'family:scf'],
+        required_context: ['tenant_id', 'trace_id'],
+        backendUrl: 'http://scf.internal/controls',
+      },
       {
         description: 'Reads one SCF control by id.',
         required_scopes: [{ scope: 'scf:read', required: true, rationale: 'reads the normative source' }],
@@ -83,7 +88,10 @@ describe('POST /tools: registering a version', () => {
 
   it('records a tool.registered audit event', async () => {
     await registered({ id: 'audited.tool', version: '2.1.0', category: 'draft_write', risk_level: 'medium' });
-    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.registered', tool_id: 'audited.tool' } });
+    const events = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'tool.registered', tool_id: 'audited.tool' },
+    });
     expect(events.body.items).toHaveLength(1);
     expect(events.body.items[0]).toMatchObject({
       actor: 'operator:ops.platform',
@@ -102,13 +110,19 @@ describe('POST /tools: registering a version', () => {
     const again = await register({ id: 'idem.tool' });
     expect(again.status).toBe(200);
     expect(again.body).toEqual(first);
-    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.registered', tool_id: 'idem.tool' } });
+    const events = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'tool.registered', tool_id: 'idem.tool' },
+    });
     expect(events.body.items).toHaveLength(1);
   });
 
   it('treats a body with the defaults spelt out as the same content', async () => {
     await registered({ id: 'spelt.tool' });
-    const again = await register({ id: 'spelt.tool' }, { requires_approval: false, rate_limit: null, egress: null, deprecation: null });
+    const again = await register(
+      { id: 'spelt.tool' },
+      { requires_approval: false, rate_limit: null, egress: null, deprecation: null },
+    );
     expect(again.status).toBe(200);
   });
 
@@ -127,8 +141,12 @@ describe('POST /tools: registering a version', () => {
   it('keeps registered content immutable in the database itself', async () => {
     await registered({ id: 'guarded.tool' });
     const db = h.db.database.db;
-    await expect(sql`update tool_versions set contract = '{}'::jsonb where tool_id = 'guarded.tool'`.execute(db)).rejects.toThrow(/immutable/);
-    await expect(sql`delete from tool_versions where tool_id = 'guarded.tool'`.execute(db)).rejects.toThrow(/never deleted/);
+    await expect(
+      sql`update tool_versions set contract = '{}'::jsonb where tool_id = 'guarded.tool'`.execute(db),
+    ).rejects.toThrow(/immutable/);
+    await expect(sql`delete from tool_versions where tool_id = 'guarded.tool'`.execute(db)).rejects.toThrow(
+      /never deleted/,
+    );
   });
 });
 
@@ -138,30 +156,118 @@ describe('POST /tools: what a registration may not say', () => {
     ['an id with an empty segment', { id: 'web..fetch' }, {}, 'body.id'],
     ['a version that is not semver', { id: 'bad.version', version: '1.0' }, {}, 'body.version'],
     ['a version with a v prefix', { id: 'bad.version', version: 'v1.0.0' }, {}, 'body.version'],
-    ['an input schema that is not JSON Schema', { id: 'bad.schema' }, { input_schema: { type: 'strnig' } }, 'body.input_schema'],
-    ['an output schema with an unresolvable $ref', { id: 'bad.schema' }, { output_schema: { $ref: 'https://example.com/remote.json' } }, 'body.output_schema'],
+    [
+      'an input schema that is not JSON Schema',
+      { id: 'bad.schema' },
+      { input_schema: { type: 'strnig' } },
+      'body.input_schema',
+    ],
+    [
+      'an output schema with an unresolvable $ref',
+      { id: 'bad.schema' },
+      { output_schema: { $ref: 'https://example.com/remote.json' } },
+      'body.output_schema',
+    ],
     ['a schema that is not even an object', { id: 'bad.schema' }, { input_schema: 'object' }, 'body.input_schema'],
-    ['a final_write tool that names an agent', { id: 'approve_soa', category: 'final_write', risk_level: 'critical', allowed_agents: ['soa.architect'] }, {}, 'body.allowed_agents'],
-    ['an admin tool that names a family', { id: 'raw_database_query', category: 'admin', risk_level: 'critical', allowed_agents: ['family:standard'] }, {}, 'body.allowed_agents'],
-    ['a final_write tool below high risk', { id: 'approve_gap', category: 'final_write', risk_level: 'medium' }, {}, 'body.risk_level'],
-    ['an admin tool of low risk', { id: 'delete_document', category: 'admin', risk_level: 'low' }, {}, 'body.risk_level'],
-    ['an external_call tool without an egress allowlist', { id: 'external_api_call', category: 'external_call', risk_level: 'high' }, {}, 'body.egress'],
-    ['an external_call tool with an empty allowlist', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: [] } }, {}, 'body.egress.allowed_hosts'],
-    ['an external_call tool with a backend', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: ['api.example.com'] }, backendUrl: 'http://x.internal' }, {}, 'body.backend'],
-    ['an allowlist entry that is not a host', { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: ['https://api.example.com/path'] } }, {}, 'body.egress.allowed_hosts.0'],
-    ['egress on a tool that is not external_call', { id: 'read.with.egress', egress: { allowed_hosts: ['api.example.com'] } }, {}, 'body.egress'],
-    ['a dependency range that is not semver', { id: 'bad.dep' }, { dependencies: [{ tool_id: 'minimal.tool', range: 'latest' }] }, 'body.dependencies.0.range'],
-    ['a header that reads an arbitrary environment variable', { id: 'leaky.tool', backendUrl: 'http://x.internal' }, {}, 'body.backend.headers.authorization'],
-    ['a header the gateway sets itself', { id: 'spoof.tool', backendUrl: 'http://x.internal' }, {}, 'body.backend.headers.x-toolgate-tenant-id'],
-    ['a backend URL with credentials', { id: 'creds.tool', backendUrl: 'http://user:pass@x.internal' }, {}, 'body.backend.url'],
+    [
+      'a final_write tool that names an agent',
+      { id: 'approve_soa', category: 'final_write', risk_level: 'critical', allowed_agents: ['soa.architect'] },
+      {},
+      'body.allowed_agents',
+    ],
+    [
+      'an admin tool that names a family',
+      { id: 'raw_database_query', category: 'admin', risk_level: 'critical', allowed_agents: ['family:standard'] },
+      {},
+      'body.allowed_agents',
+    ],
+    [
+      'a final_write tool below high risk',
+      { id: 'approve_gap', category: 'final_write', risk_level: 'medium' },
+      {},
+      'body.risk_level',
+    ],
+    [
+      'an admin tool of low risk',
+      { id: 'delete_document', category: 'admin', risk_level: 'low' },
+      {},
+      'body.risk_level',
+    ],
+    [
+      'an external_call tool without an egress allowlist',
+      { id: 'external_api_call', category: 'external_call', risk_level: 'high' },
+      {},
+      'body.egress',
+    ],
+    [
+      'an external_call tool with an empty allowlist',
+      { id: 'external_api_call', category: 'external_call', risk_level: 'high', egress: { allowed_hosts: [] } },
+      {},
+      'body.egress.allowed_hosts',
+    ],
+    [
+      'an external_call tool with a backend',
+      {
+        id: 'external_api_call',
+        category: 'external_call',
+        risk_level: 'high',
+        egress: { allowed_hosts: ['api.example.com'] },
+        backendUrl: 'http://x.internal',
+      },
+      {},
+      'body.backend',
+    ],
+    [
+      'an allowlist entry that is not a host',
+      {
+        id: 'external_api_call',
+        category: 'external_call',
+        risk_level: 'high',
+        egress: { allowed_hosts: ['https://api.example.com/path'] },
+      },
+      {},
+      'body.egress.allowed_hosts.0',
+    ],
+    [
+      'egress on a tool that is not external_call',
+      { id: 'read.with.egress', egress: { allowed_hosts: ['api.example.com'] } },
+      {},
+      'body.egress',
+    ],
+    [
+      'a dependency range that is not semver',
+      { id: 'bad.dep' },
+      { dependencies: [{ tool_id: 'minimal.tool', range: 'latest' }] },
+      'body.dependencies.0.range',
+    ],
+    [
+      'a header that reads an arbitrary environment variable',
+      { id: 'leaky.tool', backendUrl: 'http://x.internal' },
+      {},
+      'body.backend.headers.authorization',
+    ],
+    [
+      'a header the gateway sets itself',
+      { id: 'spoof.tool', backendUrl: 'http://x.internal' },
+      {},
+      'body.backend.headers.x-toolgate-tenant-id',
+    ],
+    [
+      'a backend URL with credentials',
+      { id: 'creds.tool', backendUrl: 'http://user:pass@x.internal' },
+      {},
+      'body.backend.url',
+    ],
     ['an unknown field', { id: 'extra.tool' }, { colour: 'blue' }, 'body'],
     ['a missing cost', { id: 'free.tool' }, { cost_units: undefined }, 'body.cost_units'],
   ];
 
   it.each(cases)('rejects %s with 400 invalid_request naming the field', async (_name, options, overrides, field) => {
     const body = { ...toolBody(options), ...overrides };
-    if (field === 'body.backend.headers.authorization') (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'DATABASE_URL' } };
-    if (field === 'body.backend.headers.x-toolgate-tenant-id') (body.backend as { headers: unknown }).headers = { 'x-toolgate-tenant-id': 'other' };
+    if (field === 'body.backend.headers.authorization')
+      (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'DATABASE_URL' } };
+    if (field === 'body.backend.headers.x-toolgate-tenant-id')
+      (body.backend as { headers: unknown }).headers = { 'x-toolgate-tenant-id': 'other' };
     const res = await h.client.post('/tools', { token: platform, body });
     expect(res.status, JSON.stringify(res.body)).toBe(400);
     expect(res.body.error.code).toBe('invalid_request');
@@ -173,7 +279,10 @@ describe('POST /tools: what a registration may not say', () => {
     (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KYE' } };
     const res = await h.client.post('/tools', { token: platform, body });
     expect(res.status).toBe(400);
-    expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { field: 'body.backend.headers.authorization' } });
+    expect(res.body.error).toMatchObject({
+      code: 'invalid_request',
+      details: { field: 'body.backend.headers.authorization' },
+    });
   });
 
   it('rejects a dependency on an unknown tool with reason unknown_tool', async () => {
@@ -189,7 +298,12 @@ describe('POST /tools: what a registration may not say', () => {
     await registered({ id: 'dep.base', version: '1.4.0' });
     const res = await register({ id: 'needs.base' }, { dependencies: [{ tool_id: 'dep.base', range: '^2.0.0' }] });
     expect(res.status).toBe(400);
-    expect(res.body.error.details).toMatchObject({ field: 'body.dependencies.0', reason: 'semver_range_no_match', tool_id: 'dep.base', range: '^2.0.0' });
+    expect(res.body.error.details).toMatchObject({
+      field: 'body.dependencies.0',
+      reason: 'semver_range_no_match',
+      tool_id: 'dep.base',
+      range: '^2.0.0',
+    });
     const ok = await register({ id: 'needs.base' }, { dependencies: [{ tool_id: 'dep.base', range: '^1.2.0' }] });
     expect(ok.status).toBe(201);
   });
@@ -208,16 +322,28 @@ describe('POST /tools: what a registration may not say', () => {
 
 describe('backend secrets', () => {
   it('stores a secret header by name and never returns its value', async () => {
-    const body = toolBody({ id: 'secret.backend', backendUrl: 'http://scf.internal/api', allowed_agents: ['scf.analyst'] });
-    (body.backend as { headers: unknown }).headers = { authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': 'toolgate' };
+    const body = toolBody({
+      id: 'secret.backend',
+      backendUrl: 'http://scf.internal/api',
+      allowed_agents: ['scf.analyst'],
+    });
+    (body.backend as { headers: unknown }).headers = {
+      authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' },
+      'x-client': 'toolgate',
+    };
     const res = await h.client.post('/tools', { token: platform, body });
     expect(res.status).toBe(201);
-    expect(res.body.backend.headers).toEqual({ authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' }, 'x-client': '***' });
+    expect(res.body.backend.headers).toEqual({
+      authorization: { from_env: 'TOOLGATE_SECRET_SCF_API_KEY' },
+      'x-client': '***',
+    });
     expect(res.text).not.toContain('sk-live');
     const read = await h.client.get('/tools/secret.backend', { token: platform });
     expect(read.text).not.toContain('sk-live');
     expect(read.body.backend).toMatchObject({ url: 'http://scf.internal/api', headers: { 'x-client': '***' } });
-    const agentRead = await h.client.get('/tools/secret.backend', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }) });
+    const agentRead = await h.client.get('/tools/secret.backend', {
+      token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }),
+    });
     expect(agentRead.status).toBe(200);
     expect(agentRead.body).not.toHaveProperty('backend');
     expect(agentRead.text).not.toContain('TOOLGATE_SECRET');
@@ -230,13 +356,20 @@ describe('backend secrets', () => {
     const resolved = catalog.resolve('secret.backend');
     expect(resolved.ok).toBe(true);
     if (!resolved.ok) return;
-    expect(catalog.backendHeaders(resolved.tool)).toEqual({ authorization: 'sk-live-not-for-agents', 'x-client': 'toolgate' });
+    expect(catalog.backendHeaders(resolved.tool)).toEqual({
+      authorization: 'sk-live-not-for-agents',
+      'x-client': 'toolgate',
+    });
   });
 });
 
 describe('what operators see of a backend', () => {
   it('never shows a literal header value again, and shows the backend to platform-operators only', async () => {
-    const body = toolBody({ id: 'keyed.backend', backendUrl: 'http://vendor.internal/api', allowed_agents: ['scf.analyst'] });
+    const body = toolBody({
+      id: 'keyed.backend',
+      backendUrl: 'http://vendor.internal/api',
+      allowed_agents: ['scf.analyst'],
+    });
     (body.backend as { headers: unknown }).headers = { 'x-api-key': 'ak-literal-credential-123' };
     const created = await h.client.post('/tools', { token: platform, body });
     expect(created.status).toBe(201);
@@ -302,8 +435,11 @@ describe('GET /tools/{id}', () => {
     const mine = await h.client.get('/tools/versioned.tool', { token: agent, query: { version: '^1' } });
     expect(mine.status).toBe(200);
     expect(mine.body.version).toBe('1.2.0');
-    for (const hidden of ['backend', 'allowed_agents', 'target', 'registered_by']) expect(mine.body).not.toHaveProperty(hidden);
-    const other = await h.client.get('/tools/versioned.tool', { token: tokens.agent('someone.else', { tenant: 'tenant-a' }) });
+    for (const hidden of ['backend', 'allowed_agents', 'target', 'registered_by'])
+      expect(mine.body).not.toHaveProperty(hidden);
+    const other = await h.client.get('/tools/versioned.tool', {
+      token: tokens.agent('someone.else', { tenant: 'tenant-a' }),
+    });
     expect(other.status).toBe(404);
     expect(other.body.error.code).toBe('tool_not_registered');
   });
@@ -320,7 +456,9 @@ describe('GET /tools for operators', () => {
     expect(res.status).toBe(200);
     expect(res.body.revision).toBe(h.client.app.services.catalog.revision);
     expect(res.body.revision).toBeGreaterThan(0);
-    const versioned = res.body.items.filter((t: { id: string }) => t.id === 'versioned.tool').map((t: { version: string }) => t.version);
+    const versioned = res.body.items
+      .filter((t: { id: string }) => t.id === 'versioned.tool')
+      .map((t: { version: string }) => t.version);
     expect(versioned).toEqual(['2.0.0', '1.2.0', '1.1.0', '1.0.0']);
     const ids = res.body.items.map((t: { id: string }) => t.id);
     expect(ids).toEqual([...ids].sort());
@@ -350,12 +488,16 @@ describe('GET /tools for operators', () => {
 
 describe('deprecating a version', () => {
   beforeAll(async () => {
-    for (const version of ['1.0.0', '1.1.0', '2.0.0']) await registered({ id: 'old.search', version, allowed_agents: ['scf.analyst'] });
+    for (const version of ['1.0.0', '1.1.0', '2.0.0'])
+      await registered({ id: 'old.search', version, allowed_agents: ['scf.analyst'] });
     await registered({ id: 'new.search', allowed_agents: ['scf.analyst'] });
   });
 
   it('records the deprecation and its audit event, and ranges then skip the version', async () => {
-    const res = await h.client.post('/tools/old.search/versions/1.1.0/deprecate', { token: platform, body: { replacement_tool_id: 'new.search' } });
+    const res = await h.client.post('/tools/old.search/versions/1.1.0/deprecate', {
+      token: platform,
+      body: { replacement_tool_id: 'new.search' },
+    });
     expect(res.status).toBe(200);
     expect(res.body.deprecation).toMatchObject({ replacement_tool_id: 'new.search' });
     expect(Date.parse(res.body.deprecation.deprecated_at)).toBeLessThanOrEqual(Date.now());
@@ -363,9 +505,16 @@ describe('deprecating a version', () => {
     expect(ranged.body.version).toBe('1.0.0');
     const exact = await h.client.get('/tools/old.search', { token: platform, query: { version: '1.1.0' } });
     expect(exact.body).toMatchObject({ version: '1.1.0', deprecation: { replacement_tool_id: 'new.search' } });
-    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.deprecated', tool_id: 'old.search' } });
+    const events = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'tool.deprecated', tool_id: 'old.search' },
+    });
     expect(events.body.items).toHaveLength(1);
-    expect(events.body.items[0]).toMatchObject({ tool_version: '1.1.0', actor: 'operator:ops.platform', details: { before: null, after: { replacement_tool_id: 'new.search' } } });
+    expect(events.body.items[0]).toMatchObject({
+      tool_version: '1.1.0',
+      actor: 'operator:ops.platform',
+      details: { before: null, after: { replacement_tool_id: 'new.search' } },
+    });
   });
 
   it('makes the default resolution skip a deprecated newest version', async () => {
@@ -380,14 +529,20 @@ describe('deprecating a version', () => {
     const res = await h.client.get('/tools/old.search', { token: platform, query: { version: '^2' } });
     expect(res.status).toBe(404);
     expect(res.body.error.code).toBe('tool_version_not_found');
-    expect(h.client.app.services.catalog.resolve('old.search', '^2')).toEqual({ ok: false, code: 'tool_version_not_found' });
+    expect(h.client.app.services.catalog.resolve('old.search', '^2')).toEqual({
+      ok: false,
+      code: 'tool_version_not_found',
+    });
   });
 
   it('keeps a scheduled deprecation out of effect until its date', async () => {
     await registered({ id: 'scheduled.tool', version: '1.0.0' });
     await registered({ id: 'scheduled.tool', version: '1.1.0' });
     const at = new Date(Date.now() + 7 * 24 * 3600_000).toISOString();
-    const res = await h.client.post('/tools/scheduled.tool/versions/1.1.0/deprecate', { token: platform, body: { deprecated_at: at } });
+    const res = await h.client.post('/tools/scheduled.tool/versions/1.1.0/deprecate', {
+      token: platform,
+      body: { deprecated_at: at },
+    });
     expect(res.status).toBe(200);
     expect(res.body.deprecation.deprecated_at).toBe(at);
     const newest = await h.client.get('/tools/scheduled.tool', { token: platform });
@@ -395,11 +550,20 @@ describe('deprecating a version', () => {
   });
 
   it('changes nothing when the same deprecation is repeated', async () => {
-    const first = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2030-01-01T00:00:00Z' } });
-    const again = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2030-01-01T00:00:00.000Z' } });
+    const first = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', {
+      token: platform,
+      body: { deprecated_at: '2030-01-01T00:00:00Z' },
+    });
+    const again = await h.client.post('/tools/old.search/versions/1.0.0/deprecate', {
+      token: platform,
+      body: { deprecated_at: '2030-01-01T00:00:00.000Z' },
+    });
     expect(again.status).toBe(200);
     expect(again.body).toEqual(first.body);
-    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'tool.deprecated', tool_id: 'old.search' } });
+    const events = await h.client.get('/audit', {
+      token: platform,
+      query: { event_type: 'tool.deprecated', tool_id: 'old.search' },
+    });
     expect(events.body.items.filter((e: { tool_version: string }) => e.tool_version === '1.0.0')).toHaveLength(1);
   });
 
@@ -410,7 +574,10 @@ describe('deprecating a version', () => {
     const version = await h.client.post('/tools/old.search/versions/9.9.9/deprecate', { token: platform, body: {} });
     expect(version.status).toBe(404);
     expect(version.body.error.code).toBe('tool_version_not_found');
-    const replacement = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: platform, body: { replacement_tool_id: 'ghost.tool' } });
+    const replacement = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', {
+      token: platform,
+      body: { replacement_tool_id: 'ghost.tool' },
+    });
     expect(replacement.status).toBe(400);
     expect(replacement.body.error.details).toMatchObject({ field: 'body.replacement_tool_id', reason: 'unknown_tool' });
     const range = await h.client.post('/tools/old.search/versions/^1/deprecate', { token: platform, body: {} });
@@ -418,9 +585,15 @@ describe('deprecating a version', () => {
   });
 
   it('lets only platform-operators deprecate', async () => {
-    const res = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: tokens.tenantOperator('tenant-a'), body: {} });
+    const res = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', {
+      token: tokens.tenantOperator('tenant-a'),
+      body: {},
+    });
     expect(res.status).toBe(403);
-    const agent = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }), body: {} });
+    const agent = await h.client.post('/tools/new.search/versions/1.0.0/deprecate', {
+      token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }),
+      body: {},
+    });
     expect(agent.body.error.code).toBe('agent_forbidden');
     expect((await h.client.get('/tools/new.search', { token: platform })).body.deprecation).toBeNull();
   });
@@ -434,7 +607,9 @@ describe('GET /tools/{id}/versions', () => {
     expect(res.body.items[0].deprecation).not.toBeNull();
     const unknown = await h.client.get('/tools/no.such.tool/versions', { token: platform });
     expect(unknown.body.error.code).toBe('tool_not_registered');
-    const agent = await h.client.get('/tools/old.search/versions', { token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }) });
+    const agent = await h.client.get('/tools/old.search/versions', {
+      token: tokens.agent('scf.analyst', { tenant: 'tenant-a' }),
+    });
     expect(agent.status).toBe(403);
   });
 });
@@ -443,8 +618,19 @@ describe('dependencies and the deprecation review', () => {
   beforeAll(async () => {
     await registered({ id: 'kb.chunks', version: '1.0.0' });
     await registered({ id: 'kb.chunks', version: '1.3.0' });
-    await registered({ id: 'kb.search', version: '2.0.0' }, { dependencies: [{ tool_id: 'kb.chunks', range: '^1.0.0' }] });
-    await registered({ id: 'evidence.candidates' }, { dependencies: [{ tool_id: 'kb.search', range: '^2.0.0' }, { tool_id: 'kb.chunks', range: '~1.3.0' }] });
+    await registered(
+      { id: 'kb.search', version: '2.0.0' },
+      { dependencies: [{ tool_id: 'kb.chunks', range: '^1.0.0' }] },
+    );
+    await registered(
+      { id: 'evidence.candidates' },
+      {
+        dependencies: [
+          { tool_id: 'kb.search', range: '^2.0.0' },
+          { tool_id: 'kb.chunks', range: '~1.3.0' },
+        ],
+      },
+    );
     await registered({ id: 'pinned.reader' }, { dependencies: [{ tool_id: 'kb.chunks', range: '1.0.0' }] });
   });
 
@@ -456,8 +642,18 @@ describe('dependencies and the deprecation review', () => {
       version: '1.0.0',
       satisfied: true,
       resolved: [
-        { tool_id: 'kb.search', version: '2.0.0', range: '^2.0.0', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
-        { tool_id: 'kb.chunks', version: '1.3.0', range: '~1.3.0', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
+        {
+          tool_id: 'kb.search',
+          version: '2.0.0',
+          range: '^2.0.0',
+          required_by: { tool_id: 'evidence.candidates', version: '1.0.0' },
+        },
+        {
+          tool_id: 'kb.chunks',
+          version: '1.3.0',
+          range: '~1.3.0',
+          required_by: { tool_id: 'evidence.candidates', version: '1.0.0' },
+        },
       ],
       unsatisfied: null,
     });
@@ -465,11 +661,19 @@ describe('dependencies and the deprecation review', () => {
 
   it('surfaces a deprecation in the window with its replacement and the versions still depending on it', async () => {
     await registered({ id: 'kb.chunks.v2' });
-    const dep = await h.client.post('/tools/kb.chunks/versions/1.3.0/deprecate', { token: platform, body: { replacement_tool_id: 'kb.chunks.v2' } });
+    const dep = await h.client.post('/tools/kb.chunks/versions/1.3.0/deprecate', {
+      token: platform,
+      body: { replacement_tool_id: 'kb.chunks.v2' },
+    });
     expect(dep.status).toBe(200);
-    const res = await h.client.get('/tools/deprecations', { token: tokens.tenantOperator('tenant-a'), query: { within: 'P7D' } });
+    const res = await h.client.get('/tools/deprecations', {
+      token: tokens.tenantOperator('tenant-a'),
+      query: { within: 'P7D' },
+    });
     expect(res.status).toBe(200);
-    const notice = res.body.items.find((n: { tool_id: string; version: string }) => n.tool_id === 'kb.chunks' && n.version === '1.3.0');
+    const notice = res.body.items.find(
+      (n: { tool_id: string; version: string }) => n.tool_id === 'kb.chunks' && n.version === '1.3.0',
+    );
     expect(notice).toMatchObject({ replacement_tool_id: 'kb.chunks.v2', in_effect: true });
     expect(notice.dependents).toEqual([
       { tool_id: 'evidence.candidates', version: '1.0.0', range: '~1.3.0', resolves_to: null },
@@ -478,7 +682,11 @@ describe('dependencies and the deprecation review', () => {
     const scheduled = res.body.items.find((n: { tool_id: string }) => n.tool_id === 'scheduled.tool');
     expect(scheduled).toMatchObject({ version: '1.1.0', in_effect: false });
     // 2030 is outside a week's window either way.
-    expect(res.body.items.find((n: { tool_id: string; version: string }) => n.tool_id === 'old.search' && n.version === '1.0.0')).toBeUndefined();
+    expect(
+      res.body.items.find(
+        (n: { tool_id: string; version: string }) => n.tool_id === 'old.search' && n.version === '1.0.0',
+      ),
+    ).toBeUndefined();
   });
 
   it('reports the first unsatisfied dependency with its typed reason once a range only matches deprecated versions', async () => {
@@ -486,7 +694,12 @@ describe('dependencies and the deprecation review', () => {
     expect(res.body).toMatchObject({
       satisfied: false,
       resolved: [],
-      unsatisfied: { tool_id: 'kb.chunks', range: '~1.3.0', reason: 'semver_range_no_match', required_by: { tool_id: 'evidence.candidates', version: '1.0.0' } },
+      unsatisfied: {
+        tool_id: 'kb.chunks',
+        range: '~1.3.0',
+        reason: 'semver_range_no_match',
+        required_by: { tool_id: 'evidence.candidates', version: '1.0.0' },
+      },
     });
     const pinned = await h.client.get('/tools/pinned.reader/versions/1.0.0/dependencies', { token: platform });
     expect(pinned.body).toMatchObject({ satisfied: true, resolved: [{ tool_id: 'kb.chunks', version: '1.0.0' }] });
@@ -509,12 +722,20 @@ describe('the catalog on the hot path', () => {
     await registered(
       { id: 'validated.tool', version: '1.0.0' },
       {
-        input_schema: { type: 'object', properties: { due: { type: 'string', format: 'date' }, n: { type: 'integer', minimum: 1 } }, required: ['due'], additionalProperties: false },
+        input_schema: {
+          type: 'object',
+          properties: { due: { type: 'string', format: 'date' }, n: { type: 'integer', minimum: 1 } },
+          required: ['due'],
+          additionalProperties: false,
+        },
         output_schema: { $id: 'https://schemas.example/shared.json', type: 'object', required: ['ok'] },
       },
     );
     // The same $id in another tool's schema must not collide with the first.
-    await registered({ id: 'validated.other' }, { output_schema: { $id: 'https://schemas.example/shared.json', type: 'array' } });
+    await registered(
+      { id: 'validated.other' },
+      { output_schema: { $id: 'https://schemas.example/shared.json', type: 'array' } },
+    );
   });
 
   it('validates inputs and outputs with each version’s compiled schemas, formats included', () => {
@@ -564,21 +785,39 @@ describe('the catalog on the hot path', () => {
 describe('re-registration and deprecation', () => {
   it('refuses to change a deprecation through re-registration, but re-seeds a deprecated version unchanged', async () => {
     await registered({ id: 'reseed.tool' });
-    await h.client.post('/tools/reseed.tool/versions/1.0.0/deprecate', { token: platform, body: { deprecated_at: '2026-01-01T00:00:00Z' } });
+    await h.client.post('/tools/reseed.tool/versions/1.0.0/deprecate', {
+      token: platform,
+      body: { deprecated_at: '2026-01-01T00:00:00Z' },
+    });
     const reseed = await register({ id: 'reseed.tool' });
     expect(reseed.status).toBe(200);
     expect(reseed.body.deprecation).toMatchObject({ deprecated_at: '2026-01-01T00:00:00.000Z' });
-    const sameDeprecation = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00.000Z', replacement_tool_id: null } });
+    const sameDeprecation = await register(
+      { id: 'reseed.tool' },
+      { deprecation: { deprecated_at: '2026-01-01T00:00:00.000Z', replacement_tool_id: null } },
+    );
     expect(sameDeprecation.status).toBe(200);
-    const other = await register({ id: 'reseed.tool' }, { deprecation: { deprecated_at: '2027-01-01T00:00:00Z', replacement_tool_id: null } });
+    const other = await register(
+      { id: 'reseed.tool' },
+      { deprecation: { deprecated_at: '2027-01-01T00:00:00Z', replacement_tool_id: null } },
+    );
     expect(other.status).toBe(409);
-    expect(other.body.error).toMatchObject({ code: 'tool_version_conflict', details: { differing_fields: ['deprecation'] } });
+    expect(other.body.error).toMatchObject({
+      code: 'tool_version_conflict',
+      details: { differing_fields: ['deprecation'] },
+    });
   });
 
   it('accepts a deprecation at registration and records it', async () => {
-    const res = await register({ id: 'born.deprecated' }, { deprecation: { deprecated_at: '2026-01-01T00:00:00+02:00', replacement_tool_id: 'born.deprecated' } });
+    const res = await register(
+      { id: 'born.deprecated' },
+      { deprecation: { deprecated_at: '2026-01-01T00:00:00+02:00', replacement_tool_id: 'born.deprecated' } },
+    );
     expect(res.status).toBe(201);
-    expect(res.body.deprecation).toEqual({ deprecated_at: '2025-12-31T22:00:00.000Z', replacement_tool_id: 'born.deprecated' });
+    expect(res.body.deprecation).toEqual({
+      deprecated_at: '2025-12-31T22:00:00.000Z',
+      replacement_tool_id: 'born.deprecated',
+    });
     const newest = await h.client.get('/tools/born.deprecated', { token: platform });
     expect(newest.body.error.code).toBe('tool_version_not_found');
   });

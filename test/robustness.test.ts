@@ -21,8 +21,23 @@ const operations = Object.entries(openapi.paths).flatMap(([path, item]) =>
 );
 
 const weirdIds = ['x', '%00', 'a'.repeat(300), '..%2f..%2fetc', '%F0%9F%92%A9', '1e309'];
-const weirdBodies: unknown[] = [{}, [], 'text', 42, null, { run_id: 7, plan: 'no' }, { a: { b: { c: [1, { d: null }] } } }, { tenant_id: { $ne: 1 } }];
-const weirdQueries: Array<Record<string, string>> = [{}, { limit: '-1' }, { limit: 'NaN', cursor: '%%%' }, { tenant_id: '', status: 'bogus' }, { since: '2026-13-45' }];
+const weirdBodies: unknown[] = [
+  {},
+  [],
+  'text',
+  42,
+  null,
+  { run_id: 7, plan: 'no' },
+  { a: { b: { c: [1, { d: null }] } } },
+  { tenant_id: { $ne: 1 } },
+];
+const weirdQueries: Array<Record<string, string>> = [
+  {},
+  { limit: '-1' },
+  { limit: 'NaN', cursor: '%%%' },
+  { tenant_id: '', status: 'bogus' },
+  { since: '2026-13-45' },
+];
 
 const principals = {
   platform: tokens.platform(),
@@ -39,7 +54,10 @@ describe('malformed input', () => {
         for (const body of bodies) {
           for (const query of weirdQueries.slice(0, method === 'GET' ? weirdQueries.length : 1)) {
             const res = await h.client.request(method, url, { token, query, ...(body !== undefined ? { body } : {}) });
-            expect(res.status, `${who} ${method} ${url} ${JSON.stringify(query)} ${JSON.stringify(body)} → ${res.text.slice(0, 200)}`).toBeLessThan(500);
+            expect(
+              res.status,
+              `${who} ${method} ${url} ${JSON.stringify(query)} ${JSON.stringify(body)} → ${res.text.slice(0, 200)}`,
+            ).toBeLessThan(500);
           }
         }
       }

@@ -22,8 +22,13 @@ let h: Harness;
 let backend: TestBackend;
 
 const hitsOf = (runId: string) => backend.hitsOfRun(runId).map((hit) => (hit.body as { q: string }).q);
-const statusOf = async (client: AppClient, runId: string, tenant = T) => (await client.get(`/runs/${runId}`, { token: tokens.platform(), query: { tenant_id: tenant } })).body.status as string;
-const audit = async (query: Record<string, string>) => (await h.client.get('/audit', { token: tokens.platform(), query: { limit: 200, ...query } })).body.items as Array<Record<string, any>>;
+const statusOf = async (client: AppClient, runId: string, tenant = T) =>
+  (await client.get(`/runs/${runId}`, { token: tokens.platform(), query: { tenant_id: tenant } })).body
+    .status as string;
+const audit = async (query: Record<string, string>) =>
+  (await h.client.get('/audit', { token: tokens.platform(), query: { limit: 200, ...query } })).body.items as Array<
+    Record<string, any>
+  >;
 
 beforeAll(async () => {
   h = await startHarness({ TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
@@ -31,9 +36,21 @@ beforeAll(async () => {
   const everyone = { allowed_agents: [OWNER, A, B, C, 'expiring.agent', 'feeds.agent'] };
   await registerTool(h.client, { id: 'search', backendUrl: `${backend.url}/echo`, ...everyone });
   await registerTool(h.client, { id: 'held', backendUrl: `${backend.url}/gate`, ...everyone });
-  await registerTool(h.client, { id: 'trickle', backendUrl: `${backend.url}/echo`, rate_limit: { capacity: 1, refill_per_second: 0.001 }, ...everyone });
-  await registerTool(h.client, { id: 'feeds.publish', category: 'draft_write', backendUrl: `${backend.url}/echo`, requires_approval: true, ...everyone });
-  for (const agentId of [OWNER, A, B, C]) for (const tool of ['search', 'held', 'trickle']) await grantTool(h.client, { tenant: T, agent: agentId, tool });
+  await registerTool(h.client, {
+    id: 'trickle',
+    backendUrl: `${backend.url}/echo`,
+    rate_limit: { capacity: 1, refill_per_second: 0.001 },
+    ...everyone,
+  });
+  await registerTool(h.client, {
+    id: 'feeds.publish',
+    category: 'draft_write',
+    backendUrl: `${backend.url}/echo`,
+    requires_approval: true,
+    ...everyone,
+  });
+  for (const agentId of [OWNER, A, B, C])
+    for (const tool of ['search', 'held', 'trickle']) await grantTool(h.client, { tenant: T, agent: agentId, tool });
 });
 
 afterAll(async () => {
@@ -46,22 +63,35 @@ describe('run controls', () => {
     const mine = newRunId();
     await execute(h.client, as(OWNER), { run_id: mine, keep_open: true, plan: [step('search', 'a')] });
     expect((await h.client.post(`/runs/${mine}/cancel`, { token: as(A), body: {} })).status).toBe(404);
-    expect((await h.client.post(`/runs/${mine}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status).toBe(404);
-    const cancelled = await h.client.post(`/runs/${mine}/cancel`, { token: as(OWNER), body: { reason: 'changed my mind' } });
+    expect(
+      (await h.client.post(`/runs/${mine}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status,
+    ).toBe(404);
+    const cancelled = await h.client.post(`/runs/${mine}/cancel`, {
+      token: as(OWNER),
+      body: { reason: 'changed my mind' },
+    });
     expect(cancelled.status).toBe(200);
     expect(cancelled.body.status).toBe('cancelled');
     const again = await h.client.post(`/runs/${mine}/cancel`, { token: operator, body: {} });
     expect(again.status).toBe(409);
     expect(again.body.error.code).toBe('run_not_resumable');
     for (const control of ['kill', 'pause', 'resume']) {
-      expect((await h.client.post(`/runs/${mine}/${control}`, { token: operator, body: {} })).body.error.code).toBe('run_not_resumable');
+      expect((await h.client.post(`/runs/${mine}/${control}`, { token: operator, body: {} })).body.error.code).toBe(
+        'run_not_resumable',
+      );
     }
     const [event] = await audit({ run_id: mine, event_type: 'run.cancelled' });
-    expect(event).toMatchObject({ actor: `agent:${OWNER}`, status: 'cancelled', details: { reason: 'changed my mind', previous_status: 'running', cascade_depth: 0 } });
+    expect(event).toMatchObject({
+      actor: `agent:${OWNER}`,
+      status: 'cancelled',
+      details: { reason: 'changed my mind', previous_status: 'running', cascade_depth: 0 },
+    });
 
     const theirs = newRunId();
     await execute(h.client, as(OWNER), { run_id: theirs, keep_open: true, plan: [step('search', 'b')] });
-    expect((await h.client.post(`/runs/${theirs}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
+    expect((await h.client.post(`/runs/${theirs}/cancel`, { token: operator, body: {} })).body.status).toBe(
+      'cancelled',
+    );
   });
 
   it('kill and pause are operators’: an agent gets 403 agent_forbidden', async () => {
@@ -74,13 +104,19 @@ describe('run controls', () => {
     }
     const killed = await h.client.post(`/runs/${runId}/kill`, { token: operator, body: { reason: 'runaway' } });
     expect(killed.body.status).toBe('killed');
-    expect((await audit({ run_id: runId, event_type: 'run.killed' }))[0]).toMatchObject({ actor: `operator:ops.${T}`, status: 'killed' });
+    expect((await audit({ run_id: runId, event_type: 'run.killed' }))[0]).toMatchObject({
+      actor: `operator:ops.${T}`,
+      status: 'killed',
+    });
   });
 
   it('a cancel reaches an executing run at its next call: the rest is never dispatched', async () => {
     const runId = newRunId();
     const gate = backend.hitsOn('/gate').length;
-    const answer = execute(h.client, as(OWNER), { run_id: runId, plan: [step('held', 'in flight'), step('search', 'never'), step('search', 'never either')] });
+    const answer = execute(h.client, as(OWNER), {
+      run_id: runId,
+      plan: [step('held', 'in flight'), step('search', 'never'), step('search', 'never either')],
+    });
     await backend.waitForHits('/gate', gate + 1);
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
     backend.openGate();
@@ -90,12 +126,17 @@ describe('run controls', () => {
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
     expect(res.body.steps[1].error.code).toBe('run_not_resumable');
     expect(hitsOf(runId)).toEqual(['in flight']);
-    expect((await h.client.get(`/runs/${runId}`, { token: as(OWNER) })).body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied', 'skipped']);
+    expect(
+      (await h.client.get(`/runs/${runId}`, { token: as(OWNER) })).body.steps.map((s: { status: string }) => s.status),
+    ).toEqual(['completed', 'denied', 'skipped']);
   });
 
   it('resume continues a throttled run after its completed steps, every stage again', async () => {
     const runId = newRunId();
-    const throttled = await execute(h.client, as(OWNER), { run_id: runId, plan: [step('trickle', 'first'), step('trickle', 'second')] });
+    const throttled = await execute(h.client, as(OWNER), {
+      run_id: runId,
+      plan: [step('trickle', 'first'), step('trickle', 'second')],
+    });
     expect(throttled.status).toBe(429);
     expect(throttled.body.status).toBe('throttled');
     const again = await h.client.post(`/runs/${runId}/resume`, { token: as(OWNER), body: {} });
@@ -124,11 +165,19 @@ describe('run controls', () => {
   it('a control refused for the run’s state is on record as run.control_rejected, under the run and whoever asked', async () => {
     const runId = newRunId();
     await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'e')] });
-    const refused: Array<{ control: string; actor: string; error: { code: string; message: string; details: Record<string, unknown> } }> = [];
+    const refused: Array<{
+      control: string;
+      actor: string;
+      error: { code: string; message: string; details: Record<string, unknown> };
+    }> = [];
     // One platform token, compared by value below: a token signed a second later differs (its iat).
     const platform = tokens.platform();
     const control = async (name: string, token: string, actor: string, body: Record<string, unknown> = {}) => {
-      const res = await h.client.post(`/runs/${runId}/${name}`, { token, body, query: token === platform ? { tenant_id: T } : {} });
+      const res = await h.client.post(`/runs/${runId}/${name}`, {
+        token,
+        body,
+        query: token === platform ? { tenant_id: T } : {},
+      });
       if (res.status >= 400) refused.push({ control: name, actor, error: res.body.error });
       return res;
     };
@@ -153,9 +202,19 @@ describe('run controls', () => {
     }
     // A run the caller may not see stays a run that does not exist: its 404 records nothing under it.
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: as(A), body: {} })).status).toBe(404);
-    expect((await h.client.post(`/runs/${runId}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status).toBe(404);
+    expect(
+      (await h.client.post(`/runs/${runId}/cancel`, { token: tokens.tenantOperator(OTHER_T), body: {} })).status,
+    ).toBe(404);
 
-    expect(refused.map((r) => r.control)).toEqual(['resume', 'complete', 'cancel', 'kill', 'pause', 'resume', 'complete']);
+    expect(refused.map((r) => r.control)).toEqual([
+      'resume',
+      'complete',
+      'cancel',
+      'kill',
+      'pause',
+      'resume',
+      'complete',
+    ]);
     const events = (await audit({ run_id: runId, event_type: 'run.control_rejected' })).reverse();
     expect(events).toEqual(
       refused.map(({ control, actor, error }) =>
@@ -166,20 +225,34 @@ describe('run controls', () => {
           actor,
           status: 'denied',
           reason_code: error.code,
-          details: { ...error.details, message: error.message, control, run_depth: 0, attribution: [{ run_id: runId, agent_id: OWNER }] },
+          details: {
+            ...error.details,
+            message: error.message,
+            control,
+            run_depth: 0,
+            attribution: [{ run_id: runId, agent_id: OWNER }],
+          },
         }),
       ),
     );
     expect(events.slice(0, 2).map((e) => e.details.status)).toEqual(['running', 'paused']);
     // The controls that succeeded recorded what they did, and no rejection.
     const types = (await audit({ run_id: runId })).map((e) => e.event_type).reverse();
-    expect(types.slice(-9)).toEqual(['run.control_rejected', 'run.paused', 'run.control_rejected', 'run.killed', ...Array(5).fill('run.control_rejected')]);
+    expect(types.slice(-9)).toEqual([
+      'run.control_rejected',
+      'run.paused',
+      'run.control_rejected',
+      'run.killed',
+      ...Array(5).fill('run.control_rejected'),
+    ]);
   });
 
   it('a successful control records its transition and no rejection', async () => {
     const runId = newRunId();
     await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'f')] });
-    expect((await h.client.post(`/runs/${runId}/complete`, { token: as(OWNER), body: {} })).body.status).toBe('completed');
+    expect((await h.client.post(`/runs/${runId}/complete`, { token: as(OWNER), body: {} })).body.status).toBe(
+      'completed',
+    );
     const types = (await audit({ run_id: runId })).map((e) => e.event_type);
     expect(types[0]).toBe('run.completed');
     expect(types).not.toContain('run.control_rejected');
@@ -191,8 +264,12 @@ describe('run controls', () => {
     await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'g')] });
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');
     // The database fails this run's rejection record alone, as a dropped connection would.
-    await sql`create function test_unrecorded_refusal() returns trigger language plpgsql as $$ begin raise exception 'connection lost' using errcode = '08006'; end $$`.execute(db);
-    await sql`create trigger test_unrecorded_refusal before insert on audit_events for each row when (new.event_type = 'run.control_rejected' and new.run_id = ${sql.lit(runId)}) execute function test_unrecorded_refusal()`.execute(db);
+    await sql`create function test_unrecorded_refusal() returns trigger language plpgsql as $$ begin raise exception 'connection lost' using errcode = '08006'; end $$`.execute(
+      db,
+    );
+    await sql`create trigger test_unrecorded_refusal before insert on audit_events for each row when (new.event_type = 'run.control_rejected' and new.run_id = ${sql.lit(runId)}) execute function test_unrecorded_refusal()`.execute(
+      db,
+    );
     try {
       for (const name of ['cancel', 'kill', 'pause', 'resume']) {
         const res = await h.client.post(`/runs/${runId}/${name}`, { token: operator, body: {} });
@@ -214,12 +291,36 @@ describe('a kill switch stops the runs whose next calls it would stop, resolved 
   const region = (name: string) => ({ family: 'test', provider: 'loopback', region: name });
 
   beforeAll(async () => {
-    await registerTool(h.client, { id: 'drift.approve', category: 'draft_write', backendUrl: `${backend.url}/echo`, requires_approval: true, allowed_agents: [DRIFT] });
+    await registerTool(h.client, {
+      id: 'drift.approve',
+      category: 'draft_write',
+      backendUrl: `${backend.url}/echo`,
+      requires_approval: true,
+      allowed_agents: [DRIFT],
+    });
     // A newer version on another allowlist, in another region.
-    await registerTool(h.client, { id: 'drift.allow', version: '1.0.0', allowed_agents: [DRIFT], target: region('eu-drift'), backendUrl: `${backend.url}/echo` });
-    await registerTool(h.client, { id: 'drift.allow', version: '2.0.0', allowed_agents: ['someone.else'], target: region('us-drift'), backendUrl: `${backend.url}/echo` });
+    await registerTool(h.client, {
+      id: 'drift.allow',
+      version: '1.0.0',
+      allowed_agents: [DRIFT],
+      target: region('eu-drift'),
+      backendUrl: `${backend.url}/echo`,
+    });
+    await registerTool(h.client, {
+      id: 'drift.allow',
+      version: '2.0.0',
+      allowed_agents: ['someone.else'],
+      target: region('us-drift'),
+      backendUrl: `${backend.url}/echo`,
+    });
     // A newer external_call version, which the tenant (external calls off) does not get.
-    await registerTool(h.client, { id: 'drift.reach', version: '1.0.0', allowed_agents: [DRIFT], target: region('eu-reach'), backendUrl: `${backend.url}/echo` });
+    await registerTool(h.client, {
+      id: 'drift.reach',
+      version: '1.0.0',
+      allowed_agents: [DRIFT],
+      target: region('eu-reach'),
+      backendUrl: `${backend.url}/echo`,
+    });
     await registerTool(h.client, {
       id: 'drift.reach',
       version: '2.0.0',
@@ -236,7 +337,10 @@ describe('a kill switch stops the runs whose next calls it would stop, resolved 
   /** A run of the drift agent waiting for approval at its first step, with `next` still to call. */
   const waitingBefore = async (next: string) => {
     const runId = newRunId('drift');
-    const res = await h.client.post('/runs/execute', { token: as(DRIFT), body: { run_id: runId, context: {}, plan: [step('drift.approve', 'x'), step(next, 'y')] } });
+    const res = await h.client.post('/runs/execute', {
+      token: as(DRIFT),
+      body: { run_id: runId, context: {}, plan: [step('drift.approve', 'x'), step(next, 'y')] },
+    });
     expect(res.status, JSON.stringify(res.body)).toBe(202);
     return runId;
   };
@@ -248,30 +352,42 @@ describe('a kill switch stops the runs whose next calls it would stop, resolved 
     expect(res.status).toBe(201);
     return res.body.id as string;
   };
-  const disarm = (id: string) => h.client.post(`/kill-switches/${id}/disarm`, { token: tokens.platform(), body: { reason: 'over' } });
+  const disarm = (id: string) =>
+    h.client.post(`/kill-switches/${id}/disarm`, { token: tokens.platform(), body: { reason: 'over' } });
 
   it.each([
     ['a newer version on another allowlist', 'drift.allow', 'us-drift', 'eu-drift'],
     ['a newer external_call version its tenant has not enabled', 'drift.reach', 'us-reach', 'eu-reach'],
-  ])('%s: a switch on the version the agent would not call leaves the run; one on the version it would call stops it', async (_name, tool, notCalled, called) => {
-    const runId = await waitingBefore(tool);
-    const armed: string[] = [];
-    try {
-      armed.push(await armRegion(notCalled));
-      expect(await statusOf(h.client, runId)).toBe('awaiting_approval');
-      armed.push(await armRegion(called));
-      expect(await statusOf(h.client, runId)).toBe('killed');
-      const [stop] = await audit({ run_id: runId, event_type: 'run.stopped' });
-      expect(stop).toMatchObject({ reason_code: 'kill_switch_active', details: { kill_switch_id: armed[1], scope: 'region', target: called } });
-      // Resuming it is refused with the reason it was stopped, and that refusal is on record too.
-      const resumed = await h.client.post(`/runs/${runId}/resume`, { token: operator, body: {} });
-      expect(resumed.body.error).toMatchObject({ code: 'kill_switch_active', details: { kill_switch_id: armed[1] } });
-      const [rejected] = await audit({ run_id: runId, event_type: 'run.control_rejected' });
-      expect(rejected).toMatchObject({ actor: `operator:ops.${T}`, status: 'denied', reason_code: 'kill_switch_active', details: { control: 'resume', kill_switch_id: armed[1], status: 'killed' } });
-    } finally {
-      for (const id of armed) await disarm(id);
-    }
-  });
+  ])(
+    '%s: a switch on the version the agent would not call leaves the run; one on the version it would call stops it',
+    async (_name, tool, notCalled, called) => {
+      const runId = await waitingBefore(tool);
+      const armed: string[] = [];
+      try {
+        armed.push(await armRegion(notCalled));
+        expect(await statusOf(h.client, runId)).toBe('awaiting_approval');
+        armed.push(await armRegion(called));
+        expect(await statusOf(h.client, runId)).toBe('killed');
+        const [stop] = await audit({ run_id: runId, event_type: 'run.stopped' });
+        expect(stop).toMatchObject({
+          reason_code: 'kill_switch_active',
+          details: { kill_switch_id: armed[1], scope: 'region', target: called },
+        });
+        // Resuming it is refused with the reason it was stopped, and that refusal is on record too.
+        const resumed = await h.client.post(`/runs/${runId}/resume`, { token: operator, body: {} });
+        expect(resumed.body.error).toMatchObject({ code: 'kill_switch_active', details: { kill_switch_id: armed[1] } });
+        const [rejected] = await audit({ run_id: runId, event_type: 'run.control_rejected' });
+        expect(rejected).toMatchObject({
+          actor: `operator:ops.${T}`,
+          status: 'denied',
+          reason_code: 'kill_switch_active',
+          details: { control: 'resume', kill_switch_id: armed[1], status: 'killed' },
+        });
+      } finally {
+        for (const id of armed) await disarm(id);
+      }
+    },
+  );
 });
 
 describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreSQL server)', () => {
@@ -288,58 +404,131 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
   });
 
   it('a revocation at depth 0 stops a depth-2 sub-run mid-plan on another replica, and everything in between', async () => {
-    const rootGrant = await grantTool(h.client, { tenant: T, agent: A, tool: 'search', scope: 'per-session', scope_ref: 'session-cascade' });
+    const rootGrant = await grantTool(h.client, {
+      tenant: T,
+      agent: A,
+      tool: 'search',
+      scope: 'per-session',
+      scope_ref: 'session-cascade',
+    });
     const root = newRunId('root');
     const started = await h.client.post('/runs/execute', {
       token: as(A),
-      body: { run_id: root, session_id: 'session-cascade', keep_open: true, budget_units: 100, context: {}, plan: [step('search', 'root')] },
+      body: {
+        run_id: root,
+        session_id: 'session-cascade',
+        keep_open: true,
+        budget_units: 100,
+        context: {},
+        plan: [step('search', 'root')],
+      },
     });
     expect(started.body.status).toBe('running');
-    const handOff = (client: AppClient, agentId: string, parent: string, sub: string, subAgent: string, budget: number) =>
-      client.post(`/runs/${parent}/handoffs`, { token: as(agentId), body: { sub_agent_id: subAgent, sub_run_id: sub, budget_units: budget, delegable_tool_ids: ['search', 'held'], max_fanout: 2 } });
+    const handOff = (
+      client: AppClient,
+      agentId: string,
+      parent: string,
+      sub: string,
+      subAgent: string,
+      budget: number,
+    ) =>
+      client.post(`/runs/${parent}/handoffs`, {
+        token: as(agentId),
+        body: {
+          sub_agent_id: subAgent,
+          sub_run_id: sub,
+          budget_units: budget,
+          delegable_tool_ids: ['search', 'held'],
+          max_fanout: 2,
+        },
+      });
     // A's grant for `held` is its per-tenant one; the per-session grant is what backs `search`.
     const middle = newRunId('middle');
     expect((await handOff(h.client, A, root, middle, B, 50)).status).toBe(201);
     const queued = newRunId('queued');
     expect((await handOff(h.client, A, root, queued, C, 5)).status).toBe(201);
-    expect((await second.post('/runs/execute', { token: as(B), body: { run_id: middle, parent_run_id: root, keep_open: true, context: {}, plan: [step('search', 'middle')] } })).body.status).toBe('running');
+    expect(
+      (
+        await second.post('/runs/execute', {
+          token: as(B),
+          body: { run_id: middle, parent_run_id: root, keep_open: true, context: {}, plan: [step('search', 'middle')] },
+        })
+      ).body.status,
+    ).toBe('running');
     const leaf = newRunId('leaf');
     expect((await handOff(second, B, middle, leaf, C, 20)).status).toBe(201);
 
     const gate = backend.hitsOn('/gate').length;
     const leafRun = second.post('/runs/execute', {
       token: as(C),
-      body: { run_id: leaf, parent_run_id: middle, context: {}, plan: [step('held', 'leaf in flight'), step('search', 'leaf never')] },
+      body: {
+        run_id: leaf,
+        parent_run_id: middle,
+        context: {},
+        plan: [step('held', 'leaf in flight'), step('search', 'leaf never')],
+      },
     });
     await backend.waitForHits('/gate', gate + 1);
-    const revoked = await h.client.post(`/grants/${rootGrant.id}/revoke`, { token: operator, body: { reason: 'root agent compromised' } });
+    const revoked = await h.client.post(`/grants/${rootGrant.id}/revoke`, {
+      token: operator,
+      body: { reason: 'root agent compromised' },
+    });
     expect(revoked.status).toBe(200);
     backend.openGate();
     const res = await leafRun;
     expect(res.status).toBe(403);
     expect(res.body.status).toBe('failed');
     expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
-    expect(res.body.steps[1].error).toMatchObject({ code: 'grant_revoked', details: { grant_id: rootGrant.id, cascade_depth: 2 } });
+    expect(res.body.steps[1].error).toMatchObject({
+      code: 'grant_revoked',
+      details: { grant_id: rootGrant.id, cascade_depth: 2 },
+    });
     expect(hitsOf(leaf)).toEqual(['leaf in flight']);
 
     for (const runId of [root, middle, queued, leaf]) expect(await statusOf(second, runId)).toBe('failed');
     const stops = await audit({ event_type: 'run.stopped', since: new Date(Date.now() - 60_000).toISOString() });
     const depthOf = (runId: string) => stops.find((e) => e.run_id === runId)?.details;
-    expect(depthOf(root)).toMatchObject({ cascade_depth: 0, cause: 'grant_revoked', grant_id: rootGrant.id, previous_status: 'running' });
+    expect(depthOf(root)).toMatchObject({
+      cascade_depth: 0,
+      cause: 'grant_revoked',
+      grant_id: rootGrant.id,
+      previous_status: 'running',
+    });
     expect(depthOf(middle)).toMatchObject({ cascade_depth: 1, via_run_id: root });
     expect(depthOf(queued)).toMatchObject({ cascade_depth: 1, previous_status: 'queued' });
-    expect(depthOf(leaf)).toMatchObject({ cascade_depth: 2, via_run_id: middle, attribution: [{ run_id: root, agent_id: A }, { run_id: middle, agent_id: B }, { run_id: leaf, agent_id: C }] });
-    for (const runId of [root, middle, queued, leaf]) expect(stops.find((e) => e.run_id === runId)?.actor).toBe(`operator:ops.${T}`);
+    expect(depthOf(leaf)).toMatchObject({
+      cascade_depth: 2,
+      via_run_id: middle,
+      attribution: [
+        { run_id: root, agent_id: A },
+        { run_id: middle, agent_id: B },
+        { run_id: leaf, agent_id: C },
+      ],
+    });
+    for (const runId of [root, middle, queued, leaf])
+      expect(stops.find((e) => e.run_id === runId)?.actor).toBe(`operator:ops.${T}`);
   });
 
   it('stops paused and waiting runs that relied on a revoked grant, not the others', async () => {
-    const grant = await grantTool(h.client, { tenant: T, agent: OWNER, tool: 'search', scope: 'per-session', scope_ref: 'session-idle' });
+    const grant = await grantTool(h.client, {
+      tenant: T,
+      agent: OWNER,
+      tool: 'search',
+      scope: 'per-session',
+      scope_ref: 'session-idle',
+    });
     const paused = newRunId('paused');
-    await h.client.post('/runs/execute', { token: as(OWNER), body: { run_id: paused, session_id: 'session-idle', keep_open: true, context: {}, plan: [step('search', 'p')] } });
+    await h.client.post('/runs/execute', {
+      token: as(OWNER),
+      body: { run_id: paused, session_id: 'session-idle', keep_open: true, context: {}, plan: [step('search', 'p')] },
+    });
     await h.client.post(`/runs/${paused}/pause`, { token: operator, body: {} });
     // Without the session, the same agent's calls rest on its per-tenant grant instead.
     const bystander = newRunId('bystander');
-    await h.client.post('/runs/execute', { token: as(OWNER), body: { run_id: bystander, keep_open: true, context: {}, plan: [step('search', 'b')] } });
+    await h.client.post('/runs/execute', {
+      token: as(OWNER),
+      body: { run_id: bystander, keep_open: true, context: {}, plan: [step('search', 'b')] },
+    });
     await second.post(`/grants/${grant.id}/revoke`, { token: operator, body: { reason: 'session over' } });
     expect(await statusOf(h.client, paused)).toBe('failed');
     expect(await statusOf(h.client, bystander)).toBe('running');
@@ -354,17 +543,43 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
     const clocked = await startClient(database, clock, { TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '100' });
     try {
       const agentId = 'expiring.agent';
-      await grantTool(h.client, { tenant: T, agent: agentId, tool: 'search', expires_at: new Date(clock.now().getTime() + 60_000).toISOString() });
+      await grantTool(h.client, {
+        tenant: T,
+        agent: agentId,
+        tool: 'search',
+        expires_at: new Date(clock.now().getTime() + 60_000).toISOString(),
+      });
       const runId = newRunId('expiring');
-      await execute(h.client, as(agentId), { run_id: runId, keep_open: true, budget_units: 10, plan: [step('search', 'e')] });
+      await execute(h.client, as(agentId), {
+        run_id: runId,
+        keep_open: true,
+        budget_units: 10,
+        plan: [step('search', 'e')],
+      });
       const sub = newRunId('expiring-sub');
-      expect((await h.client.post(`/runs/${runId}/handoffs`, { token: as(agentId), body: { sub_agent_id: C, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0 } })).status).toBe(201);
+      expect(
+        (
+          await h.client.post(`/runs/${runId}/handoffs`, {
+            token: as(agentId),
+            body: { sub_agent_id: C, sub_run_id: sub, budget_units: 5, delegable_tool_ids: ['search'], max_fanout: 0 },
+          })
+        ).status,
+      ).toBe(201);
       clock.advance(60_001);
-      await until('the sweep to stop the sub-run', async () => (await statusOf(h.client, sub)) === 'failed', { intervalMs: 25 });
+      await until('the sweep to stop the sub-run', async () => (await statusOf(h.client, sub)) === 'failed', {
+        intervalMs: 25,
+      });
       expect(await statusOf(h.client, runId)).toBe('failed');
       const [stop] = await audit({ run_id: sub, event_type: 'run.stopped' });
-      expect(stop).toMatchObject({ actor: 'system.expiry', reason_code: 'grant_expired', details: { cascade_depth: 1 } });
-      expect((await h.client.get(`/runs/${runId}/handoffs`, { token: operator })).body.items[0]).toMatchObject({ status: 'closed', returned_units: 5 });
+      expect(stop).toMatchObject({
+        actor: 'system.expiry',
+        reason_code: 'grant_expired',
+        details: { cascade_depth: 1 },
+      });
+      expect((await h.client.get(`/runs/${runId}/handoffs`, { token: operator })).body.items[0]).toMatchObject({
+        status: 'closed',
+        returned_units: 5,
+      });
     } finally {
       await clocked.close();
     }
@@ -376,20 +591,38 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
     await grantTool(h.client, { tenant: OTHER_T, agent: agentId, tool: 'search' });
     const waiting = async (client: AppClient, tenant: string) => {
       const runId = newRunId(tenant);
-      const res = await client.post('/runs/execute', { token: as(agentId, tenant), body: { run_id: runId, keep_open: true, budget_units: 10, context: {}, plan: [step('feeds.publish', 'news')] } });
+      const res = await client.post('/runs/execute', {
+        token: as(agentId, tenant),
+        body: { run_id: runId, keep_open: true, budget_units: 10, context: {}, plan: [step('feeds.publish', 'news')] },
+      });
       expect(res.status).toBe(202);
       return runId;
     };
     const ours = await waiting(h.client, T);
     const theirs = await waiting(second, OTHER_T);
     const theirSub = newRunId('sub');
-    expect((await second.post(`/runs/${theirs}/handoffs`, { token: as(agentId, OTHER_T), body: { sub_agent_id: C, sub_run_id: theirSub, budget_units: 2, delegable_tool_ids: [], max_fanout: 0 } })).status).toBe(201);
+    expect(
+      (
+        await second.post(`/runs/${theirs}/handoffs`, {
+          token: as(agentId, OTHER_T),
+          body: { sub_agent_id: C, sub_run_id: theirSub, budget_units: 2, delegable_tool_ids: [], max_fanout: 0 },
+        })
+      ).status,
+    ).toBe(201);
     const unrelated = newRunId('unrelated');
-    await second.post('/runs/execute', { token: as(agentId, OTHER_T), body: { run_id: unrelated, keep_open: true, context: {}, plan: [step('search', 'other tool')] } });
+    await second.post('/runs/execute', {
+      token: as(agentId, OTHER_T),
+      body: { run_id: unrelated, keep_open: true, context: {}, plan: [step('search', 'other tool')] },
+    });
 
     const tenantSwitch = await h.client.post('/kill-switches', {
       token: operator,
-      body: { scope: 'tool', target: 'feeds.publish', reason: 'bad feed in this tenant', user_visible_status_copy: 'Publishing paused here' },
+      body: {
+        scope: 'tool',
+        target: 'feeds.publish',
+        reason: 'bad feed in this tenant',
+        user_visible_status_copy: 'Publishing paused here',
+      },
     });
     expect(tenantSwitch.status).toBe(201);
     expect(await statusOf(h.client, ours)).toBe('killed');
@@ -397,19 +630,30 @@ describe.skipIf(!hasPostgresServer)('cascades on every replica (needs a PostgreS
 
     const platformSwitch = await second.post('/kill-switches', {
       token: tokens.platform(),
-      body: { scope: 'tool', target: 'feeds.publish', reason: 'bad feed everywhere', user_visible_status_copy: 'Publishing paused' },
+      body: {
+        scope: 'tool',
+        target: 'feeds.publish',
+        reason: 'bad feed everywhere',
+        user_visible_status_copy: 'Publishing paused',
+      },
     });
     expect(platformSwitch.status).toBe(201);
     expect(await statusOf(second, theirs, OTHER_T)).toBe('killed');
     expect(await statusOf(second, theirSub, OTHER_T)).toBe('killed');
     expect(await statusOf(second, unrelated, OTHER_T)).toBe('running');
     const [stop] = await audit({ run_id: theirSub, event_type: 'run.stopped' });
-    expect(stop).toMatchObject({ reason_code: 'kill_switch_active', details: { cascade_depth: 1, kill_switch_id: platformSwitch.body.id, platform_wide: true } });
+    expect(stop).toMatchObject({
+      reason_code: 'kill_switch_active',
+      details: { cascade_depth: 1, kill_switch_id: platformSwitch.body.id, platform_wide: true },
+    });
     const res = await second.post(`/runs/${theirs}/resume`, { token: as(agentId, OTHER_T), body: {} });
     expect(res.status).toBe(403);
     expect(res.body.error).toMatchObject({ code: 'kill_switch_active', message: 'Publishing paused' });
 
     await h.client.post(`/kill-switches/${tenantSwitch.body.id}/disarm`, { token: operator, body: { reason: 'over' } });
-    await h.client.post(`/kill-switches/${platformSwitch.body.id}/disarm`, { token: tokens.platform(), body: { reason: 'over' } });
+    await h.client.post(`/kill-switches/${platformSwitch.body.id}/disarm`, {
+      token: tokens.platform(),
+      body: { reason: 'over' },
+    });
   });
 });

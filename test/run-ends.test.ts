@@ -24,10 +24,30 @@ let backend: TestBackend;
 beforeAll(async () => {
   h = await startHarness();
   backend = await new TestBackend().start();
-  await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [AGENT, OTHER] });
-  await registerTool(h.client, { id: 'failing', backendUrl: `${backend.url}/status/500`, cost_units: 1, allowed_agents: [AGENT] });
-  await registerTool(h.client, { id: 'ungranted', backendUrl: `${backend.url}/echo`, cost_units: 1, allowed_agents: [AGENT] });
-  await registerTool(h.client, { id: 'gated', backendUrl: `${backend.url}/gate`, cost_units: 1, allowed_agents: [AGENT] });
+  await registerTool(h.client, {
+    id: 'echo',
+    backendUrl: `${backend.url}/echo`,
+    cost_units: 1,
+    allowed_agents: [AGENT, OTHER],
+  });
+  await registerTool(h.client, {
+    id: 'failing',
+    backendUrl: `${backend.url}/status/500`,
+    cost_units: 1,
+    allowed_agents: [AGENT],
+  });
+  await registerTool(h.client, {
+    id: 'ungranted',
+    backendUrl: `${backend.url}/echo`,
+    cost_units: 1,
+    allowed_agents: [AGENT],
+  });
+  await registerTool(h.client, {
+    id: 'gated',
+    backendUrl: `${backend.url}/gate`,
+    cost_units: 1,
+    allowed_agents: [AGENT],
+  });
   for (const tool of ['echo', 'failing', 'gated']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
   await grantTool(h.client, { tenant: T, agent: OTHER, tool: 'echo' });
 });
@@ -37,14 +57,24 @@ afterAll(async () => {
   await h?.close();
 });
 
-
 /** The transaction that wrote the run's row as it stands, and each of its records, by event id. */
-async function writers(runId: string): Promise<{ run: string; status: string; records: Map<string, { xid: string; event_type: string }> }> {
+async function writers(
+  runId: string,
+): Promise<{ run: string; status: string; records: Map<string, { xid: string; event_type: string }> }> {
   const { db } = h.db.database;
-  const run = await sql<{ xid: string; status: string }>`select xmin::text as xid, status from runs where tenant_id = ${T} and run_id = ${runId}`.execute(db);
+  const run = await sql<{
+    xid: string;
+    status: string;
+  }>`select xmin::text as xid, status from runs where tenant_id = ${T} and run_id = ${runId}`.execute(db);
   const records = await sql<{ event_id: string; xid: string; event_type: string }>`
-    select event_id, xmin::text as xid, event_type from audit_events where tenant_id = ${T} and run_id = ${runId} order by seq`.execute(db);
-  return { run: run.rows[0]!.xid, status: run.rows[0]!.status, records: new Map(records.rows.map((r) => [r.event_id, { xid: r.xid, event_type: r.event_type }])) };
+    select event_id, xmin::text as xid, event_type from audit_events where tenant_id = ${T} and run_id = ${runId} order by seq`.execute(
+    db,
+  );
+  return {
+    run: run.rows[0]!.xid,
+    status: run.rows[0]!.status,
+    records: new Map(records.rows.map((r) => [r.event_id, { xid: r.xid, event_type: r.event_type }])),
+  };
 }
 
 describe('a run ends in the commit of its last record', () => {
@@ -66,11 +96,16 @@ describe('a run ends in the commit of its last record', () => {
     const runId = newRunId('failed');
     const res = await execute(h.client, agent, { run_id: runId, plan: [step('failing'), step('echo')] });
     expect(res.status).toBe(502);
-    expect(res.body).toMatchObject({ status: 'failed', steps: [{ status: 'failed', error: { code: 'tool_backend_failed' } }, { status: 'skipped' }] });
+    expect(res.body).toMatchObject({
+      status: 'failed',
+      steps: [{ status: 'failed', error: { code: 'tool_backend_failed' } }, { status: 'skipped' }],
+    });
     const seen = await writers(runId);
     expect(seen.status).toBe('failed');
     expect(seen.records.get(res.body.steps[0].audit_id)).toEqual({ xid: seen.run, event_type: 'run.step.failed' });
-    expect((await execute(h.client, agent, { run_id: runId, plan: [step('failing'), step('echo')] })).body).toEqual(res.body);
+    expect((await execute(h.client, agent, { run_id: runId, plan: [step('failing'), step('echo')] })).body).toEqual(
+      res.body,
+    );
   });
 
   it('when its call is denied', async () => {
@@ -102,7 +137,9 @@ describe('a run ends in the commit of its last record', () => {
     const seen = await writers(runId);
     expect(seen.status).toBe('completed');
     expect(seen.records.get(res.body.steps[0].audit_id)!.xid).not.toBe(seen.run);
-    expect((await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] })).body).toEqual(res.body);
+    expect((await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input }] })).body).toEqual(
+      res.body,
+    );
   });
 
   it('not when the run is kept open: it rests running', async () => {
@@ -116,35 +153,47 @@ describe('a run ends in the commit of its last record', () => {
   });
 });
 
-describe.skipIf(!hasPostgresServer)('a run whose row is held when its last record is appended (needs a PostgreSQL server)', () => {
-  it('is ended after the holder lets go, while the audit log goes on meanwhile', async () => {
-    const runId = newRunId('held');
-    const holder = new pg.Client({ connectionString: h.db.url });
-    await holder.connect();
-    try {
-      const running = execute(h.client, agent, { run_id: runId, plan: [step('gated')] });
-      await backend.waitForHits('/gate', backend.hitsOn('/gate').length + 1);
-      // Something holds the run's row without the audit chain: the record carrying the run's end
-      // holds the chain's head, and must not wait for the row with it.
-      await holder.query('begin');
-      await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for no key update', [T, runId]);
-      backend.openGate();
-      const recorded = async () => (await holder.query("select count(*)::int as n from audit_events where run_id = $1 and event_type = 'run.step.completed'", [runId])).rows[0].n === 1;
-      await until('the outcome record to go in without the run’s end', recorded);
-      // Another run's calls are recorded and answered while the row is held.
-      const meanwhile = await execute(h.client, other, { run_id: newRunId('meanwhile'), plan: [step('echo')] });
-      expect(meanwhile.status).toBe(200);
-      expect((await holder.query('select status from runs where tenant_id = $1 and run_id = $2', [T, runId])).rows[0].status).toBe('running');
-      await holder.query('commit');
-      const res = await running;
-      expect(res.status).toBe(200);
-      expect(res.body.status).toBe('completed');
-      const seen = await writers(runId);
-      expect(seen.status).toBe('completed');
-      // Ended in a commit of its own.
-      expect(seen.records.get(res.body.steps[0].audit_id)!.xid).not.toBe(seen.run);
-    } finally {
-      await holder.end();
-    }
-  });
-});
+describe.skipIf(!hasPostgresServer)(
+  'a run whose row is held when its last record is appended (needs a PostgreSQL server)',
+  () => {
+    it('is ended after the holder lets go, while the audit log goes on meanwhile', async () => {
+      const runId = newRunId('held');
+      const holder = new pg.Client({ connectionString: h.db.url });
+      await holder.connect();
+      try {
+        const running = execute(h.client, agent, { run_id: runId, plan: [step('gated')] });
+        await backend.waitForHits('/gate', backend.hitsOn('/gate').length + 1);
+        // Something holds the run's row without the audit chain: the record carrying the run's end
+        // holds the chain's head, and must not wait for the row with it.
+        await holder.query('begin');
+        await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for no key update', [T, runId]);
+        backend.openGate();
+        const recorded = async () =>
+          (
+            await holder.query(
+              "select count(*)::int as n from audit_events where run_id = $1 and event_type = 'run.step.completed'",
+              [runId],
+            )
+          ).rows[0].n === 1;
+        await until('the outcome record to go in without the run’s end', recorded);
+        // Another run's calls are recorded and answered while the row is held.
+        const meanwhile = await execute(h.client, other, { run_id: newRunId('meanwhile'), plan: [step('echo')] });
+        expect(meanwhile.status).toBe(200);
+        expect(
+          (await holder.query('select status from runs where tenant_id = $1 and run_id = $2', [T, runId])).rows[0]
+            .status,
+        ).toBe('running');
+        await holder.query('commit');
+        const res = await running;
+        expect(res.status).toBe(200);
+        expect(res.body.status).toBe('completed');
+        const seen = await writers(runId);
+        expect(seen.status).toBe('completed');
+        // Ended in a commit of its own.
+        expect(seen.records.get(res.body.steps[0].audit_id)!.xid).not.toBe(seen.run);
+      } finally {
+        await holder.end();
+      }
+    });
+  },
+);

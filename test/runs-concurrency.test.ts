@@ -88,7 +88,11 @@ describe('one run id sent many times at once', () => {
 
     expect(hitsOf(runId)).toHaveLength(1);
     const winner = theOneThatRan(answers);
-    expect(winner.body).toMatchObject({ run_id: runId, status: 'completed', steps: [{ status: 'completed', output: { echo: { q: 'only once' } } }] });
+    expect(winner.body).toMatchObject({
+      run_id: runId,
+      status: 'completed',
+      steps: [{ status: 'completed', output: { echo: { q: 'only once' } } }],
+    });
     expectOneCallAndRefusals((await auditTypes([runId])).get(runId), answers.filter(isConflict).length);
   });
 
@@ -109,7 +113,9 @@ describe('one run id sent many times at once', () => {
     const refused = [...answered];
     expect(refused).toHaveLength(9);
     for (const res of refused) expect(isConflict(res), res.text).toBe(true);
-    expect(refused.map((res) => res.body.error.details)).toEqual(Array.from({ length: 9 }, () => ({ status: 'running' })));
+    expect(refused.map((res) => res.body.error.details)).toEqual(
+      Array.from({ length: 9 }, () => ({ status: 'running' })),
+    );
 
     backend.openGate();
     const all = await Promise.all(pending);
@@ -128,7 +134,9 @@ describe('one run id sent many times at once', () => {
 
   it('executes each of several ids once when every id is sent several times in one burst', async () => {
     const runIds = Array.from({ length: 6 }, () => newRunId('burst'));
-    const bodies = runIds.flatMap((runId) => Array.from({ length: 4 }, () => ({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }] })));
+    const bodies = runIds.flatMap((runId) =>
+      Array.from({ length: 4 }, () => ({ run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }] })),
+    );
     // Interleaved, so that copies of one id are never next to each other in a batch.
     const order = bodies.map((_, i) => bodies[(i % 6) * 4 + Math.floor(i / 6)]!);
     const answers = await Promise.all(order.map((body) => execute(h.client, agent, body)));
@@ -148,7 +156,15 @@ describe('many distinct runs at once', () => {
   it('all complete, each with its own intent and outcome record, grant use and stored end', async () => {
     const runIds = Array.from({ length: 25 }, () => newRunId('distinct'));
     const answers = await Promise.all(
-      runIds.map((runId) => execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input: { q: runId } }, { tool_id: 'echo', input: { q: `${runId}/2` } }] })),
+      runIds.map((runId) =>
+        execute(h.client, agent, {
+          run_id: runId,
+          plan: [
+            { tool_id: 'echo', input: { q: runId } },
+            { tool_id: 'echo', input: { q: `${runId}/2` } },
+          ],
+        }),
+      ),
     );
     for (const [i, res] of answers.entries()) {
       expect(res.status, res.text).toBe(200);
@@ -165,17 +181,32 @@ describe('many distinct runs at once', () => {
     const types = await auditTypes(runIds);
     for (const runId of runIds) {
       expect(hitsOf(runId).map((hit) => hit.body)).toEqual([{ q: runId }, { q: `${runId}/2` }]);
-      expect(types.get(runId)).toEqual(['run.step.dispatching', 'run.step.completed', 'run.step.dispatching', 'run.step.completed']);
+      expect(types.get(runId)).toEqual([
+        'run.step.dispatching',
+        'run.step.completed',
+        'run.step.dispatching',
+        'run.step.completed',
+      ]);
     }
 
     const db = h.db.database.db;
-    const runs = await db.selectFrom('runs').select(['run_id', 'status', 'busy', 'http_status', 'envelope']).where('tenant_id', '=', T).where('run_id', 'in', runIds).execute();
+    const runs = await db
+      .selectFrom('runs')
+      .select(['run_id', 'status', 'busy', 'http_status', 'envelope'])
+      .where('tenant_id', '=', T)
+      .where('run_id', 'in', runIds)
+      .execute();
     expect(runs).toHaveLength(25);
     for (const run of runs) {
       expect(run).toMatchObject({ status: 'completed', busy: false, http_status: 200 });
       expect(run.envelope).toEqual(answers[runIds.indexOf(run.run_id)]!.body);
     }
-    const uses = await db.selectFrom('run_grant_uses').select(['run_id', 'grant_id']).where('tenant_id', '=', T).where('run_id', 'in', runIds).execute();
+    const uses = await db
+      .selectFrom('run_grant_uses')
+      .select(['run_id', 'grant_id'])
+      .where('tenant_id', '=', T)
+      .where('run_id', 'in', runIds)
+      .execute();
     expect(uses.map((u) => u.run_id).sort()).toEqual([...runIds].sort());
     for (const use of uses) expect(use.grant_id).toBe(echoGrant);
   });
@@ -185,7 +216,12 @@ describe('many distinct runs at once', () => {
     const ids = Array.from({ length: 12 }, () => newRunId('nul'));
     const bad = 6;
     const answers = await Promise.all(
-      ids.map((run_id, i) => execute(h.client, agent, { run_id, plan: [{ tool_id: 'echo', input: { q: i === bad ? 'a\u0000b' : `ok-${i}` } }] })),
+      ids.map((run_id, i) =>
+        execute(h.client, agent, {
+          run_id,
+          plan: [{ tool_id: 'echo', input: { q: i === bad ? 'a\u0000b' : `ok-${i}` } }],
+        }),
+      ),
     );
     answers.forEach((res, i) => {
       if (i === bad) {
@@ -198,7 +234,9 @@ describe('many distinct runs at once', () => {
     });
     expect(hitsOf(ids[bad]!)).toHaveLength(0);
     const types = await auditTypes(ids);
-    ids.forEach((id, i) => expect(types.get(id)).toEqual(i === bad ? [] : ['run.step.dispatching', 'run.step.completed']));
+    ids.forEach((id, i) =>
+      expect(types.get(id)).toEqual(i === bad ? [] : ['run.step.dispatching', 'run.step.completed']),
+    );
   });
 });
 
@@ -222,7 +260,12 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
       // claim has found it taken, before the executor reads it.
       const sweep = db.transaction().execute(async (trx) => {
         await sql`lock table runs in access exclusive mode`.execute(trx);
-        return deleteFinishedRunTrees(trx, [{ updated_at_text: '', tenant_id: T, run_id: runId }], new Date(Date.now() + 86_400_000), new Date());
+        return deleteFinishedRunTrees(
+          trx,
+          [{ updated_at_text: '', tenant_id: T, run_id: runId }],
+          new Date(Date.now() + 86_400_000),
+          new Date(),
+        );
       });
       await until('the sweep to wait for the table', async () => (await lockWaits(db, 'lock table runs%')) === 1);
       await holder.query('commit');
@@ -243,8 +286,12 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
     const runId = newRunId('vanishing');
     // What the executor sees when the id is taken at each claim and deleted before each read: the
     // claim inserts nothing, the read finds nothing. Made with a trigger on this run id alone.
-    await sql`create function test_vanishing_claim() returns trigger language plpgsql as $$ begin return null; end $$`.execute(db);
-    await sql`create trigger test_vanishing_claim before insert on runs for each row when (new.run_id = ${sql.lit(runId)}) execute function test_vanishing_claim()`.execute(db);
+    await sql`create function test_vanishing_claim() returns trigger language plpgsql as $$ begin return null; end $$`.execute(
+      db,
+    );
+    await sql`create trigger test_vanishing_claim before insert on runs for each row when (new.run_id = ${sql.lit(runId)}) execute function test_vanishing_claim()`.execute(
+      db,
+    );
     try {
       const res = await execute(h.client, agent, { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'never' } }] });
       expect(res.status, res.text).toBe(409);
@@ -252,7 +299,13 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
       expect(hitsOf(runId)).toEqual([]);
       const refused = await h.client.get('/audit', { token: tokens.tenantOperator(T), query: { run_id: runId } });
       expect(refused.body.items).toEqual([
-        expect.objectContaining({ event_type: 'run.rejected', actor: `agent:${AGENT}`, status: 'denied', reason_code: 'run_id_conflict', details: { message: res.body.error.message } }),
+        expect.objectContaining({
+          event_type: 'run.rejected',
+          actor: `agent:${AGENT}`,
+          status: 'denied',
+          reason_code: 'run_id_conflict',
+          details: { message: res.body.error.message },
+        }),
       ]);
     } finally {
       await sql`drop trigger test_vanishing_claim on runs`.execute(db);

@@ -22,30 +22,102 @@ beforeAll(async () => {
   backend = await new TestBackend().start();
   const base = { allowed_agents: [AGENT] };
   await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, ...base });
-  await registerTool(h.client, { id: 'echo', version: '2.0.0', backendUrl: `${backend.url}/echo`, ...base, cost_units: 2 });
-  await registerTool(h.client, { id: 'final.publish', category: 'final_write', risk_level: 'high', backendUrl: `${backend.url}/echo` });
-  await registerTool(h.client, { id: 'web.fetch', category: 'external_call', risk_level: 'medium', egress: { allowed_hosts: ['example.com'] }, ...base });
-  await registerTool(h.client, { id: 'not.allowed', backendUrl: `${backend.url}/echo`, allowed_agents: ['someone.else'] });
+  await registerTool(h.client, {
+    id: 'echo',
+    version: '2.0.0',
+    backendUrl: `${backend.url}/echo`,
+    ...base,
+    cost_units: 2,
+  });
+  await registerTool(h.client, {
+    id: 'final.publish',
+    category: 'final_write',
+    risk_level: 'high',
+    backendUrl: `${backend.url}/echo`,
+  });
+  await registerTool(h.client, {
+    id: 'web.fetch',
+    category: 'external_call',
+    risk_level: 'medium',
+    egress: { allowed_hosts: ['example.com'] },
+    ...base,
+  });
+  await registerTool(h.client, {
+    id: 'not.allowed',
+    backendUrl: `${backend.url}/echo`,
+    allowed_agents: ['someone.else'],
+  });
   await registerTool(h.client, { id: 'ungranted', backendUrl: `${backend.url}/echo`, ...base });
-  await registerTool(h.client, { id: 'scoped', backendUrl: `${backend.url}/echo`, ...base, required_scopes: [{ scope: 'scf:write', required: true, rationale: 'writes drafts' }] });
-  await registerTool(h.client, { id: 'contextual', backendUrl: `${backend.url}/echo`, ...base, required_context: ['organization_id', 'assessment_id'] });
+  await registerTool(h.client, {
+    id: 'scoped',
+    backendUrl: `${backend.url}/echo`,
+    ...base,
+    required_scopes: [{ scope: 'scf:write', required: true, rationale: 'writes drafts' }],
+  });
+  await registerTool(h.client, {
+    id: 'contextual',
+    backendUrl: `${backend.url}/echo`,
+    ...base,
+    required_context: ['organization_id', 'assessment_id'],
+  });
   await registerTool(h.client, { id: 'no.backend', backendUrl: null, ...base });
   await registerTool(h.client, { id: 'hangs', backendUrl: `${backend.url}/hang`, timeout_ms: 300, ...base });
   await registerTool(h.client, { id: 'fails', backendUrl: `${backend.url}/status/500`, ...base });
   await registerTool(h.client, { id: 'html', backendUrl: `${backend.url}/html`, ...base });
-  await registerTool(h.client, { id: 'huge', backendUrl: `${backend.url}/big`, max_response_bytes: 64 * 1024, ...base });
+  await registerTool(h.client, {
+    id: 'huge',
+    backendUrl: `${backend.url}/big`,
+    max_response_bytes: 64 * 1024,
+    ...base,
+  });
   await registerTool(h.client, { id: 'wrong.shape', backendUrl: `${backend.url}/wrong-shape`, ...base });
   await registerTool(h.client, { id: 'costly', backendUrl: `${backend.url}/cost/3`, ...base, cost_units: 5 });
-  await registerTool(h.client, { id: 'limited', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 2, refill_per_second: 0.01 } });
-  await registerTool(h.client, { id: 'refilling', backendUrl: `${backend.url}/echo`, ...base, rate_limit: { capacity: 1, refill_per_second: 2 } });
+  await registerTool(h.client, {
+    id: 'limited',
+    backendUrl: `${backend.url}/echo`,
+    ...base,
+    rate_limit: { capacity: 2, refill_per_second: 0.01 },
+  });
+  await registerTool(h.client, {
+    id: 'refilling',
+    backendUrl: `${backend.url}/echo`,
+    ...base,
+    rate_limit: { capacity: 1, refill_per_second: 2 },
+  });
   await registerTool(h.client, { id: 'switched', backendUrl: `${backend.url}/echo`, ...base });
   await registerTool(h.client, { id: 'expensive', backendUrl: `${backend.url}/echo`, ...base, cost_units: 1000 });
   const keyed = await h.client.post('/tools', {
     token: tokens.platform(),
-    body: { ...toolBody({ id: 'keyed', backendUrl: `${backend.url}/echo`, ...base }), backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 2000, max_response_bytes: 65536, headers: { 'x-api-key': { from_env: 'TOOLGATE_SECRET_ECHO_KEY' } } } },
+    body: {
+      ...toolBody({ id: 'keyed', backendUrl: `${backend.url}/echo`, ...base }),
+      backend: {
+        url: `${backend.url}/echo`,
+        method: 'POST',
+        timeout_ms: 2000,
+        max_response_bytes: 65536,
+        headers: { 'x-api-key': { from_env: 'TOOLGATE_SECRET_ECHO_KEY' } },
+      },
+    },
   });
   expect(keyed.status).toBe(201);
-  for (const tool of ['keyed', 'echo', 'web.fetch', 'scoped', 'contextual', 'no.backend', 'hangs', 'fails', 'html', 'huge', 'wrong.shape', 'costly', 'limited', 'refilling', 'switched', 'expensive']) {
+  for (const tool of [
+    'keyed',
+    'echo',
+    'web.fetch',
+    'scoped',
+    'contextual',
+    'no.backend',
+    'hangs',
+    'fails',
+    'html',
+    'huge',
+    'wrong.shape',
+    'costly',
+    'limited',
+    'refilling',
+    'switched',
+    'expensive',
+  ]) {
     await grantTool(h.client, { tenant: T, agent: AGENT, tool });
   }
   await createBudget(h.client, { tenant: T, scope: 'agent', agent_id: AGENT, limit_units: 500, warn_ratio: 0.99 });
@@ -59,12 +131,29 @@ afterAll(async () => {
 describe('POST /runs/execute: a run that completes', () => {
   it('dispatches every step to its backend and answers 200 with the envelope', async () => {
     const runId = newRunId();
-    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'one'), step('echo', 'two', '^2')] });
+    const res = await execute(h.client, agent, {
+      run_id: runId,
+      plan: [step('echo', 'one'), step('echo', 'two', '^2')],
+    });
     expect(res.status).toBe(200);
     expect(res.body).toMatchObject({ run_id: runId, status: 'completed', dry_run: false, warnings: [] });
     expect(res.body.steps).toMatchObject([
-      { index: 0, tool_id: 'echo', version: '2.0.0', status: 'completed', output: { echo: { q: 'one' } }, cost_units: 2 },
-      { index: 1, tool_id: 'echo', version: '2.0.0', status: 'completed', output: { echo: { q: 'two' } }, cost_units: 2 },
+      {
+        index: 0,
+        tool_id: 'echo',
+        version: '2.0.0',
+        status: 'completed',
+        output: { echo: { q: 'one' } },
+        cost_units: 2,
+      },
+      {
+        index: 1,
+        tool_id: 'echo',
+        version: '2.0.0',
+        status: 'completed',
+        output: { echo: { q: 'two' } },
+        cost_units: 2,
+      },
     ]);
     expect(res.body.steps[0].audit_id).toMatch(/^[0-9a-f-]{36}$/);
   });
@@ -111,7 +200,13 @@ describe('POST /runs/execute: a run that completes', () => {
     expect(types).toEqual(['run.step.dispatching', 'run.step.completed']);
     const [outcome, intent] = events.body.items;
     expect(intent.seq).toBeLessThan(outcome.seq);
-    expect(outcome).toMatchObject({ tool_id: 'echo', tool_version: '1.0.0', tool_category: 'read_only', status: 'completed', cost_units: 1 });
+    expect(outcome).toMatchObject({
+      tool_id: 'echo',
+      tool_version: '1.0.0',
+      tool_category: 'read_only',
+      status: 'completed',
+      cost_units: 1,
+    });
     expect(outcome.input_sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(outcome.output_sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(JSON.stringify(events.body)).not.toContain('secret-payload');
@@ -132,7 +227,10 @@ describe('POST /runs/execute: a run that completes', () => {
     const replica = await AppClient.start(h.db.database);
     try {
       const runId = newRunId();
-      const res = await replica.post('/runs/execute', { token: agent, body: { run_id: runId, context: {}, plan: [step('keyed', 'no key')] } });
+      const res = await replica.post('/runs/execute', {
+        token: agent,
+        body: { run_id: runId, context: {}, plan: [step('keyed', 'no key')] },
+      });
       expect(res.status).toBe(503);
       expect(res.body.steps[0].error.code).toBe('tool_backend_not_configured');
       expect(backend.hitsOfRun(runId)).toEqual([]);
@@ -153,7 +251,12 @@ describe('reported costs and the bound on units', () => {
   const capAgent = tokens.agent(AGENT, { tenant: T2, family: 'veritas', scope: 'scf:read' });
 
   it('charges a reported cost above MAX_UNITS as MAX_UNITS, and audits what was reported', async () => {
-    await registerTool(h.client, { id: 'overpriced', backendUrl: `${backend.url}/cost/5000000000`, allowed_agents: [AGENT], cost_units: 1 });
+    await registerTool(h.client, {
+      id: 'overpriced',
+      backendUrl: `${backend.url}/cost/5000000000`,
+      allowed_agents: [AGENT],
+      cost_units: 1,
+    });
     await grantTool(h.client, { tenant: T2, agent: AGENT, tool: 'overpriced' });
     const budget = await createBudget(h.client, { tenant: T2, limit_units: 1_000_000_000, grace_units: 1 });
     const runId = newRunId();
@@ -162,38 +265,67 @@ describe('reported costs and the bound on units', () => {
     expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 1_000_000_000 });
     const events = await h.client.get('/audit', { token: tokens.tenantOperator(T2), query: { run_id: runId } });
     const outcome = events.body.items.find((e: { event_type: string }) => e.event_type === 'run.step.completed');
-    expect(outcome).toMatchObject({ cost_units: 1_000_000_000, details: { reported_cost_units: 5_000_000_000, reported_cost_capped: true } });
+    expect(outcome).toMatchObject({
+      cost_units: 1_000_000_000,
+      details: { reported_cost_units: 5_000_000_000, reported_cost_capped: true },
+    });
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T2) });
     expect(shown.body).toMatchObject({ spent_units: 1_000_000_000, reserved_units: 0 });
   });
 
   it("charges a reported cost at most the grant's max_cost_units, and audits what was reported", async () => {
     const T3 = 'tenant-runs-grant-cap';
-    await registerTool(h.client, { id: 'reports.ten', backendUrl: `${backend.url}/cost/10`, allowed_agents: [AGENT], cost_units: 1 });
-    await grantTool(h.client, { tenant: T3, agent: AGENT, tool: 'reports.ten', capability_modifiers: { max_cost_units: 4 } });
+    await registerTool(h.client, {
+      id: 'reports.ten',
+      backendUrl: `${backend.url}/cost/10`,
+      allowed_agents: [AGENT],
+      cost_units: 1,
+    });
+    await grantTool(h.client, {
+      tenant: T3,
+      agent: AGENT,
+      tool: 'reports.ten',
+      capability_modifiers: { max_cost_units: 4 },
+    });
     const budget = await createBudget(h.client, { tenant: T3, limit_units: 100 });
     const runId = newRunId();
-    const res = await execute(h.client, tokens.agent(AGENT, { tenant: T3 }), { run_id: runId, plan: [step('reports.ten')] });
+    const res = await execute(h.client, tokens.agent(AGENT, { tenant: T3 }), {
+      run_id: runId,
+      plan: [step('reports.ten')],
+    });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 4 });
     const events = await h.client.get('/audit', { token: tokens.tenantOperator(T3), query: { run_id: runId } });
     const outcome = events.body.items.find((e: { event_type: string }) => e.event_type === 'run.step.completed');
-    expect(outcome).toMatchObject({ cost_units: 4, details: { reported_cost_units: 10, reported_cost_capped: true, charged_at_most: 4 } });
+    expect(outcome).toMatchObject({
+      cost_units: 4,
+      details: { reported_cost_units: 10, reported_cost_capped: true, charged_at_most: 4 },
+    });
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T3) });
     expect(shown.body).toMatchObject({ spent_units: 4, reserved_units: 0 });
   });
 
   it('charges a call that outlived its reservation when it settles, and says so in audit', async () => {
     const T4 = 'tenant-runs-outlived';
-    await registerTool(h.client, { id: 'slow.costly', backendUrl: `${backend.url}/gate/cost/3`, allowed_agents: [AGENT], cost_units: 2 });
+    await registerTool(h.client, {
+      id: 'slow.costly',
+      backendUrl: `${backend.url}/gate/cost/3`,
+      allowed_agents: [AGENT],
+      cost_units: 2,
+    });
     await grantTool(h.client, { tenant: T4, agent: AGENT, tool: 'slow.costly' });
     const budget = await createBudget(h.client, { tenant: T4, limit_units: 100 });
     const shown = async () => (await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T4) })).body;
     const runId = newRunId();
-    const running = execute(h.client, tokens.agent(AGENT, { tenant: T4 }), { run_id: runId, plan: [step('slow.costly')] });
+    const running = execute(h.client, tokens.agent(AGENT, { tenant: T4 }), {
+      run_id: runId,
+      plan: [step('slow.costly')],
+    });
     await backend.waitForHits('/gate/cost/3', 1);
     // As if the call had been in flight past the reservation's TTL: the sweep gives its units back.
-    await sql`update budget_reservations set expires_at = now() - interval '1 second' where tenant_id = ${T4} and run_id = ${runId}`.execute(h.db.database.db);
+    await sql`update budget_reservations set expires_at = now() - interval '1 second' where tenant_id = ${T4} and run_id = ${runId}`.execute(
+      h.db.database.db,
+    );
     expect(await h.client.app.services.budgets.releaseExpired()).toBe(1);
     expect(await shown()).toMatchObject({ spent_units: 0, reserved_units: 0 });
     backend.openGate();
@@ -201,11 +333,18 @@ describe('reported costs and the bound on units', () => {
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.steps[0]).toMatchObject({ status: 'completed', cost_units: 3 });
     expect(await shown()).toMatchObject({ spent_units: 3, reserved_units: 0 });
-    const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T4), query: { run_id: runId } })).body.items as Array<Record<string, any>>;
+    const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T4), query: { run_id: runId } })).body
+      .items as Array<Record<string, any>>;
     const expired = events.find((e) => e.event_type === 'budget.reservation_expired');
     expect(expired).toMatchObject({ actor: 'system.expiry', status: 'expired', details: { released_units: 2 } });
     const late = events.find((e) => e.event_type === 'budget.reservation_settled_late');
-    expect(late).toMatchObject({ actor: `agent:${AGENT}`, status: 'settled', cost_units: 3, tool_id: 'slow.costly', details: { reservation_id: expired!.details.reservation_id, reserved_units: 2, charged_units: 3 } });
+    expect(late).toMatchObject({
+      actor: `agent:${AGENT}`,
+      status: 'settled',
+      cost_units: 3,
+      tool_id: 'slow.costly',
+      details: { reservation_id: expired!.details.reservation_id, reserved_units: 2, charged_units: 3 },
+    });
   });
 
   describe('a call whose settlement was lost with its replica (its outcome recorded, its reservation left open)', () => {
@@ -214,7 +353,12 @@ describe('reported costs and the bound on units', () => {
     const shown = async () => (await h.client.get(`/budgets/${budgetId}`, { token: tokens.tenantOperator(T5) })).body;
 
     beforeAll(async () => {
-      await registerTool(h.client, { id: 'costs.three', backendUrl: `${backend.url}/cost/3`, allowed_agents: [AGENT], cost_units: 2 });
+      await registerTool(h.client, {
+        id: 'costs.three',
+        backendUrl: `${backend.url}/cost/3`,
+        allowed_agents: [AGENT],
+        cost_units: 2,
+      });
       await grantTool(h.client, { tenant: T5, agent: AGENT, tool: 'costs.three' });
       budgetId = (await createBudget(h.client, { tenant: T5, limit_units: 100 })).id;
     });
@@ -223,7 +367,10 @@ describe('reported costs and the bound on units', () => {
     async function callLosingItsSettlement(): Promise<{ runId: string; outcomeId: string }> {
       const before = await shown();
       const runId = newRunId('lost');
-      const res = await execute(h.client, tokens.agent(AGENT, { tenant: T5 }), { run_id: runId, plan: [step('costs.three')] });
+      const res = await execute(h.client, tokens.agent(AGENT, { tenant: T5 }), {
+        run_id: runId,
+        plan: [step('costs.three')],
+      });
       expect(res.status, JSON.stringify(res.body)).toBe(200);
       const { db } = h.db.database;
       await sql`
@@ -241,17 +388,29 @@ describe('reported costs and the bound on units', () => {
     it('is charged what its outcome record says when the sweep finds its reservation, not given back', async () => {
       const before = (await shown()).spent_units as number;
       const { runId, outcomeId } = await callLosingItsSettlement();
-      const outcome = (await h.client.get('/audit', { token: tokens.tenantOperator(T5), query: { run_id: runId, event_type: 'run.step.completed' } })).body.items[0];
+      const outcome = (
+        await h.client.get('/audit', {
+          token: tokens.tenantOperator(T5),
+          query: { run_id: runId, event_type: 'run.step.completed' },
+        })
+      ).body.items[0];
       expect(outcome).toMatchObject({ cost_units: 3, details: { reservation_id: expect.any(String) } });
       expect(await h.client.app.services.budgets.releaseExpired()).toBe(1);
       expect(await shown()).toMatchObject({ spent_units: before + 3, reserved_units: 0 });
-      const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T5), query: { run_id: runId } })).body.items as Array<Record<string, any>>;
+      const events = (await h.client.get('/audit', { token: tokens.tenantOperator(T5), query: { run_id: runId } })).body
+        .items as Array<Record<string, any>>;
       expect(events.find((e) => e.event_type === 'budget.reservation_expired')).toBeUndefined();
       expect(events.find((e) => e.event_type === 'budget.reservation_settled_late')).toMatchObject({
         actor: 'system.expiry',
         status: 'settled',
         cost_units: 3,
-        details: { reservation_id: outcome.details.reservation_id, reserved_units: 2, charged_units: 3, reason: 'settlement_lost', outcome_event_id: outcomeId },
+        details: {
+          reservation_id: outcome.details.reservation_id,
+          reserved_units: 2,
+          charged_units: 3,
+          reason: 'settlement_lost',
+          outcome_event_id: outcomeId,
+        },
       });
     });
 
@@ -259,7 +418,9 @@ describe('reported costs and the bound on units', () => {
       const before = (await shown()).spent_units as number;
       const { runId } = await callLosingItsSettlement();
       // No call of the run is in doubt, so recovery would give its open reservations back.
-      const closed = await h.db.database.db.transaction().execute((trx) => closeLostRunReservations(trx, T5, runId, 'release', new Date()));
+      const closed = await h.db.database.db
+        .transaction()
+        .execute((trx) => closeLostRunReservations(trx, T5, runId, 'release', new Date()));
       expect(closed).toBe(1);
       expect(await shown()).toMatchObject({ spent_units: before + 3, reserved_units: 0 });
     });
@@ -269,9 +430,15 @@ describe('reported costs and the bound on units', () => {
     const run = await execute(h.client, agent, { run_id: newRunId(), plan: [step('echo')], budget_units: 1e10 });
     expect(run.status).toBe(400);
     expect(run.body.error.code).toBe('invalid_request');
-    const budget = await h.client.post('/budgets', { token: operator, body: { scope: 'tenant', period: 'day', limit_units: 2e9, warn_ratio: 0.8, grace_units: 0 } });
+    const budget = await h.client.post('/budgets', {
+      token: operator,
+      body: { scope: 'tenant', period: 'day', limit_units: 2e9, warn_ratio: 0.8, grace_units: 0 },
+    });
     expect(budget.status).toBe(400);
-    const grace = await h.client.post('/budgets', { token: operator, body: { scope: 'tenant', period: 'day', limit_units: 10, warn_ratio: 0.8, grace_units: 2e9 } });
+    const grace = await h.client.post('/budgets', {
+      token: operator,
+      body: { scope: 'tenant', period: 'day', limit_units: 10, warn_ratio: 0.8, grace_units: 2e9 },
+    });
     expect(grace.status).toBe(400);
   });
 });
@@ -281,12 +448,24 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     ['an unregistered tool', () => [step('nope')], 404, 'tool_not_registered', 'failed'],
     ['a version range nothing matches', () => [step('echo', 'x', '^9')], 404, 'tool_version_not_found', 'failed'],
     ['a final_write tool', () => [step('final.publish')], 403, 'tool_category_blocked', 'failed'],
-    ['an external_call tool in a tenant without it', () => [{ tool_id: 'web.fetch', input: { url: 'https://example.com/' } }], 403, 'tool_category_blocked', 'failed'],
+    [
+      'an external_call tool in a tenant without it',
+      () => [{ tool_id: 'web.fetch', input: { url: 'https://example.com/' } }],
+      403,
+      'tool_category_blocked',
+      'failed',
+    ],
     ['a tool whose allowlist omits the agent', () => [step('not.allowed')], 403, 'unauthorized_tool_access', 'failed'],
     ['a tool without a grant', () => [step('ungranted')], 403, 'grant_missing', 'failed'],
     ['a scope the token lacks', () => [step('scoped')], 403, 'tool_scope_missing', 'failed'],
     ['missing required context', () => [step('contextual')], 400, 'missing_required_context', 'failed'],
-    ['input failing the schema', () => [{ tool_id: 'echo', input: { q: 42 } }], 422, 'tool_input_schema_invalid', 'failed'],
+    [
+      'input failing the schema',
+      () => [{ tool_id: 'echo', input: { q: 42 } }],
+      422,
+      'tool_input_schema_invalid',
+      'failed',
+    ],
     ['a cost beyond the budget', () => [step('expensive')], 402, 'budget_exceeded', 'killed'],
     ['a tool with no backend', () => [step('no.backend')], 503, 'tool_backend_not_configured', 'failed'],
     ['a backend that hangs', () => [step('hangs')], 504, 'tool_backend_timeout', 'failed'],
@@ -298,10 +477,17 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
 
   it.each(cases)('%s', async (_name, plan, status, code, runStatus) => {
     const runId = newRunId();
-    const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'first', '1.0.0'), ...plan(), step('echo', 'never', '1.0.0')] });
+    const res = await execute(h.client, agent, {
+      run_id: runId,
+      plan: [step('echo', 'first', '1.0.0'), ...plan(), step('echo', 'never', '1.0.0')],
+    });
     expect(res.status).toBe(status);
     expect(res.body.status).toBe(runStatus);
-    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', expect.stringMatching(/^(denied|failed)$/), 'skipped']);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual([
+      'completed',
+      expect.stringMatching(/^(denied|failed)$/),
+      'skipped',
+    ]);
     expect(res.body.steps[1].error.code).toBe(code);
     expect(res.body.steps[1].output).toBeUndefined();
     const events = await h.client.get('/audit', { token: operator, query: { run_id: runId } });
@@ -314,7 +500,10 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     const first = await execute(h.client, agent, { run_id: newRunId(), plan: [step('limited'), step('limited')] });
     expect(first.status).toBe(200);
     const runId = newRunId();
-    const throttled = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'a', '1.0.0'), step('limited')] });
+    const throttled = await execute(h.client, agent, {
+      run_id: runId,
+      plan: [step('echo', 'a', '1.0.0'), step('limited')],
+    });
     expect(throttled.status).toBe(429);
     expect(throttled.body.status).toBe('throttled');
     // One token at 0.01/s takes up to 100 s to refill.
@@ -322,7 +511,10 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     expect(retryAfter).toBeGreaterThanOrEqual(99);
     expect(retryAfter).toBeLessThanOrEqual(100);
     expect(throttled.body.retry_after_seconds).toBe(retryAfter);
-    const again = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'a', '1.0.0'), step('limited')] });
+    const again = await execute(h.client, agent, {
+      run_id: runId,
+      plan: [step('echo', 'a', '1.0.0'), step('limited')],
+    });
     // Not a replay: the rate stage decided again, and the bucket is still empty.
     expect(again.status).toBe(429);
     expect(again.headers['x-toolgate-replayed']).toBeUndefined();
@@ -335,12 +527,17 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
     const runId = newRunId();
     const plan = [step('echo', 'b', '1.0.0'), step('limited')];
     expect((await execute(h.client, agent, { run_id: runId, plan })).status).toBe(429);
-    const cancelled = await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: { reason: 'no longer needed' } });
+    const cancelled = await h.client.post(`/runs/${runId}/cancel`, {
+      token: operator,
+      body: { reason: 'no longer needed' },
+    });
     expect(cancelled.body.status).toBe('cancelled');
     const again = await execute(h.client, agent, { run_id: runId, plan });
     expect(again.status).toBe(409);
     expect(again.body.status).toBe('cancelled');
-    expect(again.body.steps.map((s: { status: string; error?: { code: string } }) => [s.status, s.error?.code])).toEqual([
+    expect(
+      again.body.steps.map((s: { status: string; error?: { code: string } }) => [s.status, s.error?.code]),
+    ).toEqual([
       ['completed', undefined],
       ['denied', 'run_not_resumable'],
     ]);
@@ -379,19 +576,29 @@ describe('POST /runs/execute: each denial stops the run with its status, later s
   });
 
   it('refuses a plan longer than MAX_PLAN_STEPS instead of truncating it', async () => {
-    const res = await execute(h.client, agent, { run_id: newRunId(), plan: Array.from({ length: 33 }, () => step('echo')) });
+    const res = await execute(h.client, agent, {
+      run_id: newRunId(),
+      plan: Array.from({ length: 33 }, () => step('echo')),
+    });
     expect(res.status).toBe(400);
     expect(res.body.error).toMatchObject({ code: 'invalid_request', message: expect.stringContaining('at most 32') });
   });
 
   it('refuses a context naming another tenant', async () => {
-    const res = await execute(h.client, agent, { run_id: newRunId(), context: { tenant_id: 'someone-else' }, plan: [step('echo')] });
+    const res = await execute(h.client, agent, {
+      run_id: newRunId(),
+      context: { tenant_id: 'someone-else' },
+      plan: [step('echo')],
+    });
     expect(res.status).toBe(400);
     expect(res.body.steps[0].error.code).toBe('invalid_request');
   });
 
   it('keeps operators off the agent route', async () => {
-    const res = await h.client.post('/runs/execute', { token: operator, body: { run_id: newRunId(), plan: [step('echo')] } });
+    const res = await h.client.post('/runs/execute', {
+      token: operator,
+      body: { run_id: newRunId(), plan: [step('echo')] },
+    });
     expect(res.status).toBe(403);
   });
 });
@@ -400,11 +607,31 @@ describe('dry runs', () => {
   it('returns every step’s verdicts and dispatches, reserves and audits no call', async () => {
     const before = backend.hits.length;
     const runId = newRunId();
-    const res = await execute(h.client, agent, { run_id: runId, dry_run: true, plan: [step('echo'), step('ungranted'), step('limited')] });
+    const res = await execute(h.client, agent, {
+      run_id: runId,
+      dry_run: true,
+      plan: [step('echo'), step('ungranted'), step('limited')],
+    });
     expect(res.status).toBe(200);
     expect(res.body.dry_run).toBe(true);
-    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['admissible', 'denied', expect.any(String)]);
-    expect(res.body.steps[0].verdicts.map((v: { stage: string }) => v.stage)).toEqual(['registry', 'category', 'allowlist', 'grant', 'scopes', 'context', 'input', 'approval', 'safety', 'cost', 'rate']);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual([
+      'admissible',
+      'denied',
+      expect.any(String),
+    ]);
+    expect(res.body.steps[0].verdicts.map((v: { stage: string }) => v.stage)).toEqual([
+      'registry',
+      'category',
+      'allowlist',
+      'grant',
+      'scopes',
+      'context',
+      'input',
+      'approval',
+      'safety',
+      'cost',
+      'rate',
+    ]);
     expect(res.body.steps[1].verdicts.at(-1)).toEqual({ stage: 'grant', ok: false, code: 'grant_missing' });
     expect(backend.hits.length).toBe(before);
     expect((await h.client.get(`/runs/${runId}`, { token: agent })).status).toBe(404);
@@ -412,18 +639,30 @@ describe('dry runs', () => {
 
   it('fails closed with 503 gateway_unavailable, not a denied step, on a replica whose kill-switch snapshot is stale, as an execution does', async () => {
     // A second replica on the same database, whose snapshot stops being confirmed.
-    const stale = await AppClient.start(h.db.database, { TOOLGATE_KILL_SWITCH_POLL_MS: '100', TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '500' });
+    const stale = await AppClient.start(h.db.database, {
+      TOOLGATE_KILL_SWITCH_POLL_MS: '100',
+      TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '500',
+    });
     try {
-      const dry = () => stale.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, dry_run: true, plan: [step('echo')] } });
+      const dry = () =>
+        stale.post('/runs/execute', {
+          token: agent,
+          body: { run_id: newRunId(), context: {}, dry_run: true, plan: [step('echo')] },
+        });
       expect((await dry()).body.steps[0].status).toBe('admissible');
       await stale.app.services.killSwitches.stop();
-      await until('the snapshot to go stale', () => !stale.app.services.killSwitches.readiness().ok, { intervalMs: 50 });
+      await until('the snapshot to go stale', () => !stale.app.services.killSwitches.readiness().ok, {
+        intervalMs: 50,
+      });
       const res = await dry();
       expect(res.status).toBe(503);
       expect(res.body.error.code).toBe('gateway_unavailable');
       // An execution on it fails closed too, dispatching nothing; its refused step is on record.
       const hits = backend.hits.length;
-      const executed = await stale.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, plan: [step('echo')] } });
+      const executed = await stale.post('/runs/execute', {
+        token: agent,
+        body: { run_id: newRunId(), context: {}, plan: [step('echo')] },
+      });
       expect(executed.status).toBe(503);
       expect(executed.body.status).toBe('failed');
       expect(executed.body.steps[0]).toMatchObject({ status: 'denied', error: { code: 'gateway_unavailable' } });
@@ -455,9 +694,17 @@ describe('run ownership and replay', () => {
     expect(res.status).toBe(409);
     expect(res.body.error.code).toBe('run_id_conflict');
     // The refusal is on record, under the run id asked for and the agent that asked.
-    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, agent_id: 'other.agent' } });
+    const refused = await h.client.get('/audit', {
+      token: operator,
+      query: { run_id: runId, agent_id: 'other.agent' },
+    });
     expect(refused.body.items).toEqual([
-      expect.objectContaining({ event_type: 'run.rejected', actor: 'agent:other.agent', status: 'denied', reason_code: 'run_id_conflict' }),
+      expect.objectContaining({
+        event_type: 'run.rejected',
+        actor: 'agent:other.agent',
+        status: 'denied',
+        reason_code: 'run_id_conflict',
+      }),
     ]);
   });
 
@@ -469,7 +716,10 @@ describe('run ownership and replay', () => {
     const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo', 'b', '1.0.0')] });
     expect(res.status).toBe(409);
     expect(res.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'completed' } });
-    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.rejected' } });
+    const refused = await h.client.get('/audit', {
+      token: operator,
+      query: { run_id: runId, event_type: 'run.rejected' },
+    });
     expect(refused.body.items).toEqual([
       expect.objectContaining({
         actor: `agent:${AGENT}`,
@@ -494,9 +744,17 @@ describe('run ownership and replay', () => {
     expect(busy.body.error).toMatchObject({ code: 'run_id_conflict', details: { status: 'running' } });
     backend.openGate();
     expect((await running).status).toBe(200);
-    const refused = await h.client.get('/audit', { token: operator, query: { run_id: runId, event_type: 'run.rejected' } });
+    const refused = await h.client.get('/audit', {
+      token: operator,
+      query: { run_id: runId, event_type: 'run.rejected' },
+    });
     expect(refused.body.items).toEqual([
-      expect.objectContaining({ actor: `agent:${AGENT}`, status: 'denied', reason_code: 'run_id_conflict', details: { status: 'running', message: busy.body.error.message } }),
+      expect.objectContaining({
+        actor: `agent:${AGENT}`,
+        status: 'denied',
+        reason_code: 'run_id_conflict',
+        details: { status: 'running', message: busy.body.error.message },
+      }),
     ]);
   });
 
@@ -506,21 +764,45 @@ describe('run ownership and replay', () => {
     const own = await h.client.get(`/runs/${runId}`, { token: agent });
     expect(own.body).toMatchObject({ run_id: runId, agent_id: AGENT, tenant_id: T, status: 'completed' });
     expect((await h.client.get(`/runs/${runId}`, { token: operator })).status).toBe(200);
-    expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('other.agent', { tenant: T }) })).status).toBe(404);
+    expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('other.agent', { tenant: T }) })).status).toBe(
+      404,
+    );
     expect((await h.client.get(`/runs/${runId}`, { token: tokens.tenantOperator('another-tenant') })).status).toBe(404);
     // Naming the run's tenant does not widen another tenant's operator, and the attempt is recorded.
-    const reach = await h.client.get(`/runs/${runId}`, { token: tokens.tenantOperator('another-tenant', 'mallory.runs'), query: { tenant_id: T } });
+    const reach = await h.client.get(`/runs/${runId}`, {
+      token: tokens.tenantOperator('another-tenant', 'mallory.runs'),
+      query: { tenant_id: T },
+    });
     expect(reach.status).toBe(404);
-    const attempts = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', tenant_id: 'another-tenant' } });
-    expect(attempts.body.items[0]).toMatchObject({ actor: 'operator:mallory.runs', details: { requested_tenant_id: T, run_id: runId } });
+    const attempts = await h.client.get('/audit', {
+      token: tokens.platform(),
+      query: { event_type: 'security.cross_tenant_attempt', tenant_id: 'another-tenant' },
+    });
+    expect(attempts.body.items[0]).toMatchObject({
+      actor: 'operator:mallory.runs',
+      details: { requested_tenant_id: T, run_id: runId },
+    });
     // An agent's attempt names the agent, so that the audit's agent filter finds it.
-    expect((await h.client.get(`/runs/${runId}`, { token: tokens.agent('roaming.agent', { tenant: 'another-tenant' }), query: { tenant_id: T } })).status).toBe(404);
-    const byAgent = await h.client.get('/audit', { token: tokens.platform(), query: { event_type: 'security.cross_tenant_attempt', agent_id: 'roaming.agent' } });
+    expect(
+      (
+        await h.client.get(`/runs/${runId}`, {
+          token: tokens.agent('roaming.agent', { tenant: 'another-tenant' }),
+          query: { tenant_id: T },
+        })
+      ).status,
+    ).toBe(404);
+    const byAgent = await h.client.get('/audit', {
+      token: tokens.platform(),
+      query: { event_type: 'security.cross_tenant_attempt', agent_id: 'roaming.agent' },
+    });
     expect(byAgent.body.items).toHaveLength(1);
     const list = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2 } });
     expect(list.body.items).toHaveLength(2);
     expect(list.body.next_cursor).toEqual(expect.any(String));
-    const next = await h.client.get('/runs', { token: operator, query: { agent_id: AGENT, limit: 2, cursor: list.body.next_cursor } });
+    const next = await h.client.get('/runs', {
+      token: operator,
+      query: { agent_id: AGENT, limit: 2, cursor: list.body.next_cursor },
+    });
     expect(next.body.items[0].run_id).not.toBe(list.body.items[1].run_id);
   });
 });

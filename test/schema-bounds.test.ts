@@ -40,19 +40,31 @@ async function register(id: string, schemas: { input_schema?: unknown; output_sc
 }
 
 function call(tool: string, input: unknown) {
-  return h.client.post('/runs/execute', { token: agent, body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input }] } });
+  return h.client.post('/runs/execute', {
+    token: agent,
+    body: { run_id: newRunId(), context: {}, plan: [{ tool_id: tool, input }] },
+  });
 }
 
 beforeAll(async () => {
   h = await startHarness();
   backend = await new TestBackend().start();
-  await register('bounds.input_pattern', { input_schema: { type: 'object', properties: { q: { type: 'string', pattern: backtracking } } }, output_schema: open });
+  await register('bounds.input_pattern', {
+    input_schema: { type: 'object', properties: { q: { type: 'string', pattern: backtracking } } },
+    output_schema: open,
+  });
   await register('bounds.output_pattern', {
     input_schema: { type: 'object', properties: { q: { type: 'string' } } },
-    output_schema: { type: 'object', properties: { echo: { type: 'object', properties: { q: { type: 'string', pattern: backtracking } } } } },
+    output_schema: {
+      type: 'object',
+      properties: { echo: { type: 'object', properties: { q: { type: 'string', pattern: backtracking } } } },
+    },
   });
   await register('bounds.branchy', { input_schema: branchy, output_schema: open });
-  await register('bounds.unique', { input_schema: { type: 'object', properties: { q: { type: 'array', uniqueItems: true } } }, output_schema: open });
+  await register('bounds.unique', {
+    input_schema: { type: 'object', properties: { q: { type: 'array', uniqueItems: true } } },
+    output_schema: open,
+  });
 });
 
 afterAll(async () => {
@@ -90,7 +102,9 @@ describe('a hostile schema cannot stall the gateway', () => {
     expect(outputPattern.status).toBe(502);
     expect(outputPattern.body.steps[0].error.code).toBe('tool_output_schema_invalid');
     expect(branching.status).toBe(422);
-    expect(branching.body.steps[0].error.details.errors).toEqual([{ path: '/', message: expect.stringContaining('ms of CPU to check against the schema') }]);
+    expect(branching.body.steps[0].error.details.errors).toEqual([
+      { path: '/', message: expect.stringContaining('ms of CPU to check against the schema') },
+    ]);
     expect(unique.status).toBe(200);
     // Only the call whose input passed reached a backend.
     expect(backend.hitsOn('/echo').length - dispatchedBefore).toBe(2);
@@ -100,18 +114,31 @@ describe('a hostile schema cannot stall the gateway', () => {
     expect((await call('bounds.input_pattern', { q: 'aaaa' })).status).toBe(200);
     expect((await call('bounds.input_pattern', { q: 'aab' })).status).toBe(422);
     expect((await call('bounds.branchy', { q: [[], []] })).status).toBe(200);
-    const duplicate = await call('bounds.unique', { q: [{ a: 1, b: [2] }, { b: [2], a: 1 }] });
+    const duplicate = await call('bounds.unique', {
+      q: [
+        { a: 1, b: [2] },
+        { b: [2], a: 1 },
+      ],
+    });
     expect(duplicate.status).toBe(422);
-    expect(duplicate.body.steps[0].error.details.errors).toEqual([{ path: '/q', message: 'must NOT have duplicate items' }]);
+    expect(duplicate.body.steps[0].error.details.errors).toEqual([
+      { path: '/q', message: 'must NOT have duplicate items' },
+    ]);
     expect((await call('bounds.unique', { q: [1, '1', [1], { a: 1 }] })).status).toBe(200);
   });
 
   it('refuses at registration a pattern the linear engine cannot run, naming the field', async () => {
     for (const pattern of ['^(?=a)a$', '^(a)\\1$']) {
-      const body = toolBody({ id: 'bounds.lookaround', input_schema: { type: 'object', properties: { q: { type: 'string', pattern } } } });
+      const body = toolBody({
+        id: 'bounds.lookaround',
+        input_schema: { type: 'object', properties: { q: { type: 'string', pattern } } },
+      });
       const res = await h.client.post('/tools', { token: tokens.platform(), body });
       expect(res.status, pattern).toBe(400);
-      expect(res.body.error).toMatchObject({ code: 'invalid_request', details: { issues: [{ field: 'body.input_schema', message: expect.stringContaining('RE2') }] } });
+      expect(res.body.error).toMatchObject({
+        code: 'invalid_request',
+        details: { issues: [{ field: 'body.input_schema', message: expect.stringContaining('RE2') }] },
+      });
     }
   });
 

@@ -17,7 +17,6 @@ function bareEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, ...extra };
 }
 
-
 /**
  * A database for one gateway process: a new one on the test server, or none on embedded PGlite
  * (the process then opens its own in its TOOLGATE_DATA_DIR). What it needs is a database, not a server.
@@ -37,13 +36,24 @@ describe('npm start on a fresh machine', () => {
   it('serves /health and /ready on the embedded database, prints a working operator token, and stops cleanly', async () => {
     const port = await freePort();
     const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-start-'));
-    const child = spawn(tsx, ['src/server.ts'], { cwd: root, env: bareEnv({ PORT: String(port), TOOLGATE_DATA_DIR: dataDir }) });
+    const child = spawn(tsx, ['src/server.ts'], {
+      cwd: root,
+      env: bareEnv({ PORT: String(port), TOOLGATE_DATA_DIR: dataDir }),
+    });
     children.push(child);
     let stderr = '';
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
 
-    await until('the server to answer', () => fetch(`http://127.0.0.1:${port}/health`).then(() => true, () => false), { timeoutMs: 150_000, intervalMs: 200 });
+    await until(
+      'the server to answer',
+      () =>
+        fetch(`http://127.0.0.1:${port}/health`).then(
+          () => true,
+          () => false,
+        ),
+      { timeoutMs: 150_000, intervalMs: 200 },
+    );
     const health = await fetch(`http://127.0.0.1:${port}/health`);
     expect(health.status).toBe(200);
     const ready = await fetch(`http://127.0.0.1:${port}/ready`);
@@ -63,7 +73,9 @@ describe('npm start on a fresh machine', () => {
       encoding: 'utf8',
     });
     expect(minted.status).toBe(0);
-    const agent = await fetch(`http://127.0.0.1:${port}/whoami`, { headers: { authorization: `Bearer ${minted.stdout.trim()}` } });
+    const agent = await fetch(`http://127.0.0.1:${port}/whoami`, {
+      headers: { authorization: `Bearer ${minted.stdout.trim()}` },
+    });
     expect(await agent.json()).toMatchObject({ kind: 'agent', id: 'x.agent' });
 
     child.kill('SIGTERM');
@@ -75,12 +87,17 @@ describe('npm start on a fresh machine', () => {
     const db = await processDatabase();
     const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-npm-start-'));
     // In a process group of its own, so that whatever it leaves behind can be cleaned up.
-    const child = spawn('npm', ['start'], { cwd: root, detached: true, env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn' }) });
+    const child = spawn('npm', ['start'], {
+      cwd: root,
+      detached: true,
+      env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'warn' }),
+    });
     let stderr = '';
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()));
     try {
-      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(stderr); i += 1) await new Promise((r) => setTimeout(r, 100));
+      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(stderr); i += 1)
+        await new Promise((r) => setTimeout(r, 100));
       const port = Number(/127\.0\.0\.1:(\d+)\/whoami/.exec(stderr)?.[1]);
       expect(port).toBeGreaterThan(0);
       expect((await fetch(`http://127.0.0.1:${port}/health`)).status).toBe(200);
@@ -88,7 +105,10 @@ describe('npm start on a fresh machine', () => {
       await exited;
       let refused = false;
       for (let i = 0; i < 100 && !refused; i += 1) {
-        refused = await fetch(`http://127.0.0.1:${port}/health`).then(() => false, () => true);
+        refused = await fetch(`http://127.0.0.1:${port}/health`).then(
+          () => false,
+          () => true,
+        );
         if (!refused) await new Promise((r) => setTimeout(r, 100));
       }
       expect(refused).toBe(true);
@@ -109,13 +129,17 @@ describe('npm start on a fresh machine', () => {
     /** A gateway process (node itself, no launcher that forwards signals) with a request in flight, its body still arriving. */
     const startHeld = async () => {
       const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-signals-'));
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], { cwd: root, env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'info' }) });
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+        cwd: root,
+        env: bareEnv({ PORT: '0', ...db.env, TOOLGATE_DATA_DIR: dataDir, LOG_LEVEL: 'info' }),
+      });
       children.push(child);
       let output = '';
       child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
       child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
       const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
-      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(output); i += 1) await new Promise((r) => setTimeout(r, 100));
+      for (let i = 0; i < 600 && !/127\.0\.0\.1:\d+\/whoami/.test(output); i += 1)
+        await new Promise((r) => setTimeout(r, 100));
       const port = Number(/127\.0\.0\.1:(\d+)\/whoami/.exec(output)?.[1]);
       expect(port).toBeGreaterThan(0);
       const socket = connect(port, '127.0.0.1');
@@ -134,10 +158,18 @@ describe('npm start on a fresh machine', () => {
       // The headers are read: the request is in flight, and holds the graceful close open.
       await new Promise((r) => setTimeout(r, 300));
       const shuttingDown = async () => {
-        for (let i = 0; i < 200 && !output.includes('"shutting down"'); i += 1) await new Promise((r) => setTimeout(r, 25));
+        for (let i = 0; i < 200 && !output.includes('"shutting down"'); i += 1)
+          await new Promise((r) => setTimeout(r, 25));
         expect(output).toContain('"shutting down"');
       };
-      return { child, exited, shuttingDown, finish: () => socket.end(body.slice(5)), answered: closed.then(() => answer), output: () => output };
+      return {
+        child,
+        exited,
+        shuttingDown,
+        finish: () => socket.end(body.slice(5)),
+        answered: closed.then(() => answer),
+        output: () => output,
+      };
     };
     try {
       const twice = await startHeld();
@@ -170,20 +202,34 @@ describe('npm start on a fresh machine', () => {
     expect(result.stderr).toContain('PORT');
   });
 
-  it('stops at start-up on a public key no token could be verified with, naming the variable, before touching a database', { timeout: 60_000 }, () => {
-    const p384 = generateKeyPairSync('ec', { namedCurve: 'secp384r1' }).publicKey.export({ type: 'spki', format: 'pem' }).toString();
-    for (const key of [p384, '-----BEGIN PUBLIC KEY-----\ngarbage\n-----END PUBLIC KEY-----']) {
-      // An unreachable database: the key is refused before it would be tried.
-      const result = spawnSync(tsx, ['src/server.ts'], { cwd: root, env: bareEnv({ TOOLGATE_JWT_PUBLIC_KEY: key, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' }), encoding: 'utf8' });
-      expect(result.status).not.toBe(0);
-      expect(result.stderr).toContain('TOOLGATE_JWT_PUBLIC_KEY');
-      expect(result.stderr).not.toContain('ECONNREFUSED');
-    }
-  });
+  it(
+    'stops at start-up on a public key no token could be verified with, naming the variable, before touching a database',
+    { timeout: 60_000 },
+    () => {
+      const p384 = generateKeyPairSync('ec', { namedCurve: 'secp384r1' })
+        .publicKey.export({ type: 'spki', format: 'pem' })
+        .toString();
+      for (const key of [p384, '-----BEGIN PUBLIC KEY-----\ngarbage\n-----END PUBLIC KEY-----']) {
+        // An unreachable database: the key is refused before it would be tried.
+        const result = spawnSync(tsx, ['src/server.ts'], {
+          cwd: root,
+          env: bareEnv({ TOOLGATE_JWT_PUBLIC_KEY: key, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' }),
+          encoding: 'utf8',
+        });
+        expect(result.status).not.toBe(0);
+        expect(result.stderr).toContain('TOOLGATE_JWT_PUBLIC_KEY');
+        expect(result.stderr).not.toContain('ECONNREFUSED');
+      }
+    },
+  );
 
   it('has a token minter that answers a bad flag with its usage, not a stack trace', { timeout: 60_000 }, () => {
     for (const args of [['--bogus'], ['--kind', 'agent', '--tenant', 't1', '--role', 'platform-operator']]) {
-      const result = spawnSync(tsx, ['src/cli/token.ts', ...args], { cwd: root, env: bareEnv({ TOOLGATE_JWT_SECRET: 'x'.repeat(40) }), encoding: 'utf8' });
+      const result = spawnSync(tsx, ['src/cli/token.ts', ...args], {
+        cwd: root,
+        env: bareEnv({ TOOLGATE_JWT_SECRET: 'x'.repeat(40) }),
+        encoding: 'utf8',
+      });
       expect(result.status).toBe(2);
       expect(result.stderr).toContain('usage: npm run token');
       expect(result.stderr).not.toMatch(/TypeError|at .*\.ts:\d+/);
@@ -192,11 +238,15 @@ describe('npm start on a fresh machine', () => {
 
   it('has a token minter that refuses to run without a development secret', { timeout: 60_000 }, () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'toolgate-nosecret-'));
-    const result = spawnSync(tsx, ['src/cli/token.ts', '--kind', 'operator', '--role', 'platform-operator', '--tenant', 't1'], {
-      cwd: root,
-      env: bareEnv({ TOOLGATE_DATA_DIR: dataDir }),
-      encoding: 'utf8',
-    });
+    const result = spawnSync(
+      tsx,
+      ['src/cli/token.ts', '--kind', 'operator', '--role', 'platform-operator', '--tenant', 't1'],
+      {
+        cwd: root,
+        env: bareEnv({ TOOLGATE_DATA_DIR: dataDir }),
+        encoding: 'utf8',
+      },
+    );
     expect(result.status).toBe(2);
     expect(result.stderr).toContain('no development secret');
   });

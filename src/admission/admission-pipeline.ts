@@ -53,7 +53,9 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
       // A later stage refused after the budget was reserved: give the reservation back.
       if (state.reservation) await ports.budgets.release(state.reservation);
       delete state.reservation;
-      return 'hold' in decision ? { ok: false, held: decision, state, verdicts } : { ok: false, denial: decision, state, verdicts };
+      return 'hold' in decision
+        ? { ok: false, held: decision, state, verdicts }
+        : { ok: false, denial: decision, state, verdicts };
     }
     verdicts.push({ stage: stage.name, ok: true });
   }

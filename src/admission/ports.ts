@@ -54,7 +54,10 @@ export interface SchemaValidator {
 export interface CatalogPort {
   /** Whether this replica's copy of the registry is loaded and recently confirmed. */
   readiness(): { ok: boolean; reason?: string };
-  resolve(toolId: string, range?: string): { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
+  resolve(
+    toolId: string,
+    range?: string,
+  ): { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
   /**
    * The version an agent's call gets: the newest matching version it may use, which is what
    * `GET /tools` and `GET /tools/{id}` show it, else the version anyone would get (for stages
@@ -65,7 +68,9 @@ export interface CatalogPort {
     toolId: string,
     range: string | undefined,
     externalCallEnabled: () => Promise<boolean>,
-  ): Promise<{ ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' }>;
+  ): Promise<
+    { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' }
+  >;
   validators(tool: AdmissibleTool): { input: SchemaValidator; output: SchemaValidator };
   /** Resolves backend header values (secrets by env name) for dispatch. */
   backendHeaders(tool: AdmissibleTool): Record<string, string>;
@@ -85,7 +90,13 @@ export interface GrantQuery {
 
 export interface GrantsPort {
   /** `prefetched`: the candidates `prefetch` began reading for this very query, if it did. */
-  resolve(query: GrantQuery, prefetched?: GrantPrefetch): Promise<{ ok: true; grant: GrantView } | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }>;
+  resolve(
+    query: GrantQuery,
+    prefetched?: GrantPrefetch,
+  ): Promise<
+    | { ok: true; grant: GrantView }
+    | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }
+  >;
   /**
    * Starts reading the grants a query will resolve from, ahead of its turn (the first step's,
    * while its run is being claimed). Its result is used only by a `resolve` of the same query;
@@ -118,7 +129,11 @@ export interface KillSwitchPort {
   }):
     | { ok: true }
     | { ok: false; code: 'gateway_unavailable' }
-    | { ok: false; code: 'kill_switch_active'; blamed: { id: string; scope: string; user_visible_status_copy: string } };
+    | {
+        ok: false;
+        code: 'kill_switch_active';
+        blamed: { id: string; scope: string; user_visible_status_copy: string };
+      };
 }
 
 export interface Reservation {
@@ -144,7 +159,10 @@ export interface BudgetPort {
     runId: string;
     units: number;
     requestLimitUnits?: number | undefined;
-  }): Promise<{ ok: true; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] } | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }>;
+  }): Promise<
+    | { ok: true; verdict: 'ok' | 'warn' | 'grace'; warnings: string[] }
+    | { ok: false; code: 'budget_exceeded'; details?: Record<string, unknown> }
+  >;
   /** `settled_after_expiry` when the reservation had expired before the call settled (its cost is charged all the same). */
   settle(reservation: Reservation, actualUnits: number): Promise<string>;
   release(reservation: Reservation): Promise<unknown>;

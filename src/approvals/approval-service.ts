@@ -6,7 +6,15 @@ import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
 import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
 import { approvalStatusAt, approvalUsableAt, type Approval, type ApprovalStatus } from '../runs/approval.js';
-import { decideApproval, findApproval, findLatestApproval, isApprovalLapsed, listApprovals, lockApproval, type ApprovalQuery } from '../runs/approval-repository.js';
+import {
+  decideApproval,
+  findApproval,
+  findLatestApproval,
+  isApprovalLapsed,
+  listApprovals,
+  lockApproval,
+  type ApprovalQuery,
+} from '../runs/approval-repository.js';
 
 /** What the approval service is built from, by the composition root. */
 export interface ApprovalServiceDeps {
@@ -40,7 +48,10 @@ export class ApprovalService implements ApprovalPort {
   async approvedFor(query: Parameters<ApprovalPort['approvedFor']>[0]): Promise<{ approvalId: string } | undefined> {
     const approval = await findLatestApproval(this.deps.db, query.tenantId, query.runId, query.stepIndex);
     if (!approval || !approvalUsableAt(approval, this.deps.now())) return undefined;
-    const exact = approval.tool_id === query.toolId && approval.tool_version === query.toolVersion && approval.input_sha256 === query.inputSha256;
+    const exact =
+      approval.tool_id === query.toolId &&
+      approval.tool_version === query.toolVersion &&
+      approval.input_sha256 === query.inputSha256;
     return exact ? { approvalId: approval.id } : undefined;
   }
 
@@ -63,7 +74,13 @@ export class ApprovalService implements ApprovalPort {
    * start. Rejecting cancels the run. A proposal past its time — or an approval past it unused —
    * expires instead, and its run is cancelled.
    */
-  async decide(request: { id: string; approve: boolean; approver: Approver; rationale: string; traceId: string }): Promise<{ ok: true; approval: Approval } | ApprovalRefusal> {
+  async decide(request: {
+    id: string;
+    approve: boolean;
+    approver: Approver;
+    rationale: string;
+    traceId: string;
+  }): Promise<{ ok: true; approval: Approval } | ApprovalRefusal> {
     const seen = await findApproval(this.deps.db, request.id);
     if (!seen) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` };
     const now = this.deps.now();
@@ -71,19 +88,45 @@ export class ApprovalService implements ApprovalPort {
       await lockAuditChain(trx);
       const run = await lockRun(trx, { tenant_id: seen.tenant_id, run_id: seen.run_id });
       const approval = await lockApproval(trx, request.id);
-      if (!run || !approval) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` } as const;
+      if (!run || !approval)
+        return { ok: false, code: 'not_found', message: `approval ${request.id} not found` } as const;
       const status = await statusAt(trx, approval, now);
       const event = approvalEvent(approval, request.approver.actor, request.traceId);
       if (status === 'expired' && approval.status !== 'expired') {
         await this.expire(trx, approval, request.approver.actor, now, request.traceId);
-        return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} expired at ${approval.expires_at.toISOString()}`, details: { approval_status: 'expired' } } as const;
+        return {
+          ok: false,
+          code: 'run_not_resumable',
+          message: `approval ${approval.id} expired at ${approval.expires_at.toISOString()}`,
+          details: { approval_status: 'expired' },
+        } as const;
       }
       if (status !== 'pending') {
-        return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} is ${status}`, details: { approval_status: status } } as const;
+        return {
+          ok: false,
+          code: 'run_not_resumable',
+          message: `approval ${approval.id} is ${status}`,
+          details: { approval_status: status },
+        } as const;
       }
       if (request.approve && sameActor(approval.proposed_by, request.approver.actor)) {
-        await writeAuditEvents(trx, [{ occurredAt: now, event: { ...event, event_type: 'security.self_approval_attempt', status: 'denied', reason_code: 'forbidden' } }]);
-        return { ok: false, code: 'forbidden', message: 'the proposer of an action cannot approve it', details: { proposed_by: approval.proposed_by } } as const;
+        await writeAuditEvents(trx, [
+          {
+            occurredAt: now,
+            event: {
+              ...event,
+              event_type: 'security.self_approval_attempt',
+              status: 'denied',
+              reason_code: 'forbidden',
+            },
+          },
+        ]);
+        return {
+          ok: false,
+          code: 'forbidden',
+          message: 'the proposer of an action cannot approve it',
+          details: { proposed_by: approval.proposed_by },
+        } as const;
       }
       const decided = await decideApproval(trx, approval.id, {
         status: request.approve ? 'approved' : 'rejected',
@@ -110,7 +153,11 @@ export class ApprovalService implements ApprovalPort {
           {
             roots: [run],
             status: 'cancelled',
-            stop: { code: 'run_not_resumable', message: `the proposed action was rejected by ${request.approver.actor}`, details: { reason: 'approval_rejected', approval_id: approval.id } },
+            stop: {
+              code: 'run_not_resumable',
+              message: `the proposed action was rejected by ${request.approver.actor}`,
+              details: { reason: 'approval_rejected', approval_id: approval.id },
+            },
             eventType: 'run.cancelled',
             actor: request.approver.actor,
             traceId: request.traceId,
@@ -129,23 +176,45 @@ export class ApprovalService implements ApprovalPort {
    * is the refusal of whatever would have gone on with it. Undefined while it holds. The caller
    * holds the audit chain's lock and the run's.
    */
-  async expireLapsed(trx: Transaction<DB>, approval: Approval | undefined, actor: string, now: Date, traceId: string | null): Promise<ApprovalRefusal | undefined> {
+  async expireLapsed(
+    trx: Transaction<DB>,
+    approval: Approval | undefined,
+    actor: string,
+    now: Date,
+    traceId: string | null,
+  ): Promise<ApprovalRefusal | undefined> {
     if (!approval || approvalStatusAt(approval, now, approval.kind === 'tool_call') !== 'expired') return undefined;
     await this.expire(trx, approval, actor, now, traceId);
-    return { ok: false, code: 'run_not_resumable', message: `approval ${approval.id} expired; the run was cancelled`, details: { approval_id: approval.id, approval_status: 'expired' } };
+    return {
+      ok: false,
+      code: 'run_not_resumable',
+      message: `approval ${approval.id} expired; the run was cancelled`,
+      details: { approval_id: approval.id, approval_status: 'expired' },
+    };
   }
 
   /**
    * A proposal, or an approval, that outlived `expires_at`: it is recorded as expired and its
    * run is cancelled (waiting on it could never end). Used by decisions and by resume.
    */
-  async expire(trx: Transaction<DB>, approval: Approval, actor: string, now: Date, traceId: string | null): Promise<void> {
+  async expire(
+    trx: Transaction<DB>,
+    approval: Approval,
+    actor: string,
+    now: Date,
+    traceId: string | null,
+  ): Promise<void> {
     const expired = await decideApproval(trx, approval.id, { status: 'expired', at: now });
     if (!expired) return;
     await writeAuditEvents(trx, [
       {
         occurredAt: now,
-        event: { ...approvalEvent(approval, 'system.expiry', traceId), event_type: 'approval.expired', status: 'expired', details: { ...approvalEvent(approval, actor, traceId).details, noticed_by: actor } },
+        event: {
+          ...approvalEvent(approval, 'system.expiry', traceId),
+          event_type: 'approval.expired',
+          status: 'expired',
+          details: { ...approvalEvent(approval, actor, traceId).details, noticed_by: actor },
+        },
       },
     ]);
     await endRunTrees(
@@ -153,7 +222,11 @@ export class ApprovalService implements ApprovalPort {
       {
         roots: [{ tenant_id: approval.tenant_id, run_id: approval.run_id }],
         status: 'cancelled',
-        stop: { code: 'run_not_resumable', message: `approval ${approval.id} expired before it was used`, details: { reason: 'approval_expired', approval_id: approval.id } },
+        stop: {
+          code: 'run_not_resumable',
+          message: `approval ${approval.id} expired before it was used`,
+          details: { reason: 'approval_expired', approval_id: approval.id },
+        },
         eventType: 'run.cancelled',
         actor: 'system.expiry',
         traceId,
@@ -165,7 +238,10 @@ export class ApprovalService implements ApprovalPort {
 
 /** An approval's status as of `now`, looking up whether an approved one past its time was used. */
 async function statusAt(db: Kysely<DB> | Transaction<DB>, approval: Approval, now: Date): Promise<ApprovalStatus> {
-  const unused = approval.status === 'approved' && !approvalUsableAt(approval, now) && (await isApprovalLapsed(db, approval.id, now));
+  const unused =
+    approval.status === 'approved' &&
+    !approvalUsableAt(approval, now) &&
+    (await isApprovalLapsed(db, approval.id, now));
   return approvalStatusAt(approval, now, unused);
 }
 

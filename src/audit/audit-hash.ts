@@ -12,7 +12,9 @@ export const canonicalJson = configure({ deterministic: true, bigint: false, cir
  * `prev_hash` included, so editing, removing or inserting any row breaks the chain after it.
  */
 export function chainHash(record: Omit<AuditRecord, 'hash'>): string {
-  return createHash('sha256').update(canonicalJson(record) ?? '').digest('hex');
+  return createHash('sha256')
+    .update(canonicalJson(record) ?? '')
+    .digest('hex');
 }
 
 /**
@@ -27,5 +29,7 @@ export function sealRecord(record: Omit<AuditRecord, 'hash'>): { hash: string; j
 
 /** SHA-256 of a payload's canonical JSON: how payloads are recorded instead of their content. */
 export function payloadHash(payload: unknown): string {
-  return createHash('sha256').update(canonicalJson(payload ?? null) ?? 'null').digest('hex');
+  return createHash('sha256')
+    .update(canonicalJson(payload ?? null) ?? 'null')
+    .digest('hex');
 }

@@ -2,7 +2,14 @@ import type { Kysely } from 'kysely';
 import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import { appendIfHeadCarrying, readChainHead, writeAuditEventsCarrying, type AppendRider, type ChainHead, type TimedAuditEvent } from './audit-repository.js';
+import {
+  appendIfHeadCarrying,
+  readChainHead,
+  writeAuditEventsCarrying,
+  type AppendRider,
+  type ChainHead,
+  type TimedAuditEvent,
+} from './audit-repository.js';
 
 /**
  * How many times a batch is hashed against the head as it stands and offered again, after
@@ -40,7 +47,10 @@ export class AuditLog {
    * trip now and then, never a transaction holding the chain across round trips. A batch that
    * keeps losing (many writers) appends under the chain's lock, where it waits its turn.
    */
-  private async commit(db: Kysely<DB>, batch: TimedAuditEvent[]): Promise<{ records: AuditRecord[]; applied: boolean[] }> {
+  private async commit(
+    db: Kysely<DB>,
+    batch: TimedAuditEvent[],
+  ): Promise<{ records: AuditRecord[]; applied: boolean[] }> {
     let head = this.head ?? (await readChainHead(db));
     for (let attempt = 0; attempt < APPEND_ATTEMPTS; attempt += 1) {
       const appended = await appendIfHeadCarrying(db, head, batch, this.rider);
@@ -67,8 +77,17 @@ export class AuditLog {
    * false`) when the rider declines it — the caller then makes it the usual way. The record's id
    * is the caller's (the change may name it).
    */
-  appendCarrying(event: AuditEventInput, eventId: string, change: unknown): Promise<{ record: AuditRecord; applied: boolean }> {
-    return this.batches.submit({ event, occurredAt: this.now(), eventId, ...(change !== undefined ? { rides: change } : {}) });
+  appendCarrying(
+    event: AuditEventInput,
+    eventId: string,
+    change: unknown,
+  ): Promise<{ record: AuditRecord; applied: boolean }> {
+    return this.batches.submit({
+      event,
+      occurredAt: this.now(),
+      eventId,
+      ...(change !== undefined ? { rides: change } : {}),
+    });
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {

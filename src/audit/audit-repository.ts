@@ -53,7 +53,10 @@ export interface ChainHead {
  * The records that follow `head`, hashed in order, the head they leave behind, and the records
  * as one JSON array for the insert.
  */
-function chainAfter(head: ChainHead, events: TimedAuditEvent[]): { records: AuditRecord[]; last: ChainHead; json: string } {
+function chainAfter(
+  head: ChainHead,
+  events: TimedAuditEvent[],
+): { records: AuditRecord[]; last: ChainHead; json: string } {
   let seq = head.seq;
   let prevHash = head.hash;
   const records: AuditRecord[] = [];
@@ -104,7 +107,11 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
  * `writeAuditEvents`, and the changes the events carry (`rides`) applied in the same transaction,
  * each only if its rows are free: the chain's lock is held meanwhile.
  */
-export async function writeAuditEventsCarrying<T>(trx: Transaction<DB>, events: TimedAuditEvent<T>[], rider?: AppendRider<T>): Promise<Appended> {
+export async function writeAuditEventsCarrying<T>(
+  trx: Transaction<DB>,
+  events: TimedAuditEvent<T>[],
+  rider?: AppendRider<T>,
+): Promise<Appended> {
   const records = await writeAuditEvents(trx, events);
   const items = ridersOf(events, rider);
   const applied = items.length > 0 ? await rider!.applyHoldingChain(trx, items) : [];
@@ -124,7 +131,11 @@ function spreadOver<T>(events: TimedAuditEvent<T>[], applied: boolean[]): boolea
 }
 
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
-  const head = await db.selectFrom('audit_chain_head').select(['seq', 'hash']).where('id', '=', 1).executeTakeFirstOrThrow();
+  const head = await db
+    .selectFrom('audit_chain_head')
+    .select(['seq', 'hash'])
+    .where('id', '=', 1)
+    .executeTakeFirstOrThrow();
   return { seq: Number(head.seq), hash: head.hash };
 }
 
@@ -139,7 +150,12 @@ export type AppendedIfHead = (Appended & { ok: true; last: ChainHead }) | { ok: 
  * is held for one statement only. The changes the events carry are applied in the same statement,
  * only if the rows go in, and only those whose rows are free: this statement holds the chain's head.
  */
-export async function appendIfHeadCarrying<T>(db: Kysely<DB>, expected: ChainHead, events: TimedAuditEvent<T>[], rider?: AppendRider<T>): Promise<AppendedIfHead> {
+export async function appendIfHeadCarrying<T>(
+  db: Kysely<DB>,
+  expected: ChainHead,
+  events: TimedAuditEvent<T>[],
+  rider?: AppendRider<T>,
+): Promise<AppendedIfHead> {
   const { records, last, json } = chainAfter(expected, events);
   const items = ridersOf(events, rider);
   const ends = items.length > 0 ? sql`, ${rider!.steps(items, sql`exists (select 1 from moved)`)}` : sql``;
@@ -165,7 +181,12 @@ export async function appendIfHeadCarrying<T>(db: Kysely<DB>, expected: ChainHea
   const row = result.rows[0];
   if (!row) throw new Error('the audit chain has no head row');
   if (Number(row.n) !== records.length) return { ok: false, head: { seq: Number(row.seq), hash: row.hash } };
-  return { ok: true, records, last, applied: spreadOver(events, items.length > 0 ? rider!.applied(items, row.ended) : []) };
+  return {
+    ok: true,
+    records,
+    last,
+    applied: spreadOver(events, items.length > 0 ? rider!.applied(items, row.ended) : []),
+  };
 }
 
 function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {
@@ -201,14 +222,20 @@ export async function listAuditEvents(
   if (query.since !== undefined) q = q.where('occurred_at', '>=', query.since);
   if (query.until !== undefined) q = q.where('occurred_at', '<', query.until);
   if (query.beforeSeq !== undefined) q = q.where('seq', '<', query.beforeSeq);
-  const rows = await q.orderBy('seq', 'desc').limit(query.limit + 1).execute();
+  const rows = await q
+    .orderBy('seq', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map(toRecord);
   const last = items[items.length - 1];
   return { items, nextBeforeSeq: rows.length > query.limit && last ? last.seq : null };
 }
 
 /** A record of one tool call of a run: its intent, outcome or denial. */
-export type RunCallRecord = Pick<Selectable<AuditEventTable>, 'event_id' | 'event_type' | 'status' | 'reason_code' | 'tool_call_id' | 'tool_version' | 'cost_units' | 'duration_ms'> & {
+export type RunCallRecord = Pick<
+  Selectable<AuditEventTable>,
+  'event_id' | 'event_type' | 'status' | 'reason_code' | 'tool_call_id' | 'tool_version' | 'cost_units' | 'duration_ms'
+> & {
   seq: number;
   message: string | null;
 };
@@ -218,10 +245,27 @@ export type RunCallRecord = Pick<Selectable<AuditEventTable>, 'event_id' | 'even
  * details) since `since`, in chain order: what is known of a run whose executor was lost.
  * (`since` tells the run apart from an earlier one that had its id: see `RunRecovery`.)
  */
-export async function listRunCallRecords(db: Kysely<DB> | Transaction<DB>, tenantId: string, runId: string, epoch: number, since: Date): Promise<RunCallRecord[]> {
+export async function listRunCallRecords(
+  db: Kysely<DB> | Transaction<DB>,
+  tenantId: string,
+  runId: string,
+  epoch: number,
+  since: Date,
+): Promise<RunCallRecord[]> {
   const rows = await db
     .selectFrom('audit_events')
-    .select(['seq', 'event_id', 'event_type', 'status', 'reason_code', 'tool_call_id', 'tool_version', 'cost_units', 'duration_ms', sql<string | null>`details->>'message'`.as('message')])
+    .select([
+      'seq',
+      'event_id',
+      'event_type',
+      'status',
+      'reason_code',
+      'tool_call_id',
+      'tool_version',
+      'cost_units',
+      'duration_ms',
+      sql<string | null>`details->>'message'`.as('message'),
+    ])
     .where('run_id', '=', runId)
     .where('tenant_id', '=', tenantId)
     .where('tool_call_id', 'is not', null)
@@ -251,7 +295,10 @@ export interface RecordedCost {
  * with its replica. Reservations with no outcome record are absent. Reached through each run's
  * records (`audit_events_run_seq`).
  */
-export async function findRecordedCosts(db: Kysely<DB> | Transaction<DB>, reservations: ReservationOfRun[]): Promise<Map<string, RecordedCost>> {
+export async function findRecordedCosts(
+  db: Kysely<DB> | Transaction<DB>,
+  reservations: ReservationOfRun[],
+): Promise<Map<string, RecordedCost>> {
   if (reservations.length === 0) return new Map();
   const rows = await db
     .selectFrom('audit_events')
@@ -262,7 +309,11 @@ export async function findRecordedCosts(db: Kysely<DB> | Transaction<DB>, reserv
     .where('status', 'in', ['completed', 'failed'])
     .where(sql<string>`details->>'reservation_id'`, '=', (eb) => eb.fn.any(eb.val(reservations.map((r) => r.id))))
     .execute();
-  return new Map(rows.filter((row) => row.cost_units !== null).map((row) => [row.reservation_id, { costUnits: Number(row.cost_units), eventId: row.event_id }]));
+  return new Map(
+    rows
+      .filter((row) => row.cost_units !== null)
+      .map((row) => [row.reservation_id, { costUnits: Number(row.cost_units), eventId: row.event_id }]),
+  );
 }
 
 export interface ChainVerification {
@@ -304,27 +355,45 @@ export interface AnchorCheck {
  * a head an earlier verification answered and the operator kept outside the database, closes
  * that: the chain must still hold that row, with that hash, verified (one more lookup).
  */
-export async function verifyAuditChain(db: Kysely<DB>, pageSize = 2000, anchor?: ChainHead): Promise<ChainVerification> {
+export async function verifyAuditChain(
+  db: Kysely<DB>,
+  pageSize = 2000,
+  anchor?: ChainHead,
+): Promise<ChainVerification> {
   // One snapshot: an append committing during the walk would otherwise pass for rows cut off.
-  return db.transaction().setIsolationLevel('repeatable read').setAccessMode('read only').execute(async (trx) => {
-    const head = await readChainHead(trx);
-    const walked = await walkChain(trx, head, pageSize);
-    const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
-    if (anchor === undefined) return verified;
-    const check = await checkAnchor(trx, anchor, walked.checked);
-    if (check.ok) return { ...verified, anchor: check };
-    // Where the anchor proves the log differs: the first seq missing up to it, or the anchored row
-    // itself (the anchor tells that some row up to it was rewritten, not which). An earlier break
-    // of the chain comes first, as it does without an anchor.
-    const provenBad = check.reason === 'missing' ? walked.checked + 1 : anchor.seq;
-    const firstBad = walked.first_bad_seq === null ? provenBad : Math.min(walked.first_bad_seq, provenBad);
-    // A head the anchor refutes is no head to anchor next.
-    return { ok: false, checked: Math.min(walked.checked, provenBad - 1), first_bad_seq: firstBad, head: null, anchor: check };
-  });
+  return db
+    .transaction()
+    .setIsolationLevel('repeatable read')
+    .setAccessMode('read only')
+    .execute(async (trx) => {
+      const head = await readChainHead(trx);
+      const walked = await walkChain(trx, head, pageSize);
+      const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
+      if (anchor === undefined) return verified;
+      const check = await checkAnchor(trx, anchor, walked.checked);
+      if (check.ok) return { ...verified, anchor: check };
+      // Where the anchor proves the log differs: the first seq missing up to it, or the anchored row
+      // itself (the anchor tells that some row up to it was rewritten, not which). An earlier break
+      // of the chain comes first, as it does without an anchor.
+      const provenBad = check.reason === 'missing' ? walked.checked + 1 : anchor.seq;
+      const firstBad = walked.first_bad_seq === null ? provenBad : Math.min(walked.first_bad_seq, provenBad);
+      // A head the anchor refutes is no head to anchor next.
+      return {
+        ok: false,
+        checked: Math.min(walked.checked, provenBad - 1),
+        first_bad_seq: firstBad,
+        head: null,
+        anchor: check,
+      };
+    });
 }
 
 /** The chain walk of `verifyAuditChain`, against the head read in the same snapshot. */
-async function walkChain(trx: Transaction<DB>, head: ChainHead, pageSize: number): Promise<Pick<ChainVerification, 'ok' | 'checked' | 'first_bad_seq'>> {
+async function walkChain(
+  trx: Transaction<DB>,
+  head: ChainHead,
+  pageSize: number,
+): Promise<Pick<ChainVerification, 'ok' | 'checked' | 'first_bad_seq'>> {
   let expectedSeq = 1;
   let prevHash = GENESIS_HASH;
   let checked = 0;
@@ -350,7 +419,11 @@ async function walkChain(trx: Transaction<DB>, head: ChainHead, pageSize: number
       // The hash covers the row as JavaScript reads it: a part of a millisecond, a time RFC 3339
       // cannot write, or a NaN or infinite float (hashed as null) would be an edit it cannot see.
       const record = toRecord(row);
-      const readExactly = whole_milliseconds && record.occurred_at !== null && finiteOrNull(record.duration_ms) && finiteOrNull(record.cost_units);
+      const readExactly =
+        whole_milliseconds &&
+        record.occurred_at !== null &&
+        finiteOrNull(record.duration_ms) &&
+        finiteOrNull(record.cost_units);
       if (!readExactly || seq !== expectedSeq || !linksTo(record, prevHash)) {
         brokenAt = Math.min(seq, expectedSeq);
         break;
@@ -383,7 +456,13 @@ async function walkChain(trx: Transaction<DB>, head: ChainHead, pageSize: number
 async function checkAnchor(trx: Transaction<DB>, anchor: ChainHead, checked: number): Promise<AnchorCheck> {
   const row = await trx.selectFrom('audit_events').select('hash').where('seq', '=', anchor.seq).executeTakeFirst();
   const reason: AnchorFailure | null =
-    row === undefined ? 'missing' : row.hash !== anchor.hash ? 'hash_mismatch' : anchor.seq > checked ? 'chain_broken' : null;
+    row === undefined
+      ? 'missing'
+      : row.hash !== anchor.hash
+        ? 'hash_mismatch'
+        : anchor.seq > checked
+          ? 'chain_broken'
+          : null;
   return { seq: anchor.seq, ok: reason === null, reason };
 }
 
@@ -392,7 +471,10 @@ async function checkAnchor(trx: Transaction<DB>, anchor: ChainHead, checked: num
  * one statement: jsonb equality compares numbers as exact decimals, so an edit below a double's
  * precision (1 to 1.0000000000000000001), or a number past its range read as null, shows here.
  */
-async function firstDetailsUnlikeHashed(trx: Transaction<DB>, rows: Pick<AuditRecord, 'seq' | 'details'>[]): Promise<number | undefined> {
+async function firstDetailsUnlikeHashed(
+  trx: Transaction<DB>,
+  rows: Pick<AuditRecord, 'seq' | 'details'>[],
+): Promise<number | undefined> {
   if (rows.length === 0) return undefined;
   const hashed = `[${rows.map((row) => `{"seq":${row.seq},"details":${canonicalJson(row.details) ?? 'null'}}`).join(',')}]`;
   const result = await sql<{ seq: number | null }>`

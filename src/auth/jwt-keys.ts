@@ -13,7 +13,10 @@ export type VerificationKeys =
   | { kind: 'jwks'; keys: Map<string | undefined, string>; algorithms: Array<'RS256' | 'ES256'> };
 
 /** The public key a token with this `kid` header must be signed by; undefined when there is none. */
-export function publicKeyFor(keys: Exclude<VerificationKeys, { kind: 'secret' }>, kid: string | undefined): string | undefined {
+export function publicKeyFor(
+  keys: Exclude<VerificationKeys, { kind: 'secret' }>,
+  kid: string | undefined,
+): string | undefined {
   // One configured key is the only candidate, whatever `kid` the identity provider put in the
   // header (most add one); the signature check still decides.
   if (keys.kind === 'public') return keys.key;
@@ -78,7 +81,10 @@ async function loadJwks(file: string): Promise<VerificationKeys> {
       if (jwk.use !== undefined && jwk.use !== 'sig') continue;
       const key = createPublicKey({ key: jwk, format: 'jwk' });
       found.push(key);
-      keys.set(typeof jwk.kid === 'string' ? jwk.kid : undefined, key.export({ type: 'spki', format: 'pem' }).toString());
+      keys.set(
+        typeof jwk.kid === 'string' ? jwk.kid : undefined,
+        key.export({ type: 'spki', format: 'pem' }).toString(),
+      );
     }
     if (keys.size === 1 && !keys.has(undefined)) keys.set(undefined, [...keys.values()][0]!);
     return { kind: 'jwks', keys, algorithms: algorithmsFor(found) };
@@ -92,9 +98,13 @@ function algorithmsFor(keys: KeyObject[]): Array<'RS256' | 'ES256'> {
   const algorithms = new Set<'RS256' | 'ES256'>();
   for (const key of keys) {
     if (key.asymmetricKeyType === 'rsa') algorithms.add('RS256');
-    else if (key.asymmetricKeyType === 'ec' && key.asymmetricKeyDetails?.namedCurve === 'prime256v1') algorithms.add('ES256');
+    else if (key.asymmetricKeyType === 'ec' && key.asymmetricKeyDetails?.namedCurve === 'prime256v1')
+      algorithms.add('ES256');
     else {
-      const type = key.asymmetricKeyType === 'ec' ? `ec ${key.asymmetricKeyDetails?.namedCurve ?? 'unknown curve'}` : (key.asymmetricKeyType ?? 'unknown');
+      const type =
+        key.asymmetricKeyType === 'ec'
+          ? `ec ${key.asymmetricKeyDetails?.namedCurve ?? 'unknown curve'}`
+          : (key.asymmetricKeyType ?? 'unknown');
       throw new Error(`unsupported key type ${type}: use RSA (RS256) or P-256 (ES256)`);
     }
   }

@@ -20,7 +20,11 @@ export type Principal =
       scopes: ReadonlySet<string>;
     };
 
-const identifier = z.string().min(1).max(200).regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/);
+const identifier = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/);
 
 const claimsSchema = z.object({
   sub: identifier,
@@ -33,7 +37,9 @@ const claimsSchema = z.object({
 });
 
 /** Maps verified claims to a principal, or explains why the token cannot be one. */
-export function principalFromClaims(claims: unknown): { ok: true; principal: Principal } | { ok: false; reason: string } {
+export function principalFromClaims(
+  claims: unknown,
+): { ok: true; principal: Principal } | { ok: false; reason: string } {
   const parsed = claimsSchema.safeParse(claims);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];

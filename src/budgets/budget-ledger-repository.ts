@@ -67,13 +67,19 @@ export function lockBudgetCounters(
   windows: Windows,
   extra: CounterRef[],
 ): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
-  return budgetsAndCounters(trx, subjects, windows, extra, sql`
+  return budgetsAndCounters(
+    trx,
+    subjects,
+    windows,
+    extra,
+    sql`
     levels as (
       insert into budget_counters (counter_key, period_start)
       select k, p from wanted order by k, p
       on conflict (counter_key, period_start) do update set counter_key = excluded.counter_key
       returning counter_key, period_start, spent_units, reserved_units
-    )`);
+    )`,
+  );
 }
 
 /**
@@ -88,7 +94,12 @@ export function readBudgetCounters(
   windows: Windows,
   extra: CounterRef[],
 ): Promise<{ budgets: Budget[]; levels: Map<string, CounterLevel> }> {
-  return budgetsAndCounters(db, subjects, windows, extra, sql`
+  return budgetsAndCounters(
+    db,
+    subjects,
+    windows,
+    extra,
+    sql`
     created as (
       insert into budget_counters (counter_key, period_start)
       select k, p from wanted order by k, p
@@ -102,7 +113,8 @@ export function readBudgetCounters(
       from budget_counters c join wanted w on c.counter_key = w.k and c.period_start = w.p
       -- Keeps the probe on the primary key, however many rows the planner guesses "wanted" has.
       where c.counter_key = any(array(select k from wanted))
-    )`);
+    )`,
+  );
 }
 
 /**
@@ -181,10 +193,18 @@ export async function writeLedgerIf(
   budgets?: ExpectedBudgets,
   bounds?: ReadonlyMap<string, Micros | null>,
 ): Promise<LedgerWrite> {
-  const changed = new Map(deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]));
-  if (changed.size === 0 && reservations.length === 0) return { ok: true, levels: new Map(expected), budgetsHeld: true };
+  const changed = new Map(
+    deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]),
+  );
+  if (changed.size === 0 && reservations.length === 0)
+    return { ok: true, levels: new Map(expected), budgetsHeld: true };
   // Every counter decided against is compared; those it changes are changed by their delta.
-  const known = [...expected].map(([id, level]) => ({ ref: counterRefOf(id), level, delta: changed.get(id), bound: bounds?.get(id) ?? null }));
+  const known = [...expected].map(([id, level]) => ({
+    ref: counterRefOf(id),
+    level,
+    delta: changed.get(id),
+    bound: bounds?.get(id) ?? null,
+  }));
   const created = [...changed].filter(([id]) => !expected.has(id)).map(([, d]) => d);
   const keys = known.map((c) => c.ref.key);
   let row: { ok: boolean; budgets_held: boolean; current: CounterRow[] | null } | undefined;
@@ -259,7 +279,10 @@ export async function writeLedgerIf(
   if (row?.ok !== true) return { ok: false, levels, budgetsHeld: row?.budgets_held === true };
   for (const [id, delta] of changed) {
     const level = levels.get(id);
-    levels.set(id, { spentMicros: (level?.spentMicros ?? 0) + delta.spentMicros, reservedMicros: (level?.reservedMicros ?? 0) + delta.reservedMicros });
+    levels.set(id, {
+      spentMicros: (level?.spentMicros ?? 0) + delta.spentMicros,
+      reservedMicros: (level?.reservedMicros ?? 0) + delta.reservedMicros,
+    });
   }
   return { ok: true, levels, budgetsHeld: true };
 }
@@ -360,7 +383,11 @@ async function closeOnce(
   unique: ReservationClose[],
   at: Date,
 ): Promise<{ closed: Set<string>; late: Set<string>; changed: Set<string>; levels: Map<string, CounterLevel> }> {
-  const result = await sql<{ id: string | null; was: string | null; changed: boolean | null } & { [K in keyof CounterRow]: CounterRow[K] | null }>`
+  const result = await sql<
+    { id: string | null; was: string | null; changed: boolean | null } & {
+      [K in keyof CounterRow]: CounterRow[K] | null;
+    }
+  >`
     with seen as materialized (
       select v.id, v.status, v.actual, open.row_version, open.was
       from unnest(
@@ -430,7 +457,13 @@ async function closeOnce(
  * reserved (`charge`: the call may have reached its backend, and a budget errs on the strict
  * side), or released (`release`: nothing was sent). Returns how many it closed.
  */
-export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: string, runId: string, mode: 'charge' | 'release', at: Date): Promise<number> {
+export async function closeLostRunReservations(
+  trx: Transaction<DB>,
+  tenantId: string,
+  runId: string,
+  mode: 'charge' | 'release',
+  at: Date,
+): Promise<number> {
   const open = await trx
     .selectFrom('budget_reservations')
     .select(['id', 'units'])
@@ -439,11 +472,16 @@ export async function closeLostRunReservations(trx: Transaction<DB>, tenantId: s
     .where('status', '=', 'reserved')
     .execute();
   if (open.length === 0) return 0;
-  const recorded = await findRecordedCosts(trx, open.map((r) => ({ id: r.id, tenantId, runId })));
+  const recorded = await findRecordedCosts(
+    trx,
+    open.map((r) => ({ id: r.id, tenantId, runId })),
+  );
   const closes: ReservationClose[] = open.map((r) => {
     const cost = recorded.get(r.id);
     if (cost) return { id: r.id, status: 'settled', actualMicros: toMicros(cost.costUnits) };
-    return mode === 'charge' ? { id: r.id, status: 'settled', actualMicros: toMicros(r.units) } : { id: r.id, status: 'released', actualMicros: null };
+    return mode === 'charge'
+      ? { id: r.id, status: 'settled', actualMicros: toMicros(r.units) }
+      : { id: r.id, status: 'released', actualMicros: null };
   });
   return (await closeAndUncharge(trx, closes, at)).closed.size;
 }
@@ -463,14 +501,31 @@ export interface OpenReservation {
  * reservation before its counters: a transaction that also changes those counters calls this
  * first, so that the two queue instead of deadlocking.
  */
-export async function lockOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<OpenReservation[]> {
+export async function lockOpenReservationsCharging(
+  trx: Transaction<DB>,
+  tenantIds: string[],
+  refs: CounterRef[],
+): Promise<OpenReservation[]> {
   if (refs.length === 0) return [];
-  const rows = await openReservationsCharging(trx, tenantIds, refs).select(['units', 'status', 'charges']).orderBy('id').forUpdate().execute();
-  return rows.map((row) => ({ id: row.id, unitsMicros: toMicros(row.units), expired: row.status === 'expired', charges: chargesOf(row.charges) }));
+  const rows = await openReservationsCharging(trx, tenantIds, refs)
+    .select(['units', 'status', 'charges'])
+    .orderBy('id')
+    .forUpdate()
+    .execute();
+  return rows.map((row) => ({
+    id: row.id,
+    unitsMicros: toMicros(row.units),
+    expired: row.status === 'expired',
+    charges: chargesOf(row.charges),
+  }));
 }
 
 /** The ids of the reservations `lockOpenReservationsCharging` would lock, read without locking them. */
-export async function findOpenReservationsCharging(trx: Transaction<DB>, tenantIds: string[], refs: CounterRef[]): Promise<string[]> {
+export async function findOpenReservationsCharging(
+  trx: Transaction<DB>,
+  tenantIds: string[],
+  refs: CounterRef[],
+): Promise<string[]> {
   if (refs.length === 0) return [];
   return (await openReservationsCharging(trx, tenantIds, refs).execute()).map((row) => row.id);
 }
@@ -489,7 +544,14 @@ function openReservationsCharging(trx: Transaction<DB>, tenantIds: string[], ref
         .where('status', '=', sql.lit('reserved'))
         .where('tenant_id', 'in', tenants)
         .where(charging)
-        .unionAll(eb.selectFrom('budget_reservations').select('id').where('status', '=', sql.lit('expired')).where('tenant_id', 'in', tenants).where(charging)),
+        .unionAll(
+          eb
+            .selectFrom('budget_reservations')
+            .select('id')
+            .where('status', '=', sql.lit('expired'))
+            .where('tenant_id', 'in', tenants)
+            .where(charging),
+        ),
     )
     .where('status', 'in', ['reserved', 'expired']);
 }
@@ -510,7 +572,10 @@ function chargesJson(charges: CounterRef[]): string {
 }
 
 function chargesOf(value: unknown): CounterRef[] {
-  const charges = (typeof value === 'string' ? JSON.parse(value) : value) as Array<{ counter_key: string; period_start: string }>;
+  const charges = (typeof value === 'string' ? JSON.parse(value) : value) as Array<{
+    counter_key: string;
+    period_start: string;
+  }>;
   return charges.map((c) => ({ key: c.counter_key, periodStart: new Date(c.period_start) }));
 }
 
@@ -572,7 +637,10 @@ export function counterChanges(levels: Map<string, CounterLevel>): {
     delta.reservedMicros += reservedMicros;
     deltas.set(id, delta);
     const level = levels.get(id) ?? { spentMicros: 0, reservedMicros: 0 };
-    levels.set(id, { spentMicros: level.spentMicros + spentMicros, reservedMicros: level.reservedMicros + reservedMicros });
+    levels.set(id, {
+      spentMicros: level.spentMicros + spentMicros,
+      reservedMicros: level.reservedMicros + reservedMicros,
+    });
   };
   return { deltas, add };
 }

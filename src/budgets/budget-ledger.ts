@@ -152,8 +152,16 @@ export class BudgetLedger {
    */
   async reserve(request: ReserveRequest): Promise<ReserveResult> {
     const unitsMicros = checkedMicros(request.units, 'units');
-    const requestLimitMicros = request.requestLimitUnits === undefined ? undefined : checkedMicros(request.requestLimitUnits, 'requestLimitUnits');
-    const result = (await this.batches.submit({ kind: 'reserve', request, unitsMicros, requestLimitMicros })) as ReserveResult;
+    const requestLimitMicros =
+      request.requestLimitUnits === undefined
+        ? undefined
+        : checkedMicros(request.requestLimitUnits, 'requestLimitUnits');
+    const result = (await this.batches.submit({
+      kind: 'reserve',
+      request,
+      unitsMicros,
+      requestLimitMicros,
+    })) as ReserveResult;
     this.reservations.inc({ verdict: result.ok ? result.verdict : 'exceeded' });
     return result;
   }
@@ -161,13 +169,17 @@ export class BudgetLedger {
   /** What `reserve` would decide now, holding nothing (for dry runs). */
   async check(request: ReserveRequest): Promise<BudgetCheckResult> {
     const unitsMicros = checkedMicros(request.units, 'units');
-    const requestLimitMicros = request.requestLimitUnits === undefined ? undefined : checkedMicros(request.requestLimitUnits, 'requestLimitUnits');
+    const requestLimitMicros =
+      request.requestLimitUnits === undefined
+        ? undefined
+        : checkedMicros(request.requestLimitUnits, 'requestLimitUnits');
     const now = this.options.now();
     const budgets = await findBudgetsFor(this.db, [request]);
     const { limits, charges } = limitsFor(request, requestLimitMicros, budgets, now);
     const levels = await readCounters(this.db, charges);
     const decision = decideReservation(unitsMicros, limits, levels);
-    if (!decision.ok) return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
+    if (!decision.ok)
+      return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
     return { ok: true, verdict: decision.verdict, warnings: warningsOf(decision.checks) };
   }
 
@@ -176,12 +188,18 @@ export class BudgetLedger {
     const actualMicros = checkedMicros(actualUnits, 'actualUnits');
     // (A sweep expiring the reservation at the same moment is met by `closeAndUncharge`: it looks
     // again, finds it expired, and settles it late.)
-    return (await this.batches.submit({ kind: 'close', close: { id: reservation.id, status: 'settled', actualMicros } })) as CloseOutcome;
+    return (await this.batches.submit({
+      kind: 'close',
+      close: { id: reservation.id, status: 'settled', actualMicros },
+    })) as CloseOutcome;
   }
 
   /** Returns a reservation's units untouched: nothing was dispatched. */
   async release(reservation: BudgetReservation): Promise<CloseOutcome> {
-    return (await this.batches.submit({ kind: 'close', close: { id: reservation.id, status: 'released', actualMicros: null } })) as CloseOutcome;
+    return (await this.batches.submit({
+      kind: 'close',
+      close: { id: reservation.id, status: 'released', actualMicros: null },
+    })) as CloseOutcome;
   }
 
   /**
@@ -194,7 +212,8 @@ export class BudgetLedger {
     let closed = 0;
     // A transaction per chunk: each holds the audit chain's lock, and every replica's appends
     // wait for it meanwhile.
-    for (let start = 0; start < due.length; start += SWEEP_CHUNK) closed += await this.expire(due.slice(start, start + SWEEP_CHUNK), now);
+    for (let start = 0; start < due.length; start += SWEEP_CHUNK)
+      closed += await this.expire(due.slice(start, start + SWEEP_CHUNK), now);
     return closed;
   }
 
@@ -210,13 +229,17 @@ export class BudgetLedger {
         const recorded = await findRecordedCosts(trx, due);
         const closes = due.map((r): ReservationClose => {
           const cost = recorded.get(r.id);
-          return cost ? { id: r.id, status: 'settled', actualMicros: toMicros(cost.costUnits) } : { id: r.id, status: 'expired', actualMicros: null };
+          return cost
+            ? { id: r.id, status: 'settled', actualMicros: toMicros(cost.costUnits) }
+            : { id: r.id, status: 'expired', actualMicros: null };
         });
         const result = await closeAndUncharge(trx, closes, now);
-        const events = due.filter((r) => result.closed.has(r.id)).map((r) => {
-          const cost = recorded.get(r.id);
-          return { occurredAt: now, event: cost ? settledFromRecordEvent(r, cost) : expiredEvent(r, now) };
-        });
+        const events = due
+          .filter((r) => result.closed.has(r.id))
+          .map((r) => {
+            const cost = recorded.get(r.id);
+            return { occurredAt: now, event: cost ? settledFromRecordEvent(r, cost) : expiredEvent(r, now) };
+          });
         await writeAuditEvents(trx, events);
         return result;
       }),
@@ -295,7 +318,16 @@ export class BudgetLedger {
         }
         // The budgets too must still be those it decided with: a limit may have changed since.
         const budgets = { subjects, budgets: seen.budgets };
-        const written = await writeLedgerIf(this.db, expected, plan.deltas, plan.created, now, expiresAt, budgets, plan.bounds);
+        const written = await writeLedgerIf(
+          this.db,
+          expected,
+          plan.deltas,
+          plan.created,
+          now,
+          expiresAt,
+          budgets,
+          plan.bounds,
+        );
         if (written.ok) {
           // Budgets taken from what this replica remembered need not be remembered again.
           if (guessed) this.known.rememberLevels(written.levels);
@@ -304,7 +336,10 @@ export class BudgetLedger {
         }
         this.conflicts.inc();
         this.known.forget(subjects, expected.keys());
-        seen = written.budgetsHeld && written.levels.size > 0 ? { budgets: seen.budgets, levels: written.levels } : undefined;
+        seen =
+          written.budgetsHeld && written.levels.size > 0
+            ? { budgets: seen.budgets, levels: written.levels }
+            : undefined;
         guessed = false;
       }
     } catch (error) {
@@ -316,7 +351,12 @@ export class BudgetLedger {
       this.db.transaction().execute(async (trx) => {
         // Before the budgets are read: a budget change in progress commits first, and is seen.
         await lockLedgerForReservations(trx);
-        const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), subjects.map(runTotalCounter));
+        const { budgets, levels } = await lockBudgetCounters(
+          trx,
+          subjects,
+          windowsAt(now),
+          subjects.map(runTotalCounter),
+        );
         const plan = decideBatch(reserves, budgets, levels, now);
         await writeLedger(trx, plan.deltas, plan.created, now, expiresAt);
         // Freeze the answers only once every write of the batch has succeeded.
@@ -329,8 +369,15 @@ export class BudgetLedger {
 }
 
 /** Who and what a record of the TTL sweep about a reservation names. */
-function sweptRecord(reservation: ExpiredReservation): Pick<AuditEventInput, 'actor' | 'tenant_id' | 'agent_id' | 'run_id'> {
-  return { actor: 'system.expiry', tenant_id: reservation.tenantId, agent_id: reservation.agentId, run_id: reservation.runId };
+function sweptRecord(
+  reservation: ExpiredReservation,
+): Pick<AuditEventInput, 'actor' | 'tenant_id' | 'agent_id' | 'run_id'> {
+  return {
+    actor: 'system.expiry',
+    tenant_id: reservation.tenantId,
+    agent_id: reservation.agentId,
+    run_id: reservation.runId,
+  };
 }
 
 /** The record of a reservation past its TTL whose call's outcome was recorded: charged what it cost. */
@@ -340,7 +387,13 @@ function settledFromRecordEvent(reservation: ExpiredReservation, cost: RecordedC
     ...sweptRecord(reservation),
     status: 'settled',
     cost_units: cost.costUnits,
-    details: { reservation_id: reservation.id, reserved_units: reservation.units, charged_units: cost.costUnits, reason: 'settlement_lost', outcome_event_id: cost.eventId },
+    details: {
+      reservation_id: reservation.id,
+      reserved_units: reservation.units,
+      charged_units: cost.costUnits,
+      reason: 'settlement_lost',
+      outcome_event_id: cost.eventId,
+    },
   };
 }
 
@@ -377,7 +430,12 @@ function decideBatch(
   budgets: Budget[],
   levels: Map<string, CounterLevel>,
   now: Date,
-): { results: ReserveResult[]; deltas: CounterDelta[]; created: NewReservation[]; bounds: Map<string, Micros | null> | undefined } {
+): {
+  results: ReserveResult[];
+  deltas: CounterDelta[];
+  created: NewReservation[];
+  bounds: Map<string, Micros | null> | undefined;
+} {
   const { deltas, add } = counterChanges(levels);
   const created: NewReservation[] = [];
   // The most each counter may hold after the batch with every limit on it still `ok`.
@@ -385,9 +443,11 @@ function decideBatch(
   const results = reserves.map((op): ReserveResult => {
     const { request, unitsMicros } = op;
     const { limits, charges } = limitsFor(request, op.requestLimitMicros, budgets, now);
-    for (const limit of limits) okCeilings.set(limit.counter, Math.min(okCeilings.get(limit.counter) ?? Infinity, okCeiling(limit)));
+    for (const limit of limits)
+      okCeilings.set(limit.counter, Math.min(okCeilings.get(limit.counter) ?? Infinity, okCeiling(limit)));
     const decision = decideReservation(unitsMicros, limits, levels);
-    if (!decision.ok) return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
+    if (!decision.ok)
+      return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
     for (const charge of charges) add(charge, 0, unitsMicros);
     const reservation: BudgetReservation = {
       // nanoid draws from a pool of random bytes: randomBytes costs microseconds per call.
@@ -401,7 +461,12 @@ function decideBatch(
     return { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) };
   });
   const plain = results.every((result) => result.ok && result.verdict === 'ok');
-  return { results, deltas: [...deltas.values()], created, bounds: plain ? boundsOf(levels, deltas, okCeilings) : undefined };
+  return {
+    results,
+    deltas: [...deltas.values()],
+    created,
+    bounds: plain ? boundsOf(levels, deltas, okCeilings) : undefined,
+  };
 }
 
 /**
@@ -410,18 +475,29 @@ function decideBatch(
  * consumption only grows through the batch, so each call's own level is at most the counter's
  * level before the batch plus everything the batch adds to it.
  */
-function boundsOf(levels: ReadonlyMap<string, CounterLevel>, deltas: ReadonlyMap<string, CounterDelta>, okCeilings: ReadonlyMap<string, Micros>): Map<string, Micros | null> {
+function boundsOf(
+  levels: ReadonlyMap<string, CounterLevel>,
+  deltas: ReadonlyMap<string, CounterDelta>,
+  okCeilings: ReadonlyMap<string, Micros>,
+): Map<string, Micros | null> {
   const bounds = new Map<string, Micros | null>();
   for (const id of levels.keys()) {
     const ceiling = okCeilings.get(id);
-    bounds.set(id, ceiling === undefined ? null : ceiling - (deltas.get(id)?.reservedMicros ?? 0) - (deltas.get(id)?.spentMicros ?? 0));
+    bounds.set(
+      id,
+      ceiling === undefined
+        ? null
+        : ceiling - (deltas.get(id)?.reservedMicros ?? 0) - (deltas.get(id)?.spentMicros ?? 0),
+    );
   }
   return bounds;
 }
 
 /** The most a counter may hold, this call included, for `limit`'s verdict to be `ok` (see `verdictFor`). */
 function okCeiling(limit: Limit): Micros {
-  return limit.warnRatio === null ? limit.limitMicros : Math.min(limit.limitMicros, Math.round(limit.warnRatio * limit.limitMicros) - 1);
+  return limit.warnRatio === null
+    ? limit.limitMicros
+    : Math.min(limit.limitMicros, Math.round(limit.warnRatio * limit.limitMicros) - 1);
 }
 
 /**
@@ -453,7 +529,13 @@ function limitsFor(
   const runTotal = runTotalCounter(subject);
   charges.push(runTotal);
   if (requestLimitMicros !== undefined) {
-    limits.push({ counter: counterId(runTotal), limitMicros: requestLimitMicros, graceMicros: 0, warnRatio: null, label: { source: 'request' } });
+    limits.push({
+      counter: counterId(runTotal),
+      limitMicros: requestLimitMicros,
+      graceMicros: 0,
+      warnRatio: null,
+      label: { source: 'request' },
+    });
   }
   return { limits, charges };
 }

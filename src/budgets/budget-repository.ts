@@ -82,7 +82,11 @@ export async function findLiveBudget(
 }
 
 /** A budget by id, live or removed. Locks it when given a transaction's `forUpdate`. */
-export async function findBudget(db: Kysely<DB>, id: string, options: { forUpdate?: boolean } = {}): Promise<Budget | undefined> {
+export async function findBudget(
+  db: Kysely<DB>,
+  id: string,
+  options: { forUpdate?: boolean } = {},
+): Promise<Budget | undefined> {
   let query = db.selectFrom('budgets').selectAll().where('id', '=', id);
   if (options.forUpdate) query = query.forUpdate();
   const row = await query.executeTakeFirst();
@@ -97,7 +101,13 @@ export interface BudgetLimits {
 }
 
 /** Sets a budget's limits; the caller holds its row lock and audits the change. */
-export async function updateBudgetLimits(trx: Transaction<DB>, id: string, limits: BudgetLimits, at: Date, by: string): Promise<Budget> {
+export async function updateBudgetLimits(
+  trx: Transaction<DB>,
+  id: string,
+  limits: BudgetLimits,
+  at: Date,
+  by: string,
+): Promise<Budget> {
   const row = await trx
     .updateTable('budgets')
     .set({
@@ -196,7 +206,10 @@ export interface BudgetQuery {
 }
 
 /** Live budgets, newest first, one page; `next` continues the listing when more remain. */
-export async function listBudgets(db: Kysely<DB>, query: BudgetQuery): Promise<{ items: Budget[]; next: { createdAt: Date; id: string } | null }> {
+export async function listBudgets(
+  db: Kysely<DB>,
+  query: BudgetQuery,
+): Promise<{ items: Budget[]; next: { createdAt: Date; id: string } | null }> {
   let q = db.selectFrom('budgets').selectAll().where('removed_at', 'is', null);
   if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
   if (query.scope !== undefined) q = q.where('scope', '=', query.scope);
@@ -207,7 +220,11 @@ export async function listBudgets(db: Kysely<DB>, query: BudgetQuery): Promise<{
     const { createdAt, id } = query.after;
     q = q.where((eb) => eb(eb.refTuple('created_at', 'id'), '<', eb.tuple(createdAt, id)));
   }
-  const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const rows = await q
+    .orderBy('created_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map(toBudget);
   const last = items[items.length - 1];
   return { items, next: rows.length > query.limit && last ? { createdAt: last.createdAt, id: last.id } : null };

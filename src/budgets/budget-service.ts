@@ -18,7 +18,10 @@ import {
 import { toMicros } from './budget-units.js';
 
 /** What an operator asks for. */
-export type BudgetDraft = Pick<Budget, 'tenantId' | 'scope' | 'agentId' | 'runId' | 'period' | 'limitUnits' | 'warnRatio' | 'graceUnits'>;
+export type BudgetDraft = Pick<
+  Budget,
+  'tenantId' | 'scope' | 'agentId' | 'runId' | 'period' | 'limitUnits' | 'warnRatio' | 'graceUnits'
+>;
 
 /** Who changes budgets, for the audit record. */
 export interface ChangeContext {
@@ -29,8 +32,7 @@ export interface ChangeContext {
 
 /** Created (or found identical), or a `budget_conflict` with the budget already in place. */
 export type CreateBudgetResult =
-  | { ok: true; created: boolean; usage: BudgetUsage }
-  | { ok: false; code: 'budget_conflict'; existing: BudgetUsage };
+  { ok: true; created: boolean; usage: BudgetUsage } | { ok: false; code: 'budget_conflict'; existing: BudgetUsage };
 
 /**
  * Creates a budget. One live budget holds each (tenant, scope, subject, period): asking again for
@@ -38,7 +40,11 @@ export type CreateBudgetResult =
  * asking for different limits is a `budget_conflict` naming the existing budget (change it with
  * PUT instead). A new budget's current period starts from what its subject already spent in it.
  */
-export async function createBudget(db: Kysely<DB>, draft: BudgetDraft, context: ChangeContext): Promise<CreateBudgetResult> {
+export async function createBudget(
+  db: Kysely<DB>,
+  draft: BudgetDraft,
+  context: ChangeContext,
+): Promise<CreateBudgetResult> {
   // A conflicting budget removed between our insert and our read of it: try again.
   for (let attempt = 0; attempt < 3; attempt += 1) {
     const inserted = await db.transaction().execute(async (trx) => {
@@ -58,14 +64,18 @@ export async function createBudget(db: Kysely<DB>, draft: BudgetDraft, context: 
       });
       if (!budget) return undefined;
       await seedBudgetCounter(trx, budget, context.now);
-      await writeAuditEvents(trx, [{ event: auditEvent('budget.created', budget, context, { budget: snapshot(budget) }), occurredAt: context.now }]);
+      await writeAuditEvents(trx, [
+        { event: auditEvent('budget.created', budget, context, { budget: snapshot(budget) }), occurredAt: context.now },
+      ]);
       return budget;
     });
     if (inserted) return { ok: true, created: true, usage: await usageOf(db, inserted, context.now) };
     const existing = await findLiveBudget(db, draft);
     if (!existing) continue;
     const usage = await usageOf(db, existing, context.now);
-    return sameLimits(existing, draft) ? { ok: true, created: false, usage } : { ok: false, code: 'budget_conflict', existing: usage };
+    return sameLimits(existing, draft)
+      ? { ok: true, created: false, usage }
+      : { ok: false, code: 'budget_conflict', existing: usage };
   }
   throw new Error('could not create the budget: its place kept changing');
 }
@@ -91,7 +101,13 @@ export async function changeBudgetLimits(
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;
     // Limits as they already are change nothing, and record nothing.
-    if (sameLimits(before, { limitUnits: changes.limitUnits ?? before.limitUnits, warnRatio: changes.warnRatio ?? before.warnRatio, graceUnits: changes.graceUnits ?? before.graceUnits })) {
+    if (
+      sameLimits(before, {
+        limitUnits: changes.limitUnits ?? before.limitUnits,
+        warnRatio: changes.warnRatio ?? before.warnRatio,
+        graceUnits: changes.graceUnits ?? before.graceUnits,
+      })
+    ) {
       return before;
     }
     const after = await updateBudgetLimits(
@@ -106,7 +122,10 @@ export async function changeBudgetLimits(
       context.actor,
     );
     await writeAuditEvents(trx, [
-      { event: auditEvent('budget.updated', after, context, { before: snapshot(before), after: snapshot(after) }), occurredAt: context.now },
+      {
+        event: auditEvent('budget.updated', after, context, { before: snapshot(before), after: snapshot(after) }),
+        occurredAt: context.now,
+      },
     ]);
     return after;
   });
@@ -117,12 +136,18 @@ export async function changeBudgetLimits(
  * Removes a live budget: it stops applying at once. Its counters and audit trail stay; a new
  * budget may then take its (tenant, scope, subject, period).
  */
-export async function removeBudget(db: Kysely<DB>, id: string, context: ChangeContext): Promise<BudgetUsage | undefined> {
+export async function removeBudget(
+  db: Kysely<DB>,
+  id: string,
+  context: ChangeContext,
+): Promise<BudgetUsage | undefined> {
   const removed = await db.transaction().execute(async (trx) => {
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;
     const after = await markBudgetRemoved(trx, id, context.now, context.actor);
-    await writeAuditEvents(trx, [{ event: auditEvent('budget.removed', after, context, { budget: snapshot(before) }), occurredAt: context.now }]);
+    await writeAuditEvents(trx, [
+      { event: auditEvent('budget.removed', after, context, { budget: snapshot(before) }), occurredAt: context.now },
+    ]);
     return after;
   });
   return removed ? usageOf(db, removed, context.now) : undefined;
@@ -154,7 +179,12 @@ function snapshot(budget: Budget): Record<string, unknown> {
   };
 }
 
-function auditEvent(eventType: string, budget: Budget, context: ChangeContext, details: Record<string, unknown>): AuditEventInput {
+function auditEvent(
+  eventType: string,
+  budget: Budget,
+  context: ChangeContext,
+  details: Record<string, unknown>,
+): AuditEventInput {
   return {
     event_type: eventType,
     actor: context.actor,

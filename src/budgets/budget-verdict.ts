@@ -8,8 +8,7 @@ export type BudgetVerdict = (typeof BUDGET_VERDICTS)[number];
 
 /** What a limit is: a budget an operator set, or the request's own `budget_units` for its run. */
 export type LimitSource =
-  | { source: 'budget'; budgetId: string; scope: BudgetScope; period: BudgetPeriod }
-  | { source: 'request' };
+  { source: 'budget'; budgetId: string; scope: BudgetScope; period: BudgetPeriod } | { source: 'request' };
 
 /** One limit a reservation is checked against, and the counter it is counted on. */
 export interface Limit {
@@ -48,7 +47,10 @@ export type ReservationDecision =
  * `exceeded` past limit + grace (a hard stop), `grace` past the limit, `warn` at or past
  * `warnRatio × limit`, else `ok`.
  */
-export function verdictFor(limit: Pick<Limit, 'limitMicros' | 'graceMicros' | 'warnRatio'>, afterMicros: Micros): BudgetVerdict {
+export function verdictFor(
+  limit: Pick<Limit, 'limitMicros' | 'graceMicros' | 'warnRatio'>,
+  afterMicros: Micros,
+): BudgetVerdict {
   if (afterMicros > limit.limitMicros + limit.graceMicros) return 'exceeded';
   if (afterMicros > limit.limitMicros) return 'grace';
   if (limit.warnRatio !== null && afterMicros >= Math.round(limit.warnRatio * limit.limitMicros)) return 'warn';
@@ -82,16 +84,21 @@ export function decideReservation(
 }
 
 function describe(label: LimitSource): string {
-  return label.source === 'budget' ? `budget ${label.budgetId} (${label.scope}/${label.period})` : "the request's budget_units";
+  return label.source === 'budget'
+    ? `budget ${label.budgetId} (${label.scope}/${label.period})`
+    : "the request's budget_units";
 }
 
 /** One line per limit past its warn ratio or in its grace, for the run envelope's `warnings`. */
 export function warningsOf(checks: readonly LimitCheck[]): string[] {
   return checks.flatMap((check) => {
     const used = `${fromMicros(check.afterMicros)} of ${fromMicros(check.limit.limitMicros)} units`;
-    if (check.verdict === 'warn') return [`budget_warn: ${describe(check.limit.label)} at ${used}, past warn ratio ${check.limit.warnRatio}`];
+    if (check.verdict === 'warn')
+      return [`budget_warn: ${describe(check.limit.label)} at ${used}, past warn ratio ${check.limit.warnRatio}`];
     if (check.verdict === 'grace') {
-      return [`budget_grace: ${describe(check.limit.label)} at ${used}, within ${fromMicros(check.limit.graceMicros)} grace units`];
+      return [
+        `budget_grace: ${describe(check.limit.label)} at ${used}, within ${fromMicros(check.limit.graceMicros)} grace units`,
+      ];
     }
     return [];
   });
@@ -126,6 +133,8 @@ export function exceededDetails(unitsMicros: Micros, checks: readonly LimitCheck
     grace_units: fromMicros(first.limit.graceMicros),
     consumed_units: fromMicros(first.consumedMicros),
     requested_units: fromMicros(unitsMicros),
-    exceeded_budget_ids: exceeded.flatMap((check) => (check.limit.label.source === 'budget' ? [check.limit.label.budgetId] : [])),
+    exceeded_budget_ids: exceeded.flatMap((check) =>
+      check.limit.label.source === 'budget' ? [check.limit.label.budgetId] : [],
+    ),
   };
 }

@@ -60,7 +60,11 @@ export class KnownLedger {
   remember(subjects: ChargeSubject[], budgets: Budget[], levels: ReadonlyMap<string, CounterLevel>): void {
     for (const subject of subjects) {
       const applicable = budgets.filter((budget) => budgetApplies(budget, subject));
-      keep(this.agentBudgets, agentKey(subject), applicable.filter((budget) => budget.scope !== 'run'));
+      keep(
+        this.agentBudgets,
+        agentKey(subject),
+        applicable.filter((budget) => budget.scope !== 'run'),
+      );
       const own = applicable.filter((budget) => budget.scope === 'run');
       if (own.length > 0) keep(this.runBudgets, runKey(subject), own);
       else this.runBudgets.delete(runKey(subject));

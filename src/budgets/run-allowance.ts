@@ -53,7 +53,12 @@ function allowanceOf(budgetUnits: number, level: CounterLevel | undefined): RunA
 }
 
 /** A run's allowance as it stands (no lock). */
-export async function readRunAllowance(db: Kysely<DB>, tenantId: string, runId: string, budgetUnits: number): Promise<RunAllowance> {
+export async function readRunAllowance(
+  db: Kysely<DB>,
+  tenantId: string,
+  runId: string,
+  budgetUnits: number,
+): Promise<RunAllowance> {
   const ref = runTotalRef(tenantId, runId);
   const levels = await readCounters(db, [ref]);
   return allowanceOf(budgetUnits, levels.get(counterId(ref)));
@@ -69,15 +74,32 @@ export async function readRunUsage(db: Kysely<DB>, tenantId: string, runId: stri
 const NO_WINDOWS = { day: EPOCH, month: EPOCH, total: EPOCH };
 
 /** A run's allowance, its counter locked for the rest of the transaction (before holding from it). */
-export async function lockRunAllowance(trx: Transaction<DB>, tenantId: string, runId: string, budgetUnits: number): Promise<RunAllowance> {
+export async function lockRunAllowance(
+  trx: Transaction<DB>,
+  tenantId: string,
+  runId: string,
+  budgetUnits: number,
+): Promise<RunAllowance> {
   const ref = runTotalRef(tenantId, runId);
   const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, [ref]);
   return allowanceOf(budgetUnits, levels.get(counterId(ref)));
 }
 
 /** Holds `units` of a run's allowance for a sub-run; check first with `lockRunAllowance`. */
-export async function holdRunUnits(trx: Transaction<DB>, tenantId: string, runId: string, units: number, at: Date): Promise<void> {
-  await writeLedger(trx, [{ ...runTotalRef(tenantId, runId), spentMicros: 0, reservedMicros: toMicros(units) }], [], at, at);
+export async function holdRunUnits(
+  trx: Transaction<DB>,
+  tenantId: string,
+  runId: string,
+  units: number,
+  at: Date,
+): Promise<void> {
+  await writeLedger(
+    trx,
+    [{ ...runTotalRef(tenantId, runId), spentMicros: 0, reservedMicros: toMicros(units) }],
+    [],
+    at,
+    at,
+  );
 }
 
 /** A run to end, with its parent (whose run total its hand-off's close changes). */
@@ -136,10 +158,18 @@ export interface AllowanceReturn {
  * sub-runs'. The open reservations are locked first, then the counters in the ledger's global
  * order, as a settlement does, so this never deadlocks with the ledger.
  */
-export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedAllowance[], at: Date): Promise<AllowanceReturn[]> {
+export async function returnSubRunAllowances(
+  trx: Transaction<DB>,
+  ended: EndedAllowance[],
+  at: Date,
+): Promise<AllowanceReturn[]> {
   if (ended.length === 0) return [];
   const subRefs = ended.map((e) => runTotalRef(e.tenantId, e.subRunId));
-  const inFlight = await lockOpenReservationsCharging(trx, ended.map((e) => e.tenantId), subRefs);
+  const inFlight = await lockOpenReservationsCharging(
+    trx,
+    ended.map((e) => e.tenantId),
+    subRefs,
+  );
   const refs = ended.flatMap((e) => [runTotalRef(e.tenantId, e.subRunId), runTotalRef(e.tenantId, e.parentRunId)]);
   const { levels } = await lockBudgetCounters(trx, [], NO_WINDOWS, refs);
   const { deltas, add } = counterChanges(levels);
@@ -160,7 +190,11 @@ export async function returnSubRunAllowances(trx: Transaction<DB>, ended: EndedA
       if (!reservation.expired) stillReserved += reservation.unitsMicros;
     }
     add(parentRef, used - stillReserved, stillReserved - held);
-    return { usedUnits: fromMicros(used), returnedUnits: fromMicros(Math.max(0, held - used)), overshootUnits: fromMicros(Math.max(0, used - held)) };
+    return {
+      usedUnits: fromMicros(used),
+      returnedUnits: fromMicros(Math.max(0, held - used)),
+      overshootUnits: fromMicros(Math.max(0, used - held)),
+    };
   });
   await writeLedger(trx, [...deltas.values()], [], at, at);
   await rechargeReservations(trx, [...recharged]);

@@ -31,9 +31,18 @@ const CLAIMS: Record<string, 'supported' | 'refuted'> = {
 };
 
 const CONTROLS: Record<string, { title: string; description: string }> = {
-  'GOV-01': { title: 'Cybersecurity & Data Protection Governance Program', description: 'Facilitate the implementation of cybersecurity and data protection governance controls.' },
-  'IAC-01': { title: 'Identity & Access Management (IAM)', description: 'Facilitate the implementation of identification and access management controls.' },
-  'CRY-01': { title: 'Use of Cryptographic Controls', description: 'Facilitate the implementation of cryptographic protections controls.' },
+  'GOV-01': {
+    title: 'Cybersecurity & Data Protection Governance Program',
+    description: 'Facilitate the implementation of cybersecurity and data protection governance controls.',
+  },
+  'IAC-01': {
+    title: 'Identity & Access Management (IAM)',
+    description: 'Facilitate the implementation of identification and access management controls.',
+  },
+  'CRY-01': {
+    title: 'Use of Cryptographic Controls',
+    description: 'Facilitate the implementation of cryptographic protections controls.',
+  },
 };
 
 const FRAMEWORKS = [
@@ -60,13 +69,26 @@ const HANDLERS: Record<string, Handler> = {
   list_scf_frameworks: () => ({ body: { frameworks: FRAMEWORKS } }),
   get_scf_framework_requirements: (input) =>
     FRAMEWORKS.some((f) => f.framework_id === input.framework_id)
-      ? { body: { framework_id: input.framework_id, requirements: [{ requirement_id: 'demo-1', title: 'A requirement of the demo data' }] } }
+      ? {
+          body: {
+            framework_id: input.framework_id,
+            requirements: [{ requirement_id: 'demo-1', title: 'A requirement of the demo data' }],
+          },
+        }
       : notFound(`framework ${String(input.framework_id)}`),
   get_scf_control: (input) => control(input.control_id),
   get_scf_control_by_code: (input) => control(input.code),
   get_official_scf_mappings: (input) => {
-    const known = typeof input.control_id === 'string' && input.control_id in CONTROLS && FRAMEWORKS.some((f) => f.framework_id === input.framework_id);
-    return { body: { mappings: known ? [{ framework_id: input.framework_id, requirement_id: 'demo-1', official: true }] : [], mapping_absence: !known } };
+    const known =
+      typeof input.control_id === 'string' &&
+      input.control_id in CONTROLS &&
+      FRAMEWORKS.some((f) => f.framework_id === input.framework_id);
+    return {
+      body: {
+        mappings: known ? [{ framework_id: input.framework_id, requirement_id: 'demo-1', official: true }] : [],
+        mapping_absence: !known,
+      },
+    };
   },
   // The demo holds no assessment documents: searches find nothing, and any chunk is a placeholder.
   search_assessment_kb: empty,
@@ -74,7 +96,12 @@ const HANDLERS: Record<string, Handler> = {
   list_document_metadata: empty,
   get_chunk_context: (input, call) => {
     const text = 'A placeholder chunk: the demo backend holds no documents.';
-    const chunk = { source: 'demo', document_id: 'doc-demo', chunk_id: String(input.chunk_id), tenant_id: call.tenantId || 'demo' };
+    const chunk = {
+      source: 'demo',
+      document_id: 'doc-demo',
+      chunk_id: String(input.chunk_id),
+      tenant_id: call.tenantId || 'demo',
+    };
     const sha256 = createHash('sha256').update(text).digest('hex');
     return { body: { ...chunk, chunk_sha256: sha256, organization_id: 'org-demo', assessment_id: 'asm-demo', text } };
   },
@@ -103,13 +130,19 @@ async function readJson(request: IncomingMessage): Promise<unknown> {
 }
 
 /** Starts the demo backend; `port` 0 picks a free one. Logs one line per call unless `quiet`. */
-export async function startDemoBackend(options: { host: string; port: number; quiet?: boolean }): Promise<{ server: Server; url: string }> {
+export async function startDemoBackend(options: {
+  host: string;
+  port: number;
+  quiet?: boolean;
+}): Promise<{ server: Server; url: string }> {
   const server = createServer((request, response) => {
     const send = (status: number, body: unknown) => {
       response.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
       if (!options.quiet) {
         const header = (name: string) => request.headers[`x-toolgate-${name}`] ?? '-';
-        process.stdout.write(`${request.method} ${request.url} → ${status}  run=${header('run-id')} tenant=${header('tenant-id')} agent=${header('agent-id')}\n`);
+        process.stdout.write(
+          `${request.method} ${request.url} → ${status}  run=${header('run-id')} tenant=${header('tenant-id')} agent=${header('agent-id')}\n`,
+        );
       }
     };
     const handler = HANDLERS[(request.url ?? '').split('?')[0]!.slice(1)];
@@ -138,7 +171,14 @@ export async function startDemoBackend(options: { host: string; port: number; qu
 async function main(): Promise<void> {
   let values;
   try {
-    ({ values } = parseArgs({ options: { host: { type: 'string', default: '127.0.0.1' }, port: { type: 'string', default: '9000' }, help: { type: 'boolean' } }, strict: true }));
+    ({ values } = parseArgs({
+      options: {
+        host: { type: 'string', default: '127.0.0.1' },
+        port: { type: 'string', default: '9000' },
+        help: { type: 'boolean' },
+      },
+      strict: true,
+    }));
   } catch (error) {
     process.stderr.write(`demo:backend: ${(error as Error).message}\n${usage}\n`);
     process.exit(2);

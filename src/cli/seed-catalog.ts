@@ -31,12 +31,26 @@ export async function readCatalogFile(path: string): Promise<CatalogFile> {
  * twice is harmless: identical versions answer `unchanged`. With `backendBase`, tools that have
  * no backend (and are not `external_call`) get `<backendBase>/<tool id>`.
  */
-export async function seedCatalog(catalog: CatalogFile, register: RegisterTool, options: { backendBase?: string } = {}): Promise<SeedOutcome[]> {
+export async function seedCatalog(
+  catalog: CatalogFile,
+  register: RegisterTool,
+  options: { backendBase?: string } = {},
+): Promise<SeedOutcome[]> {
   const outcomes: SeedOutcome[] = [];
   for (const tool of catalog.tools) {
     const body = { ...tool };
-    if (options.backendBase && (body.backend === null || body.backend === undefined) && body.category !== 'external_call') {
-      body.backend = { url: `${options.backendBase.replace(/\/+$/, '')}/${tool.id}`, method: 'POST', timeout_ms: 10_000, max_response_bytes: 1024 * 1024, headers: {} };
+    if (
+      options.backendBase &&
+      (body.backend === null || body.backend === undefined) &&
+      body.category !== 'external_call'
+    ) {
+      body.backend = {
+        url: `${options.backendBase.replace(/\/+$/, '')}/${tool.id}`,
+        method: 'POST',
+        timeout_ms: 10_000,
+        max_response_bytes: 1024 * 1024,
+        headers: {},
+      };
     }
     const response = await register(body);
     const result = response.status === 201 ? 'registered' : response.status === 200 ? 'unchanged' : 'failed';
@@ -45,7 +59,9 @@ export async function seedCatalog(catalog: CatalogFile, register: RegisterTool, 
       version: tool.version,
       result,
       status: response.status,
-      ...(result === 'failed' ? { error: (response.body as { error?: unknown } | undefined)?.error ?? response.body } : {}),
+      ...(result === 'failed'
+        ? { error: (response.body as { error?: unknown } | undefined)?.error ?? response.body }
+        : {}),
     });
   }
   return outcomes;

@@ -43,7 +43,8 @@ async function main(): Promise<void> {
   let token = values.token ?? target.token;
   if (!token) {
     const secret = config.jwt.secret ?? (await developmentSecret(config.dataDir, false));
-    if (!secret || config.jwt.publicKey || config.jwt.jwksFile) fail('no token: pass --token or set TOOLGATE_TOKEN to a platform-operator token');
+    if (!secret || config.jwt.publicKey || config.jwt.jwksFile)
+      fail('no token: pass --token or set TOOLGATE_TOKEN to a platform-operator token');
     token = signDevelopmentToken(secret, {
       kind: 'operator',
       role: 'platform-operator',

@@ -42,7 +42,10 @@ export class GatewayUnreachableError extends Error {
     cause: unknown,
   ) {
     const reason = (cause as { cause?: { code?: string; message?: string } })?.cause;
-    super(`cannot reach the gateway at ${url}: ${reason?.code ?? reason?.message ?? (cause as Error)?.message ?? String(cause)}`, { cause });
+    super(
+      `cannot reach the gateway at ${url}: ${reason?.code ?? reason?.message ?? (cause as Error)?.message ?? String(cause)}`,
+      { cause },
+    );
   }
 }
 
@@ -70,7 +73,18 @@ export async function unwrap<T>(call: Promise<{ data?: T; error?: unknown; respo
 
 /** A refusal from a non-2xx answer's body, whatever its shape. */
 export function refusal(status: number, body: unknown): ToolgateError {
-  const envelope = body as { error?: { code?: string; message?: string; details?: Record<string, unknown> }; steps?: Array<{ error?: { code?: string; message?: string; details?: Record<string, unknown> } }> } | undefined;
+  const envelope = body as
+    | {
+        error?: { code?: string; message?: string; details?: Record<string, unknown> };
+        steps?: Array<{ error?: { code?: string; message?: string; details?: Record<string, unknown> } }>;
+      }
+    | undefined;
   const error = envelope?.error ?? envelope?.steps?.find((step) => step.error)?.error;
-  return new ToolgateError(status, error?.code ?? `http_${status}`, error?.message ?? `HTTP ${status}`, error?.details ?? {}, body);
+  return new ToolgateError(
+    status,
+    error?.code ?? `http_${status}`,
+    error?.message ?? `HTTP ${status}`,
+    error?.details ?? {},
+    body,
+  );
 }

@@ -85,7 +85,12 @@ const intInRange = (min: number, max: number, fallback: number) =>
 const httpUrl = (value: string) => {
   try {
     const url = new URL(value);
-    return (url.protocol === 'https:' || url.protocol === 'http:') && url.hash === '' && url.username === '' && url.password === '';
+    return (
+      (url.protocol === 'https:' || url.protocol === 'http:') &&
+      url.hash === '' &&
+      url.username === '' &&
+      url.password === ''
+    );
   } catch {
     return false;
   }
@@ -97,7 +102,12 @@ const listOf = (valid: (entry: string) => boolean, message: string) =>
     z
       .string()
       .default('')
-      .transform((value) => value.split(',').map((entry) => entry.trim()).filter((entry) => entry.length > 0))
+      .transform((value) =>
+        value
+          .split(',')
+          .map((entry) => entry.trim())
+          .filter((entry) => entry.length > 0),
+      )
       .refine((entries) => entries.every(valid), { message }),
   );
 /** A browser origin exactly as browsers send it: scheme, host and port only. */
@@ -169,13 +179,25 @@ const environmentSchema = z
     TOOLGATE_RETENTION_SWEEP_MS: intInRange(1_000, 86_400_000, 600_000),
     TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
     TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
-    TOOLGATE_MCP_ENABLED: z.preprocess(emptyAsUndefined, z.enum(['true', 'false'], { message: 'must be true or false' }).default('true')),
+    TOOLGATE_MCP_ENABLED: z.preprocess(
+      emptyAsUndefined,
+      z.enum(['true', 'false'], { message: 'must be true or false' }).default('true'),
+    ),
     TOOLGATE_MCP_RESOURCE: z.preprocess(
       emptyAsUndefined,
-      z.string().refine(httpUrl, 'must be an absolute http(s) URL without a fragment, such as https://gateway.example.com/mcp').optional(),
+      z
+        .string()
+        .refine(httpUrl, 'must be an absolute http(s) URL without a fragment, such as https://gateway.example.com/mcp')
+        .optional(),
     ),
-    TOOLGATE_MCP_AUTHORIZATION_SERVERS: listOf(httpUrl, 'must be a comma-separated list of http(s) URLs (authorization server issuers)'),
-    TOOLGATE_MCP_ALLOWED_ORIGINS: listOf(isOrigin, 'must be a comma-separated list of origins such as https://app.example.com (scheme, host and port only)'),
+    TOOLGATE_MCP_AUTHORIZATION_SERVERS: listOf(
+      httpUrl,
+      'must be a comma-separated list of http(s) URLs (authorization server issuers)',
+    ),
+    TOOLGATE_MCP_ALLOWED_ORIGINS: listOf(
+      isOrigin,
+      'must be a comma-separated list of origins such as https://app.example.com (scheme, host and port only)',
+    ),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -183,23 +205,22 @@ const environmentSchema = z
       ctx.addIssue({
         code: 'custom',
         path: ['TOOLGATE_JWT_SECRET'],
-        message:
-          'set only one of TOOLGATE_JWT_SECRET, TOOLGATE_JWT_PUBLIC_KEY and TOOLGATE_JWT_JWKS_FILE',
+        message: 'set only one of TOOLGATE_JWT_SECRET, TOOLGATE_JWT_PUBLIC_KEY and TOOLGATE_JWT_JWKS_FILE',
       });
     }
     if (env.NODE_ENV === 'production' && keys.every((key) => key === undefined)) {
       ctx.addIssue({
         code: 'custom',
         path: ['TOOLGATE_JWT_PUBLIC_KEY'],
-        message:
-          'production needs TOOLGATE_JWT_PUBLIC_KEY, TOOLGATE_JWT_JWKS_FILE or TOOLGATE_JWT_SECRET',
+        message: 'production needs TOOLGATE_JWT_PUBLIC_KEY, TOOLGATE_JWT_JWKS_FILE or TOOLGATE_JWT_SECRET',
       });
     }
     if (env.TOOLGATE_KILL_SWITCH_POLL_MS >= env.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS) {
       ctx.addIssue({
         code: 'custom',
         path: ['TOOLGATE_KILL_SWITCH_POLL_MS'],
-        message: 'must be shorter than TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS, or every snapshot goes stale between checks',
+        message:
+          'must be shorter than TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS, or every snapshot goes stale between checks',
       });
     }
   });
@@ -222,9 +243,7 @@ export class ConfigError extends Error {
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = environmentSchema.safeParse(env);
   if (!parsed.success) {
-    const lines = parsed.error.issues.map(
-      (issue) => `  ${issue.path.join('.') || '(environment)'}: ${issue.message}`,
-    );
+    const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.') || '(environment)'}: ${issue.message}`);
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
   const e = parsed.data;
@@ -251,7 +270,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     registryRefreshMs: e.TOOLGATE_REGISTRY_REFRESH_MS,
     secrets: Object.freeze(
       Object.fromEntries(
-        Object.entries(env).filter((entry): entry is [string, string] => SECRET_ENV_PATTERN.test(entry[0]) && typeof entry[1] === 'string'),
+        Object.entries(env).filter(
+          (entry): entry is [string, string] => SECRET_ENV_PATTERN.test(entry[0]) && typeof entry[1] === 'string',
+        ),
       ),
     ),
     budgetReservationTtlSeconds: e.TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS,
@@ -274,6 +295,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 }
 
 /** Where command-line clients (`npm run seed:example`) send requests: `TOOLGATE_URL`, `TOOLGATE_TOKEN`. */
-export function loadClientTarget(env: NodeJS.ProcessEnv = process.env): { url: string | undefined; token: string | undefined } {
+export function loadClientTarget(env: NodeJS.ProcessEnv = process.env): {
+  url: string | undefined;
+  token: string | undefined;
+} {
   return { url: env.TOOLGATE_URL || undefined, token: env.TOOLGATE_TOKEN || undefined };
 }

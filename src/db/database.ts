@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import { PGlitePool } from './pglite-pool.js';
 import type { DB } from './schema.js';
 import { waitAtMost } from './wait-at-most.js';
+import type { PGlite } from '@electric-sql/pglite';
 
 export type NotificationHandler = (payload: string) => void;
 
@@ -76,7 +77,14 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
  * had to use one was compiled on every run (about 100 ms of CPU for the reservation sweep's on
  * an empty table); keyed statements never gain from it.
  */
-const HOT_SETTINGS = ['plan_cache_mode=force_generic_plan', 'enable_seqscan=off', 'enable_bitmapscan=off', 'enable_hashjoin=off', 'enable_mergejoin=off', 'jit=off'];
+const HOT_SETTINGS = [
+  'plan_cache_mode=force_generic_plan',
+  'enable_seqscan=off',
+  'enable_bitmapscan=off',
+  'enable_hashjoin=off',
+  'enable_mergejoin=off',
+  'jit=off',
+];
 
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
   const sent = { count: 0 };
@@ -91,9 +99,27 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
   // it sits idle: a replica that had been quiet for the idle timeout met its next calls with new
   // connections — connect, session settings, every statement parsed and planned again — and
   // those calls waited for them (a trace at 50 calls/s: 5.5 ms for one such connection).
-  const general = openPool(connectionString, poolSize, hotSize, logger, 'toolgate', ['plan_cache_mode=force_custom_plan'], sent, connections);
+  const general = openPool(
+    connectionString,
+    poolSize,
+    hotSize,
+    logger,
+    'toolgate',
+    ['plan_cache_mode=force_custom_plan'],
+    sent,
+    connections,
+  );
   const hotPool = openPool(connectionString, hotSize, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent, connections);
-  const hotAsyncPool = openPool(connectionString, hotSize, hotSize, logger, 'toolgate-hot-async', [...HOT_SETTINGS, 'synchronous_commit=off'], sent, connections);
+  const hotAsyncPool = openPool(
+    connectionString,
+    hotSize,
+    hotSize,
+    logger,
+    'toolgate-hot-async',
+    [...HOT_SETTINGS, 'synchronous_commit=off'],
+    sent,
+    connections,
+  );
   const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: general }) });
   const hot = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotPool }) });
   const hotAsync = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotAsyncPool }) });
@@ -113,7 +139,9 @@ function openPostgres(connectionString: string, poolSize: number, logger: Logger
     // partition), is destroyed after CLOSE_STEP_WAIT_MS instead of being waited for.
     close: async () => {
       const pools = Promise.all([db.destroy(), hot.destroy(), hotAsync.destroy()]);
-      const ended = pools.then(() => Promise.all([...connections].map((client) => new Promise((resolve) => client.once('end', resolve)))));
+      const ended = pools.then(() =>
+        Promise.all([...connections].map((client) => new Promise((resolve) => client.once('end', resolve)))),
+      );
       const [, settled] = await Promise.all([listener.close(), waitAtMost(ended)]);
       if (!settled) for (const client of connections) destroyConnection(client);
       await pools;
@@ -171,7 +199,9 @@ function openPool(
     client.on('error', (error) => logger.warn({ err: error }, 'database connection failed'));
     // Queued before any query the pool hands the client out for.
     const set = settings.map((setting) => `SET ${setting.replace('=', ' = ')}`).join('; ');
-    client.query(set).catch((error: unknown) => logger.warn({ err: error, settings }, 'could not apply session settings'));
+    client
+      .query(set)
+      .catch((error: unknown) => logger.warn({ err: error, settings }, 'could not apply session settings'));
     prepareRepeatedStatements(client, sent);
   });
   return pool;
@@ -196,7 +226,10 @@ function statementName(text: string, parameterCount: number): string | undefined
  * table it selects with `*`) fails on every connection that prepared it, for good.
  */
 function isStalePlan(error: unknown): boolean {
-  return (error as { code?: unknown }).code === '0A000' && /cached plan must not change result type/.test(String((error as Error).message));
+  return (
+    (error as { code?: unknown }).code === '0A000' &&
+    /cached plan must not change result type/.test(String((error as Error).message))
+  );
 }
 
 /**
@@ -208,7 +241,11 @@ function isStalePlan(error: unknown): boolean {
  */
 function prepareRepeatedStatements(client: pg.PoolClient, sent: { count: number }): void {
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
-  (client as unknown as { query: (...args: unknown[]) => unknown }).query = (config: unknown, values?: unknown, callback?: unknown) => {
+  (client as unknown as { query: (...args: unknown[]) => unknown }).query = (
+    config: unknown,
+    values?: unknown,
+    callback?: unknown,
+  ) => {
     sent.count += 1;
     if (typeof config === 'string' && Array.isArray(values) && values.length > 0 && callback === undefined) {
       const name = statementName(config, values.length);
@@ -371,7 +408,7 @@ class PGliteNotificationListener extends EventEmitter implements NotificationLis
   private readonly unsubscribers: Array<() => Promise<void>> = [];
   connected = true;
 
-  constructor(private readonly pglite: import('@electric-sql/pglite').PGlite) {
+  constructor(private readonly pglite: PGlite) {
     super();
   }
 

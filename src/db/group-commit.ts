@@ -78,7 +78,10 @@ function nextTurn(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }
 
-function settle<Result>(pending: { resolve: (result: Result) => void; reject: (error: unknown) => void }, answer: Result | Failed): void {
+function settle<Result>(
+  pending: { resolve: (result: Result) => void; reject: (error: unknown) => void },
+  answer: Result | Failed,
+): void {
   if (answer instanceof Failed) pending.reject(answer.error);
   else pending.resolve(answer);
 }

@@ -29,6 +29,7 @@ export function jsonProblem(value: unknown, root: string): { path: string; messa
 }
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+// eslint-disable-next-line no-control-regex -- NUL is what PostgreSQL refuses in text
 const UNPRINTABLE = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
 /** A key as a path shows it: what could not be kept written as a `\uXXXX` escape, so the path can be. */

@@ -36,7 +36,10 @@ export async function migrate(db: Kysely<DB>, dir = migrationsDir): Promise<Migr
     )`.execute(trx);
     await sql`alter table schema_migrations add column if not exists checksum text`.execute(trx);
     const done = new Map(
-      (await trx.selectFrom('schema_migrations').select(['version', 'checksum']).execute()).map((row) => [row.version, row.checksum]),
+      (await trx.selectFrom('schema_migrations').select(['version', 'checksum']).execute()).map((row) => [
+        row.version,
+        row.checksum,
+      ]),
     );
     const applied: string[] = [];
     for (const file of files) {

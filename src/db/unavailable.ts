@@ -8,7 +8,8 @@ export function isDatabaseUnavailable(error: unknown): boolean {
   const code = (error as { code?: unknown }).code;
   if (typeof code === 'string') {
     // Node socket errors and PostgreSQL classes 08 (connection), 57P (operator intervention), 53 (resources).
-    if (['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN'].includes(code)) return true;
+    if (['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN'].includes(code))
+      return true;
     // 57014: a statement cancelled by statement_timeout (an overloaded or wedged server).
     if (/^(08|57P|53)/.test(code) || code === '57014') return true;
   }

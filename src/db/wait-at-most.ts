@@ -7,14 +7,23 @@
 export const CLOSE_STEP_WAIT_MS = 1_000;
 
 /** Waits for `work` to settle, at most `ms`: whether it did. Its outcome is not reported either way. */
-export async function waitAtMost(work: Promise<unknown> | undefined, ms: number = CLOSE_STEP_WAIT_MS): Promise<boolean> {
+export async function waitAtMost(
+  work: Promise<unknown> | undefined,
+  ms: number = CLOSE_STEP_WAIT_MS,
+): Promise<boolean> {
   if (work === undefined) return true;
   let timer: NodeJS.Timeout | undefined;
   const timedOut = new Promise<false>((resolve) => {
     timer = setTimeout(() => resolve(false), ms);
   });
   try {
-    return await Promise.race([work.then(() => true, () => true), timedOut]);
+    return await Promise.race([
+      work.then(
+        () => true,
+        () => true,
+      ),
+      timedOut,
+    ]);
   } finally {
     clearTimeout(timer);
   }

@@ -100,8 +100,7 @@ const NOT_PUBLIC: ReadonlyArray<readonly [Cidr, AddressClass]> = (
 /** Global unicast IPv6 space; everything outside it is unallocated or special. */
 const GLOBAL_UNICAST_V6 = cidr('2000::/3');
 
-const ipv4 = (high: number, low: number) =>
-  new ipaddr.IPv4([high >> 8, high & 0xff, low >> 8, low & 0xff]);
+const ipv4 = (high: number, low: number) => new ipaddr.IPv4([high >> 8, high & 0xff, low >> 8, low & 0xff]);
 
 /**
  * IPv6 forms that carry an IPv4 address the packets end up at: judged by what they carry, so

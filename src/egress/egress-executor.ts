@@ -2,13 +2,7 @@ import type { LookupFunction } from 'node:net';
 import { Agent, request, type Dispatcher } from 'undici';
 import { createAddressPolicy } from './address-policy.js';
 import { CREDENTIAL_HEADERS, filterResponseHeaders } from './egress-headers.js';
-import {
-  guardHop,
-  prepareRequest,
-  type GuardContext,
-  type GuardedHop,
-  type OutgoingRequest,
-} from './egress-guard.js';
+import { guardHop, prepareRequest, type GuardContext, type GuardedHop, type OutgoingRequest } from './egress-guard.js';
 import {
   DEFAULT_MAX_REDIRECTS,
   DEFAULT_MAX_RESPONSE_BYTES,

@@ -34,11 +34,7 @@ export type EgressDenialReason =
 
 /** Why the call failed although the guard admitted it: the destination misbehaved or the network did. */
 export type EgressFailureReason =
-  | 'deadline_exceeded'
-  | 'dns_failed'
-  | 'connection_failed'
-  | 'response_too_large'
-  | 'response_decoding_failed';
+  'deadline_exceeded' | 'dns_failed' | 'connection_failed' | 'response_too_large' | 'response_decoding_failed';
 
 /** A guard refusal: `403 egress_denied` (SPEC §7), to be audited as blocked egress. */
 export interface EgressDenied {

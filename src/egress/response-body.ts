@@ -86,9 +86,7 @@ export async function readBody(
  * the text parses, else the text, decoded with the declared charset (UTF-8 when absent or unknown).
  */
 export function decodeBody(bytes: Buffer, contentType: string | undefined): unknown {
-  const [mediaType = '', ...parameters] = (contentType ?? '')
-    .split(';')
-    .map((part) => part.trim().toLowerCase());
+  const [mediaType = '', ...parameters] = (contentType ?? '').split(';').map((part) => part.trim().toLowerCase());
   const charset = parameters.find((parameter) => parameter.startsWith('charset='))?.slice('charset='.length);
   let text: string;
   try {

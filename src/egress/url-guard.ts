@@ -14,6 +14,7 @@ const SUPPORTED_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPT
  * trailing spaces and controls, `\` read as `/`) and that other parsers read differently: the
  * heart of URL-confusion SSRF. SPEC §9 says never repair a URL, so they are refused instead.
  */
+// eslint-disable-next-line no-control-regex -- control characters are the ambiguity refused here
 const AMBIGUOUS = /[\u0000-\u0020\u007f\\]/;
 /** `scheme://host…` or, against a base, `//host…`: the authority spelled out and not empty. */
 const AUTHORITY = /^(?:[a-z][a-z0-9+.-]*:)?\/\/([^/?#]+)/i;

@@ -14,7 +14,8 @@ export function wideningIn(child: unknown, parent: unknown, path: string): strin
   if (parent === undefined) return undefined;
   if (child === undefined || child === null) return parent === null ? undefined : path;
   if (typeof parent === 'number') return typeof child === 'number' && child <= parent ? undefined : path;
-  if (typeof parent === 'string' || typeof parent === 'boolean' || parent === null) return child === parent ? undefined : path;
+  if (typeof parent === 'string' || typeof parent === 'boolean' || parent === null)
+    return child === parent ? undefined : path;
   if (Array.isArray(parent)) {
     if (!Array.isArray(child)) return path;
     const hostPatterns = path.endsWith('.egress_domains');

@@ -32,7 +32,10 @@ export type ModifierCheck = { ok: true } | { ok: false; field: string; message: 
  * with an egress allowlist and every entry must lie inside it; `max_cost_units` is a cap, which
  * can only narrow.
  */
-export function checkModifiersWithinTool(modifiers: CapabilityModifiers, tool: Pick<ToolFacts, 'egress'>): ModifierCheck {
+export function checkModifiersWithinTool(
+  modifiers: CapabilityModifiers,
+  tool: Pick<ToolFacts, 'egress'>,
+): ModifierCheck {
   if (modifiers.egress_domains !== undefined) {
     const allowed = tool.egress?.allowed_hosts;
     if (!allowed) {

@@ -31,7 +31,12 @@ export class GrantExpirySweeper {
   private readonly task: BackgroundTask;
 
   constructor(private readonly options: GrantExpirySweeperOptions) {
-    this.task = new BackgroundTask({ name: 'grant expiry sweep', run: () => this.sweep(), intervalMs: () => options.intervalMs, logger: options.logger });
+    this.task = new BackgroundTask({
+      name: 'grant expiry sweep',
+      run: () => this.sweep(),
+      intervalMs: () => options.intervalMs,
+      logger: options.logger,
+    });
   }
 
   start(): void {
@@ -72,7 +77,8 @@ export class GrantExpirySweeper {
             },
           })),
         );
-        if (lapsed.length > 0) await this.options.onGrantsEnded?.(trx, lapsed, { code: 'grant_expired', actor: EXPIRY_ACTOR }, now);
+        if (lapsed.length > 0)
+          await this.options.onGrantsEnded?.(trx, lapsed, { code: 'grant_expired', actor: EXPIRY_ACTOR }, now);
         return lapsed.length;
       });
       recorded += count;

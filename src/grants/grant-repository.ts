@@ -1,7 +1,14 @@
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { OperatorRole } from '../auth/principal.js';
 import type { DB, GrantTable } from '../db/schema.js';
-import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type Grant, type GrantScope, type GrantStatus, type OperatorActor } from './grant.js';
+import {
+  GRANT_SCOPE_CONTEXT_KEY,
+  GRANT_SCOPES,
+  type Grant,
+  type GrantScope,
+  type GrantStatus,
+  type OperatorActor,
+} from './grant.js';
 import type { RunContext } from './grant-resolver.js';
 
 /** A grant as first written: nothing about its end yet. */
@@ -69,7 +76,14 @@ export interface GrantSubject {
  * requests arriving together find each other instead of both inserting.
  */
 export async function lockGrantSubject(trx: Transaction<DB>, subject: GrantSubject): Promise<void> {
-  const key = JSON.stringify(['grant', subject.tenantId, subject.agentId, subject.toolId, subject.scope, subject.scopeRef]);
+  const key = JSON.stringify([
+    'grant',
+    subject.tenantId,
+    subject.agentId,
+    subject.toolId,
+    subject.scope,
+    subject.scopeRef,
+  ]);
   await sql`select pg_advisory_xact_lock(hashtextextended(${key}, 0))`.execute(trx);
 }
 
@@ -174,9 +188,15 @@ export async function listGrants(
   if (query.status === 'live') q = q.where('revoked_at', 'is', null).where('expires_at', '>', query.now);
   if (query.after !== undefined) {
     const { grantedAt, id } = query.after;
-    q = q.where((eb) => eb.or([eb('granted_at', '<', grantedAt), eb.and([eb('granted_at', '=', grantedAt), eb('id', '<', id)])]));
+    q = q.where((eb) =>
+      eb.or([eb('granted_at', '<', grantedAt), eb.and([eb('granted_at', '=', grantedAt), eb('id', '<', id)])]),
+    );
   }
-  const rows = await q.orderBy('granted_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const rows = await q
+    .orderBy('granted_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map(toGrant);
   const last = items[items.length - 1];
   return { items, next: rows.length > query.limit && last ? { grantedAt: last.granted_at, id: last.id } : null };

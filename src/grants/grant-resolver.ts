@@ -1,10 +1,4 @@
-import {
-  GRANT_SCOPE_CONTEXT_KEY,
-  GRANT_SCOPE_PRIORITY,
-  grantStatus,
-  type Grant,
-  type GrantStatus,
-} from './grant.js';
+import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPE_PRIORITY, grantStatus, type Grant, type GrantStatus } from './grant.js';
 
 /** The run a call belongs to, as far as grants care (SPEC §3). Absent keys match nothing. */
 export interface RunContext {

@@ -7,7 +7,13 @@ import { GroupCommit } from '../db/group-commit.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { DB } from '../db/schema.js';
 import { checkModifiersWithinTool } from './capability-modifiers.js';
-import { GRANT_SCOPE_CONTEXT_KEY, type CapabilityModifiers, type Grant, type GrantScope, type OperatorActor } from './grant.js';
+import {
+  GRANT_SCOPE_CONTEXT_KEY,
+  type CapabilityModifiers,
+  type Grant,
+  type GrantScope,
+  type OperatorActor,
+} from './grant.js';
 import {
   findGrant,
   findGrantCandidates,
@@ -65,7 +71,9 @@ function sameQuery(a: GrantResolveQuery, b: GrantResolveQuery): boolean {
     a.tenantId === b.tenantId &&
     a.agentId === b.agentId &&
     a.toolId === b.toolId &&
-    Object.values(GRANT_SCOPE_CONTEXT_KEY).every((key) => (key === 'tenant_id' ? true : a.context[key] === b.context[key]))
+    Object.values(GRANT_SCOPE_CONTEXT_KEY).every((key) =>
+      key === 'tenant_id' ? true : a.context[key] === b.context[key],
+    )
   );
 }
 
@@ -97,7 +105,13 @@ export interface RenewGrantRequest {
 /** Why a grant change was refused; expected outcomes, not faults. */
 export type GrantRefusal = {
   ok: false;
-  code: 'invalid_request' | 'not_found' | 'tool_not_registered' | 'tool_category_blocked' | 'grant_revoked' | 'grant_conflict';
+  code:
+    | 'invalid_request'
+    | 'not_found'
+    | 'tool_not_registered'
+    | 'tool_category_blocked'
+    | 'grant_revoked'
+    | 'grant_conflict';
   message: string;
   details?: Record<string, unknown>;
 };
@@ -125,7 +139,8 @@ export class GrantService {
   async resolve(query: GrantResolveQuery, prefetched?: GrantPrefetch): Promise<GrantDecision> {
     // The tenant is the caller's, from its token: a tenant in the context never widens it.
     const context: RunContext = { ...query.context, tenant_id: query.tenantId };
-    const ahead = prefetched && sameQuery(prefetched.query, query) ? (prefetched.candidates as Promise<Grant[]>) : undefined;
+    const ahead =
+      prefetched && sameQuery(prefetched.query, query) ? (prefetched.candidates as Promise<Grant[]>) : undefined;
     const candidates = await (ahead ?? this.candidateReads.submit({ ...query, context }));
     return resolveGrant(candidates, context, this.deps.now());
   }
@@ -135,7 +150,10 @@ export class GrantService {
    * claim). The resolution itself waits for `resolve`, at the grant stage, judged at that moment.
    */
   prefetch(query: GrantResolveQuery): GrantPrefetch {
-    const candidates = this.candidateReads.submit({ ...query, context: { ...query.context, tenant_id: query.tenantId } });
+    const candidates = this.candidateReads.submit({
+      ...query,
+      context: { ...query.context, tenant_id: query.tenantId },
+    });
     // A prefetch nobody resolves (the claim found the run taken) must not be an unhandled rejection.
     candidates.catch(() => undefined);
     return { query, candidates };
@@ -155,7 +173,9 @@ export class GrantService {
     if (!checked.ok) return checked;
     return this.deps.db.transaction().execute(async (trx) => {
       await lockGrantSubject(trx, request);
-      const alike = (await findLiveGrantsOf(trx, request, now)).find((live) => sameModifiers(live.capability_modifiers, request.capabilityModifiers));
+      const alike = (await findLiveGrantsOf(trx, request, now)).find((live) =>
+        sameModifiers(live.capability_modifiers, request.capabilityModifiers),
+      );
       if (alike) {
         if (alike.expires_at.getTime() === request.expiresAt.getTime() && alike.rationale === request.rationale) {
           return { ok: true, created: false, grant: alike } as const;
@@ -182,7 +202,13 @@ export class GrantService {
         renewed_from: null,
       });
       await writeAuditEvents(trx, [
-        { occurredAt: now, event: { ...grantEvent('grant.created', created, request.actor, checked.tool, request.traceId), status: 'granted' } },
+        {
+          occurredAt: now,
+          event: {
+            ...grantEvent('grant.created', created, request.actor, checked.tool, request.traceId),
+            status: 'granted',
+          },
+        },
       ]);
       return { ok: true, created: true, grant: created } as const;
     });
@@ -214,7 +240,12 @@ export class GrantService {
           },
         },
       ]);
-      await this.deps.onGrantsEnded?.(trx, [changed], { code: 'grant_revoked', actor: `operator:${request.actor.actor_id}`, traceId: request.traceId }, at);
+      await this.deps.onGrantsEnded?.(
+        trx,
+        [changed],
+        { code: 'grant_revoked', actor: `operator:${request.actor.actor_id}`, traceId: request.traceId },
+        at,
+      );
       return changed;
     });
     if (revoked) return { ok: true, changed: true, grant: revoked };
@@ -235,7 +266,16 @@ export class GrantService {
     if (old.revoked_at !== null) return revokedRefusal(old);
     const modifiers = request.capabilityModifiers ?? old.capability_modifiers;
     const checked = await this.checkTerms(
-      { toolId: old.tool_id, expiresAt: request.expiresAt, rationale: request.rationale, capabilityModifiers: modifiers, actor: request.actor, tenantId: old.tenant_id, agentId: old.agent_id, traceId: request.traceId },
+      {
+        toolId: old.tool_id,
+        expiresAt: request.expiresAt,
+        rationale: request.rationale,
+        capabilityModifiers: modifiers,
+        actor: request.actor,
+        tenantId: old.tenant_id,
+        agentId: old.agent_id,
+        traceId: request.traceId,
+      },
       now,
     );
     if (!checked.ok) return checked;
@@ -294,7 +334,10 @@ export class GrantService {
 
   /** The terms every new grant must meet, renewals included. */
   private async checkTerms(
-    request: Pick<CreateGrantRequest, 'toolId' | 'expiresAt' | 'rationale' | 'capabilityModifiers' | 'actor' | 'tenantId' | 'agentId' | 'traceId'>,
+    request: Pick<
+      CreateGrantRequest,
+      'toolId' | 'expiresAt' | 'rationale' | 'capabilityModifiers' | 'actor' | 'tenantId' | 'agentId' | 'traceId'
+    >,
     now: Date,
   ): Promise<{ ok: true; tool: ToolFacts } | GrantRefusal> {
     if (request.rationale.trim().length === 0) return invalid('body.rationale', 'must not be blank');
@@ -302,12 +345,19 @@ export class GrantService {
     const fresh = this.deps.tools.readiness?.() ?? { ok: true };
     if (!fresh.ok) {
       // A stale or empty copy of the registry must not answer "no such tool".
-      throw new CodedError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
+      throw new CodedError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', {
+        reason: fresh.reason ?? null,
+      });
     }
     const versions = await this.deps.tools.versions(request.toolId);
     const newest = versions[0];
     if (!newest) {
-      return { ok: false, code: 'tool_not_registered', message: `tool ${request.toolId} is not registered`, details: { tool_id: request.toolId } };
+      return {
+        ok: false,
+        code: 'tool_not_registered',
+        message: `tool ${request.toolId} is not registered`,
+        details: { tool_id: request.toolId },
+      };
     }
     // A grant names a tool, not a version: it is refused only when no version it could cover is
     // one agents may use. The others stay out of reach at every call (an agent's calls resolve
@@ -340,7 +390,12 @@ export class GrantService {
     // enabled: egress_domains only narrow egress, which exists only where the tenant enables it,
     // and the grant outlives a policy change. A grant names an agent, whose family claim is not
     // known here: a grantee no allowlist names by id is judged by the newest version agents may use.
-    const runs = await this.deps.tools.resolveFor({ agentId: request.agentId, family: undefined }, request.toolId, undefined, { externalCallEnabled: true });
+    const runs = await this.deps.tools.resolveFor(
+      { agentId: request.agentId, family: undefined },
+      request.toolId,
+      undefined,
+      { externalCallEnabled: true },
+    );
     const bound = runs.ok ? runs.tool : tool;
     const modifiers = checkModifiersWithinTool(request.capabilityModifiers, bound);
     if (!modifiers.ok) return invalid(modifiers.field, modifiers.message);
@@ -353,7 +408,12 @@ function newGrantId(): string {
 }
 
 function invalid(field: string, message: string): GrantRefusal {
-  return { ok: false, code: 'invalid_request', message: `${field}: ${message}`, details: { issues: [{ field, message }] } };
+  return {
+    ok: false,
+    code: 'invalid_request',
+    message: `${field}: ${message}`,
+    details: { issues: [{ field, message }] },
+  };
 }
 
 function revokedRefusal(grant: Grant): GrantRefusal {
@@ -376,7 +436,13 @@ function grantDetails(grant: Grant): Record<string, unknown> {
   };
 }
 
-function grantEvent(type: string, grant: Grant, actor: OperatorActor, tool: ToolFacts | undefined, traceId: string | undefined) {
+function grantEvent(
+  type: string,
+  grant: Grant,
+  actor: OperatorActor,
+  tool: ToolFacts | undefined,
+  traceId: string | undefined,
+) {
   return {
     event_type: type,
     actor: `operator:${actor.actor_id}`,

@@ -47,13 +47,22 @@ export type HandoffRefusal = {
 export class HandoffService {
   constructor(private readonly deps: HandoffServiceDeps) {}
 
-  async create(agent: AgentPrincipal, parentRunId: string, request: HandoffRequest, traceId: string): Promise<{ ok: true; handoff: Handoff; approvalId: string | null } | HandoffRefusal> {
+  async create(
+    agent: AgentPrincipal,
+    parentRunId: string,
+    request: HandoffRequest,
+    traceId: string,
+  ): Promise<{ ok: true; handoff: Handoff; approvalId: string | null } | HandoffRefusal> {
     const seen = await findRun(this.deps.db, agent.tenantId, parentRunId);
-    if (!seen || seen.agent_id !== agent.id) return { ok: false, code: 'not_found', message: `run ${parentRunId} not found` };
+    if (!seen || seen.agent_id !== agent.id)
+      return { ok: false, code: 'not_found', message: `run ${parentRunId} not found` };
     // An ended parent hands nothing on, and relies on no grant: its refusal is recorded below.
     const ended = isTerminal(seen.status);
-    const envelope = !ended && seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
-    const tools = ended ? new Map<string, CapabilityModifiers>() : await this.handOnable(seen, request.delegable_tool_ids, envelope);
+    const envelope =
+      !ended && seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
+    const tools = ended
+      ? new Map<string, CapabilityModifiers>()
+      : await this.handOnable(seen, request.delegable_tool_ids, envelope);
     const now = this.deps.now();
     const actor = actorOf(agent);
 
@@ -75,7 +84,13 @@ export class HandoffService {
               trace_id: traceId,
               status: 'denied',
               reason_code: refusal.code,
-              details: { ...refusal.details, message: refusal.message, sub_agent_id: request.sub_agent_id, sub_run_id: request.sub_run_id, attribution: attributionOf(parent) },
+              details: {
+                ...refusal.details,
+                message: refusal.message,
+                sub_agent_id: request.sub_agent_id,
+                sub_run_id: request.sub_run_id,
+                attribution: attributionOf(parent),
+              },
             },
           },
         ]);
@@ -83,7 +98,10 @@ export class HandoffService {
       };
       if (ended || isTerminal(parent.status)) return refuse(notResumable(parent));
       const made = await listHandoffsFrom(trx, parent.tenant_id, parent.run_id);
-      const allowance = parent.budget_units === null ? null : await lockRunAllowance(trx, parent.tenant_id, parent.run_id, parent.budget_units);
+      const allowance =
+        parent.budget_units === null
+          ? null
+          : await lockRunAllowance(trx, parent.tenant_id, parent.run_id, parent.budget_units);
       const authority: ParentAuthority = {
         trace: attributionOf(parent).map((a) => a.agent_id),
         tools,
@@ -94,7 +112,12 @@ export class HandoffService {
       };
       const check = checkHandoff(request, authority, this.deps.maxDepth);
       if (!check.ok) {
-        return refuse({ ok: false, code: 'handoff_rejected', message: check.message, details: { reason: check.reason, ...check.details } });
+        return refuse({
+          ok: false,
+          code: 'handoff_rejected',
+          message: check.message,
+          details: { reason: check.reason, ...check.details },
+        });
       }
       const lineage = attributionOf(parent);
       const sub = await insertSubRun(trx, {
@@ -109,7 +132,13 @@ export class HandoffService {
         trace_id: traceId,
         created_at: now,
       });
-      if (!sub) return refuse({ ok: false, code: 'run_id_conflict', message: `run_id ${request.sub_run_id} is already in use`, details: { sub_run_id: request.sub_run_id } });
+      if (!sub)
+        return refuse({
+          ok: false,
+          code: 'run_id_conflict',
+          message: `run_id ${request.sub_run_id} is already in use`,
+          details: { sub_run_id: request.sub_run_id },
+        });
       await markHandedOff(trx, parent);
       const handoff = await insertHandoff(trx, {
         id: `hof_${randomBytes(10).toString('hex')}`,
@@ -166,9 +195,18 @@ export class HandoffService {
         run_id: approval.run_id,
         trace_id: traceId,
         status: 'awaiting_approval',
-        details: { approval_id: approval.id, handoff_id: handoff.id, proposed_by: approval.proposed_by, expires_at: approval.expires_at.toISOString(), attribution: attributionOf(sub) },
+        details: {
+          approval_id: approval.id,
+          handoff_id: handoff.id,
+          proposed_by: approval.proposed_by,
+          expires_at: approval.expires_at.toISOString(),
+          attribution: attributionOf(sub),
+        },
       };
-      await writeAuditEvents(trx, [dispatched, ...(requested ? [requested] : [])].map((event) => ({ occurredAt: now, event })));
+      await writeAuditEvents(
+        trx,
+        [dispatched, ...(requested ? [requested] : [])].map((event) => ({ occurredAt: now, event })),
+      );
       return { ok: true, handoff, approvalId: approval?.id ?? null } as const;
     });
   }
@@ -183,7 +221,11 @@ export class HandoffService {
    * own calls of it run under (its grant's, narrowed by its envelope's). The grants are recorded
    * as ones the parent relies on, so that pulling one stops the parent and everything it handed on.
    */
-  private async handOnable(parent: RunRecord, asked: readonly string[], envelope: Handoff | undefined): Promise<Map<string, CapabilityModifiers>> {
+  private async handOnable(
+    parent: RunRecord,
+    asked: readonly string[],
+    envelope: Handoff | undefined,
+  ): Promise<Map<string, CapabilityModifiers>> {
     const tools = new Map<string, CapabilityModifiers>();
     for (const toolId of new Set(asked)) {
       if (envelope && !envelope.delegable_tool_ids.includes(toolId)) continue;
@@ -199,7 +241,14 @@ export class HandoffService {
           user_id: parent.user_id ?? undefined,
         },
       });
-      if (resolved.ok && (await this.deps.grantUses.record({ tenantId: parent.tenant_id, runId: parent.run_id, grantId: resolved.grant.id }))) {
+      if (
+        resolved.ok &&
+        (await this.deps.grantUses.record({
+          tenantId: parent.tenant_id,
+          runId: parent.run_id,
+          grantId: resolved.grant.id,
+        }))
+      ) {
         const own = resolved.grant.capability_modifiers;
         tools.set(toolId, envelope ? narrowestModifiers(own, envelope.capability_modifiers) : own);
       }
@@ -209,7 +258,12 @@ export class HandoffService {
 }
 
 function notResumable(run: RunRecord): HandoffRefusal {
-  return { ok: false, code: 'run_not_resumable', message: `run ${run.run_id} is ${run.status}; it hands nothing off`, details: { status: run.status } };
+  return {
+    ok: false,
+    code: 'run_not_resumable',
+    message: `run ${run.run_id} is ${run.status}; it hands nothing off`,
+    details: { status: run.status },
+  };
 }
 
 /** A hand-off as the API and its audit events show it. */

@@ -1,7 +1,12 @@
 import { toMicros } from '../budgets/budget-units.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
 import { wideningIn } from '../grants/authority-envelope.js';
-import { APPROVAL_REQUIREMENT_RANK, type ApprovalRequirement, type HandoffRejectionReason, type HandoffRequest } from '../runs/handoff.js';
+import {
+  APPROVAL_REQUIREMENT_RANK,
+  type ApprovalRequirement,
+  type HandoffRejectionReason,
+  type HandoffRequest,
+} from '../runs/handoff.js';
 
 /** The parent's side of a hand-off: the authority it has to hand on, and what is left of it. */
 export interface ParentAuthority {
@@ -23,8 +28,7 @@ export interface ParentAuthority {
 
 /** The verdict on a hand-off: made, or refused with the first reason that applies. */
 export type HandoffCheck =
-  | { ok: true }
-  | { ok: false; reason: HandoffRejectionReason; message: string; details: Record<string, unknown> };
+  { ok: true } | { ok: false; reason: HandoffRejectionReason; message: string; details: Record<string, unknown> };
 
 /**
  * SPEC §6: a hand-off is refused, with the first reason that applies, in this order — the
@@ -38,10 +42,14 @@ export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, m
     return refuse('cycle_detected', `${request.sub_agent_id} is already in this run's trace`, { trace: parent.trace });
   }
   if (parent.trace.length >= maxDepth) {
-    return refuse('depth_cap_exceeded', `a hand-off from depth ${parent.trace.length - 1} would reach the depth cap of ${maxDepth}`, {
-      depth: parent.trace.length,
-      max_depth: maxDepth,
-    });
+    return refuse(
+      'depth_cap_exceeded',
+      `a hand-off from depth ${parent.trace.length - 1} would reach the depth cap of ${maxDepth}`,
+      {
+        depth: parent.trace.length,
+        max_depth: maxDepth,
+      },
+    );
   }
   const widening = wideningOf(request, parent);
   if (widening) return refuse('authority_widening_rejected', widening.message, widening.details);
@@ -52,29 +60,44 @@ export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, m
   if (parent.remainingUnits === null || request.budget_units > parent.remainingUnits) {
     return refuse(
       'budget_exceeds_parent',
-      parent.remainingUnits === null ? 'the parent run has no budget_units to hand on' : `the parent run has ${parent.remainingUnits} units left`,
+      parent.remainingUnits === null
+        ? 'the parent run has no budget_units to hand on'
+        : `the parent run has ${parent.remainingUnits} units left`,
       { budget_units: request.budget_units, parent_remaining_units: parent.remainingUnits ?? 0 },
     );
   }
   return { ok: true };
 }
 
-function wideningOf(request: HandoffRequest, parent: ParentAuthority): { message: string; details: Record<string, unknown> } | undefined {
+function wideningOf(
+  request: HandoffRequest,
+  parent: ParentAuthority,
+): { message: string; details: Record<string, unknown> } | undefined {
   const outside = request.delegable_tool_ids.filter((tool) => !parent.tools.has(tool));
   if (outside.length > 0) {
-    return { message: `the parent cannot hand on ${outside.join(', ')}`, details: { field: 'delegable_tool_ids', tool_ids: outside } };
+    return {
+      message: `the parent cannot hand on ${outside.join(', ')}`,
+      details: { field: 'delegable_tool_ids', tool_ids: outside },
+    };
   }
   if (request.max_fanout > parent.maxFanout) {
-    return { message: `max_fanout ${request.max_fanout} is above the parent's ${parent.maxFanout}`, details: { field: 'max_fanout', parent_max_fanout: parent.maxFanout } };
+    return {
+      message: `max_fanout ${request.max_fanout} is above the parent's ${parent.maxFanout}`,
+      details: { field: 'max_fanout', parent_max_fanout: parent.maxFanout },
+    };
   }
   if (parent.handoffsMade >= parent.maxFanout) {
-    return { message: `the parent has made the ${parent.maxFanout} hand-offs its fan-out allows`, details: { field: 'fanout', parent_max_fanout: parent.maxFanout, handoffs_made: parent.handoffsMade } };
+    return {
+      message: `the parent has made the ${parent.maxFanout} hand-offs its fan-out allows`,
+      details: { field: 'fanout', parent_max_fanout: parent.maxFanout, handoffs_made: parent.handoffsMade },
+    };
   }
   // The envelope's modifiers bind every tool it hands on, so they may be no wider than the
   // parent's for any of them: a limit the parent's grant sets must be set again, no wider.
   for (const toolId of request.delegable_tool_ids) {
     const path = wideningIn(request.capability_modifiers, parent.tools.get(toolId), 'capability_modifiers');
-    if (path) return { message: `${path} is wider than the parent's for ${toolId}`, details: { field: path, tool_id: toolId } };
+    if (path)
+      return { message: `${path} is wider than the parent's for ${toolId}`, details: { field: path, tool_id: toolId } };
   }
   if (APPROVAL_REQUIREMENT_RANK[request.approval_requirement] < APPROVAL_REQUIREMENT_RANK[parent.approvalRequirement]) {
     return {

@@ -98,7 +98,12 @@ async function authenticate(request: FastifyRequest, options: AuthOptions): Prom
   return result.principal;
 }
 
-async function authorize(request: FastifyRequest, principal: Principal, access: Access, audit: AuditLog): Promise<void> {
+async function authorize(
+  request: FastifyRequest,
+  principal: Principal,
+  access: Access,
+  audit: AuditLog,
+): Promise<void> {
   if (access === 'any') return;
   if (access === 'agent') {
     if (principal.kind !== 'agent') throw new ApiError('forbidden', 'this route is for agents');
@@ -126,7 +131,12 @@ async function authorize(request: FastifyRequest, principal: Principal, access: 
       trace_id: request.traceId,
       status: 'denied',
       reason_code: 'forbidden',
-      details: { method: request.method, route: request.routeOptions.url ?? request.url, required: access, actor_role: principal.role },
+      details: {
+        method: request.method,
+        route: request.routeOptions.url ?? request.url,
+        required: access,
+        actor_role: principal.role,
+      },
     });
     throw new ApiError('forbidden', 'this route needs the platform-operator role');
   }

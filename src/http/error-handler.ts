@@ -1,7 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { ConnectionError, FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type {
+  ConnectionError,
+  FastifyBaseLogger,
+  FastifyError,
+  FastifyInstance,
+  FastifyReply,
+  FastifyRequest,
+} from 'fastify';
 import { isDataException, isDatabaseUnavailable } from '../db/unavailable.js';
 import { CodedError } from '../errors/coded-error.js';
 import { statusForCode } from '../errors/error-codes.js';
@@ -17,11 +24,16 @@ export function installErrorHandlers(app: FastifyInstance): void {
       const status = statusForCode(error.code);
       if (status >= 500) request.log.warn({ code: error.code, details: error.details }, error.message);
       const headers = error instanceof ApiError ? error.headers : {};
-      return reply.code(status).headers(headers).send(errorBody(error.code, error.message, error.details));
+      return reply
+        .code(status)
+        .headers(headers)
+        .send(errorBody(error.code, error.message, error.details));
     }
     if (isClientAbort(error, request)) {
       request.log.info({ reason: 'client_aborted' }, CLIENT_WENT_AWAY);
-      return reply.code(400).send(errorBody('invalid_request', 'the request did not arrive whole', { reason: 'client_aborted' }));
+      return reply
+        .code(400)
+        .send(errorBody('invalid_request', 'the request did not arrive whole', { reason: 'client_aborted' }));
     }
     if (isDatabaseUnavailable(error)) {
       request.log.warn({ err: error }, 'database unavailable');
@@ -33,20 +45,26 @@ export function installErrorHandlers(app: FastifyInstance): void {
       // PostgreSQL could not take a value as given (a NUL byte, an impossible number…): the
       // request's fault, whichever route let it through.
       request.log.info({ err: error }, 'value refused by the database');
-      return reply.code(400).send(errorBody('invalid_request', 'a value in the request cannot be used', { reason: 'data_exception' }));
+      return reply
+        .code(400)
+        .send(errorBody('invalid_request', 'a value in the request cannot be used', { reason: 'data_exception' }));
     }
     const status = typeof error.statusCode === 'number' ? error.statusCode : 500;
     if (status === 413) {
-      return reply.code(413).send(errorBody('payload_too_large', 'the request body is larger than the gateway accepts'));
+      return reply
+        .code(413)
+        .send(errorBody('payload_too_large', 'the request body is larger than the gateway accepts'));
     }
     if (status >= 400 && status < 500) {
       // Fastify's own refusals: malformed JSON, wrong content type, empty body…
       return reply.code(400).send(errorBody('invalid_request', error.message, { reason: error.code ?? 'bad_request' }));
     }
     request.log.error({ err: error }, 'unexpected error');
-    return reply
-      .code(500)
-      .send(errorBody('internal', `an unexpected error occurred; quote request id ${request.id}`, { request_id: request.id }));
+    return reply.code(500).send(
+      errorBody('internal', `an unexpected error occurred; quote request id ${request.id}`, {
+        request_id: request.id,
+      }),
+    );
   });
 
   app.setNotFoundHandler((request, reply) => {
@@ -74,7 +92,11 @@ export function frameworkErrors(error: FastifyError, request: FastifyRequest, re
   reply
     .code(400)
     .header('x-request-id', request.id)
-    .send(errorBody('invalid_request', 'the URL is malformed or a path segment is too long', { reason: error.code ?? 'bad_url' }));
+    .send(
+      errorBody('invalid_request', 'the URL is malformed or a path segment is too long', {
+        reason: error.code ?? 'bad_url',
+      }),
+    );
 }
 
 const UNPARSEABLE: Record<string, string> = {
@@ -101,10 +123,15 @@ export function clientErrorHandler(logger: FastifyBaseLogger): (error: Connectio
     const requestId = randomUUID();
     const reason = error.code ?? 'bad_request';
     // The client ended the connection mid-request: the parser's refusal is only the consequence.
-    logger.info({ request_id: requestId, status: 400, reason }, reason === 'HPE_INVALID_EOF_STATE' ? CLIENT_WENT_AWAY : 'request refused by the HTTP parser');
+    logger.info(
+      { request_id: requestId, status: 400, reason },
+      reason === 'HPE_INVALID_EOF_STATE' ? CLIENT_WENT_AWAY : 'request refused by the HTTP parser',
+    );
     afterAnswersInFlight(socket, () => {
       if (socket.writable) {
-        const body = JSON.stringify(errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }));
+        const body = JSON.stringify(
+          errorBody('invalid_request', UNPARSEABLE[reason] ?? 'the request is not valid HTTP', { reason }),
+        );
         socket.write(
           [
             'HTTP/1.1 400 Bad Request',

@@ -50,11 +50,20 @@ export const idempotencyPlugin = fp<{ keys: IdempotencyKeys }>(
             .header('idempotent-replayed', 'true')
             .send(verdict.body);
         case 'reused':
-          throw new ApiError('idempotency_key_reused', 'this Idempotency-Key was used for another request; use a new key for a new request', {
-            field: 'header.idempotency-key',
-          });
+          throw new ApiError(
+            'idempotency_key_reused',
+            'this Idempotency-Key was used for another request; use a new key for a new request',
+            {
+              field: 'header.idempotency-key',
+            },
+          );
         case 'busy':
-          throw new ApiError('gateway_unavailable', 'the first request with this Idempotency-Key has not answered yet; retry', {}, { 'retry-after': '1' });
+          throw new ApiError(
+            'gateway_unavailable',
+            'the first request with this Idempotency-Key has not answered yet; retry',
+            {},
+            { 'retry-after': '1' },
+          );
       }
     });
 

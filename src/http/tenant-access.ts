@@ -35,7 +35,12 @@ export async function refuseCrossTenantObject(
   throw new ApiError('not_found', message);
 }
 
-async function recordAttempt(request: FastifyRequest, audit: AuditLog, tenantId: string | null, details: Record<string, unknown>): Promise<void> {
+async function recordAttempt(
+  request: FastifyRequest,
+  audit: AuditLog,
+  tenantId: string | null,
+  details: Record<string, unknown>,
+): Promise<void> {
   const caller = principalOf(request);
   await audit.append({
     event_type: 'security.cross_tenant_attempt',
@@ -45,7 +50,10 @@ async function recordAttempt(request: FastifyRequest, audit: AuditLog, tenantId:
     trace_id: request.traceId,
     status: 'denied',
     reason_code: 'not_found',
-    details: { route: `${request.method} ${(request.routeOptions.url ?? request.url).replace(/:([A-Za-z_]+)/g, '{$1}')}`, ...details },
+    details: {
+      route: `${request.method} ${(request.routeOptions.url ?? request.url).replace(/:([A-Za-z_]+)/g, '{$1}')}`,
+      ...details,
+    },
   });
 }
 

@@ -14,14 +14,13 @@ const POLL_MS = 50;
 
 /** What a request carrying an `Idempotency-Key` is to do. */
 export type KeyVerdict =
-  | { kind: 'claimed' }
-  | { kind: 'replay'; statusCode: number; body: string }
-  | { kind: 'reused' }
-  | { kind: 'busy' };
+  { kind: 'claimed' } | { kind: 'replay'; statusCode: number; body: string } | { kind: 'reused' } | { kind: 'busy' };
 
 /** A request as its key compares it: the same key with another fingerprint is another request. */
 export function requestFingerprint(method: string, url: string, body: unknown): string {
-  return createHash('sha256').update(stringify([method.toUpperCase(), url, body ?? null]) ?? '').digest('hex');
+  return createHash('sha256')
+    .update(stringify([method.toUpperCase(), url, body ?? null]) ?? '')
+    .digest('hex');
 }
 
 /**
@@ -41,9 +40,13 @@ export class IdempotencyKeys {
       const stored = await findKey(db, owner, key);
       if (!stored) continue; // given up between the two statements: claim it again
       if (stored.fingerprint !== fingerprint) return { kind: 'reused' };
-      if (stored.status_code !== null) return { kind: 'replay', statusCode: stored.status_code, body: stored.response ?? '' };
+      if (stored.status_code !== null)
+        return { kind: 'replay', statusCode: stored.status_code, body: stored.response ?? '' };
       const claimedAt = new Date(stored.created_at);
-      if (now().getTime() - claimedAt.getTime() > ABANDONED_AFTER_MS && (await takeOverKey(db, owner, key, claimedAt, now()))) {
+      if (
+        now().getTime() - claimedAt.getTime() > ABANDONED_AFTER_MS &&
+        (await takeOverKey(db, owner, key, claimedAt, now()))
+      ) {
         return { kind: 'claimed' };
       }
       if (Date.now() > giveUpAt) return { kind: 'busy' };
@@ -53,7 +56,8 @@ export class IdempotencyKeys {
 
   /** Keeps a 2xx answer for replay; any other answer gives the key up. */
   async finish(owner: KeyOwner, key: string, answer: { statusCode: number; body: string }): Promise<void> {
-    if (answer.statusCode >= 200 && answer.statusCode < 300) await completeKey(this.deps.db, owner, key, answer, this.deps.now());
+    if (answer.statusCode >= 200 && answer.statusCode < 300)
+      await completeKey(this.deps.db, owner, key, answer, this.deps.now());
     else await releaseKey(this.deps.db, owner, key);
   }
 }

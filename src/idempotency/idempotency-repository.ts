@@ -10,7 +10,13 @@ export interface KeyOwner {
 export type StoredKey = Selectable<IdempotencyKeyTable>;
 
 /** Claims `key` for a request with this fingerprint; false when the key is already there. */
-export async function claimKey(db: Kysely<DB>, owner: KeyOwner, key: string, fingerprint: string, at: Date): Promise<boolean> {
+export async function claimKey(
+  db: Kysely<DB>,
+  owner: KeyOwner,
+  key: string,
+  fingerprint: string,
+  at: Date,
+): Promise<boolean> {
   const row = await db
     .insertInto('idempotency_keys')
     .values({ tenant_id: owner.tenantId, actor: owner.actor, key, fingerprint, created_at: at })
@@ -34,7 +40,13 @@ export async function findKey(db: Kysely<DB>, owner: KeyOwner, key: string): Pro
  * Takes over a claim whose request never finished (its replica died mid-request): only if it is
  * still the claim made at `claimedAt`, so that two retries cannot both take it.
  */
-export async function takeOverKey(db: Kysely<DB>, owner: KeyOwner, key: string, claimedAt: Date, at: Date): Promise<boolean> {
+export async function takeOverKey(
+  db: Kysely<DB>,
+  owner: KeyOwner,
+  key: string,
+  claimedAt: Date,
+  at: Date,
+): Promise<boolean> {
   const row = await db
     .updateTable('idempotency_keys')
     .set({ created_at: at })
@@ -49,7 +61,13 @@ export async function takeOverKey(db: Kysely<DB>, owner: KeyOwner, key: string, 
 }
 
 /** Keeps the answer of the request that claimed the key. */
-export async function completeKey(db: Kysely<DB>, owner: KeyOwner, key: string, answer: { statusCode: number; body: string }, at: Date): Promise<void> {
+export async function completeKey(
+  db: Kysely<DB>,
+  owner: KeyOwner,
+  key: string,
+  answer: { statusCode: number; body: string },
+  at: Date,
+): Promise<void> {
   await db
     .updateTable('idempotency_keys')
     .set({ status_code: answer.statusCode, response: answer.body, completed_at: at })

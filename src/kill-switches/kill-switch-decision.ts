@@ -11,16 +11,18 @@ export interface ExecutionTarget {
   /** The agent's `family` claim. */
   family?: string | undefined;
   toolId?: string | undefined;
-  target?: {
-    family?: string | null | undefined;
-    provider?: string | null | undefined;
-    region?: string | null | undefined;
-  } | null | undefined;
+  target?:
+    | {
+        family?: string | null | undefined;
+        provider?: string | null | undefined;
+        region?: string | null | undefined;
+      }
+    | null
+    | undefined;
 }
 
 export type KillSwitchDecision =
-  | { ok: true }
-  | { ok: false; code: 'kill_switch_active'; blamed: KillSwitch; matches: KillSwitch[] };
+  { ok: true } | { ok: false; code: 'kill_switch_active'; blamed: KillSwitch; matches: KillSwitch[] };
 
 /**
  * Whether an armed switch stops a call. A switch with a tenant only touches that tenant's calls.

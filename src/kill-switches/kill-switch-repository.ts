@@ -110,9 +110,15 @@ export async function listKillSwitches(
   if (query.target !== undefined) q = q.where('target', '=', query.target);
   if (query.after !== undefined) {
     const { armedAt, id } = query.after;
-    q = q.where((eb) => eb.or([eb('armed_at', '<', armedAt), eb.and([eb('armed_at', '=', armedAt), eb('id', '<', id)])]));
+    q = q.where((eb) =>
+      eb.or([eb('armed_at', '<', armedAt), eb.and([eb('armed_at', '=', armedAt), eb('id', '<', id)])]),
+    );
   }
-  const rows = await q.orderBy('armed_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  const rows = await q
+    .orderBy('armed_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map(toKillSwitch);
   const last = items[items.length - 1];
   return { items, next: rows.length > query.limit && last ? { armedAt: last.armed_at, id: last.id } : null };

@@ -35,7 +35,12 @@ export interface ArmRequest {
  * What else happens in the transaction that arms a switch: the open runs it stops (SPEC §4
  * cascade). The runs room provides it.
  */
-export type KillSwitchArmedHook = (trx: Transaction<DB>, armed: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date) => Promise<void>;
+export type KillSwitchArmedHook = (
+  trx: Transaction<DB>,
+  armed: KillSwitch,
+  cause: { actor: string; traceId?: string | null | undefined },
+  at: Date,
+) => Promise<void>;
 
 /** Why an arm or disarm was refused; expected outcomes, not faults. */
 export type KillSwitchRefusal = {
@@ -102,7 +107,12 @@ export class KillSwitchService {
             },
           },
         ]);
-        await this.onArmed?.(trx, armed.killSwitch, { actor: `operator:${request.actor.actor_id}`, traceId: request.traceId }, armedAt);
+        await this.onArmed?.(
+          trx,
+          armed.killSwitch,
+          { actor: `operator:${request.actor.actor_id}`, traceId: request.traceId },
+          armedAt,
+        );
       }
       return armed;
     });
@@ -208,5 +218,10 @@ function targetColumns(scope: KillSwitchScope, target: string): { agent_id?: str
 }
 
 function invalid(field: string, message: string): KillSwitchRefusal {
-  return { ok: false, code: 'invalid_request', message: `${field}: ${message}`, details: { issues: [{ field, message }] } };
+  return {
+    ok: false,
+    code: 'invalid_request',
+    message: `${field}: ${message}`,
+    details: { issues: [{ field, message }] },
+  };
 }

@@ -49,22 +49,17 @@ export class KillSwitchSnapshot {
 
   constructor(private readonly options: KillSwitchSnapshotOptions) {
     this.clock = options.clock ?? (() => performance.now());
-    const snapshot = this;
-    new Gauge({
+    const gauge: Gauge = new Gauge({
       name: 'toolgate_kill_switch_snapshot_age_seconds',
       help: 'Seconds since this replica last confirmed its kill-switch snapshot against the database (+Inf before the first)',
       registers: [options.registry],
-      collect() {
-        this.set(snapshot.ageMs() / 1000);
-      },
+      collect: () => gauge.set(this.ageMs() / 1000),
     });
-    new Gauge({
+    const armed: Gauge = new Gauge({
       name: 'toolgate_kill_switches_armed',
-      help: 'Kill switches armed in this replica\'s snapshot',
+      help: "Kill switches armed in this replica's snapshot",
       registers: [options.registry],
-      collect() {
-        this.set(snapshot.switches.length);
-      },
+      collect: () => armed.set(this.switches.length),
     });
   }
 

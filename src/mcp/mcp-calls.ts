@@ -27,12 +27,19 @@ const runMeta = z.strictObject({
  * `arguments` the input, the rest from `_meta["dev.toolgate/run"]`; a fresh run id when none is
  * given. Malformed run fields are the client's error (`-32602`), not the model's.
  */
-export function runRequestOf(name: string, args: Record<string, unknown> | undefined, meta: Record<string, unknown> | undefined): RunRequest {
+export function runRequestOf(
+  name: string,
+  args: Record<string, unknown> | undefined,
+  meta: Record<string, unknown> | undefined,
+): RunRequest {
   const parsed = runMeta.safeParse(meta?.[RUN_META_KEY] ?? {});
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
     const where = issue && issue.path.length > 0 ? `.${issue.path.join('.')}` : '';
-    throw new ProtocolError(ProtocolErrorCode.InvalidParams, `_meta["${RUN_META_KEY}"]${where}: ${issue?.message ?? 'invalid'}`);
+    throw new ProtocolError(
+      ProtocolErrorCode.InvalidParams,
+      `_meta["${RUN_META_KEY}"]${where}: ${issue?.message ?? 'invalid'}`,
+    );
   }
   const { run_id, version, context, ...fields } = parsed.data;
   // Absent fields stay absent: the same call over REST hashes the same, and replays the same.
@@ -48,12 +55,19 @@ export function runRequestOf(name: string, args: Record<string, unknown> | undef
 /** A W3C trace id from `_meta.traceparent`, when it holds a valid one. */
 export function traceIdOfMeta(meta: Record<string, unknown> | undefined): string | undefined {
   const value = meta?.traceparent;
-  const match = typeof value === 'string' ? /^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$/.exec(value.trim().toLowerCase()) : null;
+  const match =
+    typeof value === 'string'
+      ? /^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$/.exec(value.trim().toLowerCase())
+      : null;
   return match?.[1] && !/^0+$/.test(match[1]) ? match[1] : undefined;
 }
 
 /** Codes that mean the tool does not exist for this agent: the call is answered as for a tool that is not there. */
-const NOT_THERE: ReadonlySet<string> = new Set<ErrorCode>(['tool_not_registered', 'tool_category_blocked', 'unauthorized_tool_access']);
+const NOT_THERE: ReadonlySet<string> = new Set<ErrorCode>([
+  'tool_not_registered',
+  'tool_category_blocked',
+  'unauthorized_tool_access',
+]);
 
 /** What a refusal says to the model, and the machine-readable part beside it. */
 export interface Refusal {
@@ -78,7 +92,13 @@ export function callResultOf(toolId: string, answer: RunAnswer): CallToolResult 
       content: [{ type: 'text', text: JSON.stringify(output) }],
       ...(isPlainObject(output) ? { structuredContent: output } : {}),
       isError: false,
-      _meta: { [RESULT_META_KEY]: { run_id: envelope.run_id, status: envelope.status, ...(answer.replayed ? { replayed: true } : {}) } },
+      _meta: {
+        [RESULT_META_KEY]: {
+          run_id: envelope.run_id,
+          status: envelope.status,
+          ...(answer.replayed ? { replayed: true } : {}),
+        },
+      },
     };
   }
   if (envelope.status === 'awaiting_approval') {

@@ -75,10 +75,16 @@ export class McpDoor {
 
   /** Serves one HTTP request whose body Fastify has parsed; `caller` is the authenticated agent. */
   async serve(request: Request, parsedBody: unknown, caller: McpCaller): Promise<Response> {
-    const authInfo = { token: '', clientId: caller.principal.id, scopes: [...caller.principal.scopes], extra: { caller } };
+    const authInfo = {
+      token: '',
+      clientId: caller.principal.id,
+      scopes: [...caller.principal.scopes],
+      extra: { caller },
+    };
     // A request claiming a 2026-07-28 envelope is never legacy: the SDK's own predicate (which
     // reads the body again) is asked only about the others.
-    if (!claimsEnvelope(parsedBody) && (await isLegacyRequest(request, parsedBody))) return this.serveLegacy(request, parsedBody, authInfo);
+    if (!claimsEnvelope(parsedBody) && (await isLegacyRequest(request, parsedBody)))
+      return this.serveLegacy(request, parsedBody, authInfo);
     return this.modern.fetch(request, { authInfo, parsedBody });
   }
 
@@ -97,10 +103,17 @@ export class McpDoor {
     return this.modern.close();
   }
 
-  private async serveLegacy(request: Request, parsedBody: unknown, authInfo: { token: string; clientId: string; scopes: string[]; extra: Record<string, unknown> }): Promise<Response> {
+  private async serveLegacy(
+    request: Request,
+    parsedBody: unknown,
+    authInfo: { token: string; clientId: string; scopes: string[]; extra: Record<string, unknown> },
+  ): Promise<Response> {
     const server = this.server({ era: 'legacy', authInfo, requestInfo: request });
     // Stateless and JSON: no session id, no stream (2025-era clients hear of changes by re-listing).
-    const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    const transport = new WebStandardStreamableHTTPServerTransport({
+      sessionIdGenerator: undefined,
+      enableJsonResponse: true,
+    });
     await server.connect(transport);
     // In JSON mode the exchange is over with its answer and nothing outlives it: the pair is left
     // to the garbage collector rather than closed (closing builds an error, stack and all, to
@@ -147,8 +160,14 @@ export class McpDoor {
     const fresh = catalog.readiness();
     if (!fresh.ok) throw unavailable('the tool registry cannot be confirmed current on this replica');
     const { principal } = caller;
-    const offered = catalog.offeredTo({ agentId: principal.id, family: principal.family }, { externalCallEnabled: await this.deps.externalCallEnabled(principal.tenantId) });
-    const page = toolsPage(offered.map((tool) => mcpToolOf(agentViewOf(tool))), cursor);
+    const offered = catalog.offeredTo(
+      { agentId: principal.id, family: principal.family },
+      { externalCallEnabled: await this.deps.externalCallEnabled(principal.tenantId) },
+    );
+    const page = toolsPage(
+      offered.map((tool) => mcpToolOf(agentViewOf(tool))),
+      cursor,
+    );
     if (!page) throw new ProtocolError(ProtocolErrorCode.InvalidParams, 'cursor: not a cursor this gateway issued');
     return page;
   }
@@ -157,14 +176,22 @@ export class McpDoor {
    * A one-step run through the run executor. A run held for approval that an operator has since
    * approved is resumed by the same call (same agent, tool, input and run id).
    */
-  private async callTool(caller: McpCaller, name: string, args: Record<string, unknown> | undefined, meta: Record<string, unknown> | undefined): Promise<CallToolResult> {
+  private async callTool(
+    caller: McpCaller,
+    name: string,
+    args: Record<string, unknown> | undefined,
+    meta: Record<string, unknown> | undefined,
+  ): Promise<CallToolResult> {
     const request = runRequestOf(name, args, meta);
     const traceId = traceIdOfMeta(meta) ?? caller.traceId;
     const { principal } = caller;
     try {
       let answer = await this.deps.runs.execute(principal, request, traceId, 'mcp');
       if (answer.replayed && answer.envelope.status === 'awaiting_approval' && (await this.decided(answer))) {
-        answer = await this.deps.runControls.resume({ principal, traceId, via: 'mcp' }, { tenant_id: principal.tenantId, run_id: request.run_id });
+        answer = await this.deps.runControls.resume(
+          { principal, traceId, via: 'mcp' },
+          { tenant_id: principal.tenantId, run_id: request.run_id },
+        );
       }
       return callResultOf(name, answer);
     } catch (error) {
@@ -190,9 +217,13 @@ export class McpDoor {
       return unavailable(error instanceof CodedError ? error.message : undefined);
     }
     // PostgreSQL could not take a value as given: the request's fault, as over REST.
-    if (isDataException(error)) return new ProtocolError(ProtocolErrorCode.InvalidParams, 'a value in the request cannot be used');
+    if (isDataException(error))
+      return new ProtocolError(ProtocolErrorCode.InvalidParams, 'a value in the request cannot be used');
     this.deps.logger.error({ err: error, request_id: caller.requestId }, 'unexpected error in an MCP request');
-    return new ProtocolError(ProtocolErrorCode.InternalError, `internal: an unexpected error occurred; quote request id ${caller.requestId}`);
+    return new ProtocolError(
+      ProtocolErrorCode.InternalError,
+      `internal: an unexpected error occurred; quote request id ${caller.requestId}`,
+    );
   }
 }
 

@@ -24,7 +24,9 @@ export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger'> {
 /** Where RFC 9728 metadata for `/mcp` is served, below the gateway's origin. */
 export const MCP_METADATA_PATH = '/.well-known/oauth-protected-resource/mcp';
 
-const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const VERSION = (
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
 
 /** Methods counted by name in the request metrics; anything else is `other`. */
 const COUNTED_METHODS = new Set([
@@ -39,7 +41,14 @@ const COUNTED_METHODS = new Set([
 ]);
 
 /** Request headers the SDK is not given: the token stays here, and the body was read already. */
-const NOT_FORWARDED = new Set(['authorization', 'content-length', 'transfer-encoding', 'connection', 'keep-alive', 'upgrade']);
+const NOT_FORWARDED = new Set([
+  'authorization',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'upgrade',
+]);
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -74,7 +83,10 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
   app.setErrorHandler((error, request, reply) => {
     if (error instanceof ApiError && error.code === 'unauthenticated') {
       const presented = request.headers.authorization !== undefined;
-      reply.header('www-authenticate', `Bearer ${presented ? 'error="invalid_token", ' : ''}resource_metadata="${originOf(request, config)}${MCP_METADATA_PATH}"`);
+      reply.header(
+        'www-authenticate',
+        `Bearer ${presented ? 'error="invalid_token", ' : ''}resource_metadata="${originOf(request, config)}${MCP_METADATA_PATH}"`,
+      );
     }
     // The gateway's own error handler answers, in the error envelope.
     throw error;
@@ -82,14 +94,20 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
 
   app.addHook('onResponse', async (request, reply) => {
     if (request.routeOptions.url !== '/mcp') return;
-    deps.metrics.mcpRequests.inc({ method: methodOf(request), outcome: request.mcpCaller?.outcome ?? outcomeOfStatus(reply.statusCode) });
+    deps.metrics.mcpRequests.inc({
+      method: methodOf(request),
+      outcome: request.mcpCaller?.outcome ?? outcomeOfStatus(reply.statusCode),
+    });
   });
 
   app.post('/mcp', { config: { access: 'agent' } }, async (request, reply) => {
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
     if (config.resource !== undefined && !audienceNames(request.user, config.resource)) {
-      throw new ApiError('unauthenticated', `the bearer token is not valid: its audience does not name ${config.resource}`);
+      throw new ApiError(
+        'unauthenticated',
+        `the bearer token is not valid: its audience does not name ${config.resource}`,
+      );
     }
     const origin = request.headers.origin;
     if (origin !== undefined && !config.allowedOrigins.includes(origin)) {
@@ -110,7 +128,11 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
         reply
           .code(405)
           .header('allow', 'POST')
-          .send({ jsonrpc: '2.0', error: { code: -32000, message: 'Method not allowed: this MCP endpoint is stateless; use POST.' }, id: null }),
+          .send({
+            jsonrpc: '2.0',
+            error: { code: -32000, message: 'Method not allowed: this MCP endpoint is stateless; use POST.' },
+            id: null,
+          }),
     });
   }
 
@@ -123,7 +145,8 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
 }
 
 /** A Host header that is a host name or address, with an optional port. */
-const HOST = /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
+const HOST =
+  /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
 
 /**
  * The gateway's origin as clients reach it: the configured resource's, else the request's (a
@@ -172,7 +195,8 @@ async function send(reply: FastifyReply, response: Response, caller: McpCaller):
   for (const [name, value] of response.headers) reply.header(name, value);
   const body = response.body === null ? undefined : await response.text();
   // The SDK's own JSON-RPC errors (an unknown method, malformed params) count as errors too.
-  if (caller.outcome === undefined && response.status < 300 && body !== undefined && isJsonRpcError(body)) caller.outcome = 'error';
+  if (caller.outcome === undefined && response.status < 300 && body !== undefined && isJsonRpcError(body))
+    caller.outcome = 'error';
   return reply.send(body);
 }
 

@@ -71,7 +71,11 @@ function isObject(value: unknown): value is JsonObject {
  * A page of tools (sorted by id, as the views are) after an opaque cursor; undefined for a cursor
  * this gateway did not issue.
  */
-export function toolsPage(tools: Tool[], cursor: string | undefined, pageSize = TOOLS_PAGE_SIZE): { tools: Tool[]; nextCursor?: string } | undefined {
+export function toolsPage(
+  tools: Tool[],
+  cursor: string | undefined,
+  pageSize = TOOLS_PAGE_SIZE,
+): { tools: Tool[]; nextCursor?: string } | undefined {
   let start = 0;
   if (cursor !== undefined) {
     const after = decodeCursor(cursor);
@@ -81,7 +85,9 @@ export function toolsPage(tools: Tool[], cursor: string | undefined, pageSize = 
   }
   const page = tools.slice(start, start + pageSize);
   const last = page[page.length - 1];
-  return start + pageSize < tools.length && last ? { tools: page, nextCursor: encodeCursor(last.name) } : { tools: page };
+  return start + pageSize < tools.length && last
+    ? { tools: page, nextCursor: encodeCursor(last.name) }
+    : { tools: page };
 }
 
 function encodeCursor(after: string): string {
@@ -92,7 +98,9 @@ function decodeCursor(cursor: string): string | undefined {
   if (cursor.length > 1000 || !/^[A-Za-z0-9_-]*$/.test(cursor)) return undefined;
   try {
     const parsed: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
-    return isObject(parsed) && typeof parsed.after === 'string' && encodeCursor(parsed.after) === cursor ? parsed.after : undefined;
+    return isObject(parsed) && typeof parsed.after === 'string' && encodeCursor(parsed.after) === cursor
+      ? parsed.after
+      : undefined;
   } catch {
     return undefined;
   }

@@ -90,9 +90,18 @@ export class BackendClient {
       } catch {
         return failed('the backend answered malformed JSON', {});
       }
-      return { ok: true, output, reportedCostUnits: reportedCost(response.headers[COST_HEADER]), status: response.statusCode };
+      return {
+        ok: true,
+        output,
+        reportedCostUnits: reportedCost(response.headers[COST_HEADER]),
+        status: response.statusCode,
+      };
     } catch (error) {
-      if (signal.aborted || error instanceof undiciErrors.HeadersTimeoutError || error instanceof undiciErrors.BodyTimeoutError) {
+      if (
+        signal.aborted ||
+        error instanceof undiciErrors.HeadersTimeoutError ||
+        error instanceof undiciErrors.BodyTimeoutError
+      ) {
         return {
           ok: false,
           code: 'tool_backend_timeout',
@@ -101,10 +110,14 @@ export class BackendClient {
         };
       }
       if (error instanceof ResponseTooLarge) {
-        return failed(`the backend answered more than ${target.maxResponseBytes} bytes`, { max_response_bytes: target.maxResponseBytes });
+        return failed(`the backend answered more than ${target.maxResponseBytes} bytes`, {
+          max_response_bytes: target.maxResponseBytes,
+        });
       }
       const code = (error as { code?: unknown }).code;
-      return failed('the backend could not be reached', { cause: typeof code === 'string' ? code : 'connection_error' });
+      return failed('the backend could not be reached', {
+        cause: typeof code === 'string' ? code : 'connection_error',
+      });
     }
   }
 

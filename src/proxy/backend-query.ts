@@ -15,7 +15,11 @@
 
 /** The name a backend may take a query parameter name for. */
 export function queryParameterKey(name: string): string {
-  return name.replace(/^ +/, '').replace(/\[[\s\S]*$/, '').replace(/[. ]/g, '_').toLowerCase();
+  return name
+    .replace(/^ +/, '')
+    .replace(/\[[\s\S]*$/, '')
+    .replace(/[. ]/g, '_')
+    .toLowerCase();
 }
 
 /** The input's keys that name a query parameter the registered URL fixes (and so are not sent). */

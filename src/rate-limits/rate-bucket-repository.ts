@@ -53,7 +53,12 @@ export async function lockBuckets(
     on conflict (tenant_id, agent_id, tool_id) do update set tokens = rate_buckets.tokens
     returning tenant_id, agent_id, tool_id, tokens, updated_at
   `.execute(trx);
-  return new Map(result.rows.map((row) => [bucketId({ tenantId: row.tenant_id, agentId: row.agent_id, toolId: row.tool_id }), toState(row)]));
+  return new Map(
+    result.rows.map((row) => [
+      bucketId({ tenantId: row.tenant_id, agentId: row.agent_id, toolId: row.tool_id }),
+      toState(row),
+    ]),
+  );
 }
 
 /** A bucket's stored level without locking it; undefined if it was never used. */
@@ -74,7 +79,12 @@ export async function readBucket(db: Kysely<DB>, key: BucketKey): Promise<Bucket
  * else changed it since, nothing is stored and the answer is the level it holds now, read under
  * its lock, to decide again from (`current` is missing only for a bucket that does not exist).
  */
-export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: BucketState, next: BucketState): Promise<{ ok: true } | { ok: false; current?: BucketState }> {
+export async function storeBucketIf(
+  db: Kysely<DB>,
+  key: BucketKey,
+  expected: BucketState,
+  next: BucketState,
+): Promise<{ ok: true } | { ok: false; current?: BucketState }> {
   // `current` locks the row and reads it as it stands (a plain read would see it as it stood
   // when the statement began); the update compares the row's own columns, on its newest version.
   const result = await sql<{ stored: number; tokens: number; updated_at: Date }>`
@@ -97,7 +107,10 @@ export async function storeBucketIf(db: Kysely<DB>, key: BucketKey, expected: Bu
 }
 
 /** Stores new levels of buckets this transaction has locked. */
-export async function storeBuckets(trx: Transaction<DB>, buckets: Array<{ key: BucketKey; state: BucketState }>): Promise<void> {
+export async function storeBuckets(
+  trx: Transaction<DB>,
+  buckets: Array<{ key: BucketKey; state: BucketState }>,
+): Promise<void> {
   if (buckets.length === 0) return;
   await sql`
     update rate_buckets b set tokens = v.n, updated_at = v.u
@@ -120,7 +133,11 @@ export async function storeBuckets(trx: Transaction<DB>, buckets: Array<{ key: B
  * closing replica's pool waits for its connections, so a statement left running would hold the
  * shutdown after the caller stopped waiting for it.
  */
-export async function returnTokens(db: Kysely<DB>, returns: Array<{ key: BucketKey; tokens: number; capacity: number }>, timeoutMs: number): Promise<void> {
+export async function returnTokens(
+  db: Kysely<DB>,
+  returns: Array<{ key: BucketKey; tokens: number; capacity: number }>,
+  timeoutMs: number,
+): Promise<void> {
   if (returns.length === 0) return;
   const ordered = [...returns].sort((x, y) => (bucketId(x.key) < bucketId(y.key) ? -1 : 1));
   await db.transaction().execute(async (trx) => {

@@ -2,9 +2,25 @@ import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import { Failed, GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { bucketId, lockBuckets, readBucket, returnTokens, storeBucketIf, storeBuckets, type BucketKey } from './rate-bucket-repository.js';
+import {
+  bucketId,
+  lockBuckets,
+  readBucket,
+  returnTokens,
+  storeBucketIf,
+  storeBuckets,
+  type BucketKey,
+} from './rate-bucket-repository.js';
 import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
-import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from './token-bucket.js';
+import {
+  assertRule,
+  fullBucket,
+  refill,
+  secondsUntilToken,
+  take,
+  type BucketRule,
+  type BucketState,
+} from './token-bucket.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
 export interface TakeRequest extends BucketKey {
@@ -17,8 +33,7 @@ export interface TakeRequest extends BucketKey {
  * the bucket holds a token again (rounded up), if nobody else takes it first.
  */
 export type RateDecision =
-  | { ok: true; remaining: number }
-  | { ok: false; code: 'rate_limited'; retryAfterSeconds: number };
+  { ok: true; remaining: number } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number };
 
 /** What the composition root gives the limiter. */
 export interface RateLimiterOptions {
@@ -104,7 +119,9 @@ export class RateLimiter {
     const stored = await readBucket(this.db, request);
     const current = stored ? refill(stored, request, nowMs) : fullBucket(request, nowMs);
     const wait = secondsUntilToken(current, request);
-    return wait === 0 ? { ok: true, remaining: Math.floor(current.tokens + 1e-9) } : { ok: false, code: 'rate_limited', retryAfterSeconds: wait };
+    return wait === 0
+      ? { ok: true, remaining: Math.floor(current.tokens + 1e-9) }
+      : { ok: false, code: 'rate_limited', retryAfterSeconds: wait };
   }
 
   /**
@@ -119,7 +136,13 @@ export class RateLimiter {
     // Out of the map first: nothing spends or returns them twice.
     this.leases.clear();
     if (unspent.length === 0) return;
-    await waitAtMost(returnTokens(this.db, unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity })), CLOSE_STEP_WAIT_MS));
+    await waitAtMost(
+      returnTokens(
+        this.db,
+        unspent.map((lease) => ({ key: lease.key, tokens: lease.tokens, capacity: lease.capacity })),
+        CLOSE_STEP_WAIT_MS,
+      ),
+    );
   }
 
   /** One batch: each bucket's takes decided in arrival order, bucket by bucket (they are independent). */
@@ -138,7 +161,11 @@ export class RateLimiter {
     await Promise.all(
       [...byBucket].map(async ([id, positions]) => {
         try {
-          const decisions = await this.commitBucket(id, positions.map((position) => requests[position]!), nowMs);
+          const decisions = await this.commitBucket(
+            id,
+            positions.map((position) => requests[position]!),
+            nowMs,
+          );
           positions.forEach((position, i) => (decided[position] = decisions[i]!));
         } catch (error) {
           // Buckets are stored independently: one bucket's fault fails only its takes.
@@ -202,7 +229,13 @@ export class RateLimiter {
     if (lease > 0) {
       // Dropping leases loses their tokens (the strict side); it takes 10,000 busy buckets.
       if (this.leases.size >= 10_000) this.leases.clear();
-      this.leases.set(id, { key: { tenantId: rule.tenantId, agentId: rule.agentId, toolId: rule.toolId }, tokens: lease, untilMs: nowMs + LEASE_WINDOW_MS, capacity: rule.capacity, refillPerSecond: rule.refillPerSecond });
+      this.leases.set(id, {
+        key: { tenantId: rule.tenantId, agentId: rule.agentId, toolId: rule.toolId },
+        tokens: lease,
+        untilMs: nowMs + LEASE_WINDOW_MS,
+        capacity: rule.capacity,
+        refillPerSecond: rule.refillPerSecond,
+      });
     }
   }
 

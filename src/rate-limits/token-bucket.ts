@@ -25,7 +25,8 @@ const EPSILON = 1e-9;
 
 /** Throws on a rule no bucket can honour (a contract bug, not a denial). */
 export function assertRule(rule: BucketRule): void {
-  if (!(Number.isFinite(rule.capacity) && rule.capacity >= 1)) throw new RangeError(`capacity must be ≥ 1, got ${rule.capacity}`);
+  if (!(Number.isFinite(rule.capacity) && rule.capacity >= 1))
+    throw new RangeError(`capacity must be ≥ 1, got ${rule.capacity}`);
   if (!(Number.isFinite(rule.refillPerSecond) && rule.refillPerSecond > 0)) {
     throw new RangeError(`refillPerSecond must be > 0, got ${rule.refillPerSecond}`);
   }

@@ -1,4 +1,3 @@
-
 /** A backend names a secret this gateway was not started with: a configuration fault, not a denial. */
 export class MissingSecretError extends Error {
   override name = 'MissingSecretError';
@@ -27,7 +26,8 @@ export function resolveBackendHeaders(
       continue;
     }
     const envName = (value as { from_env?: unknown } | null)?.from_env;
-    if (typeof envName !== 'string') throw new Error(`tool ${toolId}: header ${name} is neither a string nor {from_env}`);
+    if (typeof envName !== 'string')
+      throw new Error(`tool ${toolId}: header ${name} is neither a string nor {from_env}`);
     const secret = secrets[envName];
     if (secret === undefined) throw new MissingSecretError(toolId, envName);
     resolved[name] = secret;

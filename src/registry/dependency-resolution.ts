@@ -28,7 +28,12 @@ export type DependencyResolution =
 
 /** A registered version as the walk sees it at `now`. */
 export function dependencyNodeOf(tool: ToolContract, now: Date): DependencyNode {
-  return { tool_id: tool.id, version: tool.version, deprecated: isDeprecatedAt(tool, now), dependencies: tool.dependencies };
+  return {
+    tool_id: tool.id,
+    version: tool.version,
+    deprecated: isDeprecatedAt(tool, now),
+    dependencies: tool.dependencies,
+  };
 }
 
 /** The versions registered under a tool id (any order); empty when the id is unknown. */
@@ -61,12 +66,25 @@ export function resolveDependencies(root: DependencyNode, lookup: VersionLookup)
       const requiredBy = { tool_id: node.tool_id, version: node.version };
       const result = resolveDependency(dependency, lookup);
       if (!result.ok) {
-        return { ok: false, unsatisfied: { tool_id: dependency.tool_id, range: dependency.range, reason: result.reason, required_by: requiredBy } };
+        return {
+          ok: false,
+          unsatisfied: {
+            tool_id: dependency.tool_id,
+            range: dependency.range,
+            reason: result.reason,
+            required_by: requiredBy,
+          },
+        };
       }
       const key = `${result.node.tool_id}@${result.node.version}`;
       if (visited.has(key)) continue;
       visited.add(key);
-      resolved.push({ tool_id: result.node.tool_id, version: result.node.version, range: dependency.range, required_by: requiredBy });
+      resolved.push({
+        tool_id: result.node.tool_id,
+        version: result.node.version,
+        range: dependency.range,
+        required_by: requiredBy,
+      });
       next.push(result.node);
     }
     // Reversed so that the first declared dependency is walked first.

@@ -27,7 +27,11 @@ export interface DeprecationNotice {
  * first, each with its replacement and the live tool versions whose dependency ranges still
  * cover it: the payload a reviewer checks before a release.
  */
-export function surfaceDeprecations(tools: readonly ToolContract[], window: { from: Date; to: Date }, now: Date): DeprecationNotice[] {
+export function surfaceDeprecations(
+  tools: readonly ToolContract[],
+  window: { from: Date; to: Date },
+  now: Date,
+): DeprecationNotice[] {
   const byId = new Map<string, ToolContract[]>();
   for (const tool of tools) byId.set(tool.id, [...(byId.get(tool.id) ?? []), tool]);
   const live = tools.filter((tool) => !isDeprecatedAt(tool, now));
@@ -40,9 +44,17 @@ export function surfaceDeprecations(tools: readonly ToolContract[], window: { fr
     for (const dependent of live) {
       for (const dependency of dependent.dependencies) {
         if (dependency.tool_id !== tool.id || !semver.satisfies(tool.version, dependency.range)) continue;
-        const candidates = (byId.get(tool.id) ?? []).map((t) => ({ version: t.version, deprecated: isDeprecatedAt(t, now) }));
+        const candidates = (byId.get(tool.id) ?? []).map((t) => ({
+          version: t.version,
+          deprecated: isDeprecatedAt(t, now),
+        }));
         const resolved = pickVersion(candidates, dependency.range);
-        dependents.push({ tool_id: dependent.id, version: dependent.version, range: dependency.range, resolves_to: resolved?.version ?? null });
+        dependents.push({
+          tool_id: dependent.id,
+          version: dependent.version,
+          range: dependency.range,
+          resolves_to: resolved?.version ?? null,
+        });
       }
     }
     notices.push({
@@ -54,5 +66,7 @@ export function surfaceDeprecations(tools: readonly ToolContract[], window: { fr
       dependents,
     });
   }
-  return notices.sort((x, y) => Date.parse(x.deprecated_at) - Date.parse(y.deprecated_at) || x.tool_id.localeCompare(y.tool_id));
+  return notices.sort(
+    (x, y) => Date.parse(x.deprecated_at) - Date.parse(y.deprecated_at) || x.tool_id.localeCompare(y.tool_id),
+  );
 }

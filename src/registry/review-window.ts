@@ -9,14 +9,20 @@ export interface IsoDuration {
   seconds: number;
 }
 
-const DURATION =
-  /^P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:[.,]\d+)?)S)?)?$/;
+const DURATION = /^P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:[.,]\d+)?)S)?)?$/;
 
 /** Parses an ISO 8601 duration; undefined when the text is not one (`P`, `PT`, `P1.5D`, `-P1D`). */
 export function parseIsoDuration(text: string): IsoDuration | undefined {
   const match = DURATION.exec(text);
   if (!match || text === 'P' || text.endsWith('T')) return undefined;
-  const [years, months, weeks, days, hours, minutes] = match.slice(1, 7).map((part) => Number(part ?? 0)) as [number, number, number, number, number, number];
+  const [years, months, weeks, days, hours, minutes] = match.slice(1, 7).map((part) => Number(part ?? 0)) as [
+    number,
+    number,
+    number,
+    number,
+    number,
+    number,
+  ];
   const seconds = Number((match[7] ?? '0').replace(',', '.'));
   return { years, months, weeks, days, hours, minutes, seconds };
 }
@@ -32,7 +38,10 @@ export function approximateYears(d: IsoDuration): number {
  */
 export function shiftBy(date: Date, duration: IsoDuration, sign: 1 | -1): Date {
   const shifted = new Date(date.getTime());
-  shifted.setUTCFullYear(shifted.getUTCFullYear() + sign * duration.years, shifted.getUTCMonth() + sign * duration.months);
+  shifted.setUTCFullYear(
+    shifted.getUTCFullYear() + sign * duration.years,
+    shifted.getUTCMonth() + sign * duration.months,
+  );
   shifted.setUTCDate(shifted.getUTCDate() + sign * (duration.weeks * 7 + duration.days));
   const ms = ((duration.hours * 60 + duration.minutes) * 60 + duration.seconds) * 1000;
   return new Date(shifted.getTime() + sign * ms);

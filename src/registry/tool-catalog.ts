@@ -10,8 +10,7 @@ import { compileSchema, createSchemaCompiler, refusingValidator, type ToolValida
 import { newestFirst, pickVersion } from './version-resolution.js';
 
 export type CatalogResolution =
-  | { ok: true; tool: ToolContract }
-  | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
+  { ok: true; tool: ToolContract } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
 
 export interface ToolCatalogOptions {
   database: Pick<Database, 'db' | 'listener'>;
@@ -157,7 +156,12 @@ export class ToolCatalog {
    * (`tool_not_registered` when none is usable). What its views show, and what its calls get
    * (`resolveCall`).
    */
-  resolveFor(agent: AgentIdentity, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
+  resolveFor(
+    agent: AgentIdentity,
+    toolId: string,
+    range: string | undefined,
+    options: { externalCallEnabled: boolean },
+  ): CatalogResolution {
     return this.resolveUsable(agent, toolId, range, options);
   }
 
@@ -165,7 +169,12 @@ export class ToolCatalog {
    * `resolveFor`, where no agent means a call whose agent no allowlist leaves out: only the
    * categories agents may never use and the tenant's external call policy rule versions out.
    */
-  private resolveUsable(agent: AgentIdentity | null, toolId: string, range: string | undefined, options: { externalCallEnabled: boolean }): CatalogResolution {
+  private resolveUsable(
+    agent: AgentIdentity | null,
+    toolId: string,
+    range: string | undefined,
+    options: { externalCallEnabled: boolean },
+  ): CatalogResolution {
     const usable = this.versions(toolId).filter(
       (tool) =>
         (agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) : agentMayUse(tool, agent)) &&
@@ -207,7 +216,8 @@ export class ToolCatalog {
     if (!anyone.ok) return anyone;
     // The usual case, and the cheap one: the version anyone gets is one the agent may use (the
     // newest match overall is then the newest it may use too).
-    const mayUse = agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(anyone.tool.category) : agentMayUse(anyone.tool, agent);
+    const mayUse =
+      agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(anyone.tool.category) : agentMayUse(anyone.tool, agent);
     if (anyone.tool.category !== 'external_call' && mayUse) return anyone;
     const pick = (enabled: boolean): ToolContract => {
       const usable = this.resolveUsable(agent, toolId, range, { externalCallEnabled: enabled });
@@ -222,7 +232,9 @@ export class ToolCatalog {
   /** The versions a version pulls in through its dependencies, or the first one that cannot be met. */
   dependencies(tool: ToolContract): DependencyResolution {
     const now = this.options.now();
-    return resolveDependencies(dependencyNodeOf(tool, now), (toolId) => this.versions(toolId).map((t) => dependencyNodeOf(t, now)));
+    return resolveDependencies(dependencyNodeOf(tool, now), (toolId) =>
+      this.versions(toolId).map((t) => dependencyNodeOf(t, now)),
+    );
   }
 
   /** Deprecations dated within the window, with their replacements and the versions still depending on them. */
@@ -232,7 +244,9 @@ export class ToolCatalog {
 
   /** Ready while this copy confirmed it matches the database within `maxAgeMs`. */
   readiness(maxAgeMs = 5_000): { ok: boolean; reason?: string } {
-    return this.ageMs() <= maxAgeMs ? { ok: true } : { ok: false, reason: 'the tool catalog has not been refreshed recently' };
+    return this.ageMs() <= maxAgeMs
+      ? { ok: true }
+      : { ok: false, reason: 'the tool catalog has not been refreshed recently' };
   }
 
   /** The compiled input and output validators of a version, compiled once per replica. */
@@ -258,7 +272,10 @@ export class ToolCatalog {
     const compileOrRefuse = (which: 'input_schema' | 'output_schema') => {
       const result = compileSchema(this.ajv, tool[which]);
       if (result.ok) return result.validate;
-      this.options.logger.warn({ tool_id: tool.id, version: tool.version, reason: result.message }, `stored ${which} does not compile`);
+      this.options.logger.warn(
+        { tool_id: tool.id, version: tool.version, reason: result.message },
+        `stored ${which} does not compile`,
+      );
       return refusingValidator(`the registered ${which} does not compile`);
     };
     const validators = { input: compileOrRefuse('input_schema'), output: compileOrRefuse('output_schema') };
@@ -314,7 +331,8 @@ export class ToolCatalog {
         this.failing = false;
       },
       (error: unknown) => {
-        if (!this.failing) this.options.logger.warn({ err: error }, 'tool catalog refresh failed; serving the last copy');
+        if (!this.failing)
+          this.options.logger.warn({ err: error }, 'tool catalog refresh failed; serving the last copy');
         this.failing = true;
       },
     );

@@ -20,7 +20,6 @@ export const MINIMUM_RISK_FOR_FORBIDDEN_CATEGORIES: ReadonlySet<RiskLevel> = new
 /** Tool ids: dotted lower-case names such as `web.fetch` or `get_scf_control`. */
 export const TOOL_ID_PATTERN = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/;
 
-
 /** A backend header value: a literal, or the name of a `TOOLGATE_SECRET_*` variable read at start-up. */
 export type HeaderValue = string | { from_env: string };
 

@@ -43,20 +43,30 @@ const agentRef = z
   .string()
   .max(200)
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an agent id or family:<name>');
-const contextKey = z.string().max(100).regex(/^[A-Za-z_][A-Za-z0-9_.-]*$/, 'must be a context key such as tenant_id');
-const jsonSchema = z.union([z.record(z.string(), z.unknown()), z.boolean()], { error: 'must be a JSON Schema (an object or a boolean)' });
+const contextKey = z
+  .string()
+  .max(100)
+  .regex(/^[A-Za-z_][A-Za-z0-9_.-]*$/, 'must be a context key such as tenant_id');
+const jsonSchema = z.union([z.record(z.string(), z.unknown()), z.boolean()], {
+  error: 'must be a JSON Schema (an object or a boolean)',
+});
 
-const unique = <T>(key: (item: T) => string, what: string) => (items: T[], ctx: z.RefinementCtx) => {
-  const seen = new Set<string>();
-  items.forEach((item, index) => {
-    const k = key(item);
-    if (seen.has(k)) ctx.addIssue({ code: 'custom', path: [index], message: `duplicate ${what} ${k}` });
-    seen.add(k);
-  });
-};
+const unique =
+  <T>(key: (item: T) => string, what: string) =>
+  (items: T[], ctx: z.RefinementCtx) => {
+    const seen = new Set<string>();
+    items.forEach((item, index) => {
+      const k = key(item);
+      if (seen.has(k)) ctx.addIssue({ code: 'custom', path: [index], message: `duplicate ${what} ${k}` });
+      seen.add(k);
+    });
+  };
 
 const headerValue: z.ZodType<HeaderValue> = z.union([
-  z.string().max(8192).regex(/^[^\r\n\0]*$/, 'must not contain line breaks'),
+  z
+    .string()
+    .max(8192)
+    .regex(/^[^\r\n\0]*$/, 'must not contain line breaks'),
   z.strictObject({
     from_env: z.string().regex(SECRET_ENV_PATTERN, 'must name a TOOLGATE_SECRET_* environment variable'),
   }),
@@ -66,11 +76,22 @@ const backendSchema = z.strictObject({
   url: z
     .string()
     .max(2048)
-    .refine((value) => URL.canParse(value) && ['http:', 'https:'].includes(new URL(value).protocol), 'must be an http(s) URL')
-    .refine((value) => !URL.canParse(value) || (new URL(value).username === '' && new URL(value).password === ''), 'must not carry credentials; use headers'),
+    .refine(
+      (value) => URL.canParse(value) && ['http:', 'https:'].includes(new URL(value).protocol),
+      'must be an http(s) URL',
+    )
+    .refine(
+      (value) => !URL.canParse(value) || (new URL(value).username === '' && new URL(value).password === ''),
+      'must not carry credentials; use headers',
+    ),
   method: z.enum(BACKEND_METHODS).default('POST'),
   timeout_ms: z.number().int().min(1).max(MAX_TIMEOUT_MS).default(10_000),
-  max_response_bytes: z.number().int().min(1).max(MAX_RESPONSE_BYTES).default(1024 * 1024),
+  max_response_bytes: z
+    .number()
+    .int()
+    .min(1)
+    .max(MAX_RESPONSE_BYTES)
+    .default(1024 * 1024),
   headers: z
     .record(z.string(), headerValue)
     .default({})
@@ -78,7 +99,8 @@ const backendSchema = z.strictObject({
       const seen = new Set<string>();
       for (const name of Object.keys(headers)) {
         const lower = name.toLowerCase();
-        if (!HEADER_NAME.test(name)) ctx.addIssue({ code: 'custom', path: [name], message: 'is not a valid header name' });
+        if (!HEADER_NAME.test(name))
+          ctx.addIssue({ code: 'custom', path: [name], message: 'is not a valid header name' });
         else if (RESERVED_HEADERS.has(lower) || lower.startsWith('x-toolgate-')) {
           ctx.addIssue({ code: 'custom', path: [name], message: 'is set by the gateway and cannot be overridden' });
         } else if (seen.has(lower)) ctx.addIssue({ code: 'custom', path: [name], message: 'is given twice' });
@@ -91,7 +113,10 @@ const egressSchema = z.strictObject({
   allowed_hosts: z
     .array(z.string().max(253).refine(isHostPattern, 'must be a host, *.example.com or *'))
     .min(1, 'an external_call tool needs at least one allowed host'),
-  schemes: z.array(z.enum(['http', 'https'])).min(1).optional(),
+  schemes: z
+    .array(z.enum(['http', 'https']))
+    .min(1)
+    .optional(),
   methods: z.array(z.enum(EGRESS_METHODS)).min(1).optional(),
   follow_redirects: z.boolean().optional(),
   max_redirects: z.number().int().min(0).max(10).optional(),
@@ -114,15 +139,26 @@ export const toolRegistrationSchema = z
     version: z
       .string()
       .max(100)
-      .refine((value) => semver.valid(value) === value, 'must be a semantic version such as 1.2.0 (no prefix, no build metadata)'),
+      .refine(
+        (value) => semver.valid(value) === value,
+        'must be a semantic version such as 1.2.0 (no prefix, no build metadata)',
+      ),
     display_name: label,
     description: text(4000),
     category: z.enum(TOOL_CATEGORIES),
     risk_level: z.enum(RISK_LEVELS),
     input_schema: jsonSchema,
     output_schema: jsonSchema,
-    allowed_agents: z.array(agentRef).max(1000).default([]).superRefine(unique((a) => a, 'agent')),
-    required_context: z.array(contextKey).max(100).default([]).superRefine(unique((k) => k, 'context key')),
+    allowed_agents: z
+      .array(agentRef)
+      .max(1000)
+      .default([])
+      .superRefine(unique((a) => a, 'agent')),
+    required_context: z
+      .array(contextKey)
+      .max(100)
+      .default([])
+      .superRefine(unique((k) => k, 'context key')),
     required_scopes: z
       .array(
         z.strictObject({
@@ -142,7 +178,10 @@ export const toolRegistrationSchema = z
       .array(
         z.strictObject({
           tool_id: toolId,
-          range: z.string().max(200).refine((value) => semver.validRange(value) !== null, 'must be a semver range such as ^1.2.0'),
+          range: z
+            .string()
+            .max(200)
+            .refine((value) => semver.validRange(value) !== null, 'must be a semver range such as ^1.2.0'),
         }),
       )
       .max(100)
@@ -173,14 +212,16 @@ export const toolRegistrationSchema = z
   .superRefine((tool, ctx) => {
     const problem = (path: string, message: string) => ctx.addIssue({ code: 'custom', path: [path], message });
     if (AGENT_FORBIDDEN_CATEGORIES.has(tool.category)) {
-      if (tool.allowed_agents.length > 0) problem('allowed_agents', `must be empty: no agent may use a ${tool.category} tool`);
+      if (tool.allowed_agents.length > 0)
+        problem('allowed_agents', `must be empty: no agent may use a ${tool.category} tool`);
       if (!MINIMUM_RISK_FOR_FORBIDDEN_CATEGORIES.has(tool.risk_level)) {
         problem('risk_level', `a ${tool.category} tool must be high or critical`);
       }
     }
     if (tool.category === 'external_call') {
       if (tool.egress === null) problem('egress', 'an external_call tool needs an egress allowlist');
-      if (tool.backend !== null) problem('backend', 'an external_call tool has no backend: the gateway makes its calls');
+      if (tool.backend !== null)
+        problem('backend', 'an external_call tool has no backend: the gateway makes its calls');
     } else if (tool.egress !== null) {
       problem('egress', 'only external_call tools have an egress allowlist');
     }
@@ -193,7 +234,10 @@ export const toolRegistrationSchema = z
 export type ToolRegistration = z.infer<typeof toolRegistrationSchema>;
 
 /** Splits a parsed registration into its immutable content and its (mutable) deprecation. */
-export function contentOf(registration: ToolRegistration): { content: ToolContent; deprecation: ToolDeprecation | null } {
+export function contentOf(registration: ToolRegistration): {
+  content: ToolContent;
+  deprecation: ToolDeprecation | null;
+} {
   const { deprecation, ...content } = registration;
   return { content: content as ToolContent, deprecation };
 }
@@ -202,7 +246,10 @@ export function contentOf(registration: ToolRegistration): { content: ToolConten
  * Checks that every secret a backend names is set on this gateway: a typo is caught at
  * registration rather than at the first call. Returns the failing field, or undefined.
  */
-export function missingSecret(content: ToolContent, secrets: Readonly<Record<string, string>>): { field: string; name: string } | undefined {
+export function missingSecret(
+  content: ToolContent,
+  secrets: Readonly<Record<string, string>>,
+): { field: string; name: string } | undefined {
   for (const [header, value] of Object.entries(content.backend?.headers ?? {})) {
     if (typeof value === 'object' && !(value.from_env in secrets)) {
       return { field: `body.backend.headers.${header}`, name: value.from_env };

@@ -33,7 +33,12 @@ export interface RegistryInvalid {
 
 export type RegistrationResult =
   | { ok: true; created: boolean; tool: ToolContract; revision: number }
-  | { ok: false; code: 'tool_version_conflict'; message: string; details: { tool_id: string; version: string; differing_fields: string[] } }
+  | {
+      ok: false;
+      code: 'tool_version_conflict';
+      message: string;
+      details: { tool_id: string; version: string; differing_fields: string[] };
+    }
   | RegistryInvalid;
 
 /** The SHA-256 idempotency compares: over the immutable content only, never the deprecation. */
@@ -47,7 +52,11 @@ export function contentSha256(content: ToolContent): string {
  * version at once cannot both insert: the second sees the first's row and gets the idempotent
  * answer when the content is identical, or `tool_version_conflict` when it differs.
  */
-export async function registerToolVersion(db: Kysely<DB>, registration: ToolRegistration, by: RegistryActor): Promise<RegistrationResult> {
+export async function registerToolVersion(
+  db: Kysely<DB>,
+  registration: ToolRegistration,
+  by: RegistryActor,
+): Promise<RegistrationResult> {
   const { content, deprecation } = contentOf(registration);
   const sha = contentSha256(content);
   return db.transaction().execute(async (trx): Promise<RegistrationResult> => {
@@ -58,8 +67,11 @@ export async function registerToolVersion(db: Kysely<DB>, registration: ToolRegi
       // A deprecation sent with a re-registration must agree with the stored one: changing it is the
       // deprecate route's job. Leaving it out (null) is how a catalog is re-seeded unchanged.
       const deprecationDiffers =
-        deprecation !== null && (stored?.deprecated_at !== deprecation.deprecated_at || stored?.replacement_tool_id !== deprecation.replacement_tool_id);
-      if (existing.contentSha256 === sha && !deprecationDiffers) return { ok: true, created: false, tool: existing.tool, revision };
+        deprecation !== null &&
+        (stored?.deprecated_at !== deprecation.deprecated_at ||
+          stored?.replacement_tool_id !== deprecation.replacement_tool_id);
+      if (existing.contentSha256 === sha && !deprecationDiffers)
+        return { ok: true, created: false, tool: existing.tool, revision };
       if (existing.contentSha256 === sha) {
         return {
           ok: false,
@@ -72,12 +84,20 @@ export async function registerToolVersion(db: Kysely<DB>, registration: ToolRegi
         ok: false,
         code: 'tool_version_conflict',
         message: `${content.id}@${content.version} is already registered with different content; register a new version instead`,
-        details: { tool_id: content.id, version: content.version, differing_fields: differingFields(existing.tool, content) },
+        details: {
+          tool_id: content.id,
+          version: content.version,
+          differing_fields: differingFields(existing.tool, content),
+        },
       };
     }
     const invalid = await checkDependencies(trx, content, by.now);
     if (invalid) return invalid;
-    if (deprecation?.replacement_tool_id && deprecation.replacement_tool_id !== content.id && !(await toolExists(trx, deprecation.replacement_tool_id))) {
+    if (
+      deprecation?.replacement_tool_id &&
+      deprecation.replacement_tool_id !== content.id &&
+      !(await toolExists(trx, deprecation.replacement_tool_id))
+    ) {
       return unknownReplacement('body.deprecation.replacement_tool_id', deprecation.replacement_tool_id);
     }
     const stored = await insertToolVersion(trx, {
@@ -112,10 +132,18 @@ export async function registerToolVersion(db: Kysely<DB>, registration: ToolRegi
 }
 
 /** Each direct dependency must name a registered tool with a version its range resolves to. */
-async function checkDependencies(trx: Transaction<DB>, content: ToolContent, now: Date): Promise<RegistryInvalid | undefined> {
+async function checkDependencies(
+  trx: Transaction<DB>,
+  content: ToolContent,
+  now: Date,
+): Promise<RegistryInvalid | undefined> {
   if (content.dependencies.length === 0) return undefined;
-  const stored = await findVersionsOf(trx, content.dependencies.map((d) => d.tool_id));
-  const lookup = (toolId: string) => stored.filter((s) => s.tool.id === toolId).map((s) => dependencyNodeOf(s.tool, now));
+  const stored = await findVersionsOf(
+    trx,
+    content.dependencies.map((d) => d.tool_id),
+  );
+  const lookup = (toolId: string) =>
+    stored.filter((s) => s.tool.id === toolId).map((s) => dependencyNodeOf(s.tool, now));
   for (const [index, dependency] of content.dependencies.entries()) {
     const result = resolveDependency(dependency, lookup);
     if (result.ok) continue;
@@ -126,7 +154,12 @@ async function checkDependencies(trx: Transaction<DB>, content: ToolContent, now
         result.reason === 'unknown_tool'
           ? `body.dependencies.${index}: ${dependency.tool_id} is not a registered tool`
           : `body.dependencies.${index}: no usable version of ${dependency.tool_id} satisfies ${dependency.range}`,
-      details: { field: `body.dependencies.${index}`, reason: result.reason, tool_id: dependency.tool_id, range: dependency.range },
+      details: {
+        field: `body.dependencies.${index}`,
+        reason: result.reason,
+        tool_id: dependency.tool_id,
+        range: dependency.range,
+      },
     };
   }
   return undefined;
@@ -159,7 +192,11 @@ export async function deprecateToolVersion(
       return unknownReplacement('body.replacement_tool_id', replacement);
     }
     const before = existing.tool.deprecation;
-    if (before && before.deprecated_at === target.deprecation.deprecated_at && before.replacement_tool_id === replacement) {
+    if (
+      before &&
+      before.deprecated_at === target.deprecation.deprecated_at &&
+      before.replacement_tool_id === replacement
+    ) {
       return { ok: true, changed: false, tool: existing.tool, revision };
     }
     const stored = await setDeprecation(trx, { ...target, revision: revision + 1 });
@@ -202,5 +239,7 @@ function toolAuditFields(tool: ToolContract, by: RegistryActor) {
 
 /** The top-level fields whose content differs between a stored version and a new registration. */
 function differingFields(stored: ToolContract, content: ToolContent): string[] {
-  return (Object.keys(content) as Array<keyof ToolContent>).filter((field) => payloadHash(stored[field]) !== payloadHash(content[field]));
+  return (Object.keys(content) as Array<keyof ToolContent>).filter(
+    (field) => payloadHash(stored[field]) !== payloadHash(content[field]),
+  );
 }

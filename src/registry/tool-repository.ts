@@ -17,7 +17,12 @@ export interface StoredToolVersion {
  * lock, so changes commit one at a time and revisions become visible in order.
  */
 export async function lockRegistry(trx: Transaction<DB>): Promise<number> {
-  const row = await trx.selectFrom('registry_revision').select('revision').where('id', '=', 1).forUpdate().executeTakeFirstOrThrow();
+  const row = await trx
+    .selectFrom('registry_revision')
+    .select('revision')
+    .where('id', '=', 1)
+    .forUpdate()
+    .executeTakeFirstOrThrow();
   return Number(row.revision);
 }
 
@@ -27,26 +32,54 @@ export async function advanceRevision(trx: Transaction<DB>, revision: number): P
   await sql`select pg_notify(${REGISTRY_CHANNEL}, ${String(revision)})`.execute(trx);
 }
 
-export async function findToolVersion(db: Kysely<DB> | Transaction<DB>, toolId: string, version: string): Promise<StoredToolVersion | undefined> {
-  const row = await db.selectFrom('tool_versions').selectAll().where('tool_id', '=', toolId).where('version', '=', version).executeTakeFirst();
+export async function findToolVersion(
+  db: Kysely<DB> | Transaction<DB>,
+  toolId: string,
+  version: string,
+): Promise<StoredToolVersion | undefined> {
+  const row = await db
+    .selectFrom('tool_versions')
+    .selectAll()
+    .where('tool_id', '=', toolId)
+    .where('version', '=', version)
+    .executeTakeFirst();
   return row ? toStored(row) : undefined;
 }
 
 /** Every version of the given tools. */
-export async function findVersionsOf(db: Kysely<DB> | Transaction<DB>, toolIds: readonly string[]): Promise<StoredToolVersion[]> {
+export async function findVersionsOf(
+  db: Kysely<DB> | Transaction<DB>,
+  toolIds: readonly string[],
+): Promise<StoredToolVersion[]> {
   if (toolIds.length === 0) return [];
-  const rows = await db.selectFrom('tool_versions').selectAll().where('tool_id', 'in', [...toolIds]).execute();
+  const rows = await db
+    .selectFrom('tool_versions')
+    .selectAll()
+    .where('tool_id', 'in', [...toolIds])
+    .execute();
   return rows.map(toStored);
 }
 
 export async function toolExists(db: Kysely<DB> | Transaction<DB>, toolId: string): Promise<boolean> {
-  const row = await db.selectFrom('tool_versions').select('tool_id').where('tool_id', '=', toolId).limit(1).executeTakeFirst();
+  const row = await db
+    .selectFrom('tool_versions')
+    .select('tool_id')
+    .where('tool_id', '=', toolId)
+    .limit(1)
+    .executeTakeFirst();
   return row !== undefined;
 }
 
 export async function insertToolVersion(
   trx: Transaction<DB>,
-  version: { content: ToolContent; contentSha256: string; deprecation: ToolDeprecation | null; registeredAt: Date; registeredBy: string; revision: number },
+  version: {
+    content: ToolContent;
+    contentSha256: string;
+    deprecation: ToolDeprecation | null;
+    registeredAt: Date;
+    registeredBy: string;
+    revision: number;
+  },
 ): Promise<StoredToolVersion> {
   const row = await trx
     .insertInto('tool_versions')
@@ -88,10 +121,15 @@ export async function setDeprecation(
  * The registry's revision and every version changed after `knownRevision`, read in one
  * statement (one snapshot), so the rows are exactly those up to the revision returned.
  */
-export async function loadChangesSince(db: Kysely<DB>, knownRevision: number): Promise<{ revision: number; changed: StoredToolVersion[] }> {
+export async function loadChangesSince(
+  db: Kysely<DB>,
+  knownRevision: number,
+): Promise<{ revision: number; changed: StoredToolVersion[] }> {
   const rows = await db
     .selectFrom('registry_revision as r')
-    .leftJoin('tool_versions as t', (join) => join.on('t.revision', '>', knownRevision).onRef('t.revision', '<=', 'r.revision'))
+    .leftJoin('tool_versions as t', (join) =>
+      join.on('t.revision', '>', knownRevision).onRef('t.revision', '<=', 'r.revision'),
+    )
     .select([
       'r.revision as head',
       't.tool_id',
@@ -107,7 +145,9 @@ export async function loadChangesSince(db: Kysely<DB>, knownRevision: number): P
     .where('r.id', '=', 1)
     .execute();
   const head = rows[0] ? Number(rows[0].head) : 0;
-  const changed = rows.filter((row) => row.tool_id !== null).map((row) => toStored(row as Selectable<ToolVersionTable>));
+  const changed = rows
+    .filter((row) => row.tool_id !== null)
+    .map((row) => toStored(row as Selectable<ToolVersionTable>));
   return { revision: head, changed };
 }
 

@@ -35,8 +35,10 @@ export const MAX_SCHEMA_DEPTH = 64;
  * Escapes are read in pairs, so an escaped backslash followed by `u` is left alone.
  */
 function toRe2Syntax(pattern: string): string {
-  return pattern.replace(/\\(?:u([0-9A-Fa-f]{4})|u\{([0-9A-Fa-f]{1,6})\}|[\s\S])/g, (escape, hex4?: string, hexN?: string) =>
-    hex4 !== undefined || hexN !== undefined ? `\\x{${hex4 ?? hexN}}` : escape,
+  return pattern.replace(
+    /\\(?:u([0-9A-Fa-f]{4})|u\{([0-9A-Fa-f]{1,6})\}|[\s\S])/g,
+    (escape, hex4?: string, hexN?: string) =>
+      hex4 !== undefined || hexN !== undefined ? `\\x{${hex4 ?? hexN}}` : escape,
   );
 }
 
@@ -76,7 +78,13 @@ export function createSchemaCompiler(): Ajv2020 {
   addFormats(ajv);
   // ajv compares items pairwise (quadratic in the array's length); a canonical text per item is linear.
   ajv.removeKeyword('uniqueItems');
-  ajv.addKeyword({ keyword: 'uniqueItems', type: 'array', schemaType: 'boolean', validate: hasUniqueItems, errors: true });
+  ajv.addKeyword({
+    keyword: 'uniqueItems',
+    type: 'array',
+    schemaType: 'boolean',
+    validate: hasUniqueItems,
+    errors: true,
+  });
   ajv.addKeyword({ keyword: BUDGET_KEYWORD, schemaType: 'boolean', validate: withinBudget, errors: false });
   return ajv;
 }
@@ -89,7 +97,9 @@ function hasUniqueItems(unique: boolean, data: unknown[]): boolean {
     // JSON Schema equality: numbers by value, objects whatever their key order.
     const text = stringify(item) ?? 'undefined';
     if (seen.has(text)) {
-      (hasUniqueItems as { errors?: unknown }).errors = [{ keyword: 'uniqueItems', message: 'must NOT have duplicate items', params: {} }];
+      (hasUniqueItems as { errors?: unknown }).errors = [
+        { keyword: 'uniqueItems', message: 'must NOT have duplicate items', params: {} },
+      ];
       return false;
     }
     seen.add(text);
@@ -120,7 +130,20 @@ function withinBudget(): boolean {
 }
 
 /** Where a JSON Schema (2020-12, or the drafts before it) holds subschemas. */
-const ONE_SCHEMA = ['additionalProperties', 'unevaluatedProperties', 'items', 'additionalItems', 'unevaluatedItems', 'contains', 'propertyNames', 'if', 'then', 'else', 'not', 'contentSchema'];
+const ONE_SCHEMA = [
+  'additionalProperties',
+  'unevaluatedProperties',
+  'items',
+  'additionalItems',
+  'unevaluatedItems',
+  'contains',
+  'propertyNames',
+  'if',
+  'then',
+  'else',
+  'not',
+  'contentSchema',
+];
 const SCHEMA_LISTS = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items'];
 const SCHEMA_MAPS = ['properties', 'patternProperties', '$defs', 'definitions', 'dependentSchemas', 'dependencies'];
 
@@ -150,7 +173,12 @@ function bounded(validate: SchemaValidator): SchemaValidator {
       return ok;
     } catch (error) {
       if (!(error instanceof ValidationBudgetExceeded)) throw error;
-      run.errors = [{ instancePath: '', message: `took more than ${VALIDATION_BUDGET_MS} ms of CPU to check against the schema; refused` }];
+      run.errors = [
+        {
+          instancePath: '',
+          message: `took more than ${VALIDATION_BUDGET_MS} ms of CPU to check against the schema; refused`,
+        },
+      ];
       return false;
     } finally {
       deadline = Infinity;

@@ -50,7 +50,10 @@ export function agentViewOf(tool: ToolContract): AgentToolView {
 }
 
 /** What an operator sees of a tool: the backend only for platform-operators, and no header value ever. */
-export type OperatorToolView = Omit<ToolContract, 'backend'> & { backend?: ToolBackend | null; backend_configured: boolean };
+export type OperatorToolView = Omit<ToolContract, 'backend'> & {
+  backend?: ToolBackend | null;
+  backend_configured: boolean;
+};
 
 /** A literal header value is shown as this once registered; a `from_env` reference is shown as is. */
 export const REDACTED_HEADER_VALUE = '***';
@@ -58,7 +61,8 @@ export const REDACTED_HEADER_VALUE = '***';
 function redactedBackend(backend: ToolBackend | null): ToolBackend | null {
   if (!backend) return null;
   const headers: Record<string, HeaderValue> = {};
-  for (const [name, value] of Object.entries(backend.headers)) headers[name] = typeof value === 'string' ? REDACTED_HEADER_VALUE : { from_env: value.from_env };
+  for (const [name, value] of Object.entries(backend.headers))
+    headers[name] = typeof value === 'string' ? REDACTED_HEADER_VALUE : { from_env: value.from_env };
   return { ...backend, headers };
 }
 

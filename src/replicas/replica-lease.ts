@@ -74,7 +74,8 @@ export class ReplicaLease {
     const removed = removeReplica(this.options.db, this.id, CLOSE_STEP_WAIT_MS).catch((error: unknown) => {
       this.options.logger.warn({ err: error }, 'could not give the replica lease up; it will lapse');
     });
-    if (!(await waitAtMost(removed))) this.options.logger.warn('the database did not answer giving the replica lease up; it will lapse');
+    if (!(await waitAtMost(removed)))
+      this.options.logger.warn('the database did not answer giving the replica lease up; it will lapse');
   }
 
   private async renew(): Promise<void> {

@@ -10,7 +10,9 @@ const RETENTION_LOCK_KEY = 7_406_331_206;
  * deletes at a time, and the others skip their round at the cost of this one statement.
  */
 export async function takeRetentionTurn(trx: Transaction<DB>): Promise<boolean> {
-  const result = await sql<{ taken: boolean }>`select pg_try_advisory_xact_lock(${RETENTION_LOCK_KEY}) as taken`.execute(trx);
+  const result = await sql<{
+    taken: boolean;
+  }>`select pg_try_advisory_xact_lock(${RETENTION_LOCK_KEY}) as taken`.execute(trx);
   return result.rows[0]?.taken === true;
 }
 
@@ -26,7 +28,12 @@ export interface RootPosition {
  * holds locked is skipped (the next round finds it). The status list is spelled out as in the
  * index `runs_finished_roots`, so that the planner can use it.
  */
-export async function lockFinishedRoots(trx: Transaction<DB>, before: Date, after: RootPosition | undefined, limit: number): Promise<RootPosition[]> {
+export async function lockFinishedRoots(
+  trx: Transaction<DB>,
+  before: Date,
+  after: RootPosition | undefined,
+  limit: number,
+): Promise<RootPosition[]> {
   const result = await sql<RootPosition>`
     select updated_at::text as updated_at_text, tenant_id, run_id from runs
     where parent_run_id is null and status in ('completed', 'failed', 'cancelled', 'killed') and updated_at < ${before}
@@ -41,7 +48,11 @@ export async function lockFinishedRoots(trx: Transaction<DB>, before: Date, afte
  * One root `lockFinishedRoots` found, locked again by a transaction of its own: none if it is
  * gone or somebody holds it (the next round finds it).
  */
-export async function lockFinishedRoot(trx: Transaction<DB>, root: RootPosition, before: Date): Promise<RootPosition[]> {
+export async function lockFinishedRoot(
+  trx: Transaction<DB>,
+  root: RootPosition,
+  before: Date,
+): Promise<RootPosition[]> {
   const result = await sql<RootPosition>`
     select updated_at::text as updated_at_text, tenant_id, run_id from runs
     where tenant_id = ${root.tenant_id} and run_id = ${root.run_id}
@@ -60,7 +71,14 @@ export interface RetentionCounts {
   budget_counters: number;
 }
 
-export const NO_DELETIONS: RetentionCounts = { runs: 0, approvals: 0, handoffs: 0, run_grant_uses: 0, budget_reservations: 0, budget_counters: 0 };
+export const NO_DELETIONS: RetentionCounts = {
+  runs: 0,
+  approvals: 0,
+  handoffs: 0,
+  run_grant_uses: 0,
+  budget_reservations: 0,
+  budget_counters: 0,
+};
 
 /**
  * Deletes the run trees of these roots (locked by `lockFinishedRoots`) whose every run — the root
@@ -75,7 +93,12 @@ export const NO_DELETIONS: RetentionCounts = { runs: 0, approvals: 0, handoffs: 
  * Locks follow the order every transaction that changes runs uses: runs, then approvals and
  * hand-offs, then the ledger, then counters.
  */
-export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPosition[], before: Date, now: Date): Promise<RetentionCounts> {
+export async function deleteFinishedRunTrees(
+  trx: Transaction<DB>,
+  roots: RootPosition[],
+  before: Date,
+  now: Date,
+): Promise<RetentionCounts> {
   if (roots.length === 0) return NO_DELETIONS;
   const found = await sql<{ root_tenant: string; root_run: string; tenant_id: string; run_id: string; done: boolean }>`
     with recursive tree(root_tenant, root_run, tenant_id, run_id) as (
@@ -116,10 +139,15 @@ export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPo
     select 1 from runs r join ${keys} on r.tenant_id = k.t and r.run_id = k.r
     order by r.tenant_id, r.run_id
     for update of r`.execute(trx);
-  const approvals = await sql`delete from approvals a using ${keys} where a.tenant_id = k.t and a.run_id = k.r`.execute(trx);
+  const approvals = await sql`delete from approvals a using ${keys} where a.tenant_id = k.t and a.run_id = k.r`.execute(
+    trx,
+  );
   // Every hand-off of a tree has its sub-run in the tree.
-  const handoffs = await sql`delete from handoffs h using ${keys} where h.tenant_id = k.t and h.sub_run_id = k.r`.execute(trx);
-  const uses = await sql`delete from run_grant_uses u using ${keys} where u.tenant_id = k.t and u.run_id = k.r`.execute(trx);
+  const handoffs =
+    await sql`delete from handoffs h using ${keys} where h.tenant_id = k.t and h.sub_run_id = k.r`.execute(trx);
+  const uses = await sql`delete from run_grant_uses u using ${keys} where u.tenant_id = k.t and u.run_id = k.r`.execute(
+    trx,
+  );
   const ledger = await sql<{ reservations: string }>`
     with gone as (
       delete from budget_reservations b using ${keys}
@@ -141,7 +169,9 @@ export async function deleteFinishedRunTrees(trx: Transaction<DB>, roots: RootPo
   const totals = runs.map((run) => runTotalRef(run.tenant_id, run.run_id));
   const counters = await sql`
     delete from budget_counters c using unnest(${totals.map((ref) => ref.key)}::text[], ${totals.map((ref) => ref.periodStart)}::timestamptz[]) as t(k, p)
-    where c.counter_key = t.k and c.period_start = t.p and c.counter_key = any(${totals.map((ref) => ref.key)}::text[])`.execute(trx);
+    where c.counter_key = t.k and c.period_start = t.p and c.counter_key = any(${totals.map((ref) => ref.key)}::text[])`.execute(
+    trx,
+  );
   const deleted = await sql`delete from runs x using ${keys} where x.tenant_id = k.t and x.run_id = k.r`.execute(trx);
   return {
     runs: Number(deleted.numAffectedRows ?? 0),

@@ -6,7 +6,16 @@ import type { DB } from '../db/schema.js';
 import { isDatabaseUnavailable } from '../db/unavailable.js';
 import { IDEMPOTENCY_KEY_TTL_MS } from '../idempotency/idempotency-keys.js';
 import { deleteKeysBefore } from '../idempotency/idempotency-repository.js';
-import { deleteFinishedRunTrees, deleteLapsedReplicas, lockFinishedRoot, lockFinishedRoots, NO_DELETIONS, takeRetentionTurn, type RetentionCounts, type RootPosition } from './retention-repository.js';
+import {
+  deleteFinishedRunTrees,
+  deleteLapsedReplicas,
+  lockFinishedRoot,
+  lockFinishedRoots,
+  NO_DELETIONS,
+  takeRetentionTurn,
+  type RetentionCounts,
+  type RootPosition,
+} from './retention-repository.js';
 
 /** Root runs looked at per transaction: each batch holds its locks for a few milliseconds. */
 const BATCH_SIZE = 100;
@@ -90,7 +99,12 @@ export class RetentionSweeper {
       help: 'Run trees the retention sweep failed to delete (each is logged, and left out of the sweep for a day)',
       registers: [options.registry],
     });
-    this.task = new BackgroundTask({ name: 'retention sweep', run: () => this.sweep(), intervalMs: () => options.intervalMs, logger: options.logger });
+    this.task = new BackgroundTask({
+      name: 'retention sweep',
+      run: () => this.sweep(),
+      intervalMs: () => options.intervalMs,
+      logger: options.logger,
+    });
   }
 
   start(): void {
@@ -126,19 +140,39 @@ export class RetentionSweeper {
     const idempotency_keys = skipped || this.stopping ? 0 : await deleteKeysBefore(this.options.db, keysBefore);
     const counts: Record<string, number> = { ...total, replicas, idempotency_keys };
     for (const [table, count] of Object.entries(counts)) if (count > 0) this.deleted.inc({ table }, count);
-    if (total.runs > 0 || replicas > 0) this.options.logger.info({ deleted: counts, finished_before: before.toISOString() }, 'retention sweep deleted finished runs');
-    return { ...total, replicas, idempotency_keys, skipped, failed: failed.map(({ tenant_id, run_id }) => ({ tenant_id, run_id })) };
+    if (total.runs > 0 || replicas > 0)
+      this.options.logger.info(
+        { deleted: counts, finished_before: before.toISOString() },
+        'retention sweep deleted finished runs',
+      );
+    return {
+      ...total,
+      replicas,
+      idempotency_keys,
+      skipped,
+      failed: failed.map(({ tenant_id, run_id }) => ({ tenant_id, run_id })),
+    };
   }
 
   /** The next batch of roots after `after`, in one transaction; if that fails, one tree at a time. */
-  private async deleteBatch(before: Date, after: RootPosition | undefined, batchSize: number, failed: RootPosition[]): Promise<Batch> {
+  private async deleteBatch(
+    before: Date,
+    after: RootPosition | undefined,
+    batchSize: number,
+    failed: RootPosition[],
+  ): Promise<Batch> {
     const found: { roots?: RootPosition[] } = {};
     try {
       return await this.options.db.transaction().execute(async (trx) => {
         if (!(await takeRetentionTurn(trx))) return { roots: [], counts: NO_DELETIONS, skipped: true, cut: false };
         const roots = (found.roots = await lockFinishedRoots(trx, before, after, batchSize));
         const due = roots.filter((root) => !this.setAside.has(keyOf(root)));
-        return { roots, counts: await deleteFinishedRunTrees(trx, due, before, this.options.now()), skipped: false, cut: false };
+        return {
+          roots,
+          counts: await deleteFinishedRunTrees(trx, due, before, this.options.now()),
+          skipped: false,
+          cut: false,
+        };
       });
     } catch (error) {
       if (!found.roots || lostDatabase(error)) throw error;

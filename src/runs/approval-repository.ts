@@ -47,9 +47,17 @@ export async function lockApproval(trx: Transaction<DB>, id: string): Promise<Ap
 }
 
 /** The newest approval of a run's step (tool calls) or of a sub-run's hand-off (`stepIndex` null). */
-export async function findLatestApproval(db: Db, tenantId: string, runId: string, stepIndex: number | null): Promise<Approval | undefined> {
+export async function findLatestApproval(
+  db: Db,
+  tenantId: string,
+  runId: string,
+  stepIndex: number | null,
+): Promise<Approval | undefined> {
   let q = db.selectFrom('approvals').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId);
-  q = stepIndex === null ? q.where('kind', '=', 'handoff') : q.where('kind', '=', 'tool_call').where('step_index', '=', stepIndex);
+  q =
+    stepIndex === null
+      ? q.where('kind', '=', 'handoff')
+      : q.where('kind', '=', 'tool_call').where('step_index', '=', stepIndex);
   const row = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(1).executeTakeFirst();
   return row ? toApproval(row) : undefined;
 }
@@ -59,7 +67,10 @@ export async function findLatestApproval(db: Db, tenantId: string, runId: string
  * envelope): it may have been paused or throttled while it waited for one, or after one let its
  * call through admission.
  */
-export async function findNextStepApproval(db: Db, run: { tenant_id: string; run_id: string; envelope: { steps: Array<{ index: number; status: string }> } | null }): Promise<Approval | undefined> {
+export async function findNextStepApproval(
+  db: Db,
+  run: { tenant_id: string; run_id: string; envelope: { steps: Array<{ index: number; status: string }> } | null },
+): Promise<Approval | undefined> {
   const next = (run.envelope?.steps ?? []).find((step) => step.status !== 'completed');
   return next ? findLatestApproval(db, run.tenant_id, run.run_id, next.index) : undefined;
 }
@@ -68,13 +79,20 @@ export async function findNextStepApproval(db: Db, run: { tenant_id: string; run
 export async function decideApproval(
   trx: Transaction<DB>,
   id: string,
-  decision: { status: 'approved' | 'rejected' | 'expired' | 'cancelled'; decidedBy?: string; rationale?: string; at: Date },
+  decision: {
+    status: 'approved' | 'rejected' | 'expired' | 'cancelled';
+    decidedBy?: string;
+    rationale?: string;
+    at: Date;
+  },
 ): Promise<Approval | undefined> {
   const row = await trx
     .updateTable('approvals')
     .set({
       status: decision.status,
-      ...(decision.decidedBy !== undefined ? { decided_by: decision.decidedBy, decided_at: decision.at, rationale: decision.rationale ?? null } : {}),
+      ...(decision.decidedBy !== undefined
+        ? { decided_by: decision.decidedBy, decided_at: decision.at, rationale: decision.rationale ?? null }
+        : {}),
     })
     .where('id', '=', id)
     .where('status', 'in', decision.status === 'expired' ? ['pending', 'approved'] : ['pending'])
@@ -84,7 +102,11 @@ export async function decideApproval(
 }
 
 /** Withdraws the pending proposals of runs that ended, or of a step proposed anew. */
-export async function cancelPendingApprovals(trx: Transaction<DB>, runs: Array<{ tenant_id: string; run_id: string }>, stepIndex?: number): Promise<Approval[]> {
+export async function cancelPendingApprovals(
+  trx: Transaction<DB>,
+  runs: Array<{ tenant_id: string; run_id: string }>,
+  stepIndex?: number,
+): Promise<Approval[]> {
   if (runs.length === 0) return [];
   let q = trx
     .updateTable('approvals')
@@ -111,7 +133,10 @@ export interface ApprovalQuery {
  * Newest first, each with its status as of `now`: a pending proposal, or an approval unused, past
  * its time is expired — and is listed under `expired`, not `pending` or `approved`.
  */
-export async function listApprovals(db: Kysely<DB>, query: ApprovalQuery): Promise<{ items: Approval[]; next: ApprovalQuery['after'] | null }> {
+export async function listApprovals(
+  db: Kysely<DB>,
+  query: ApprovalQuery,
+): Promise<{ items: Approval[]; next: ApprovalQuery['after'] | null }> {
   let q = db
     .selectFrom('approvals')
     .selectAll()
@@ -120,18 +145,33 @@ export async function listApprovals(db: Kysely<DB>, query: ApprovalQuery): Promi
   if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
   if (query.kind !== undefined) q = q.where('kind', '=', query.kind);
   if (query.status === 'pending') q = q.where('status', '=', 'pending').where('expires_at', '>', query.now);
-  else if (query.status === 'approved') q = q.where('status', '=', 'approved').where((eb) => eb.not(lapsedAt(eb, query.now)));
+  else if (query.status === 'approved')
+    q = q.where('status', '=', 'approved').where((eb) => eb.not(lapsedAt(eb, query.now)));
   else if (query.status === 'expired') {
-    q = q.where((eb) => eb.or([eb('status', '=', 'expired'), eb.and([eb('status', '=', 'pending'), eb('expires_at', '<=', query.now)]), lapsedAt(eb, query.now)]));
+    q = q.where((eb) =>
+      eb.or([
+        eb('status', '=', 'expired'),
+        eb.and([eb('status', '=', 'pending'), eb('expires_at', '<=', query.now)]),
+        lapsedAt(eb, query.now),
+      ]),
+    );
   } else if (query.status !== undefined) q = q.where('status', '=', query.status);
-  if (query.after) q = q.where(sql<boolean>`(created_at, id) < (${new Date(query.after.created_at)}, ${query.after.id})`);
-  const rows = await q.orderBy('created_at', 'desc').orderBy('id', 'desc').limit(query.limit + 1).execute();
+  if (query.after)
+    q = q.where(sql<boolean>`(created_at, id) < (${new Date(query.after.created_at)}, ${query.after.id})`);
+  const rows = await q
+    .orderBy('created_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map((row) => {
     const approval = toApproval(row);
     return { ...approval, status: approvalStatusAt(approval, query.now, Boolean(row.lapsed)) };
   });
   const last = items[items.length - 1];
-  return { items, next: rows.length > query.limit && last ? { created_at: last.created_at.toISOString(), id: last.id } : null };
+  return {
+    items,
+    next: rows.length > query.limit && last ? { created_at: last.created_at.toISOString(), id: last.id } : null,
+  };
 }
 
 /**

@@ -40,7 +40,11 @@ export interface Approval {
  * an approval that was not used. Its row does not say whether it was (see `lapsedAt` in
  * approval-repository.ts): an approved one reads as expired only when the caller says `unused`.
  */
-export function approvalStatusAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date, unused = false): ApprovalStatus {
+export function approvalStatusAt(
+  approval: Pick<Approval, 'status' | 'expires_at'>,
+  now: Date,
+  unused = false,
+): ApprovalStatus {
   if (approval.expires_at.getTime() > now.getTime()) return approval.status;
   return approval.status === 'pending' || (approval.status === 'approved' && unused) ? 'expired' : approval.status;
 }

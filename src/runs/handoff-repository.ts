@@ -5,7 +5,10 @@ import type { ApprovalRequirement, Handoff } from './handoff.js';
 type Db = Kysely<DB> | Transaction<DB>;
 
 /** Records a hand-off, open. */
-export async function insertHandoff(trx: Transaction<DB>, handoff: Omit<Handoff, 'status' | 'spent_units' | 'returned_units' | 'closed_at'>): Promise<Handoff> {
+export async function insertHandoff(
+  trx: Transaction<DB>,
+  handoff: Omit<Handoff, 'status' | 'spent_units' | 'returned_units' | 'closed_at'>,
+): Promise<Handoff> {
   const row = await trx
     .insertInto('handoffs')
     .values({
@@ -31,7 +34,12 @@ export async function insertHandoff(trx: Transaction<DB>, handoff: Omit<Handoff,
 
 /** The hand-off that created a sub-run, if it was created by one. */
 export async function findHandoffOfSubRun(db: Db, tenantId: string, subRunId: string): Promise<Handoff | undefined> {
-  const row = await db.selectFrom('handoffs').selectAll().where('tenant_id', '=', tenantId).where('sub_run_id', '=', subRunId).executeTakeFirst();
+  const row = await db
+    .selectFrom('handoffs')
+    .selectAll()
+    .where('tenant_id', '=', tenantId)
+    .where('sub_run_id', '=', subRunId)
+    .executeTakeFirst();
   return row ? toHandoff(row) : undefined;
 }
 
@@ -49,7 +57,10 @@ export async function listHandoffsFrom(db: Db, tenantId: string, parentRunId: st
 }
 
 /** The open hand-offs that created any of these runs. */
-export async function findOpenHandoffsOfSubRuns(trx: Transaction<DB>, keys: Array<{ tenant_id: string; run_id: string }>): Promise<Handoff[]> {
+export async function findOpenHandoffsOfSubRuns(
+  trx: Transaction<DB>,
+  keys: Array<{ tenant_id: string; run_id: string }>,
+): Promise<Handoff[]> {
   if (keys.length === 0) return [];
   const rows = await trx
     .selectFrom('handoffs')
@@ -62,10 +73,19 @@ export async function findOpenHandoffsOfSubRuns(trx: Transaction<DB>, keys: Arra
 }
 
 /** Closes an open hand-off with what its sub-run used and what went back. */
-export async function closeHandoff(trx: Transaction<DB>, id: string, close: { spentUnits: number; returnedUnits: number; at: Date }): Promise<void> {
+export async function closeHandoff(
+  trx: Transaction<DB>,
+  id: string,
+  close: { spentUnits: number; returnedUnits: number; at: Date },
+): Promise<void> {
   await trx
     .updateTable('handoffs')
-    .set({ status: 'closed', spent_units: close.spentUnits.toFixed(6), returned_units: close.returnedUnits.toFixed(6), closed_at: close.at })
+    .set({
+      status: 'closed',
+      spent_units: close.spentUnits.toFixed(6),
+      returned_units: close.returnedUnits.toFixed(6),
+      closed_at: close.at,
+    })
     .where('id', '=', id)
     .where('status', '=', 'open')
     .execute();
@@ -82,7 +102,8 @@ function toHandoff(row: Selectable<HandoffTable>): Handoff {
     budget_units: Number(row.budget_units),
     delegable_tool_ids: row.delegable_tool_ids,
     max_fanout: row.max_fanout,
-    capability_modifiers: typeof row.capability_modifiers === 'string' ? JSON.parse(row.capability_modifiers) : row.capability_modifiers,
+    capability_modifiers:
+      typeof row.capability_modifiers === 'string' ? JSON.parse(row.capability_modifiers) : row.capability_modifiers,
     approval_requirement: row.approval_requirement as ApprovalRequirement,
     depth: row.depth,
     status: row.status as Handoff['status'],

@@ -64,7 +64,12 @@ export class RunCascades {
     }
   };
 
-  readonly killSwitchArmed = async (trx: Transaction<DB>, ks: KillSwitch, cause: { actor: string; traceId?: string | null | undefined }, at: Date): Promise<void> => {
+  readonly killSwitchArmed = async (
+    trx: Transaction<DB>,
+    ks: KillSwitch,
+    cause: { actor: string; traceId?: string | null | undefined },
+    at: Date,
+  ): Promise<void> => {
     const open = await listOpenRuns(trx, ks.tenant_id);
     // Each tenant's policy is read once per arming, and only if a call's version depends on it.
     const policies = new Map<string, Promise<boolean>>();
@@ -84,7 +89,13 @@ export class RunCascades {
         stop: {
           code: 'kill_switch_active',
           message: ks.user_visible_status_copy,
-          details: { cause: 'kill_switch', kill_switch_id: ks.id, scope: ks.scope, target: ks.target, platform_wide: ks.tenant_id === null },
+          details: {
+            cause: 'kill_switch',
+            kill_switch_id: ks.id,
+            scope: ks.scope,
+            target: ks.target,
+            platform_wide: ks.tenant_id === null,
+          },
         },
         eventType: 'run.stopped',
         actor: cause.actor,
@@ -98,13 +109,22 @@ export class RunCascades {
    * Whether the switch matches the run itself (tenant, agent, family) or a call it has yet to
    * make, each call's tool resolved as the run's agent's call resolves it.
    */
-  private async stoppedBy(run: RunRecord, ks: KillSwitch, externalCallEnabled: () => Promise<boolean>): Promise<boolean> {
+  private async stoppedBy(
+    run: RunRecord,
+    ks: KillSwitch,
+    externalCallEnabled: () => Promise<boolean>,
+  ): Promise<boolean> {
     const who = { tenantId: run.tenant_id, agentId: run.agent_id, family: run.agent_family ?? undefined };
     if (switchMatches(ks, who)) return true;
     const done = (run.envelope?.steps ?? []).findIndex((s) => s.status !== 'completed');
     const remaining = (run.request?.plan ?? []).slice(done === -1 ? (run.envelope?.steps.length ?? 0) : done);
     for (const step of remaining) {
-      const target = await this.toolTarget({ agentId: who.agentId, family: who.family }, step.tool_id, step.version, externalCallEnabled);
+      const target = await this.toolTarget(
+        { agentId: who.agentId, family: who.family },
+        step.tool_id,
+        step.version,
+        externalCallEnabled,
+      );
       if (switchMatches(ks, { ...who, toolId: step.tool_id, target: target ?? null })) return true;
     }
     return false;

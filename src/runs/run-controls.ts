@@ -8,7 +8,15 @@ import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import { lockRun, takeUpRun, writeRunAwaitingApproval, writeRunPaused, writeRunStatus, type RunKey, type RunRecord } from './run-repository.js';
+import {
+  lockRun,
+  takeUpRun,
+  writeRunAwaitingApproval,
+  writeRunPaused,
+  writeRunStatus,
+  type RunKey,
+  type RunRecord,
+} from './run-repository.js';
 import { isTerminal, type LapsedApprovals, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
 
 /** What the run controls are built from, by the composition root. */
@@ -56,7 +64,11 @@ export class RunControls {
   complete(caller: Controller, key: RunKey): Promise<RunRecord> {
     return this.change(caller, key, 'complete', async (trx, run) => {
       if (run.status !== 'running' || !run.keep_open || run.busy) {
-        return new CodedError('run_not_resumable', `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`, { status: run.status });
+        return new CodedError(
+          'run_not_resumable',
+          `run ${run.run_id} is not an open run at rest (it is ${run.status}${run.busy ? ', executing' : ''})`,
+          { status: run.status },
+        );
       }
       await endRunTrees(trx, this.ending(caller, run, 'completed', 'run.completed', undefined), this.deps.now());
     });
@@ -67,7 +79,10 @@ export class RunControls {
     return this.change(caller, key, 'pause', async (trx, run) => {
       if (run.status === 'paused') return;
       await writeRunPaused(trx, run, run.busy ? null : pausedEnvelope(run));
-      await this.record(trx, caller, run, 'run.paused', 'paused', { previous_status: run.status, reason: reason ?? null });
+      await this.record(trx, caller, run, 'run.paused', 'paused', {
+        previous_status: run.status,
+        reason: reason ?? null,
+      });
     });
   }
 
@@ -89,99 +104,192 @@ export class RunControls {
 
   private async resumeTracked(caller: Controller, key: RunKey): Promise<RunAnswer> {
     const now = this.deps.now();
-    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: CodedError }> => {
-      await lockAuditChain(trx);
-      const run = await this.lockOwned(trx, caller, key);
-      const reject = (error: CodedError) => this.reject(trx, caller, run, 'resume', error);
-      if (isTerminal(run.status)) return reject(stoppedError(run));
-      const agent = caller.principal.kind === 'agent';
-      switch (run.status) {
-        case 'paused': {
-          if (agent) {
-            // Undoing an operator's pause is an operator's power: the attempt is on record.
-            await this.record(trx, caller, run, 'security.escalation_attempt', 'denied', { control: 'resume', run_status: run.status }, 'agent_forbidden');
-            return { refuse: new CodedError('agent_forbidden', 'a paused run is resumed by an operator', { status: run.status }) };
-          }
-          if (run.busy) return reject(new CodedError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, { status: run.status, reason: 'still_stopping' }));
-          if (!run.request) {
-            // Never started: back to waiting for its agent (or for its hand-off's approval).
-            const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
-            const lapsed = await this.expireLapsed(trx, caller, handoffApproval, now);
+    const outcome = await this.deps.db
+      .transaction()
+      .execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: CodedError }> => {
+        await lockAuditChain(trx);
+        const run = await this.lockOwned(trx, caller, key);
+        const reject = (error: CodedError) => this.reject(trx, caller, run, 'resume', error);
+        if (isTerminal(run.status)) return reject(stoppedError(run));
+        const agent = caller.principal.kind === 'agent';
+        switch (run.status) {
+          case 'paused': {
+            if (agent) {
+              // Undoing an operator's pause is an operator's power: the attempt is on record.
+              await this.record(
+                trx,
+                caller,
+                run,
+                'security.escalation_attempt',
+                'denied',
+                { control: 'resume', run_status: run.status },
+                'agent_forbidden',
+              );
+              return {
+                refuse: new CodedError('agent_forbidden', 'a paused run is resumed by an operator', {
+                  status: run.status,
+                }),
+              };
+            }
+            if (run.busy)
+              return reject(
+                new CodedError('run_not_resumable', `run ${run.run_id} is still stopping at its next call; try again`, {
+                  status: run.status,
+                  reason: 'still_stopping',
+                }),
+              );
+            if (!run.request) {
+              // Never started: back to waiting for its agent (or for its hand-off's approval).
+              const handoffApproval = await findLatestApproval(trx, run.tenant_id, run.run_id, null);
+              const lapsed = await this.expireLapsed(trx, caller, handoffApproval, now);
+              if (lapsed) return { refuse: lapsed };
+              const status: RunStatus =
+                handoffApproval && approvalStatusAt(handoffApproval, now) === 'pending'
+                  ? 'awaiting_approval'
+                  : 'queued';
+              await writeRunStatus(trx, run, status);
+              await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
+              return {
+                answer: {
+                  httpStatus: 202,
+                  envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] },
+                  replayed: false,
+                },
+              };
+            }
+            const approval = await findNextStepApproval(trx, run);
+            const lapsed = await this.expireLapsed(trx, caller, approval, now);
             if (lapsed) return { refuse: lapsed };
-            const status: RunStatus = handoffApproval && approvalStatusAt(handoffApproval, now) === 'pending' ? 'awaiting_approval' : 'queued';
-            await writeRunStatus(trx, run, status);
-            await this.record(trx, caller, run, 'run.resumed', status, { previous_status: run.status });
-            return { answer: { httpStatus: 202, envelope: { run_id: run.run_id, status, dry_run: false, steps: [], warnings: [] }, replayed: false } };
+            if (approval && approvalStatusAt(approval, now) === 'pending') {
+              // Paused while it waited for an operator: it waits again for the same proposal, which
+              // an operator may be about to approve (proposing anew would withdraw it, and make the
+              // call the resuming operator's proposal, which that operator could not approve).
+              const envelope = awaitingEnvelope(run, approval);
+              await writeRunAwaitingApproval(trx, run, envelope);
+              await this.record(trx, caller, run, 'run.resumed', 'awaiting_approval', {
+                previous_status: run.status,
+                approval_id: approval.id,
+              });
+              return { answer: { httpStatus: 202, envelope, replayed: false } };
+            }
+            break;
           }
-          const approval = await findNextStepApproval(trx, run);
-          const lapsed = await this.expireLapsed(trx, caller, approval, now);
-          if (lapsed) return { refuse: lapsed };
-          if (approval && approvalStatusAt(approval, now) === 'pending') {
-            // Paused while it waited for an operator: it waits again for the same proposal, which
-            // an operator may be about to approve (proposing anew would withdraw it, and make the
-            // call the resuming operator's proposal, which that operator could not approve).
-            const envelope = awaitingEnvelope(run, approval);
-            await writeRunAwaitingApproval(trx, run, envelope);
-            await this.record(trx, caller, run, 'run.resumed', 'awaiting_approval', { previous_status: run.status, approval_id: approval.id });
-            return { answer: { httpStatus: 202, envelope, replayed: false } };
-          }
-          break;
-        }
-        case 'awaiting_approval': {
-          if (!run.request) {
-            const lapsed = await this.expireLapsed(trx, caller, await findLatestApproval(trx, run.tenant_id, run.run_id, null), now);
+          case 'awaiting_approval': {
+            if (!run.request) {
+              const lapsed = await this.expireLapsed(
+                trx,
+                caller,
+                await findLatestApproval(trx, run.tenant_id, run.run_id, null),
+                now,
+              );
+              if (lapsed) return { refuse: lapsed };
+              return reject(
+                new CodedError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, {
+                  status: run.status,
+                  reason: 'handoff_awaiting_approval',
+                }),
+              );
+            }
+            const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
+            const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
+            if (!approval)
+              return reject(
+                new CodedError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, {
+                  status: run.status,
+                }),
+              );
+            const lapsed = await this.expireLapsed(trx, caller, approval, now);
             if (lapsed) return { refuse: lapsed };
-            return reject(new CodedError('run_not_resumable', `run ${run.run_id} waits for an operator to approve its hand-off`, { status: run.status, reason: 'handoff_awaiting_approval' }));
+            const status = approvalStatusAt(approval, now);
+            if (status !== 'approved') {
+              return reject(
+                new CodedError('run_not_resumable', `approval ${approval.id} is ${status}`, {
+                  approval_id: approval.id,
+                  approval_status: status,
+                }),
+              );
+            }
+            break;
           }
-          const step = (run.envelope?.steps ?? []).find((s) => s.status === 'awaiting_approval');
-          const approval = step ? await findLatestApproval(trx, run.tenant_id, run.run_id, step.index) : undefined;
-          if (!approval) return reject(new CodedError('run_not_resumable', `run ${run.run_id} has no approval to resume with`, { status: run.status }));
-          const lapsed = await this.expireLapsed(trx, caller, approval, now);
-          if (lapsed) return { refuse: lapsed };
-          const status = approvalStatusAt(approval, now);
-          if (status !== 'approved') {
-            return reject(new CodedError('run_not_resumable', `approval ${approval.id} is ${status}`, { approval_id: approval.id, approval_status: status }));
+          case 'throttled': {
+            const lapsed = await this.expireLapsed(trx, caller, await findNextStepApproval(trx, run), now);
+            if (lapsed) return { refuse: lapsed };
+            break;
           }
-          break;
+          default:
+            return reject(
+              new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, {
+                status: run.status,
+              }),
+            );
         }
-        case 'throttled': {
-          const lapsed = await this.expireLapsed(trx, caller, await findNextStepApproval(trx, run), now);
-          if (lapsed) return { refuse: lapsed };
-          break;
-        }
-        default:
-          return reject(new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}; there is nothing to resume`, { status: run.status }));
-      }
-      const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
-      if (!taken) return reject(new CodedError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }));
-      await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
-      return { run: taken };
-    });
+        const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
+        if (!taken)
+          return reject(
+            new CodedError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }),
+          );
+        await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
+        return { run: taken };
+      });
     if ('refuse' in outcome) throw outcome.refuse;
     if ('answer' in outcome) return outcome.answer;
     const principal = caller.principal.kind === 'agent' ? caller.principal : ownerOf(outcome.run);
-    return this.deps.executor.continueRun(outcome.run, principal, caller.traceId, actorOf(caller.principal), caller.via);
+    return this.deps.executor.continueRun(
+      outcome.run,
+      principal,
+      caller.traceId,
+      actorOf(caller.principal),
+      caller.via,
+    );
   }
 
   /** Expires the approval a waiting run would go on with if it lapsed (see `ApprovalService.expireLapsed`); the refusal, if so. */
-  private async expireLapsed(trx: Transaction<DB>, caller: Controller, approval: Approval | undefined, now: Date): Promise<CodedError | undefined> {
-    const lapsed = await this.deps.approvals.expireLapsed(trx, approval, actorOf(caller.principal), now, caller.traceId);
+  private async expireLapsed(
+    trx: Transaction<DB>,
+    caller: Controller,
+    approval: Approval | undefined,
+    now: Date,
+  ): Promise<CodedError | undefined> {
+    const lapsed = await this.deps.approvals.expireLapsed(
+      trx,
+      approval,
+      actorOf(caller.principal),
+      now,
+      caller.traceId,
+    );
     return lapsed && new CodedError(lapsed.code, lapsed.message, lapsed.details);
   }
 
-  private end(caller: Controller, key: RunKey, control: RunControl, status: 'cancelled' | 'killed', eventType: string, reason: string | undefined): Promise<RunRecord> {
+  private end(
+    caller: Controller,
+    key: RunKey,
+    control: RunControl,
+    status: 'cancelled' | 'killed',
+    eventType: string,
+    reason: string | undefined,
+  ): Promise<RunRecord> {
     return this.change(caller, key, control, async (trx, run) => {
       await endRunTrees(trx, this.ending(caller, run, status, eventType, reason), this.deps.now());
     });
   }
 
-  private ending(caller: Controller, run: RunRecord, status: 'cancelled' | 'killed' | 'completed', eventType: string, reason: string | undefined) {
+  private ending(
+    caller: Controller,
+    run: RunRecord,
+    status: 'cancelled' | 'killed' | 'completed',
+    eventType: string,
+    reason: string | undefined,
+  ) {
     const actor = actorOf(caller.principal);
     const control = eventType.replace('run.', '');
     return {
       roots: [run],
       status,
-      stop: { code: 'run_not_resumable' as const, message: `${control} by ${actor}`, details: { control, by: actor, reason: reason ?? null } },
+      stop: {
+        code: 'run_not_resumable' as const,
+        message: `${control} by ${actor}`,
+        details: { control, by: actor, reason: reason ?? null },
+      },
       eventType,
       actor,
       traceId: caller.traceId,
@@ -193,14 +301,21 @@ export class RunControls {
    * before changing anything), and answers the run as it is now. A refusal is recorded and
    * committed before it is thrown.
    */
-  private async change(caller: Controller, key: RunKey, control: RunControl, apply: (trx: Transaction<DB>, run: RunRecord) => Promise<CodedError | void>): Promise<RunRecord> {
-    const outcome = await this.deps.db.transaction().execute(async (trx): Promise<{ run: RunRecord } | { refuse: CodedError }> => {
-      await lockAuditChain(trx);
-      const run = await this.lockOwned(trx, caller, key);
-      const refusal = isTerminal(run.status) ? stoppedError(run) : await apply(trx, run);
-      if (refusal) return this.reject(trx, caller, run, control, refusal);
-      return { run: (await lockRun(trx, key))! };
-    });
+  private async change(
+    caller: Controller,
+    key: RunKey,
+    control: RunControl,
+    apply: (trx: Transaction<DB>, run: RunRecord) => Promise<CodedError | void>,
+  ): Promise<RunRecord> {
+    const outcome = await this.deps.db
+      .transaction()
+      .execute(async (trx): Promise<{ run: RunRecord } | { refuse: CodedError }> => {
+        await lockAuditChain(trx);
+        const run = await this.lockOwned(trx, caller, key);
+        const refusal = isTerminal(run.status) ? stoppedError(run) : await apply(trx, run);
+        if (refusal) return this.reject(trx, caller, run, control, refusal);
+        return { run: (await lockRun(trx, key))! };
+      });
     if ('refuse' in outcome) throw outcome.refuse;
     return outcome.run;
   }
@@ -210,8 +325,22 @@ export class RunControls {
    * (SPEC §8): `run.control_rejected`, `denied`, the answer's code, details and message, in the
    * transaction that decided it — so a refusal that cannot be recorded is no answer (503).
    */
-  private async reject(trx: Transaction<DB>, caller: Controller, run: RunRecord, control: RunControl, error: CodedError): Promise<{ refuse: CodedError }> {
-    await this.record(trx, caller, run, 'run.control_rejected', 'denied', { ...error.details, message: error.message, control }, error.code);
+  private async reject(
+    trx: Transaction<DB>,
+    caller: Controller,
+    run: RunRecord,
+    control: RunControl,
+    error: CodedError,
+  ): Promise<{ refuse: CodedError }> {
+    await this.record(
+      trx,
+      caller,
+      run,
+      'run.control_rejected',
+      'denied',
+      { ...error.details, message: error.message, control },
+      error.code,
+    );
     return { refuse: error };
   }
 
@@ -224,7 +353,15 @@ export class RunControls {
     return run;
   }
 
-  private async record(trx: Transaction<DB>, caller: Controller, run: RunRecord, eventType: string, status: string, details: Record<string, unknown>, reasonCode: string | null = null): Promise<void> {
+  private async record(
+    trx: Transaction<DB>,
+    caller: Controller,
+    run: RunRecord,
+    eventType: string,
+    status: string,
+    details: Record<string, unknown>,
+    reasonCode: string | null = null,
+  ): Promise<void> {
     await writeAuditEvents(trx, [
       {
         occurredAt: this.deps.now(),
@@ -237,7 +374,12 @@ export class RunControls {
           trace_id: caller.traceId,
           status,
           reason_code: reasonCode,
-          details: { ...details, run_depth: run.depth, attribution: attributionOf(run), ...(caller.via ? { via: caller.via } : {}) },
+          details: {
+            ...details,
+            run_depth: run.depth,
+            attribution: attributionOf(run),
+            ...(caller.via ? { via: caller.via } : {}),
+          },
         },
       },
     ]);
@@ -246,7 +388,13 @@ export class RunControls {
 
 /** The owning agent as the run recorded it: who an operator's resume executes as. */
 function ownerOf(run: RunRecord): AgentPrincipal {
-  return { kind: 'agent', id: run.agent_id, tenantId: run.tenant_id, family: run.agent_family ?? undefined, scopes: new Set(run.agent_scopes) };
+  return {
+    kind: 'agent',
+    id: run.agent_id,
+    tenantId: run.tenant_id,
+    family: run.agent_family ?? undefined,
+    scopes: new Set(run.agent_scopes),
+  };
 }
 
 /** The refusal for a run that has ended: the reason a cascade stopped it, else `run_not_resumable`. */
@@ -255,7 +403,11 @@ function stoppedError(run: RunRecord): CodedError {
   if (stop && stop.code !== 'run_not_resumable') {
     return new CodedError(stop.code, stop.message, { ...stop.details, run_id: run.run_id, status: run.status });
   }
-  return new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}`, { run_id: run.run_id, status: run.status, ...(stop ? { stop: stop.details } : {}) });
+  return new CodedError('run_not_resumable', `run ${run.run_id} is ${run.status}`, {
+    run_id: run.run_id,
+    status: run.status,
+    ...(stop ? { stop: stop.details } : {}),
+  });
 }
 
 /**
@@ -267,8 +419,18 @@ function pausedEnvelope(run: RunRecord): RunEnvelope {
   const done = stored.findIndex((step) => step.status !== 'completed');
   const steps = stored.map((step, index) => {
     if (done === -1 || index < done) return step;
-    const pending = { index: step.index, tool_id: step.tool_id, version: step.version, status: 'pending' as const, cost_units: 0, duration_ms: 0, audit_id: null };
-    return step.status === 'awaiting_approval' && step.approval_id !== undefined ? { ...pending, audit_id: step.audit_id, approval_id: step.approval_id } : pending;
+    const pending = {
+      index: step.index,
+      tool_id: step.tool_id,
+      version: step.version,
+      status: 'pending' as const,
+      cost_units: 0,
+      duration_ms: 0,
+      audit_id: null,
+    };
+    return step.status === 'awaiting_approval' && step.approval_id !== undefined
+      ? { ...pending, audit_id: step.audit_id, approval_id: step.approval_id }
+      : pending;
   });
   return { run_id: run.run_id, status: 'paused', dry_run: false, steps, warnings: run.envelope?.warnings ?? [] };
 }
@@ -276,7 +438,15 @@ function pausedEnvelope(run: RunRecord): RunEnvelope {
 /** A paused run back to waiting for its step's pending proposal; later steps stay pending. */
 function awaitingEnvelope(run: RunRecord, approval: Approval): RunEnvelope {
   const steps = (run.envelope?.steps ?? []).map((step) =>
-    step.index === approval.step_index ? { ...step, status: 'awaiting_approval' as const, version: approval.tool_version, approval_id: approval.id } : step,
+    step.index === approval.step_index
+      ? { ...step, status: 'awaiting_approval' as const, version: approval.tool_version, approval_id: approval.id }
+      : step,
   );
-  return { run_id: run.run_id, status: 'awaiting_approval', dry_run: false, steps, warnings: run.envelope?.warnings ?? [] };
+  return {
+    run_id: run.run_id,
+    status: 'awaiting_approval',
+    dry_run: false,
+    steps,
+    warnings: run.envelope?.warnings ?? [],
+  };
 }

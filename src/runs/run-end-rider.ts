@@ -1,5 +1,11 @@
 import { sql, type Kysely, type Transaction } from 'kysely';
-import { appendIfHeadCarrying, writeAuditEventsCarrying, type AppendRider, type ChainHead, type TimedAuditEvent } from '../audit/audit-repository.js';
+import {
+  appendIfHeadCarrying,
+  writeAuditEventsCarrying,
+  type AppendRider,
+  type ChainHead,
+  type TimedAuditEvent,
+} from '../audit/audit-repository.js';
 import type { AuditRecord } from '../audit/audit-event.js';
 import type { DB } from '../db/schema.js';
 import { endedOf, leaveRunsWithoutWaiting, runEndSteps, type EndedRunRow, type RunLeave } from './run-repository.js';
@@ -28,13 +34,20 @@ export async function appendIfHead(
   db: Kysely<DB>,
   expected: ChainHead,
   events: RunEndingEvent[],
-): Promise<{ ok: true; records: AuditRecord[]; last: ChainHead; runsEnded: boolean[] } | { ok: false; head: ChainHead }> {
+): Promise<
+  { ok: true; records: AuditRecord[]; last: ChainHead; runsEnded: boolean[] } | { ok: false; head: ChainHead }
+> {
   const appended = await appendIfHeadCarrying(db, expected, riding(events), runEndRider);
-  return appended.ok ? { ok: true, records: appended.records, last: appended.last, runsEnded: appended.applied } : appended;
+  return appended.ok
+    ? { ok: true, records: appended.records, last: appended.last, runsEnded: appended.applied }
+    : appended;
 }
 
 /** `writeAuditEventsCarrying` with run ends, under the chain's lock the caller's transaction takes. */
-export async function writeAuditEventsEndingRuns(trx: Transaction<DB>, events: RunEndingEvent[]): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
+export async function writeAuditEventsEndingRuns(
+  trx: Transaction<DB>,
+  events: RunEndingEvent[],
+): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
   const appended = await writeAuditEventsCarrying(trx, riding(events), runEndRider);
   return { records: appended.records, runsEnded: appended.applied };
 }

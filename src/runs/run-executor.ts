@@ -5,7 +5,12 @@ import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold, Reser
 import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
-import { cancelPendingApprovals, findLatestApproval, findNextStepApproval, insertApproval } from './approval-repository.js';
+import {
+  cancelPendingApprovals,
+  findLatestApproval,
+  findNextStepApproval,
+  insertApproval,
+} from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
@@ -39,7 +44,19 @@ import {
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
-import { isTerminal, newToolCallId, statusAfter, type LapsedApprovals, type RunEnvelope, type RunRequest, type RunStatus, type RunStop, type StepResult, type TerminalStatus, type Via } from './run-types.js';
+import {
+  isTerminal,
+  newToolCallId,
+  statusAfter,
+  type LapsedApprovals,
+  type RunEnvelope,
+  type RunRequest,
+  type RunStatus,
+  type RunStop,
+  type StepResult,
+  type TerminalStatus,
+  type Via,
+} from './run-types.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -126,14 +143,20 @@ type Closing = (step: StepResult, stop: StepOutcome['stop']) => RunAnswer | unde
 /** What became of an admitted call: its output or failure, what it cost, its record. */
 type Dispatched =
   | { ok: true; output: unknown; costUnits: number; auditId: string }
-  | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown>; costUnits: number; auditId: string | null };
+  | {
+      ok: false;
+      code: ErrorCode;
+      message: string;
+      details: Record<string, unknown>;
+      costUnits: number;
+      auditId: string | null;
+    };
 
 /** The largest envelope (in UTF-16 code units of its JSON) a run's last record carries with it. */
 const MAX_ENVELOPE_WITH_RECORD = 64 * 1024;
 
 /** Thrown inside a transaction to undo it when the run moved on without this executor. */
 class RunMovedOn extends Error {}
-
 
 /**
  * Executes runs: claims the run id, takes each step through admission, dispatches what is
@@ -172,7 +195,12 @@ export class RunExecutor {
     return this.deps.recovery.track(key);
   }
 
-  private async executeTracked(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined): Promise<RunAnswer> {
+  private async executeTracked(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    traceId: string,
+    via: Via | undefined,
+  ): Promise<RunAnswer> {
     const requestSha256 = payloadHash(request);
     const start: RunStart = {
       request_sha256: requestSha256,
@@ -187,14 +215,32 @@ export class RunExecutor {
       const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
       // this caller's to learn.
-      if (existing && existing.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
+      if (existing && existing.agent_id !== principal.id)
+        return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
       if (!existing || existing.parent_run_id === null) {
-        return this.refuse(principal, request, traceId, via, 'handoff.rejected', new CodedError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' }));
+        return this.refuse(
+          principal,
+          request,
+          traceId,
+          via,
+          'handoff.rejected',
+          new CodedError(
+            'handoff_rejected',
+            `no hand-off from ${request.parent_run_id} created run ${request.run_id}`,
+            { reason: 'handoff_missing' },
+          ),
+        );
       }
       run = existing;
     } else {
       // The first step's grants are read while the run is claimed, instead of after.
-      const prefetched = this.deps.ports.grants.prefetch?.(grantQueryOf(principal, this.stepRequest(principal, request, 0, false, undefined).run, request.plan[0]!.tool_id));
+      const prefetched = this.deps.ports.grants.prefetch?.(
+        grantQueryOf(
+          principal,
+          this.stepRequest(principal, request, 0, false, undefined).run,
+          request.plan[0]!.tool_id,
+        ),
+      );
       const claim = {
         ...start,
         tenant_id: principal.tenantId,
@@ -213,22 +259,47 @@ export class RunExecutor {
       let existing: RunRecord | undefined;
       for (let attempt = 1; attempt <= 2 && !existing; attempt += 1) {
         const claimed = await this.claims.submit(claim);
-        if (claimed) return this.runFrom({ ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)), prefetchedGrants: prefetched }, [], true);
+        if (claimed)
+          return this.runFrom(
+            {
+              ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)),
+              prefetchedGrants: prefetched,
+            },
+            [],
+            true,
+          );
         existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
       }
-      if (!existing) return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`));
+      if (!existing)
+        return this.refuse(
+          principal,
+          request,
+          traceId,
+          via,
+          'run.rejected',
+          new CodedError('run_id_conflict', `run ${request.run_id} changed while being claimed; try again`),
+        );
       run = existing;
     }
     const prior = await this.priorRun(principal, request, run, start, traceId, via);
     if ('replay' in prior) return prior.replay;
-    return this.runFrom(await this.execution(prior.run, principal, request, traceId, actorOf(principal), via), completedSteps(prior.run));
+    return this.runFrom(
+      await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
+      completedSteps(prior.run),
+    );
   }
 
   /**
    * Continues a run that a control has just taken up for this executor (`takeUpRun`): an
    * approved, paused or throttled run. Every step still to run passes every stage again.
    */
-  async continueRun(run: RunRecord, principal: AgentPrincipal, traceId: string, actor: string, via?: Via): Promise<RunAnswer> {
+  async continueRun(
+    run: RunRecord,
+    principal: AgentPrincipal,
+    traceId: string,
+    actor: string,
+    via?: Via,
+  ): Promise<RunAnswer> {
     if (!run.request) throw new Error(`run ${run.run_id} has no request to continue`);
     return this.runFrom(await this.execution(run, principal, run.request, traceId, actor, via), completedSteps(run));
   }
@@ -245,26 +316,62 @@ export class RunExecutor {
     traceId: string,
     via: Via | undefined,
   ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
-    if (run.agent_id !== principal.id) return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
+    if (run.agent_id !== principal.id)
+      return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
-        return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, { parent_run_id: run.parent_run_id }));
+        return this.refuse(
+          principal,
+          request,
+          traceId,
+          via,
+          'run.rejected',
+          new CodedError('run_id_conflict', `run ${request.run_id} was handed off from ${run.parent_run_id}`, {
+            parent_run_id: run.parent_run_id,
+          }),
+        );
       }
       if (run.status === 'queued') {
         const started = await startQueuedRun(
           this.deps.db,
           run,
-          { ...start, budget_units: request.budget_units, pipeline_instance_id: request.pipeline_instance_id, session_id: request.session_id, user_id: request.user_id },
+          {
+            ...start,
+            budget_units: request.budget_units,
+            pipeline_instance_id: request.pipeline_instance_id,
+            session_id: request.session_id,
+            user_id: request.user_id,
+          },
           this.deps.replicaId,
         );
         if (started) return { run: started };
       }
       // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
-      if (run.status === 'awaiting_approval') await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
-      return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, { status: run.status, ...(run.stop ? { reason_code: run.stop.code } : {}) }));
+      if (run.status === 'awaiting_approval')
+        await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
+      return this.refuse(
+        principal,
+        request,
+        traceId,
+        via,
+        'run.rejected',
+        new CodedError('run_not_resumable', `run ${request.run_id} is ${run.status}; it cannot start now`, {
+          status: run.status,
+          ...(run.stop ? { reason_code: run.stop.code } : {}),
+        }),
+      );
     }
     if (run.request_sha256 !== start.request_sha256) {
-      return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, { status: run.status }));
+      return this.refuse(
+        principal,
+        request,
+        traceId,
+        via,
+        'run.rejected',
+        new CodedError('run_id_conflict', `run_id ${request.run_id} was used for a different request`, {
+          status: run.status,
+        }),
+      );
     }
     if (run.busy) {
       // Ends the run if its executor was lost (this request's own mark on it does not count);
@@ -276,15 +383,38 @@ export class RunExecutor {
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.
-    if (run.envelope && run.http_status !== null && !run.busy && (isTerminal(run.status) || (run.envelope.status === run.status && run.status !== 'throttled'))) {
+    if (
+      run.envelope &&
+      run.http_status !== null &&
+      !run.busy &&
+      (isTerminal(run.status) || (run.envelope.status === run.status && run.status !== 'throttled'))
+    ) {
       return { replay: { httpStatus: run.http_status, envelope: run.envelope, replayed: true } };
     }
     if (run.status === 'throttled') {
       await this.refuseLapsedApproval(principal, run, traceId, findNextStepApproval);
-      const resumed = await resumeThrottledRun(this.deps.db, { tenant_id: principal.tenantId, run_id: request.run_id, agent_id: principal.id, request_sha256: start.request_sha256 }, this.deps.replicaId);
+      const resumed = await resumeThrottledRun(
+        this.deps.db,
+        {
+          tenant_id: principal.tenantId,
+          run_id: request.run_id,
+          agent_id: principal.id,
+          request_sha256: start.request_sha256,
+        },
+        this.deps.replicaId,
+      );
       if (resumed) return { run: resumed };
     }
-    return this.refuse(principal, request, traceId, via, 'run.rejected', new CodedError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, { status: run.status }));
+    return this.refuse(
+      principal,
+      request,
+      traceId,
+      via,
+      'run.rejected',
+      new CodedError('run_id_conflict', `run ${request.run_id} is ${run.status}; it cannot be executed again now`, {
+        status: run.status,
+      }),
+    );
   }
 
   /**
@@ -293,7 +423,12 @@ export class RunExecutor {
    * it up: the approval is recorded as expired, the run cancelled, and the request refused with
    * `409 run_not_resumable`.
    */
-  private async refuseLapsedApproval(principal: AgentPrincipal, run: RunRecord, traceId: string, approvalOf: (db: Kysely<DB>, run: RunRecord) => Promise<Approval | undefined>): Promise<void> {
+  private async refuseLapsedApproval(
+    principal: AgentPrincipal,
+    run: RunRecord,
+    traceId: string,
+    approvalOf: (db: Kysely<DB>, run: RunRecord) => Promise<Approval | undefined>,
+  ): Promise<void> {
     const now = this.deps.now();
     const seen = await approvalOf(this.deps.db, run);
     if (!seen || approvalStatusAt(seen, now, seen.kind === 'tool_call') !== 'expired') return;
@@ -312,8 +447,20 @@ export class RunExecutor {
    * and the agent that asked, saying no more than the answer does. The parent_run_id the request
    * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */
-  private async refuse(principal: AgentPrincipal, request: RunRequest, traceId: string, via: Via | undefined, eventType: string, error: CodedError): Promise<never> {
-    const named = request.parent_run_id === undefined ? {} : 'parent_run_id' in error.details ? { requested_parent_run_id: request.parent_run_id } : { parent_run_id: request.parent_run_id };
+  private async refuse(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    traceId: string,
+    via: Via | undefined,
+    eventType: string,
+    error: CodedError,
+  ): Promise<never> {
+    const named =
+      request.parent_run_id === undefined
+        ? {}
+        : 'parent_run_id' in error.details
+          ? { requested_parent_run_id: request.parent_run_id }
+          : { parent_run_id: request.parent_run_id };
     await this.deps.audit.append({
       event_type: eventType,
       actor: actorOf(principal),
@@ -328,7 +475,14 @@ export class RunExecutor {
     throw error;
   }
 
-  private async execution(run: RunRecord, principal: AgentPrincipal, request: RunRequest, traceId: string, actor: string, via: Via | undefined): Promise<Execution> {
+  private async execution(
+    run: RunRecord,
+    principal: AgentPrincipal,
+    request: RunRequest,
+    traceId: string,
+    actor: string,
+    via: Via | undefined,
+  ): Promise<Execution> {
     const delegation = run.depth > 0 ? await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id) : undefined;
     return { principal, request, traceId, via, run, delegation, actor };
   }
@@ -347,7 +501,8 @@ export class RunExecutor {
     const leftOver = exec.delegation && last ? await this.overshoot(exec, last) : undefined;
     if (leftOver) return this.killForOvershoot(exec, steps, warnings, leftOver);
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
-      const standing = justClaimed && index === completedBefore.length ? exec.run : await readRunStanding(this.deps.db, exec.run);
+      const standing =
+        justClaimed && index === completedBefore.length ? exec.run : await readRunStanding(this.deps.db, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
@@ -359,11 +514,18 @@ export class RunExecutor {
       if (outcome.stop) {
         for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
         const code = outcome.stop.code;
-        const envelope: RunEnvelope = { run_id: request.run_id, status: statusAfter(code), dry_run: false, steps, warnings };
+        const envelope: RunEnvelope = {
+          run_id: request.run_id,
+          status: statusAfter(code),
+          dry_run: false,
+          steps,
+          warnings,
+        };
         if (outcome.stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = outcome.stop.retryAfterSeconds;
         return this.leave(exec, statusForCode(code), envelope, outcome.ending);
       }
-      const overshoot = exec.delegation && outcome.step.status === 'completed' ? await this.overshoot(exec, outcome.step) : undefined;
+      const overshoot =
+        exec.delegation && outcome.step.status === 'completed' ? await this.overshoot(exec, outcome.step) : undefined;
       if (overshoot) return this.killForOvershoot(exec, steps, warnings, overshoot);
     }
     const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
@@ -383,7 +545,11 @@ export class RunExecutor {
       const all = [...steps, step];
       if (!stop) {
         if (index !== request.plan.length - 1) return undefined;
-        return { httpStatus: 200, envelope: { run_id: request.run_id, status: 'completed', dry_run: false, steps: all, warnings }, replayed: false };
+        return {
+          httpStatus: 200,
+          envelope: { run_id: request.run_id, status: 'completed', dry_run: false, steps: all, warnings },
+          replayed: false,
+        };
       }
       const status = statusAfter(stop.code);
       if (!isTerminal(status)) return undefined;
@@ -400,22 +566,56 @@ export class RunExecutor {
    * would carry it holds the audit chain's head while PostgreSQL reads it, and every replica's
    * appends wait meanwhile.
    */
-  private endFor(exec: Execution, closing: Closing | undefined, step: StepResult, stop: StepOutcome['stop'], answered: { answer?: RunAnswer }): RunLeave | undefined {
+  private endFor(
+    exec: Execution,
+    closing: Closing | undefined,
+    step: StepResult,
+    stop: StepOutcome['stop'],
+    answered: { answer?: RunAnswer },
+  ): RunLeave | undefined {
     const answer = closing?.(step, stop);
     if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
     answered.answer = answer;
     const { run } = exec;
-    return { tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, status: answer.envelope.status, httpStatus: answer.httpStatus, envelope: answer.envelope };
+    return {
+      tenant_id: run.tenant_id,
+      run_id: run.run_id,
+      epoch: run.epoch,
+      status: answer.envelope.status,
+      httpStatus: answer.httpStatus,
+      envelope: answer.envelope,
+    };
   }
 
   /** Kills a sub-run whose calls passed its handed budget: the rest is skipped, the overshoot recorded with the kill. */
-  private killForOvershoot(exec: Execution, steps: StepResult[], warnings: string[], overshoot: AuditEventInput): Promise<RunAnswer> {
+  private killForOvershoot(
+    exec: Execution,
+    steps: StepResult[],
+    warnings: string[],
+    overshoot: AuditEventInput,
+  ): Promise<RunAnswer> {
     const { request } = exec;
     for (let rest = steps.length; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
-    return this.leave(exec, statusForCode('budget_exceeded'), { run_id: request.run_id, status: 'killed', dry_run: false, steps, warnings: [...warnings, 'subagent_budget_exceeded'] }, [overshoot]);
+    return this.leave(
+      exec,
+      statusForCode('budget_exceeded'),
+      {
+        run_id: request.run_id,
+        status: 'killed',
+        dry_run: false,
+        steps,
+        warnings: [...warnings, 'subagent_budget_exceeded'],
+      },
+      [overshoot],
+    );
   }
 
-  private async runStep(exec: Execution, index: number, warnings: string[], closing: Closing | undefined): Promise<StepOutcome> {
+  private async runStep(
+    exec: Execution,
+    index: number,
+    warnings: string[],
+    closing: Closing | undefined,
+  ): Promise<StepOutcome> {
     const { request } = exec;
     const planned = request.plan[index]!;
     const started = performance.now();
@@ -429,7 +629,17 @@ export class RunExecutor {
 
     if (admission.held) {
       this.deps.metrics.decisions.inc({ outcome: 'held', reason: 'awaiting_approval' });
-      return { step: { ...stepHead(request, index, tool), status: 'awaiting_approval', cost_units: 0, duration_ms: elapsed(started), audit_id: null }, held: admission.held, tool: tool! };
+      return {
+        step: {
+          ...stepHead(request, index, tool),
+          status: 'awaiting_approval',
+          cost_units: 0,
+          duration_ms: elapsed(started),
+          audit_id: null,
+        },
+        held: admission.held,
+        tool: tool!,
+      };
     }
     if (!admission.ok) return this.denied(exec, admission, base, index, started, closing);
 
@@ -445,7 +655,10 @@ export class RunExecutor {
       const standing = await readRunStandingSettled(this.deps.db, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         if (reservation) await this.deps.ports.budgets.release(reservation);
-        return { step: stepAt(request, index, 'skipped'), movedOn: { status: standing?.status ?? 'cancelled', stop: standing?.stop ?? null } };
+        return {
+          step: stepAt(request, index, 'skipped'),
+          movedOn: { status: standing?.status ?? 'cancelled', stop: standing?.stop ?? null },
+        };
       }
     }
     this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
@@ -454,22 +667,59 @@ export class RunExecutor {
     let step: StepResult | undefined;
     const stepOf = (result: Dispatched): StepResult =>
       (step ??= result.ok
-        ? { ...stepHead(request, index, admitted), status: 'completed', output: result.output, cost_units: result.costUnits, duration_ms: elapsed(started), audit_id: result.auditId }
-        : { ...stepHead(request, index, admitted), status: 'failed', error: { code: result.code, message: result.message, details: result.details }, cost_units: result.costUnits, duration_ms: elapsed(started), audit_id: result.auditId });
+        ? {
+            ...stepHead(request, index, admitted),
+            status: 'completed',
+            output: result.output,
+            cost_units: result.costUnits,
+            duration_ms: elapsed(started),
+            audit_id: result.auditId,
+          }
+        : {
+            ...stepHead(request, index, admitted),
+            status: 'failed',
+            error: { code: result.code, message: result.message, details: result.details },
+            cost_units: result.costUnits,
+            duration_ms: elapsed(started),
+            audit_id: result.auditId,
+          });
     const answered: { answer?: RunAnswer } = {};
-    const end = closing && ((result: Dispatched) => this.endFor(exec, closing, stepOf(result), result.ok ? undefined : { code: result.code }, answered));
-    const result = await this.dispatch(exec, admitted, planned.input, base, reservation, admission.state.grant?.capability_modifiers ?? {}, admission.state.approvalId, end);
+    const end =
+      closing &&
+      ((result: Dispatched) =>
+        this.endFor(exec, closing, stepOf(result), result.ok ? undefined : { code: result.code }, answered));
+    const result = await this.dispatch(
+      exec,
+      admitted,
+      planned.input,
+      base,
+      reservation,
+      admission.state.grant?.capability_modifiers ?? {},
+      admission.state.approvalId,
+      end,
+    );
     const done = stepOf(result);
     if (result.runEnded) return { step: done, ended: answered.answer! };
     return result.ok ? { step: done } : { step: done, stop: { code: result.code } };
   }
 
-  private async denied(exec: Execution, admission: Admission & { ok: false }, base: AuditEventInput, index: number, started: number, closing: Closing | undefined): Promise<StepOutcome> {
+  private async denied(
+    exec: Execution,
+    admission: Admission & { ok: false },
+    base: AuditEventInput,
+    index: number,
+    started: number,
+    closing: Closing | undefined,
+  ): Promise<StepOutcome> {
     const denial = admission.denial!;
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
     // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
-    const overshoot = exec.delegation !== undefined && stage === 'cost' && denial.details?.source === 'request' && exec.run.budget_units === exec.delegation.budget_units;
+    const overshoot =
+      exec.delegation !== undefined &&
+      stage === 'cost' &&
+      denial.details?.source === 'request' &&
+      exec.run.budget_units === exec.delegation.budget_units;
     const event: AuditEventInput = {
       ...base,
       event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
@@ -477,10 +727,22 @@ export class RunExecutor {
       reason_code: denial.code,
       details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
     };
-    const error = errorOf(overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial);
-    const stop = { code: denial.code, ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}) };
+    const error = errorOf(
+      overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial,
+    );
+    const stop = {
+      code: denial.code,
+      ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}),
+    };
     const eventId = randomUUID();
-    const step: StepResult = { ...stepHead(exec.request, index, admission.state.tool), status: 'denied', error, cost_units: 0, duration_ms: elapsed(started), audit_id: eventId };
+    const step: StepResult = {
+      ...stepHead(exec.request, index, admission.state.tool),
+      status: 'denied',
+      error,
+      cost_units: 0,
+      duration_ms: elapsed(started),
+      audit_id: eventId,
+    };
     const answered: { answer?: RunAnswer } = {};
     const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
     const { applied: runEnded } = await this.deps.audit.appendCarrying(event, eventId, leave);
@@ -497,7 +759,11 @@ export class RunExecutor {
     const used = await readRunUsage(this.deps.db, exec.run.tenant_id, exec.run.run_id);
     if (used <= budget) return undefined;
     const base = this.auditBase(exec, step.index, undefined);
-    return this.overshootEvent(exec, { ...base, tool_id: step.tool_id, tool_version: step.version }, { used_units: used, budget_units: budget, after_step: step.index });
+    return this.overshootEvent(
+      exec,
+      { ...base, tool_id: step.tool_id, tool_version: step.version },
+      { used_units: used, budget_units: budget, after_step: step.index },
+    );
   }
 
   private overshootEvent(exec: Execution, base: AuditEventInput, details: Record<string, unknown>): AuditEventInput {
@@ -506,7 +772,14 @@ export class RunExecutor {
       event_type: 'run.subagent_budget_exceeded',
       status: 'killed',
       reason_code: 'budget_exceeded',
-      details: { ...base.details, reason: 'subagent_budget_exceeded', handoff_id: exec.delegation!.id, parent_run_id: exec.run.parent_run_id, handed_units: exec.delegation!.budget_units, ...details },
+      details: {
+        ...base.details,
+        reason: 'subagent_budget_exceeded',
+        handoff_id: exec.delegation!.id,
+        parent_run_id: exec.run.parent_run_id,
+        handed_units: exec.delegation!.budget_units,
+        ...details,
+      },
     };
   }
 
@@ -514,7 +787,13 @@ export class RunExecutor {
    * Stage 8 held a call: the proposal is recorded, bound to the run, the step, the tool version
    * and the input's SHA-256, and the run waits as `awaiting_approval` (202). Nothing was spent.
    */
-  private async hold(exec: Execution, steps: StepResult[], warnings: string[], held: Hold, tool: AdmissibleTool): Promise<RunAnswer> {
+  private async hold(
+    exec: Execution,
+    steps: StepResult[],
+    warnings: string[],
+    held: Hold,
+    tool: AdmissibleTool,
+  ): Promise<RunAnswer> {
     const { request, run } = exec;
     const index = steps.length - 1;
     const now = this.deps.now();
@@ -549,14 +828,33 @@ export class RunExecutor {
               actor: exec.actor,
               status: 'awaiting_approval',
               input_sha256: held.inputSha256,
-              details: { ...base.details, approval_id: approval.id, step_index: index, proposed_by: exec.actor, expires_at: approval.expires_at.toISOString() },
+              details: {
+                ...base.details,
+                approval_id: approval.id,
+                step_index: index,
+                proposed_by: exec.actor,
+                expires_at: approval.expires_at.toISOString(),
+              },
             },
           },
         ]);
         steps[index] = { ...steps[index]!, audit_id: record!.event_id, approval_id: approval.id };
         for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'pending'));
-        const envelope: RunEnvelope = { run_id: request.run_id, status: 'awaiting_approval', dry_run: false, steps, warnings };
-        if (!(await leaveRun(trx, { ...run, epoch: run.epoch }, { status: 'awaiting_approval', httpStatus: 202, envelope }))) throw new RunMovedOn();
+        const envelope: RunEnvelope = {
+          run_id: request.run_id,
+          status: 'awaiting_approval',
+          dry_run: false,
+          steps,
+          warnings,
+        };
+        if (
+          !(await leaveRun(
+            trx,
+            { ...run, epoch: run.epoch },
+            { status: 'awaiting_approval', httpStatus: 202, envelope },
+          ))
+        )
+          throw new RunMovedOn();
         return { httpStatus: 202, envelope, replayed: false };
       });
     } catch (error) {
@@ -571,14 +869,29 @@ export class RunExecutor {
    * The run moved on between calls — a control or a cascade, from any replica: a stopped run
    * refuses its next step with the reason it was stopped; a paused one keeps it pending.
    */
-  private async interrupted(exec: Execution, steps: StepResult[], warnings: string[], status: RunStatus, stop: RunStop | null): Promise<RunAnswer> {
+  private async interrupted(
+    exec: Execution,
+    steps: StepResult[],
+    warnings: string[],
+    status: RunStatus,
+    stop: RunStop | null,
+  ): Promise<RunAnswer> {
     const { request } = exec;
     let httpStatus = 202;
     if (isTerminal(status)) {
-      const error = stop ?? { code: 'run_not_resumable' as const, message: `the run is ${status}`, details: { status }, audit_id: null };
+      const error = stop ?? {
+        code: 'run_not_resumable' as const,
+        message: `the run is ${status}`,
+        details: { status },
+        audit_id: null,
+      };
       httpStatus = statusForCode(error.code);
       if (steps.length < request.plan.length) {
-        steps.push({ ...stepAt(request, steps.length, 'denied'), error: { code: error.code, message: error.message, details: error.details }, audit_id: error.audit_id });
+        steps.push({
+          ...stepAt(request, steps.length, 'denied'),
+          error: { code: error.code, message: error.message, details: error.details },
+          audit_id: error.audit_id,
+        });
       }
       while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'skipped'));
     } else {
@@ -595,16 +908,24 @@ export class RunExecutor {
    * done again that way when it turns out to be needed. `ending` (an overshoot that kills a
    * sub-run) is recorded in the commit that ends the run, or not at all if the run moved on.
    */
-  private async leave(exec: Execution, httpStatus: number, envelope: RunEnvelope, ending: AuditEventInput[] = []): Promise<RunAnswer> {
+  private async leave(
+    exec: Execution,
+    httpStatus: number,
+    envelope: RunEnvelope,
+    ending: AuditEventInput[] = [],
+  ): Promise<RunAnswer> {
     const { run } = exec;
     const status = envelope.status;
     if (!isTerminal(status)) {
-      if (ending.length > 0) throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
-      if (await leaveRun(this.deps.db, run, { status, httpStatus, envelope })) return { httpStatus, envelope, replayed: false };
+      if (ending.length > 0)
+        throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
+      if (await leaveRun(this.deps.db, run, { status, httpStatus, envelope }))
+        return { httpStatus, envelope, replayed: false };
     } else {
       const change = { status, httpStatus, envelope };
       const left = await this.leaveTerminal(exec, change, run.depth > 0 || ending.length > 0, ending);
-      if (left === 'retry' ? await this.leaveTerminal(exec, change, true, ending) : left) return { httpStatus, envelope, replayed: false };
+      if (left === 'retry' ? await this.leaveTerminal(exec, change, true, ending) : left)
+        return { httpStatus, envelope, replayed: false };
     }
     // Stopped or paused between the last call and now: the run is someone else's to describe.
     const standing = await readRunStanding(this.deps.db, run);
@@ -612,19 +933,29 @@ export class RunExecutor {
     return this.interrupted(exec, done, envelope.warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
   }
 
-  private async leaveTerminal(exec: Execution, change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope }, locked: boolean, ending: AuditEventInput[]): Promise<boolean | 'retry'> {
+  private async leaveTerminal(
+    exec: Execution,
+    change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope },
+    locked: boolean,
+    ending: AuditEventInput[],
+  ): Promise<boolean | 'retry'> {
     const { run } = exec;
     if (!locked) {
       // Most runs have no sub-run and no hand-off: they end without the audit chain, in one
       // statement shared with the runs ending at the same moment.
-      return (await this.ends.submit({ tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, ...change })) ? true : 'retry';
+      return (await this.ends.submit({ tenant_id: run.tenant_id, run_id: run.run_id, epoch: run.epoch, ...change }))
+        ? true
+        : 'retry';
     }
     const now = this.deps.now();
     return this.deps.db.transaction().execute(async (trx) => {
       await lockAuditChain(trx);
       const left = await leaveRun(trx, run, change);
       if (!left) return false;
-      await writeAuditEvents(trx, ending.map((event) => ({ event, occurredAt: now })));
+      await writeAuditEvents(
+        trx,
+        ending.map((event) => ({ event, occurredAt: now })),
+      );
       await followRunEnd(trx, { ...left, status: change.status }, exec.actor, now);
       return true;
     });
@@ -649,8 +980,22 @@ export class RunExecutor {
     const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
     if (!tool.backend && tool.category !== 'external_call') {
       if (reservation) await budgets.release(reservation);
-      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256, details });
-      return { ok: false, code: 'tool_backend_not_configured', message: `tool ${tool.id}@${tool.version} has no backend configured`, details: {}, costUnits: 0, auditId: record.event_id };
+      const record = await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.failed',
+        status: 'failed',
+        reason_code: 'tool_backend_not_configured',
+        input_sha256: inputSha256,
+        details,
+      });
+      return {
+        ok: false,
+        code: 'tool_backend_not_configured',
+        message: `tool ${tool.id}@${tool.version} has no backend configured`,
+        details: {},
+        costUnits: 0,
+        auditId: record.event_id,
+      };
     }
     let headers: Record<string, string> = {};
     try {
@@ -658,15 +1003,39 @@ export class RunExecutor {
     } catch (error) {
       // A secret the backend needs is not set on this replica: nothing can be sent.
       if (reservation) await budgets.release(reservation);
-      const record = await this.deps.audit.append({ ...base, event_type: 'run.step.failed', status: 'failed', reason_code: 'tool_backend_not_configured', input_sha256: inputSha256, details });
-      return { ok: false, code: 'tool_backend_not_configured', message: (error as Error).message, details: {}, costUnits: 0, auditId: record.event_id };
+      const record = await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.failed',
+        status: 'failed',
+        reason_code: 'tool_backend_not_configured',
+        input_sha256: inputSha256,
+        details,
+      });
+      return {
+        ok: false,
+        code: 'tool_backend_not_configured',
+        message: (error as Error).message,
+        details: {},
+        costUnits: 0,
+        auditId: record.event_id,
+      };
     }
     try {
       if (!this.deps.lease.valid()) {
         // Another replica may already have ended this replica's runs as lost.
-        throw new CodedError('gateway_unavailable', 'this replica could not renew its lease in time; it dispatches nothing until it can');
+        throw new CodedError(
+          'gateway_unavailable',
+          'this replica could not renew its lease in time; it dispatches nothing until it can',
+        );
       }
-      await this.deps.audit.append({ ...base, event_type: 'run.step.dispatching', status: 'dispatching', input_sha256: inputSha256, cost_units: tool.cost_units, details: withReservation(details, reservation) });
+      await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.dispatching',
+        status: 'dispatching',
+        input_sha256: inputSha256,
+        cost_units: tool.cost_units,
+        details: withReservation(details, reservation),
+      });
     } catch (error) {
       if (reservation) await budgets.release(reservation).catch(() => undefined);
       throw error;
@@ -676,10 +1045,18 @@ export class RunExecutor {
     const unstorable = result.ok ? jsonProblem(result.output, 'output') : undefined;
     if (unstorable) {
       // An answer no record could hold or hash: the backend failed, and its output is withheld.
-      result = { ok: false, code: 'tool_backend_failed', message: `the backend answered JSON that cannot be kept: ${unstorable.path} ${unstorable.message}`, details: { reason: 'output_not_storable', path: unstorable.path } };
+      result = {
+        ok: false,
+        code: 'tool_backend_failed',
+        message: `the backend answered JSON that cannot be kept: ${unstorable.path} ${unstorable.message}`,
+        details: { reason: 'output_not_storable', path: unstorable.path },
+      };
     }
     const backendMs = performance.now() - backendStarted;
-    this.deps.metrics.backendDuration.observe({ tool_id: tool.id, outcome: result.ok ? 'ok' : result.code }, backendMs / 1000);
+    this.deps.metrics.backendDuration.observe(
+      { tool_id: tool.id, outcome: result.ok ? 'ok' : result.code },
+      backendMs / 1000,
+    );
 
     // The backend was contacted: the call costs what it reported, else the contract's price —
     // at most the grant's `max_cost_units` (the most one call may be charged; the cost stage
@@ -687,22 +1064,36 @@ export class RunExecutor {
     // alongside the outcome record: until it lands, the reservation still holds the units, so
     // budgets only err on the strict side meanwhile.
     const reported = result.ok ? result.reportedCostUnits : undefined;
-    const cap = Math.min(typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS, MAX_UNITS);
+    const cap = Math.min(
+      typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS,
+      MAX_UNITS,
+    );
     const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, cap);
     const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve(undefined);
 
-    let outcome: { ok: true; output: unknown } | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
+    let outcome:
+      | { ok: true; output: unknown }
+      | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
       ? { ok: true, output: result.output }
       : { ok: false, code: result.code, message: result.message, details: result.details };
     if (outcome.ok) {
       const validate = this.deps.ports.catalog.validators(tool).output;
       if (!validate(outcome.output)) {
-        const errors = (validate.errors ?? []).slice(0, 10).map((e) => ({ path: e.instancePath || '/', message: e.message ?? 'invalid' }));
-        outcome = { ok: false, code: 'tool_output_schema_invalid', message: 'the backend output does not match the output schema; it was withheld', details: { errors } };
+        const errors = (validate.errors ?? [])
+          .slice(0, 10)
+          .map((e) => ({ path: e.instancePath || '/', message: e.message ?? 'invalid' }));
+        outcome = {
+          ok: false,
+          code: 'tool_output_schema_invalid',
+          message: 'the backend output does not match the output schema; it was withheld',
+          details: { errors },
+        };
       }
     }
     const eventId = randomUUID();
-    const dispatched: Dispatched = outcome.ok ? { ok: true, output: outcome.output, costUnits, auditId: eventId } : { ...outcome, costUnits, auditId: eventId };
+    const dispatched: Dispatched = outcome.ok
+      ? { ok: true, output: outcome.output, costUnits, auditId: eventId }
+      : { ...outcome, costUnits, auditId: eventId };
     // The call's last record: when it ends the run, the run's end goes in the same commit.
     const outcomeRecord = this.deps.audit.appendCarrying(
       {
@@ -717,7 +1108,11 @@ export class RunExecutor {
         cost_units: costUnits,
         // The reservation it settles: a settlement lost with its replica is made from this record.
         details: outcome.ok
-          ? { ...withReservation(details, reservation), reported_cost_units: reported ?? null, ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}) }
+          ? {
+              ...withReservation(details, reservation),
+              reported_cost_units: reported ?? null,
+              ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}),
+            }
           : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
       },
       eventId,
@@ -732,10 +1127,18 @@ export class RunExecutor {
         event_type: 'budget.reservation_settled_late',
         status: 'settled',
         cost_units: costUnits,
-        details: { ...details, reservation_id: reservation!.id, reserved_units: reservation!.units, charged_units: costUnits },
+        details: {
+          ...details,
+          reservation_id: reservation!.id,
+          reserved_units: reservation!.units,
+          charged_units: costUnits,
+        },
       });
     }
-    this.deps.metrics.decisions.inc({ outcome: outcome.ok ? 'completed' : 'failed', reason: outcome.ok ? 'ok' : outcome.code });
+    this.deps.metrics.decisions.inc({
+      outcome: outcome.ok ? 'completed' : 'failed',
+      reason: outcome.ok ? 'ok' : outcome.code,
+    });
     return { ...dispatched, runEnded };
   }
 
@@ -749,16 +1152,40 @@ export class RunExecutor {
     headers: Record<string, string>,
   ): Promise<CallResult> {
     if (tool.category === 'external_call') {
-      if (!tool.egress) return { ok: false, code: 'tool_backend_not_configured', message: 'the tool has no egress policy', details: {} };
+      if (!tool.egress)
+        return {
+          ok: false,
+          code: 'tool_backend_not_configured',
+          message: 'the tool has no egress policy',
+          details: {},
+        };
       const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
-      if (result.ok) return { ok: true, output: result.output, reportedCostUnits: undefined, status: result.output.status };
-      return { ok: false, code: result.code, message: `egress ${result.code === 'egress_denied' ? 'refused' : 'failed'}: ${result.reason}`, details: { reason: result.reason, ...result.details } };
+      if (result.ok)
+        return { ok: true, output: result.output, reportedCostUnits: undefined, status: result.output.status };
+      return {
+        ok: false,
+        code: result.code,
+        message: `egress ${result.code === 'egress_denied' ? 'refused' : 'failed'}: ${result.reason}`,
+        details: { reason: result.reason, ...result.details },
+      };
     }
     const backend = tool.backend!;
     return this.deps.backend.call(
-      { url: backend.url, method: backend.method, timeoutMs: backend.timeout_ms, maxResponseBytes: backend.max_response_bytes, headers },
+      {
+        url: backend.url,
+        method: backend.method,
+        timeoutMs: backend.timeout_ms,
+        maxResponseBytes: backend.max_response_bytes,
+        headers,
+      },
       input,
-      { runId: exec.request.run_id, tenantId: exec.principal.tenantId, agentId: exec.principal.id, toolCallId, traceId: exec.traceId },
+      {
+        runId: exec.request.run_id,
+        tenantId: exec.principal.tenantId,
+        agentId: exec.principal.id,
+        toolCallId,
+        traceId: exec.traceId,
+      },
     );
   }
 
@@ -772,7 +1199,8 @@ export class RunExecutor {
       const admission = await admitStep(this.stepRequest(principal, request, index, true, within), this.deps.ports);
       // An outage is no verdict on a step: a stage that cannot judge (a registry copy or kill-switch
       // snapshot unconfirmed) fails the dry run closed, as a stage meeting the database's outage does.
-      if (admission.denial?.code === 'gateway_unavailable') throw new CodedError('gateway_unavailable', admission.denial.message, admission.denial.details);
+      if (admission.denial?.code === 'gateway_unavailable')
+        throw new CodedError('gateway_unavailable', admission.denial.message, admission.denial.details);
       warnings.push(...admission.state.warnings);
       const head = stepHead(request, index, admission.state.tool);
       const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
@@ -800,18 +1228,33 @@ export class RunExecutor {
    * made (refused as execution refuses a run no hand-off gave, or another agent's), the
    * hand-off's envelope, and its budget, which the request's `budget_units` only lowers.
    */
-  private async subRunBounds(principal: AgentPrincipal, request: RunRequest): Promise<Pick<Execution, 'run' | 'delegation'>> {
+  private async subRunBounds(
+    principal: AgentPrincipal,
+    request: RunRequest,
+  ): Promise<Pick<Execution, 'run' | 'delegation'>> {
     const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
     if (run && run.agent_id !== principal.id) throw notOwned(request);
     if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
-      throw new CodedError('handoff_rejected', `no hand-off from ${request.parent_run_id} created run ${request.run_id}`, { reason: 'handoff_missing' });
+      throw new CodedError(
+        'handoff_rejected',
+        `no hand-off from ${request.parent_run_id} created run ${request.run_id}`,
+        { reason: 'handoff_missing' },
+      );
     }
     const delegation = await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id);
-    const budgets = [run.budget_units, request.budget_units].filter((units): units is number => typeof units === 'number');
+    const budgets = [run.budget_units, request.budget_units].filter(
+      (units): units is number => typeof units === 'number',
+    );
     return { run: { ...run, budget_units: budgets.length > 0 ? Math.min(...budgets) : null }, delegation };
   }
 
-  private stepRequest(principal: AgentPrincipal, request: RunRequest, index: number, dryRun: boolean, exec: Pick<Execution, 'run' | 'delegation'> | undefined): StepRequest {
+  private stepRequest(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    index: number,
+    dryRun: boolean,
+    exec: Pick<Execution, 'run' | 'delegation'> | undefined,
+  ): StepRequest {
     const planned = request.plan[index]!;
     const delegation = exec?.delegation;
     return {
@@ -824,14 +1267,20 @@ export class RunExecutor {
         user_id: request.user_id,
         context: request.context,
         budget_units: exec?.run.budget_units ?? request.budget_units,
-        delegation: delegation ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers } : undefined,
+        delegation: delegation
+          ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers }
+          : undefined,
       },
       step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
       dryRun,
     };
   }
 
-  private auditBase(exec: Execution, index: number, tool: AdmissibleTool | undefined): AuditEventInput & { tool_call_id: string; details: Record<string, unknown> } {
+  private auditBase(
+    exec: Execution,
+    index: number,
+    tool: AdmissibleTool | undefined,
+  ): AuditEventInput & { tool_call_id: string; details: Record<string, unknown> } {
     const { principal, request, traceId, run } = exec;
     const context = request.context;
     const text = (value: unknown) => (typeof value === 'string' ? value : null);
@@ -851,7 +1300,11 @@ export class RunExecutor {
       assessment_id: text(context.assessment_id),
       // Which execution of the run made the call (what recovery reads back if it is lost), and,
       // for a sub-run, who it acts for: its ancestors, root first, then itself.
-      details: { run_epoch: run.epoch, ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}), ...(exec.via ? { via: exec.via } : {}) },
+      details: {
+        run_epoch: run.epoch,
+        ...(run.depth > 0 ? { attribution: attributionOf(run) } : {}),
+        ...(exec.via ? { via: exec.via } : {}),
+      },
     };
   }
 }
@@ -873,7 +1326,11 @@ function completedSteps(run: RunRecord): StepResult[] {
   return firstOpen === -1 ? steps : steps.slice(0, firstOpen);
 }
 
-function stepHead(request: RunRequest, index: number, tool: AdmissibleTool | undefined): Pick<StepResult, 'index' | 'tool_id' | 'version'> {
+function stepHead(
+  request: RunRequest,
+  index: number,
+  tool: AdmissibleTool | undefined,
+): Pick<StepResult, 'index' | 'tool_id' | 'version'> {
   return { index, tool_id: request.plan[index]!.tool_id, version: tool?.version ?? null };
 }
 
@@ -886,11 +1343,13 @@ function errorOf(denial: Denial) {
 }
 
 /** A call's record details naming the budget reservation it holds, if it holds one. */
-function withReservation(details: Record<string, unknown>, reservation: Reservation | undefined): Record<string, unknown> {
+function withReservation(
+  details: Record<string, unknown>,
+  reservation: Reservation | undefined,
+): Record<string, unknown> {
   return reservation ? { ...details, reservation_id: reservation.id } : details;
 }
 
 function elapsed(started: number): number {
   return Math.round((performance.now() - started) * 1000) / 1000;
 }
-

@@ -43,7 +43,12 @@ export interface EndedRun extends RunKey {
 }
 
 /** Codes that say why governance stopped a run; sub-runs that end with it are told the same. */
-const GOVERNANCE_CODES: ReadonlySet<ErrorCode> = new Set(['grant_revoked', 'grant_expired', 'kill_switch_active', 'budget_exceeded']);
+const GOVERNANCE_CODES: ReadonlySet<ErrorCode> = new Set([
+  'grant_revoked',
+  'grant_expired',
+  'kill_switch_active',
+  'budget_exceeded',
+]);
 
 /** The chain a run's events carry: its ancestors and itself, root first. */
 export function attributionOf(run: Pick<RunRecord, 'run_id' | 'agent_id' | 'lineage'>): Attribution[] {
@@ -62,13 +67,22 @@ export async function endRunTrees(trx: Transaction<DB>, end: RunEnd, at: Date): 
  * (`run.stopped`, cascade depth from 1) and, if it is a sub-run, its hand-off closes. The caller
  * took the audit chain's lock before changing the run.
  */
-export async function followRunEnd(trx: Transaction<DB>, ended: RunRecord & { status: TerminalStatus }, actor: string, at: Date): Promise<EndedRun[]> {
+export async function followRunEnd(
+  trx: Transaction<DB>,
+  ended: RunRecord & { status: TerminalStatus },
+  actor: string,
+  at: Date,
+): Promise<EndedRun[]> {
   const below = await lockOpenRunTrees(trx, [ended]);
   const code: ErrorCode = ended.stop && GOVERNANCE_CODES.has(ended.stop.code) ? ended.stop.code : 'run_not_resumable';
   const end: RunEnd = {
     roots: [],
     status: ended.status,
-    stop: { code, message: `parent run ${ended.run_id} ended ${ended.status}`, details: { parent_status: ended.status } },
+    stop: {
+      code,
+      message: `parent run ${ended.run_id} ended ${ended.status}`,
+      details: { parent_status: ended.status },
+    },
     eventType: 'run.stopped',
     actor,
   };
@@ -84,33 +98,53 @@ async function applyEnds(
   alreadyEnded?: RunRecord,
 ): Promise<EndedRun[]> {
   const depths = cascadeDepths(runs, roots, alreadyEnded);
-  const ordered = [...runs].sort((a, b) => depths.get(keyOf(a))! - depths.get(keyOf(b))! || (keyOf(a) < keyOf(b) ? -1 : 1));
+  const ordered = [...runs].sort(
+    (a, b) => depths.get(keyOf(a))! - depths.get(keyOf(b))! || (keyOf(a) < keyOf(b) ? -1 : 1),
+  );
   const plans = ordered.map((run) => {
     const isRoot = roots.has(keyOf(run));
     const depth = depths.get(keyOf(run))!;
     const governance = GOVERNANCE_CODES.has(end.stop.code);
     // Below the roots, runs share a governance stop (killed, or failed for a pulled grant);
     // otherwise their parent simply ended, and they are cancelled.
-    const status: TerminalStatus = isRoot || end.status === 'killed' || (governance && end.status === 'failed') ? end.status : 'cancelled';
+    const status: TerminalStatus =
+      isRoot || end.status === 'killed' || (governance && end.status === 'failed') ? end.status : 'cancelled';
     const code: ErrorCode = isRoot || governance ? end.stop.code : 'run_not_resumable';
-    const details = { ...end.stop.details, cascade_depth: depth, previous_status: run.status, ...(isRoot ? {} : { via_run_id: run.parent_run_id }) };
+    const details = {
+      ...end.stop.details,
+      cascade_depth: depth,
+      previous_status: run.status,
+      ...(isRoot ? {} : { via_run_id: run.parent_run_id }),
+    };
     const message = isRoot ? end.stop.message : `${end.stop.message} (cascade from run ${run.parent_run_id})`;
     return { run, isRoot, depth, status, stop: { code, message, details } };
   });
 
   await cancelPendingApprovals(trx, [...runs, ...(alreadyEnded ? [alreadyEnded] : [])]);
-  const handoffs = (await findOpenHandoffsOfSubRuns(trx, [...runs, ...(alreadyEnded ? [alreadyEnded] : [])])).sort((a, b) => b.depth - a.depth);
+  const handoffs = (await findOpenHandoffsOfSubRuns(trx, [...runs, ...(alreadyEnded ? [alreadyEnded] : [])])).sort(
+    (a, b) => b.depth - a.depth,
+  );
   const returns = await returnSubRunAllowances(
     trx,
-    handoffs.map((h) => ({ tenantId: h.tenant_id, parentRunId: h.parent_run_id, subRunId: h.sub_run_id, heldUnits: h.budget_units })),
+    handoffs.map((h) => ({
+      tenantId: h.tenant_id,
+      parentRunId: h.parent_run_id,
+      subRunId: h.sub_run_id,
+      heldUnits: h.budget_units,
+    })),
     at,
   );
   for (const [i, handoff] of handoffs.entries()) {
-    await closeHandoff(trx, handoff.id, { spentUnits: returns[i]!.usedUnits, returnedUnits: returns[i]!.returnedUnits, at });
+    await closeHandoff(trx, handoff.id, {
+      spentUnits: returns[i]!.usedUnits,
+      returnedUnits: returns[i]!.returnedUnits,
+      at,
+    });
   }
 
   const byKey = new Map([...runs, ...(alreadyEnded ? [alreadyEnded] : [])].map((run) => [keyOf(run), run]));
-  const statusOf = (key: string) => plans.find((p) => keyOf(p.run) === key)?.status ?? alreadyEnded?.status ?? end.status;
+  const statusOf = (key: string) =>
+    plans.find((p) => keyOf(p.run) === key)?.status ?? alreadyEnded?.status ?? end.status;
   const events: AuditEventInput[] = [
     ...plans.map((plan) => ({
       event_type: plan.isRoot ? end.eventType : 'run.stopped',
@@ -121,7 +155,12 @@ async function applyEnds(
       trace_id: end.traceId ?? null,
       status: plan.status,
       reason_code: plan.status === 'completed' ? null : plan.stop.code,
-      details: { ...plan.stop.details, message: plan.stop.message, run_depth: plan.run.depth, attribution: attributionOf(plan.run) },
+      details: {
+        ...plan.stop.details,
+        message: plan.stop.message,
+        run_depth: plan.run.depth,
+        attribution: attributionOf(plan.run),
+      },
     })),
     ...handoffs.map((handoff, i) => {
       const sub = byKey.get(`${handoff.tenant_id}/${handoff.sub_run_id}`);
@@ -146,7 +185,10 @@ async function applyEnds(
       };
     }),
   ];
-  const records = await writeAuditEvents(trx, events.map((event) => ({ event, occurredAt: at })));
+  const records = await writeAuditEvents(
+    trx,
+    events.map((event) => ({ event, occurredAt: at })),
+  );
 
   const ended: EndedRun[] = [];
   for (const [i, plan] of plans.entries()) {
@@ -174,7 +216,11 @@ async function applyEnds(
  * Hand-off hops from the nearest root (or from the run that already ended, whose sub-runs are at
  * depth 1). Runs whose parent is not in the set are roots reached directly.
  */
-function cascadeDepths(runs: RunRecord[], roots: ReadonlySet<string>, alreadyEnded: RunRecord | undefined): Map<string, number> {
+function cascadeDepths(
+  runs: RunRecord[],
+  roots: ReadonlySet<string>,
+  alreadyEnded: RunRecord | undefined,
+): Map<string, number> {
   const depths = new Map<string, number>();
   const byKey = new Map(runs.map((run) => [keyOf(run), run]));
   const depthOf = (run: RunRecord, seen: Set<string>): number => {
@@ -201,17 +247,28 @@ function cascadeDepths(runs: RunRecord[], roots: ReadonlySet<string>, alreadyEnd
  * stop, later ones are skipped. (A run that was executing gets its envelope from its executor,
  * at its next call boundary.)
  */
-export function closedEnvelope(run: Pick<RunRecord, 'run_id' | 'envelope'>, status: TerminalStatus, stop: RunStop): RunEnvelope {
+export function closedEnvelope(
+  run: Pick<RunRecord, 'run_id' | 'envelope'>,
+  status: TerminalStatus,
+  stop: RunStop,
+): RunEnvelope {
   const previous = run.envelope;
   const waiting = (step: StepResult) =>
-    step.status === 'pending' || step.status === 'awaiting_approval' || (previous?.status === 'throttled' && step.status === 'denied' && step.error?.code === 'rate_limited');
+    step.status === 'pending' ||
+    step.status === 'awaiting_approval' ||
+    (previous?.status === 'throttled' && step.status === 'denied' && step.error?.code === 'rate_limited');
   let refused = false;
   const steps: StepResult[] = (previous?.steps ?? []).map((step) => {
     if (!waiting(step)) return step;
     const { approval_id: _approval, ...rest } = step;
     if (refused) return { ...rest, status: 'skipped' };
     refused = true;
-    return { ...rest, status: 'denied', error: { code: stop.code, message: stop.message, details: stop.details }, audit_id: stop.audit_id };
+    return {
+      ...rest,
+      status: 'denied',
+      error: { code: stop.code, message: stop.message, details: stop.details },
+      audit_id: stop.audit_id,
+    };
   });
   return { run_id: run.run_id, status, dry_run: false, steps, warnings: previous?.warnings ?? [] };
 }

@@ -9,8 +9,23 @@ import { retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import { findBusyRunsToCheck, lockOpenRunTrees, lockRun, releaseLostRun, replicaAlive, type RunKey, type RunRecord } from './run-repository.js';
-import { isTerminal, stepIndexOfToolCall, type RunEnvelope, type RunStatus, type RunStop, type StepResult } from './run-types.js';
+import {
+  findBusyRunsToCheck,
+  lockOpenRunTrees,
+  lockRun,
+  releaseLostRun,
+  replicaAlive,
+  type RunKey,
+  type RunRecord,
+} from './run-repository.js';
+import {
+  isTerminal,
+  stepIndexOfToolCall,
+  type RunEnvelope,
+  type RunStatus,
+  type RunStop,
+  type StepResult,
+} from './run-types.js';
 
 /** The audit actor of recovery: no operator ended these runs; their executor was lost. */
 export const RECOVERY_ACTOR = 'system.recovery';
@@ -74,7 +89,12 @@ export class RunRecovery {
       help: 'Busy runs whose executor was lost (replica gone, or execution broken off), ended by recovery',
       registers: [options.registry],
     });
-    this.task = new BackgroundTask({ name: 'run recovery sweep', run: () => this.sweep(), intervalMs: () => options.intervalMs, logger: options.logger });
+    this.task = new BackgroundTask({
+      name: 'run recovery sweep',
+      run: () => this.sweep(),
+      intervalMs: () => options.intervalMs,
+      logger: options.logger,
+    });
   }
 
   /**
@@ -144,7 +164,10 @@ export class RunRecovery {
       await lockAuditChain(trx);
       const run = await lockRun(trx, key);
       if (!run || !run.busy || run.executor_id === null) return false;
-      const lost = run.executor_id === this.options.replicaId ? (this.executing.get(keyOf(run)) ?? 0) <= callerHolds : !(await replicaAlive(trx, run.executor_id));
+      const lost =
+        run.executor_id === this.options.replicaId
+          ? (this.executing.get(keyOf(run)) ?? 0) <= callerHolds
+          : !(await replicaAlive(trx, run.executor_id));
       if (!lost) return false;
 
       const since = new Date(new Date(run.created_at).getTime() - CLOCK_SKEW_MARGIN_MS);
@@ -175,7 +198,11 @@ export class RunRecovery {
         // every counter it changes, in one statement in key order, before endRunTrees changes any.
         const tree = await lockOpenRunTrees(trx, [run]);
         if (!(await lockRunTreeLedger(trx, tree)) && !lastAttempt) throw new LedgerMoved();
-        const [ended] = await endRunTrees(trx, { roots: [run], status, stop: cause, eventType: 'run.executor_lost', actor: RECOVERY_ACTOR }, now);
+        const [ended] = await endRunTrees(
+          trx,
+          { roots: [run], status, stop: cause, eventType: 'run.executor_lost', actor: RECOVERY_ACTOR },
+          now,
+        );
         stop = { ...cause, audit_id: ended!.audit_id };
         httpStatus = status === 'completed' ? 200 : statusForCode(cause.code);
       } else {
@@ -197,7 +224,12 @@ export class RunRecovery {
           },
         ]);
         if (isTerminal(run.status)) {
-          stop = run.stop ?? { code: 'run_not_resumable', message: `the run is ${run.status}`, details: { status: run.status }, audit_id: record!.event_id };
+          stop = run.stop ?? {
+            code: 'run_not_resumable',
+            message: `the run is ${run.status}`,
+            details: { status: run.status },
+            audit_id: record!.event_id,
+          };
           httpStatus = run.http_status ?? statusForCode(stop.code);
         } else {
           httpStatus = run.status === 'running' ? 200 : 202;
@@ -205,7 +237,13 @@ export class RunRecovery {
       }
       // The reservation of the call in hand: charged if the call may have been made, else given
       // back; one whose call's outcome was recorded (its settlement lost) at what the record says.
-      const reservationsClosed = await closeLostRunReservations(trx, run.tenant_id, run.run_id, inDoubt.length > 0 ? 'charge' : 'release', now);
+      const reservationsClosed = await closeLostRunReservations(
+        trx,
+        run.tenant_id,
+        run.run_id,
+        inDoubt.length > 0 ? 'charge' : 'release',
+        now,
+      );
       const envelope: RunEnvelope = {
         run_id: run.run_id,
         status,
@@ -242,7 +280,8 @@ function rebuildSteps(run: RunRecord, calls: RunCallRecord[]): { steps: StepResu
   const byStep = new Map<number, { call: RunCallRecord; ended?: RunCallRecord }>();
   for (const call of calls) {
     const index = stepIndexOfToolCall(call.tool_call_id ?? '');
-    if (call.status === 'dispatching' || byStep.get(index)?.call.tool_call_id !== call.tool_call_id) byStep.set(index, { call });
+    if (call.status === 'dispatching' || byStep.get(index)?.call.tool_call_id !== call.tool_call_id)
+      byStep.set(index, { call });
     if (call.status !== 'dispatching') byStep.get(index)!.ended = call;
   }
   for (let index = steps.length; index < plan.length; index += 1) {
@@ -262,7 +301,8 @@ function rebuildSteps(run: RunRecord, calls: RunCallRecord[]): { steps: StepResu
         status: 'failed',
         error: {
           code: 'gateway_unavailable',
-          message: 'the replica executing this call stopped before its outcome was recorded; the call may have reached its backend',
+          message:
+            'the replica executing this call stopped before its outcome was recorded; the call may have reached its backend',
           details: { reason: 'executor_lost', in_doubt: true, tool_call_id: record.tool_call_id },
         },
         cost_units: 0,
@@ -271,7 +311,14 @@ function rebuildSteps(run: RunRecord, calls: RunCallRecord[]): { steps: StepResu
       });
     } else {
       const code = (record.reason_code ?? 'gateway_unavailable') as ErrorCode;
-      steps.push({ ...head, status: record.status === 'failed' ? 'failed' : 'denied', error: { code, message: record.message ?? code, details: {} }, cost_units: record.status === 'failed' ? cost : 0, duration_ms: duration, audit_id: record.event_id });
+      steps.push({
+        ...head,
+        status: record.status === 'failed' ? 'failed' : 'denied',
+        error: { code, message: record.message ?? code, details: {} },
+        cost_units: record.status === 'failed' ? cost : 0,
+        duration_ms: duration,
+        audit_id: record.event_id,
+      });
     }
     return { steps, allCompleted: false };
   }
@@ -296,7 +343,15 @@ function finishSteps(run: RunRecord, rebuilt: StepResult[], stop: RunStop): Step
     });
   }
   for (let index = steps.length; index < plan.length; index += 1) {
-    steps.push({ index, tool_id: plan[index]!.tool_id, version: null, status: 'skipped', cost_units: 0, duration_ms: 0, audit_id: null });
+    steps.push({
+      index,
+      tool_id: plan[index]!.tool_id,
+      version: null,
+      status: 'skipped',
+      cost_units: 0,
+      duration_ms: 0,
+      audit_id: null,
+    });
   }
   return steps;
 }

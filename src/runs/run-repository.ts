@@ -1,6 +1,13 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
-import { OPEN_STATUSES, type Attribution, type RunEnvelope, type RunRequest, type RunStatus, type RunStop } from './run-types.js';
+import {
+  OPEN_STATUSES,
+  type Attribution,
+  type RunEnvelope,
+  type RunRequest,
+  type RunStatus,
+  type RunStop,
+} from './run-types.js';
 
 /** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
@@ -67,7 +74,8 @@ export interface NewRun extends RunStart {
 
 type Db = Kysely<DB> | Transaction<DB>;
 
-const unitsText = (units: number | null | undefined) => (units === null || units === undefined ? null : units.toFixed(6));
+const unitsText = (units: number | null | undefined) =>
+  units === null || units === undefined ? null : units.toFixed(6);
 
 /**
  * Claims run ids for their first principal, as running runs their executors hold (`busy`), many
@@ -131,7 +139,16 @@ function compare(a: string, b: string): number {
  */
 export async function insertSubRun(
   trx: Transaction<DB>,
-  run: RunKey & { agent_id: string; parent_run_id: string; status: 'queued' | 'awaiting_approval'; depth: number; lineage: Attribution[]; budget_units: number; trace_id: string | null; created_at: Date },
+  run: RunKey & {
+    agent_id: string;
+    parent_run_id: string;
+    status: 'queued' | 'awaiting_approval';
+    depth: number;
+    lineage: Attribution[];
+    budget_units: number;
+    trace_id: string | null;
+    created_at: Date;
+  },
 ): Promise<RunRecord | undefined> {
   const row = await trx
     .insertInto('runs')
@@ -167,17 +184,32 @@ export async function insertSubRun(
  * its snapshot, it leaves the parent to be ended under the lock, where its sub-runs end with it.
  */
 export async function markHandedOff(trx: Transaction<DB>, key: RunKey): Promise<void> {
-  await trx.updateTable('runs').set({ updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
+  await trx
+    .updateTable('runs')
+    .set({ updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .execute();
 }
 
 /**
  * Takes a throttled run back to `running` for its owner's identical resubmission. Only one
  * caller wins when several race; the others see `undefined`.
  */
-export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: string; run_id: string; agent_id: string; request_sha256: string }, executorId: string): Promise<RunRecord | undefined> {
+export async function resumeThrottledRun(
+  db: Kysely<DB>,
+  key: { tenant_id: string; run_id: string; agent_id: string; request_sha256: string },
+  executorId: string,
+): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
-    .set({ status: 'running', busy: true, executor_id: executorId, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .set({
+      status: 'running',
+      busy: true,
+      executor_id: executorId,
+      epoch: sql<number>`epoch + 1`,
+      updated_at: sql<Date>`now()`,
+    })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .where('owner_agent_id', '=', key.agent_id)
@@ -195,7 +227,12 @@ export async function resumeThrottledRun(db: Kysely<DB>, key: { tenant_id: strin
 export async function startQueuedRun(
   db: Kysely<DB>,
   key: RunKey & { agent_id: string },
-  start: RunStart & { budget_units: number | undefined; pipeline_instance_id?: string | undefined; session_id?: string | undefined; user_id?: string | undefined },
+  start: RunStart & {
+    budget_units: number | undefined;
+    pipeline_instance_id?: string | undefined;
+    session_id?: string | undefined;
+    user_id?: string | undefined;
+  },
   executorId: string,
 ): Promise<RunRecord | undefined> {
   const row = await db
@@ -213,7 +250,9 @@ export async function startQueuedRun(
       pipeline_instance_id: start.pipeline_instance_id ?? null,
       session_id: start.session_id ?? null,
       user_id: start.user_id ?? null,
-      ...(start.budget_units !== undefined ? { budget_units: sql<string>`least(budget_units, ${unitsText(start.budget_units)}::numeric)` } : {}),
+      ...(start.budget_units !== undefined
+        ? { budget_units: sql<string>`least(budget_units, ${unitsText(start.budget_units)}::numeric)` }
+        : {}),
       updated_at: sql<Date>`now()`,
     })
     .where('tenant_id', '=', key.tenant_id)
@@ -230,10 +269,21 @@ export async function startQueuedRun(
  * Takes an idle run in one of `from` up for an executor: `running`, a new epoch, busy. Only one
  * caller wins when several race.
  */
-export async function takeUpRun(db: Db, key: RunKey, from: readonly RunStatus[], executorId: string): Promise<RunRecord | undefined> {
+export async function takeUpRun(
+  db: Db,
+  key: RunKey,
+  from: readonly RunStatus[],
+  executorId: string,
+): Promise<RunRecord | undefined> {
   const row = await db
     .updateTable('runs')
-    .set({ status: 'running', busy: true, executor_id: executorId, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .set({
+      status: 'running',
+      busy: true,
+      executor_id: executorId,
+      epoch: sql<number>`epoch + 1`,
+      updated_at: sql<Date>`now()`,
+    })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .where('status', 'in', [...from])
@@ -285,7 +335,8 @@ export interface RunLeave extends RunKey {
  */
 export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
   if (leaves.length === 0) return [];
-  const result = await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: true })} select * from run_ends_done`.execute(db);
+  const result =
+    await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: true })} select * from run_ends_done`.execute(db);
   return endedOf(leaves, result.rows);
 }
 
@@ -297,7 +348,10 @@ export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boo
  */
 export async function leaveRunsWithoutWaiting(trx: Transaction<DB>, leaves: RunLeave[]): Promise<boolean[]> {
   if (leaves.length === 0) return [];
-  const result = await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: false })} select * from run_ends_done`.execute(trx);
+  const result =
+    await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: false })} select * from run_ends_done`.execute(
+      trx,
+    );
   return endedOf(leaves, result.rows);
 }
 
@@ -320,8 +374,18 @@ export interface EndedRunRow {
  * end cost more the more runs its tenant had). A row another transaction changed after this
  * statement's snapshot is not ended here; the caller then ends it under the lock.
  */
-export function runEndSteps(leaves: RunLeave[], options: { waitForLocks: boolean; when?: RawBuilder<unknown> }): RawBuilder<unknown> {
-  const rows = leaves.map((l) => ({ tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus, envelope: l.envelope }));
+export function runEndSteps(
+  leaves: RunLeave[],
+  options: { waitForLocks: boolean; when?: RawBuilder<unknown> },
+): RawBuilder<unknown> {
+  const rows = leaves.map((l) => ({
+    tenant_id: l.tenant_id,
+    run_id: l.run_id,
+    epoch: l.epoch,
+    status: l.status,
+    http_status: l.httpStatus,
+    envelope: l.envelope,
+  }));
   const when = options.when ?? sql`true`;
   const lock = options.waitForLocks ? sql`for no key update` : sql`for no key update skip locked`;
   return sql`run_ends as materialized (
@@ -355,8 +419,16 @@ export function endedOf(leaves: RunLeave[], rows: EndedRunRow[]): boolean[] {
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
-export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
-  const row = await db.selectFrom('runs').select(['status', 'epoch', 'stop']).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).executeTakeFirst();
+export async function readRunStanding(
+  db: Kysely<DB>,
+  key: RunKey,
+): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
+  const row = await db
+    .selectFrom('runs')
+    .select(['status', 'epoch', 'stop'])
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .executeTakeFirst();
   return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
 }
 
@@ -365,8 +437,17 @@ export async function readRunStanding(db: Kysely<DB>, key: RunKey): Promise<Pick
  * share-locked for the read, so a control or cascade holding it (which may have closed the run's
  * hand-off already) is waited for, not read around.
  */
-export async function readRunStandingSettled(db: Kysely<DB>, key: RunKey): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
-  const row = await db.selectFrom('runs').select(['status', 'epoch', 'stop']).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).forShare().executeTakeFirst();
+export async function readRunStandingSettled(
+  db: Kysely<DB>,
+  key: RunKey,
+): Promise<Pick<RunRecord, 'status' | 'epoch' | 'stop'> | undefined> {
+  const row = await db
+    .selectFrom('runs')
+    .select(['status', 'epoch', 'stop'])
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .forShare()
+    .executeTakeFirst();
   return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
 }
 
@@ -406,7 +487,12 @@ export async function recordGrantUses(db: Kysely<DB>, uses: GrantUse[]): Promise
 
 /** A run by its key, unlocked. */
 export async function findRun(db: Db, tenantId: string, runId: string): Promise<RunRecord | undefined> {
-  const row = await db.selectFrom('runs').selectAll().where('tenant_id', '=', tenantId).where('run_id', '=', runId).executeTakeFirst();
+  const row = await db
+    .selectFrom('runs')
+    .selectAll()
+    .where('tenant_id', '=', tenantId)
+    .where('run_id', '=', runId)
+    .executeTakeFirst();
   return row ? toRecord(row) : undefined;
 }
 
@@ -415,7 +501,13 @@ export async function findRun(db: Db, tenantId: string, runId: string): Promise<
  * run (grant uses, hand-offs, approvals) can still be added meanwhile.
  */
 export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRecord | undefined> {
-  const row = await trx.selectFrom('runs').selectAll().where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).forNoKeyUpdate().executeTakeFirst();
+  const row = await trx
+    .selectFrom('runs')
+    .selectAll()
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .forNoKeyUpdate()
+    .executeTakeFirst();
   return row ? toRecord(row) : undefined;
 }
 
@@ -440,7 +532,9 @@ export async function lockOpenRunTrees(trx: Transaction<DB>, roots: RunKey[]): P
   const rows = await trx
     .selectFrom('runs')
     .selectAll()
-    .where((eb) => eb.or(result.rows.map((k) => eb.and([eb('tenant_id', '=', k.tenant_id), eb('run_id', '=', k.run_id)]))))
+    .where((eb) =>
+      eb.or(result.rows.map((k) => eb.and([eb('tenant_id', '=', k.tenant_id), eb('run_id', '=', k.run_id)]))),
+    )
     .where('status', 'in', [...OPEN_STATUSES])
     .orderBy('tenant_id')
     .orderBy('run_id')
@@ -473,17 +567,30 @@ export async function writeRunEnd(
 export async function writeRunPaused(trx: Transaction<DB>, key: RunKey, envelope: RunEnvelope | null): Promise<void> {
   await trx
     .updateTable('runs')
-    .set({ status: 'paused', ...(envelope ? { envelope: JSON.stringify(envelope), http_status: 202 } : {}), updated_at: sql<Date>`now()` })
+    .set({
+      status: 'paused',
+      ...(envelope ? { envelope: JSON.stringify(envelope), http_status: 202 } : {}),
+      updated_at: sql<Date>`now()`,
+    })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .execute();
 }
 
 /** Puts a paused run that nothing executes back to waiting for an operator's approval. */
-export async function writeRunAwaitingApproval(trx: Transaction<DB>, key: RunKey, envelope: RunEnvelope): Promise<void> {
+export async function writeRunAwaitingApproval(
+  trx: Transaction<DB>,
+  key: RunKey,
+  envelope: RunEnvelope,
+): Promise<void> {
   await trx
     .updateTable('runs')
-    .set({ status: 'awaiting_approval', envelope: JSON.stringify(envelope), http_status: 202, updated_at: sql<Date>`now()` })
+    .set({
+      status: 'awaiting_approval',
+      envelope: JSON.stringify(envelope),
+      http_status: 202,
+      updated_at: sql<Date>`now()`,
+    })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .execute();
@@ -491,7 +598,12 @@ export async function writeRunAwaitingApproval(trx: Transaction<DB>, key: RunKey
 
 /** Sets the status of a run the caller holds locked and nothing executes. */
 export async function writeRunStatus(trx: Transaction<DB>, key: RunKey, status: RunStatus): Promise<void> {
-  await trx.updateTable('runs').set({ status, updated_at: sql<Date>`now()` }).where('tenant_id', '=', key.tenant_id).where('run_id', '=', key.run_id).execute();
+  await trx
+    .updateTable('runs')
+    .set({ status, updated_at: sql<Date>`now()` })
+    .where('tenant_id', '=', key.tenant_id)
+    .where('run_id', '=', key.run_id)
+    .execute();
 }
 
 /** Moves a run that waited for its hand-off's approval to `queued`. */
@@ -523,7 +635,10 @@ export async function findOpenRunsUsingGrants(trx: Transaction<DB>, grantIds: st
 
 /** Open runs of one tenant, or of every tenant (`null`). */
 export async function listOpenRuns(trx: Transaction<DB>, tenantId: string | null): Promise<RunRecord[]> {
-  let q = trx.selectFrom('runs').selectAll().where('status', 'in', [...OPEN_STATUSES]);
+  let q = trx
+    .selectFrom('runs')
+    .selectAll()
+    .where('status', 'in', [...OPEN_STATUSES]);
   if (tenantId !== null) q = q.where('tenant_id', '=', tenantId);
   const rows = await q.execute();
   return rows.map(toRecord);
@@ -539,7 +654,12 @@ export interface BusyRun extends RunKey {
  * replica (`selfId`; the caller knows which of those it still executes), or by a replica whose
  * lease has passed or that is gone.
  */
-export async function findBusyRunsToCheck(db: Kysely<DB>, selfId: string, limit: number, after?: RunKey): Promise<BusyRun[]> {
+export async function findBusyRunsToCheck(
+  db: Kysely<DB>,
+  selfId: string,
+  limit: number,
+  after?: RunKey,
+): Promise<BusyRun[]> {
   let q = db
     .selectFrom('runs as r')
     .select(['r.tenant_id', 'r.run_id', 'r.executor_id'])
@@ -550,7 +670,15 @@ export async function findBusyRunsToCheck(db: Kysely<DB>, selfId: string, limit:
     .where((eb) =>
       eb.or([
         eb('r.executor_id', '=', selfId),
-        eb.not(eb.exists(eb.selectFrom('replicas as p').select('p.id').whereRef('p.id', '=', 'r.executor_id').where('p.expires_at', '>', sql<Date>`now()`))),
+        eb.not(
+          eb.exists(
+            eb
+              .selectFrom('replicas as p')
+              .select('p.id')
+              .whereRef('p.id', '=', 'r.executor_id')
+              .where('p.expires_at', '>', sql<Date>`now()`),
+          ),
+        ),
       ]),
     )
     .orderBy('r.tenant_id')
@@ -562,7 +690,12 @@ export async function findBusyRunsToCheck(db: Kysely<DB>, selfId: string, limit:
 
 /** Whether a replica's lease still holds (database time). */
 export async function replicaAlive(db: Db, replicaId: string): Promise<boolean> {
-  const row = await db.selectFrom('replicas').select('id').where('id', '=', replicaId).where('expires_at', '>', sql<Date>`now()`).executeTakeFirst();
+  const row = await db
+    .selectFrom('replicas')
+    .select('id')
+    .where('id', '=', replicaId)
+    .where('expires_at', '>', sql<Date>`now()`)
+    .executeTakeFirst();
   return row !== undefined;
 }
 
@@ -570,10 +703,20 @@ export async function replicaAlive(db: Db, replicaId: string): Promise<boolean> 
  * Lets go of a lost run the caller holds locked: what is known of it, no longer busy, and a new
  * epoch, so that its executor, should it come back after all, changes nothing more.
  */
-export async function releaseLostRun(trx: Transaction<DB>, key: RunKey, change: { httpStatus: number; envelope: RunEnvelope }): Promise<void> {
+export async function releaseLostRun(
+  trx: Transaction<DB>,
+  key: RunKey,
+  change: { httpStatus: number; envelope: RunEnvelope },
+): Promise<void> {
   await trx
     .updateTable('runs')
-    .set({ http_status: change.httpStatus, envelope: JSON.stringify(change.envelope), busy: false, epoch: sql<number>`epoch + 1`, updated_at: sql<Date>`now()` })
+    .set({
+      http_status: change.httpStatus,
+      envelope: JSON.stringify(change.envelope),
+      busy: false,
+      epoch: sql<number>`epoch + 1`,
+      updated_at: sql<Date>`now()`,
+    })
     .where('tenant_id', '=', key.tenant_id)
     .where('run_id', '=', key.run_id)
     .execute();
@@ -589,7 +732,10 @@ export interface RunQuery {
 }
 
 /** Newest first; `next` continues the listing when more remain. */
-export async function listRuns(db: Kysely<DB>, query: RunQuery): Promise<{ items: RunRecord[]; next: RunQuery['after'] | null }> {
+export async function listRuns(
+  db: Kysely<DB>,
+  query: RunQuery,
+): Promise<{ items: RunRecord[]; next: RunQuery['after'] | null }> {
   let q = db.selectFrom('runs').selectAll();
   if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
   if (query.agentId !== undefined) q = q.where('owner_agent_id', '=', query.agentId);
@@ -598,10 +744,21 @@ export async function listRuns(db: Kysely<DB>, query: RunQuery): Promise<{ items
     const { created_at, tenant_id, run_id } = query.after;
     q = q.where(sql<boolean>`(created_at, tenant_id, run_id) < (${new Date(created_at)}, ${tenant_id}, ${run_id})`);
   }
-  const rows = await q.orderBy('created_at', 'desc').orderBy('tenant_id', 'desc').orderBy('run_id', 'desc').limit(query.limit + 1).execute();
+  const rows = await q
+    .orderBy('created_at', 'desc')
+    .orderBy('tenant_id', 'desc')
+    .orderBy('run_id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
   const items = rows.slice(0, query.limit).map(toRecord);
   const last = items[items.length - 1];
-  return { items, next: rows.length > query.limit && last ? { created_at: last.created_at, tenant_id: last.tenant_id, run_id: last.run_id } : null };
+  return {
+    items,
+    next:
+      rows.length > query.limit && last
+        ? { created_at: last.created_at, tenant_id: last.tenant_id, run_id: last.run_id }
+        : null,
+  };
 }
 
 function parseJson<T>(value: unknown): T | null {

@@ -5,14 +5,30 @@ import type { Approval } from './approval.js';
 import type { ErrorCode } from '../errors/error-codes.js';
 import type { StageVerdict } from '../admission/admission-pipeline.js';
 
-export const RUN_STATUSES = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled', 'completed', 'failed', 'cancelled', 'killed'] as const;
+export const RUN_STATUSES = [
+  'queued',
+  'running',
+  'paused',
+  'awaiting_approval',
+  'throttled',
+  'completed',
+  'failed',
+  'cancelled',
+  'killed',
+] as const;
 export type RunStatus = (typeof RUN_STATUSES)[number];
 
 /** Statuses a run never leaves; an identical resubmission of such a run replays its envelope. */
 export const TERMINAL_STATUSES: ReadonlySet<RunStatus> = new Set(['completed', 'failed', 'cancelled', 'killed']);
 
 /** Statuses of a run that is not over: what controls act on and cascades stop. */
-export const OPEN_STATUSES = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled'] as const satisfies readonly RunStatus[];
+export const OPEN_STATUSES = [
+  'queued',
+  'running',
+  'paused',
+  'awaiting_approval',
+  'throttled',
+] as const satisfies readonly RunStatus[];
 export type OpenStatus = (typeof OPEN_STATUSES)[number];
 export type TerminalStatus = Exclude<RunStatus, OpenStatus>;
 
@@ -126,5 +142,11 @@ export function statusAfter(code: ErrorCode): RunStatus {
  * implements it, the composition root passes it in, so runs never import approvals.
  */
 export interface LapsedApprovals {
-  expireLapsed(trx: Transaction<DB>, approval: Approval | undefined, actor: string, now: Date, traceId: string | null): Promise<Denial | undefined>;
+  expireLapsed(
+    trx: Transaction<DB>,
+    approval: Approval | undefined,
+    actor: string,
+    now: Date,
+    traceId: string | null,
+  ): Promise<Denial | undefined>;
 }

@@ -26,16 +26,32 @@ export async function putTenantPolicy(
   change: { tenantId: string; externalCallEnabled: boolean; actor: string; traceId: string; now: Date },
 ): Promise<TenantPolicy> {
   return db.transaction().execute(async (trx) => {
-    const before = await trx.selectFrom('tenant_policies').selectAll().where('tenant_id', '=', change.tenantId).forUpdate().executeTakeFirst();
+    const before = await trx
+      .selectFrom('tenant_policies')
+      .selectAll()
+      .where('tenant_id', '=', change.tenantId)
+      .forUpdate()
+      .executeTakeFirst();
     // Setting what is already set changes nothing, and records nothing.
     if ((before?.external_call_enabled ?? false) === change.externalCallEnabled) {
-      return before ? { ...before, updated_at: new Date(before.updated_at).toISOString() } : defaultPolicy(change.tenantId);
+      return before
+        ? { ...before, updated_at: new Date(before.updated_at).toISOString() }
+        : defaultPolicy(change.tenantId);
     }
     const row = await trx
       .insertInto('tenant_policies')
-      .values({ tenant_id: change.tenantId, external_call_enabled: change.externalCallEnabled, updated_at: change.now, updated_by: change.actor })
+      .values({
+        tenant_id: change.tenantId,
+        external_call_enabled: change.externalCallEnabled,
+        updated_at: change.now,
+        updated_by: change.actor,
+      })
       .onConflict((oc) =>
-        oc.column('tenant_id').doUpdateSet({ external_call_enabled: change.externalCallEnabled, updated_at: change.now, updated_by: change.actor }),
+        oc.column('tenant_id').doUpdateSet({
+          external_call_enabled: change.externalCallEnabled,
+          updated_at: change.now,
+          updated_by: change.actor,
+        }),
       )
       .returningAll()
       .executeTakeFirstOrThrow();

@@ -7,12 +7,10 @@ import { MAX_UNITS, toMicros } from '../budgets/budget-units.js';
  * An RFC 3339 instant (offset allowed) whose UTC form has a four-digit year: what the API writes
  * back (`…Z`) must be an RFC 3339 date-time too, which `9999-12-31T23:00:00-02:00` would not be.
  */
-export const instant = z.iso
-  .datetime({ offset: true })
-  .refine((value) => {
-    const year = new Date(value).getUTCFullYear();
-    return year >= 0 && year <= 9999;
-  }, 'must fall within the years 0000 to 9999 in UTC');
+export const instant = z.iso.datetime({ offset: true }).refine((value) => {
+  const year = new Date(value).getUTCFullYear();
+  return year >= 0 && year <= 9999;
+}, 'must fall within the years 0000 to 9999 in UTC');
 
 /** A positive amount of units: six decimal places, so anything that rounds to zero is not one. */
 export const positiveUnits = z

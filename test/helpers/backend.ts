@@ -1,4 +1,4 @@
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { until } from './waits.js';
 
@@ -20,7 +20,7 @@ export interface BackendHit {
 export class TestBackend {
   readonly hits: BackendHit[] = [];
   private server: Server | undefined;
-  private readonly hanging = new Set<import('node:http').ServerResponse>();
+  private readonly hanging = new Set<ServerResponse>();
   private gated: Array<() => void> = [];
   url = '';
 
@@ -50,7 +50,7 @@ export class TestBackend {
     return this;
   }
 
-  private answer(path: string, body: unknown, res: import('node:http').ServerResponse): void {
+  private answer(path: string, body: unknown, res: ServerResponse): void {
     const json = (status: number, value: unknown, headers: Record<string, string> = {}) => {
       res.writeHead(status, { 'content-type': 'application/json', ...headers });
       res.end(JSON.stringify(value));

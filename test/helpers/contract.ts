@@ -27,7 +27,8 @@ function resolve(node: Json): Json {
   const ref = node.$ref;
   if (typeof ref !== 'string') return node;
   let target: unknown = openapi;
-  for (const part of ref.replace(/^#\//, '').split('/')) target = (target as Json)[part.replace(/~1/g, '/').replace(/~0/g, '~')];
+  for (const part of ref.replace(/^#\//, '').split('/'))
+    target = (target as Json)[part.replace(/~1/g, '/').replace(/~0/g, '~')];
   return resolve(target as Json);
 }
 
@@ -41,7 +42,13 @@ export function templateFor(path: string): string | undefined {
  * Checks one response against openapi.yaml: the route, method and status must be documented,
  * and a JSON body must validate against the documented schema. Returns the problems found.
  */
-export function contractViolations(method: string, url: string, status: number, contentType: string | undefined, body: string): string[] {
+export function contractViolations(
+  method: string,
+  url: string,
+  status: number,
+  contentType: string | undefined,
+  body: string,
+): string[] {
   const path = new URL(url, 'http://x').pathname;
   const template = templateFor(path);
   if (!template) return [`${method} ${path}: path not in openapi.yaml`];
@@ -70,5 +77,7 @@ export function contractViolations(method: string, url: string, status: number, 
     return [`${method} ${template} ${status}: body is not JSON`];
   }
   if (validate(parsed)) return [];
-  return (validate.errors ?? []).map((e) => `${method} ${template} ${status}: ${e.instancePath || '/'} ${e.message ?? ''} ${JSON.stringify(e.params)}`);
+  return (validate.errors ?? []).map(
+    (e) => `${method} ${template} ${status}: ${e.instancePath || '/'} ${e.message ?? ''} ${JSON.stringify(e.params)}`,
+  );
 }

@@ -34,7 +34,11 @@ export function testConfig(env: Record<string, string> = {}): Config {
 export class AppClient {
   constructor(readonly app: FastifyInstance) {}
 
-  static async start(database: Database, env: Record<string, string> = {}, options: Pick<AppOptions, 'resolver' | 'now'> = {}): Promise<AppClient> {
+  static async start(
+    database: Database,
+    env: Record<string, string> = {},
+    options: Pick<AppOptions, 'resolver' | 'now'> = {},
+  ): Promise<AppClient> {
     const config = testConfig(env);
     const app = await buildApp({
       config,
@@ -51,7 +55,9 @@ export class AppClient {
     const headers: Record<string, string> = { ...options.headers };
     if (options.token) headers.authorization = `Bearer ${options.token}`;
     const query = Object.fromEntries(
-      Object.entries(options.query ?? {}).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)]),
+      Object.entries(options.query ?? {})
+        .filter(([, v]) => v !== undefined)
+        .map(([k, v]) => [k, String(v)]),
     );
     const response = await this.app.inject({
       method: method as 'GET',
@@ -60,8 +66,17 @@ export class AppClient {
       headers,
       ...(options.body !== undefined ? { payload: options.body as object } : {}),
     });
-    const violations = contractViolations(method, url, response.statusCode, response.headers['content-type'] as string | undefined, response.body);
-    if (violations.length > 0) throw new Error(`response breaks openapi.yaml:\n  ${violations.join('\n  ')}\nbody: ${response.body.slice(0, 500)}`);
+    const violations = contractViolations(
+      method,
+      url,
+      response.statusCode,
+      response.headers['content-type'] as string | undefined,
+      response.body,
+    );
+    if (violations.length > 0)
+      throw new Error(
+        `response breaks openapi.yaml:\n  ${violations.join('\n  ')}\nbody: ${response.body.slice(0, 500)}`,
+      );
     let body: unknown = response.body;
     try {
       body = JSON.parse(response.body);
@@ -87,7 +102,10 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(env: Record<string, string> = {}, options: Pick<AppOptions, 'resolver' | 'now'> = {}): Promise<Harness> {
+export async function startHarness(
+  env: Record<string, string> = {},
+  options: Pick<AppOptions, 'resolver' | 'now'> = {},
+): Promise<Harness> {
   const db = await createTestDatabase();
   const client = await AppClient.start(db.database, env, options);
   return {

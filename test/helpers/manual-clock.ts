@@ -21,6 +21,10 @@ export class ManualClock {
 }
 
 /** An app on the given database whose services read time from `clock`. */
-export function startClient(database: Database, clock: ManualClock, env: Record<string, string> = {}): Promise<AppClient> {
+export function startClient(
+  database: Database,
+  clock: ManualClock,
+  env: Record<string, string> = {},
+): Promise<AppClient> {
   return AppClient.start(database, env, { now: clock.now });
 }

@@ -1,7 +1,11 @@
 import type { AppClient, TestResponse } from './harness.js';
 
 /** A plan step calling `tool_id` with `{ q }`, at `version` (a range) when given. */
-export function step(tool_id: string, q = 'hello', version?: string): { tool_id: string; input: { q: string }; version?: string } {
+export function step(
+  tool_id: string,
+  q = 'hello',
+  version?: string,
+): { tool_id: string; input: { q: string }; version?: string } {
   return { tool_id, input: { q }, ...(version ? { version } : {}) };
 }
 

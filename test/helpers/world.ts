@@ -95,7 +95,15 @@ export async function registerTool(client: AppClient, options: ToolOptions): Pro
 
 export async function grantTool(
   client: AppClient,
-  grant: { tenant: string; agent: string; tool: string; scope?: string; scope_ref?: string; expires_at?: string; capability_modifiers?: Record<string, unknown> },
+  grant: {
+    tenant: string;
+    agent: string;
+    tool: string;
+    scope?: string;
+    scope_ref?: string;
+    expires_at?: string;
+    capability_modifiers?: Record<string, unknown>;
+  },
 ): Promise<{ id: string }> {
   const res = await client.post('/grants', {
     token: tokens.tenantOperator(grant.tenant),
@@ -115,7 +123,16 @@ export async function grantTool(
 
 export async function createBudget(
   client: AppClient,
-  budget: { tenant: string; scope?: 'tenant' | 'agent' | 'run'; agent_id?: string; run_id?: string; period?: string; limit_units: number; warn_ratio?: number; grace_units?: number },
+  budget: {
+    tenant: string;
+    scope?: 'tenant' | 'agent' | 'run';
+    agent_id?: string;
+    run_id?: string;
+    period?: string;
+    limit_units: number;
+    warn_ratio?: number;
+    grace_units?: number;
+  },
 ): Promise<{ id: string }> {
   const res = await client.post('/budgets', {
     token: tokens.tenantOperator(budget.tenant),

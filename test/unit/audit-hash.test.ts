@@ -40,7 +40,9 @@ describe('sealRecord', () => {
   });
 
   it('changes the hash when any field changes', () => {
-    expect(sealRecord({ ...unhashed, details: { ...unhashed.details, zeta: 2 } }).hash).not.toBe(sealRecord(unhashed).hash);
+    expect(sealRecord({ ...unhashed, details: { ...unhashed.details, zeta: 2 } }).hash).not.toBe(
+      sealRecord(unhashed).hash,
+    );
     expect(sealRecord({ ...unhashed, prev_hash: 'f'.repeat(64) }).hash).not.toBe(sealRecord(unhashed).hash);
   });
 });

@@ -16,8 +16,12 @@ describe('an authority envelope only narrows (wideningIn)', () => {
   });
 
   it('reads egress_domains as host patterns: a subdomain narrows a wildcard', () => {
-    expect(wideningIn({ egress_domains: ['api.un.org', '*.x.un.org'] }, { egress_domains: ['*.un.org'] }, at)).toBeUndefined();
-    expect(wideningIn({ egress_domains: ['*'] }, { egress_domains: ['*.un.org'] }, at)).toBe('capability_modifiers.egress_domains.0');
+    expect(
+      wideningIn({ egress_domains: ['api.un.org', '*.x.un.org'] }, { egress_domains: ['*.un.org'] }, at),
+    ).toBeUndefined();
+    expect(wideningIn({ egress_domains: ['*'] }, { egress_domains: ['*.un.org'] }, at)).toBe(
+      'capability_modifiers.egress_domains.0',
+    );
   });
 
   it('wants strings and booleans equal', () => {
@@ -27,8 +31,12 @@ describe('an authority envelope only narrows (wideningIn)', () => {
   });
 
   it('compares objects key by key, recursively', () => {
-    expect(wideningIn({ limits: { calls: 2, memory: ['a'] } }, { limits: { calls: 3, memory: ['a', 'b'] } }, at)).toBeUndefined();
-    expect(wideningIn({ limits: { calls: 4 } }, { limits: { calls: 3 } }, at)).toBe('capability_modifiers.limits.calls');
+    expect(
+      wideningIn({ limits: { calls: 2, memory: ['a'] } }, { limits: { calls: 3, memory: ['a', 'b'] } }, at),
+    ).toBeUndefined();
+    expect(wideningIn({ limits: { calls: 4 } }, { limits: { calls: 3 } }, at)).toBe(
+      'capability_modifiers.limits.calls',
+    );
   });
 
   it('treats a key the parent does not set as unbounded, and dropping one the parent sets as widening', () => {
@@ -44,7 +52,12 @@ describe('an authority envelope only narrows (wideningIn)', () => {
 
 describe('a sub-run call runs under the narrower of its grant and its envelope', () => {
   it('takes the smaller cost cap and the hosts both admit', () => {
-    expect(narrowestModifiers({ max_cost_units: 5, egress_domains: ['*.un.org', 'example.com'] }, { max_cost_units: 2, egress_domains: ['api.un.org'] })).toEqual({
+    expect(
+      narrowestModifiers(
+        { max_cost_units: 5, egress_domains: ['*.un.org', 'example.com'] },
+        { max_cost_units: 2, egress_domains: ['api.un.org'] },
+      ),
+    ).toEqual({
       max_cost_units: 2,
       egress_domains: ['api.un.org'],
     });

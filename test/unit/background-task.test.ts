@@ -9,7 +9,8 @@ function capturedLogger(): { logger: Logger; lines: Array<{ level: number; msg: 
   return { logger, lines };
 }
 
-const warnings = (lines: Array<{ level: number; msg: string }>) => lines.filter((line) => line.level >= 40).map((line) => line.msg);
+const warnings = (lines: Array<{ level: number; msg: string }>) =>
+  lines.filter((line) => line.level >= 40).map((line) => line.msg);
 
 describe('a background task', () => {
   it('reports a round that fails once, as a warning, until a round works again', async () => {

@@ -23,7 +23,9 @@ function limit(counter: string, units: number, grace: number, warnRatio: number 
 }
 
 const levels = (entries: Record<string, [spent: number, reserved: number]>) =>
-  new Map<string, CounterLevel>(Object.entries(entries).map(([k, [s, r]]) => [k, { spentMicros: u(s), reservedMicros: u(r) }]));
+  new Map<string, CounterLevel>(
+    Object.entries(entries).map(([k, [s, r]]) => [k, { spentMicros: u(s), reservedMicros: u(r) }]),
+  );
 
 describe('the verdict of one budget', () => {
   const budget = limit('b', 100, 10, 0.8);
@@ -110,7 +112,13 @@ describe('a reservation against every applicable limit', () => {
   it('names every exceeded budget, the first one in detail', () => {
     const decision = decideReservation(u(2), [limit('bud_a', 1, 0, 1), limit('bud_b', 1, 0.5, 1)], new Map());
     const details = exceededDetails(u(2), decision.checks);
-    expect(details).toMatchObject({ source: 'budget', budget_id: 'bud_a', scope: 'tenant', period: 'day', limit_units: 1 });
+    expect(details).toMatchObject({
+      source: 'budget',
+      budget_id: 'bud_a',
+      scope: 'tenant',
+      period: 'day',
+      limit_units: 1,
+    });
     expect(details.exceeded_budget_ids).toEqual(['bud_a', 'bud_b']);
   });
 

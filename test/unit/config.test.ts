@@ -4,7 +4,13 @@ import { ConfigError, loadConfig } from '../../src/config/config.js';
 describe('configuration', () => {
   it('defaults to loopback:8080 on the embedded database', () => {
     const config = loadConfig({});
-    expect(config).toMatchObject({ port: 8080, host: '127.0.0.1', databaseUrl: undefined, dataDir: './data', maxPlanSteps: 32 });
+    expect(config).toMatchObject({
+      port: 8080,
+      host: '127.0.0.1',
+      databaseUrl: undefined,
+      dataDir: './data',
+      maxPlanSteps: 32,
+    });
   });
 
   it.each([
@@ -43,6 +49,9 @@ describe('configuration', () => {
   });
 
   it('parses exception CIDRs as a list', () => {
-    expect(loadConfig({ TOOLGATE_EGRESS_ALLOW_CIDRS: ' 10.1.0.0/16, fd00::/8 ' }).egressAllowCidrs).toEqual(['10.1.0.0/16', 'fd00::/8']);
+    expect(loadConfig({ TOOLGATE_EGRESS_ALLOW_CIDRS: ' 10.1.0.0/16, fd00::/8 ' }).egressAllowCidrs).toEqual([
+      '10.1.0.0/16',
+      'fd00::/8',
+    ]);
   });
 });

@@ -20,7 +20,12 @@ const anyHost: EgressPolicy = { allowed_hosts: ['*'], schemes: ['http', 'https']
 
 async function guard(
   url: string,
-  { resolver = tableResolver({}), allowCidrs = [] as string[], policy = anyHost, narrowing = {} as EgressNarrowing } = {},
+  {
+    resolver = tableResolver({}),
+    allowCidrs = [] as string[],
+    policy = anyHost,
+    narrowing = {} as EgressNarrowing,
+  } = {},
 ) {
   const context: GuardContext = { resolver, addressPolicy: createAddressPolicy(allowCidrs) };
   return guardHop({ url, method: 'GET', headers: {} }, policy, narrowing, context);
@@ -122,14 +127,24 @@ describe('guard: every address a name resolves to must be public', () => {
   it('admits a name whose every address is public, pinning all of them', async () => {
     expect(await guard('https://api.example.com/', { resolver })).toMatchObject({
       ok: true,
-      hop: { addresses: [{ address: PUBLIC_V4, family: 4 }, { address: PUBLIC_V6, family: 6 }] },
+      hop: {
+        addresses: [
+          { address: PUBLIC_V4, family: 4 },
+          { address: PUBLIC_V6, family: 6 },
+        ],
+      },
     });
   });
 
   it('refuses a name with one private answer among public ones', async () => {
     expect(await guard('https://mixed.example.com/', { resolver })).toMatchObject({
       reason: 'address_not_public',
-      details: { host: 'mixed.example.com', address: '10.0.0.7', classification: 'private', resolved: [PUBLIC_V4, '10.0.0.7'] },
+      details: {
+        host: 'mixed.example.com',
+        address: '10.0.0.7',
+        classification: 'private',
+        resolved: [PUBLIC_V4, '10.0.0.7'],
+      },
     });
   });
 
@@ -189,7 +204,9 @@ describe('guard: the input becomes a request', () => {
   it('refuses inputs without a string url, and malformed headers', () => {
     expect(prepareRequest(undefined, anyHost)).toMatchObject({ reason: 'input_invalid' });
     expect(prepareRequest({ url: 42 }, anyHost)).toMatchObject({ reason: 'input_invalid', details: { field: 'url' } });
-    expect(prepareRequest({ url: 'https://a.test/', headers: ['x'] }, anyHost)).toMatchObject({ reason: 'input_invalid' });
+    expect(prepareRequest({ url: 'https://a.test/', headers: ['x'] }, anyHost)).toMatchObject({
+      reason: 'input_invalid',
+    });
     expect(prepareRequest({ url: 'https://a.test/', method: 7 }, anyHost)).toMatchObject({ reason: 'input_invalid' });
   });
 
@@ -206,7 +223,9 @@ describe('guard: the input becomes a request', () => {
   });
 
   it('refuses a body on GET and HEAD', () => {
-    expect(prepareRequest({ url: 'https://a.test/', body: 'x' }, anyHost)).toMatchObject({ reason: 'body_not_allowed' });
+    expect(prepareRequest({ url: 'https://a.test/', body: 'x' }, anyHost)).toMatchObject({
+      reason: 'body_not_allowed',
+    });
     expect(prepareRequest({ url: 'https://a.test/', method: 'HEAD', body: 'x' }, anyHost)).toMatchObject({
       reason: 'body_not_allowed',
     });

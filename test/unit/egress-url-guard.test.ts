@@ -115,7 +115,9 @@ describe('url guard: scheme and method', () => {
     expect(reason('https://api.example.com/', anyHost, 'POST')).toBe('method_not_allowed');
     expect(reason('https://api.example.com/', { ...anyHost, methods: ['post'] }, 'Post')).toBe('ok');
     expect(reason('https://api.example.com/', { ...anyHost, methods: ['TRACE'] }, 'TRACE')).toBe('method_not_allowed');
-    expect(reason('https://api.example.com/', { ...anyHost, methods: ['CONNECT'] }, 'CONNECT')).toBe('method_not_allowed');
+    expect(reason('https://api.example.com/', { ...anyHost, methods: ['CONNECT'] }, 'CONNECT')).toBe(
+      'method_not_allowed',
+    );
   });
 });
 
@@ -188,8 +190,14 @@ describe('url guard: the host, as the parser sees it, must be on the allowlist',
   it('lets "*" cover any public name but not names that only exist inside a site', () => {
     expect(reason('https://api.example.com/')).toBe('ok');
     expect(reason('https://8.8.8.8/')).toBe('ok'); // its address is judged later, like any other
-    for (const url of ['http://localhost/', 'http://intranet/', 'http://db.internal/', 'http://printer.local/',
-      'http://nas.home.arpa/', 'http://app.localhost/']) {
+    for (const url of [
+      'http://localhost/',
+      'http://intranet/',
+      'http://db.internal/',
+      'http://printer.local/',
+      'http://nas.home.arpa/',
+      'http://app.localhost/',
+    ]) {
       expect(reason(url)).toBe('host_not_allowed');
     }
   });
@@ -227,7 +235,9 @@ describe("url guard: a grant's egress_domains narrows, never widens", () => {
   it('requires both the policy and the grant to match', () => {
     const narrowing = { egress_domains: ['api.example.com'] };
     expect(checkUrl('https://api.example.com/', 'GET', policy, narrowing).ok).toBe(true);
-    expect(checkUrl('https://www.example.com/', 'GET', policy, narrowing)).toMatchObject({ reason: 'host_not_in_grant' });
+    expect(checkUrl('https://www.example.com/', 'GET', policy, narrowing)).toMatchObject({
+      reason: 'host_not_in_grant',
+    });
   });
 
   it('cannot add a host the policy does not allow', () => {

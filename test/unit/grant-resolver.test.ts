@@ -59,7 +59,9 @@ describe('resolveGrant: the most specific live grant wins', () => {
   });
 
   it('picks per-run over every broader scope, whatever the order given', () => {
-    const all = (['per-tenant', 'per-user', 'per-run', 'per-session', 'per-pipeline-instance'] as const).map((s) => grant(s));
+    const all = (['per-tenant', 'per-user', 'per-run', 'per-session', 'per-pipeline-instance'] as const).map((s) =>
+      grant(s),
+    );
     const decision = resolveGrant(all, context, now);
     expect(decision.ok && decision.grant.scope).toBe('per-run');
     expect(decision.candidates.map((c) => c.priority)).toEqual([100, 80, 60, 40, 20]);
@@ -68,7 +70,11 @@ describe('resolveGrant: the most specific live grant wins', () => {
   it('falls back scope by scope as the more specific ones are removed', () => {
     const order: GrantScope[] = ['per-run', 'per-pipeline-instance', 'per-session', 'per-user', 'per-tenant'];
     for (let i = 0; i < order.length; i += 1) {
-      const decision = resolveGrant(order.slice(i).map((s) => grant(s)), context, now);
+      const decision = resolveGrant(
+        order.slice(i).map((s) => grant(s)),
+        context,
+        now,
+      );
       expect(decision.ok && decision.grant.scope).toBe(order[i]);
     }
   });
@@ -120,7 +126,11 @@ describe('resolveGrant: scope_ref must match the run context', () => {
   });
 
   it('never matches a scope whose key the context lacks', () => {
-    const decision = resolveGrant([grant('per-run'), grant('per-session')], { tenant_id: 't1', user_id: 'user-1' }, now);
+    const decision = resolveGrant(
+      [grant('per-run'), grant('per-session')],
+      { tenant_id: 't1', user_id: 'user-1' },
+      now,
+    );
     expect(decision).toMatchObject({ ok: false, code: 'grant_missing' });
   });
 
@@ -167,7 +177,7 @@ describe('resolveGrant: typed denials', () => {
     expect(resolveGrant(mixedB, context, now)).toMatchObject({ ok: false, code: 'grant_expired' });
   });
 
-  it('treats revocation as final even when revoked_at is ahead of this replica\'s clock', () => {
+  it("treats revocation as final even when revoked_at is ahead of this replica's clock", () => {
     const g = grant('per-run', { revoked_at: minutes(5), revoked_by: revoked.revoked_by });
     expect(grantStatus(g, now)).toBe('revoked');
     expect(resolveGrant([g], context, now)).toMatchObject({ ok: false, code: 'grant_revoked' });

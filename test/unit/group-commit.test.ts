@@ -65,7 +65,12 @@ describe('group commit', () => {
       return batch.map((n) => n * 2);
     });
     const results = await Promise.allSettled([11, 12, 13, 14].map((n) => group.submit(n)));
-    expect(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as { code: string }).code))).toEqual([22, 24, '22021', 28]);
+    expect(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as { code: string }).code))).toEqual([
+      22,
+      24,
+      '22021',
+      28,
+    ]);
     expect(batches).toEqual([[11, 12, 13, 14], [11], [12], [13], [14]]);
   });
 
@@ -81,7 +86,9 @@ describe('group commit', () => {
   });
 
   it('rejects only the requests a partly committed batch answers with Failed', async () => {
-    const group = new GroupCommit<number, number>(async (batch) => batch.map((n) => (n === 2 ? new Failed(new Error('not this one')) : n)));
+    const group = new GroupCommit<number, number>(async (batch) =>
+      batch.map((n) => (n === 2 ? new Failed(new Error('not this one')) : n)),
+    );
     const results = await Promise.allSettled([1, 2, 3].map((n) => group.submit(n)));
     expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
     expect((results[1] as PromiseRejectedResult).reason).toMatchObject({ message: 'not this one' });

@@ -51,16 +51,48 @@ describe('hand-off validation', () => {
     ['a hand-off beyond the parent’s fan-out', {}, { handoffsMade: 3 }],
     ['a wider modifier', { capability_modifiers: { max_cost_units: 9 } }, {}],
     ['a dropped modifier', { capability_modifiers: {} }, {}],
-    ['a modifier wider than the parent’s for one of the tools handed on', { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } }, { tools: new Map([['search', { max_cost_units: 5 }], ['fetch', { max_cost_units: 1 }]]) }],
-    ['a modifier dropped that only one tool’s grant sets', { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: {} }, { tools: new Map([['search', {}], ['fetch', { egress_domains: ['a.example'] }]]) }],
+    [
+      'a modifier wider than the parent’s for one of the tools handed on',
+      { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } },
+      {
+        tools: new Map([
+          ['search', { max_cost_units: 5 }],
+          ['fetch', { max_cost_units: 1 }],
+        ]),
+      },
+    ],
+    [
+      'a modifier dropped that only one tool’s grant sets',
+      { delegable_tool_ids: ['search', 'fetch'], capability_modifiers: {} },
+      {
+        tools: new Map([
+          ['search', {}],
+          ['fetch', { egress_domains: ['a.example'] }],
+        ]),
+      },
+    ],
     ['a weaker approval requirement', { approval_requirement: 'none' }, { approvalRequirement: 'operator' }],
   ])('refuses %s as authority widening', (_name, r, p) => {
     expect(reasonOf(r, p)).toBe('authority_widening_rejected');
   });
 
   it('names the tool whose modifiers the envelope would widen', () => {
-    const check = checkHandoff({ ...request, delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } }, { ...parent, tools: new Map([['search', { max_cost_units: 5 }], ['fetch', { max_cost_units: 1 }]]) }, 5);
-    expect(check).toMatchObject({ ok: false, reason: 'authority_widening_rejected', details: { field: 'capability_modifiers.max_cost_units', tool_id: 'fetch' } });
+    const check = checkHandoff(
+      { ...request, delegable_tool_ids: ['search', 'fetch'], capability_modifiers: { max_cost_units: 2 } },
+      {
+        ...parent,
+        tools: new Map([
+          ['search', { max_cost_units: 5 }],
+          ['fetch', { max_cost_units: 1 }],
+        ]),
+      },
+      5,
+    );
+    expect(check).toMatchObject({
+      ok: false,
+      reason: 'authority_widening_rejected',
+      details: { field: 'capability_modifiers.max_cost_units', tool_id: 'fetch' },
+    });
   });
 
   it('accepts any modifiers for tools the parent holds unlimited', () => {
@@ -75,9 +107,15 @@ describe('hand-off validation', () => {
   });
 
   it('reports the first reason in SPEC order when several apply', () => {
-    const everything: Partial<HandoffRequest> = { sub_agent_id: 'root.agent', delegable_tool_ids: ['publish'], budget_units: -5 };
+    const everything: Partial<HandoffRequest> = {
+      sub_agent_id: 'root.agent',
+      delegable_tool_ids: ['publish'],
+      budget_units: -5,
+    };
     expect(reasonOf(everything, { trace: ['root.agent', 'b', 'c', 'd', 'e'] })).toBe('cycle_detected');
-    expect(reasonOf({ ...everything, sub_agent_id: 'x' }, { trace: ['a', 'b', 'c', 'd', 'e'] })).toBe('depth_cap_exceeded');
+    expect(reasonOf({ ...everything, sub_agent_id: 'x' }, { trace: ['a', 'b', 'c', 'd', 'e'] })).toBe(
+      'depth_cap_exceeded',
+    );
     expect(reasonOf({ ...everything, sub_agent_id: 'x' })).toBe('authority_widening_rejected');
     expect(reasonOf({ budget_units: -5 }, { remainingUnits: null })).toBe('budget_non_positive');
   });

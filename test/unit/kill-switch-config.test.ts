@@ -11,9 +11,13 @@ describe('kill-switch and grant-expiry configuration', () => {
   it('refuses a version check that is not shorter than the staleness bound, naming the variable', () => {
     expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_POLL_MS: '5000' })).toThrow(ConfigError);
     expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_POLL_MS: '5000' })).toThrow(/TOOLGATE_KILL_SWITCH_POLL_MS/);
-    expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: 'soon' })).toThrow(/TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/);
+    expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: 'soon' })).toThrow(
+      /TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/,
+    );
     // SPEC §4's hard bound is 5 s: a replica may not be configured to act on an older snapshot.
-    expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '6000' })).toThrow(/TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/);
+    expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '6000' })).toThrow(
+      /TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/,
+    );
     expect(() => loadConfig({ TOOLGATE_GRANT_EXPIRY_SWEEP_MS: '0' })).toThrow(/TOOLGATE_GRANT_EXPIRY_SWEEP_MS/);
   });
 });

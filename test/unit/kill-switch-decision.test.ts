@@ -1,6 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import { decideKillSwitches, switchMatches, type ExecutionTarget } from '../../src/kill-switches/kill-switch-decision.js';
-import { KILL_SWITCH_BLAME_RANK, KILL_SWITCH_SCOPES, type KillSwitch, type KillSwitchScope } from '../../src/kill-switches/kill-switch.js';
+import {
+  decideKillSwitches,
+  switchMatches,
+  type ExecutionTarget,
+} from '../../src/kill-switches/kill-switch-decision.js';
+import {
+  KILL_SWITCH_BLAME_RANK,
+  KILL_SWITCH_SCOPES,
+  type KillSwitch,
+  type KillSwitchScope,
+} from '../../src/kill-switches/kill-switch.js';
 
 const call: ExecutionTarget = {
   tenantId: 't1',
@@ -63,7 +72,10 @@ describe('kill-switch blame order', () => {
   it('within one scope blames the platform-wide switch over a tenant one, then the first armed', () => {
     const tenantTool = ks('tool', { tenant_id: 't1', armed_at: new Date('2026-01-01T00:00:00Z') });
     const platformTool = ks('tool', { tenant_id: null, armed_at: new Date('2026-02-01T00:00:00Z') });
-    expect(decideKillSwitches([tenantTool, platformTool], call)).toMatchObject({ ok: false, blamed: { id: platformTool.id } });
+    expect(decideKillSwitches([tenantTool, platformTool], call)).toMatchObject({
+      ok: false,
+      blamed: { id: platformTool.id },
+    });
     const early = ks('agent', { armed_at: new Date('2026-01-01T00:00:00Z') });
     const late = ks('agent', { armed_at: new Date('2026-03-01T00:00:00Z') });
     expect(decideKillSwitches([late, early], call)).toMatchObject({ ok: false, blamed: { id: early.id } });
@@ -71,7 +83,9 @@ describe('kill-switch blame order', () => {
 
   it('admits a call no armed switch matches', () => {
     expect(decideKillSwitches([], call)).toEqual({ ok: true });
-    expect(decideKillSwitches([ks('tool', { target: 'other.tool' }), ks('region', { target: 'us-east' })], call)).toEqual({ ok: true });
+    expect(
+      decideKillSwitches([ks('tool', { target: 'other.tool' }), ks('region', { target: 'us-east' })], call),
+    ).toEqual({ ok: true });
   });
 });
 
@@ -79,17 +93,18 @@ describe('which switches match a call', () => {
   it('matches each scope on its own field of the call', () => {
     for (const scope of KILL_SWITCH_SCOPES) {
       expect([scope, switchMatches(ks(scope), call)]).toEqual([scope, true]);
-      if (scope !== 'global') expect([scope, switchMatches(ks(scope, { target: 'something-else' }), call)]).toEqual([scope, false]);
+      if (scope !== 'global')
+        expect([scope, switchMatches(ks(scope, { target: 'something-else' }), call)]).toEqual([scope, false]);
     }
   });
 
-  it('matches a family switch on the agent\'s family claim and on the tool target\'s family', () => {
+  it("matches a family switch on the agent's family claim and on the tool target's family", () => {
     expect(switchMatches(ks('family', { target: 'veritas' }), call)).toBe(true);
     expect(switchMatches(ks('family', { target: 'retrieval' }), call)).toBe(true);
     expect(switchMatches(ks('family', { target: 'veritas' }), { ...call, family: undefined })).toBe(false);
   });
 
-  it('confines a tenant\'s switch to that tenant, and lets a platform-wide one reach every tenant', () => {
+  it("confines a tenant's switch to that tenant, and lets a platform-wide one reach every tenant", () => {
     const confined = ks('tool', { tenant_id: 't1' });
     const platformWide = ks('tool', { tenant_id: null });
     expect(switchMatches(confined, call)).toBe(true);

@@ -1,7 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { resolveDependencies, type DependencyNode } from '../../src/registry/dependency-resolution.js';
 
-const node = (tool_id: string, version: string, dependencies: Array<[string, string]> = [], deprecated = false): DependencyNode => ({
+const node = (
+  tool_id: string,
+  version: string,
+  dependencies: Array<[string, string]> = [],
+  deprecated = false,
+): DependencyNode => ({
   tool_id,
   version,
   deprecated,
@@ -14,7 +19,17 @@ function lookupOf(nodes: DependencyNode[]) {
 
 describe('dependency resolution', () => {
   it('resolves transitively, each version once, in declaration order', () => {
-    const nodes = [node('a', '1.0.0', [['b', '^1'], ['c', '^2']]), node('b', '1.0.0'), node('b', '1.4.0', [['c', '>=2.0.0']]), node('c', '2.0.0'), node('c', '2.3.0', [['d', '1.0.0']]), node('d', '1.0.0')];
+    const nodes = [
+      node('a', '1.0.0', [
+        ['b', '^1'],
+        ['c', '^2'],
+      ]),
+      node('b', '1.0.0'),
+      node('b', '1.4.0', [['c', '>=2.0.0']]),
+      node('c', '2.0.0'),
+      node('c', '2.3.0', [['d', '1.0.0']]),
+      node('d', '1.0.0'),
+    ];
     const result = resolveDependencies(nodes[0]!, lookupOf(nodes));
     expect(result).toEqual({
       ok: true,
@@ -30,7 +45,12 @@ describe('dependency resolution', () => {
     const nodes = [node('a', '1.0.0', [['b', '^1']]), node('b', '1.0.0', [['ghost', '^1']])];
     expect(resolveDependencies(nodes[0]!, lookupOf(nodes))).toEqual({
       ok: false,
-      unsatisfied: { tool_id: 'ghost', range: '^1', reason: 'unknown_tool', required_by: { tool_id: 'b', version: '1.0.0' } },
+      unsatisfied: {
+        tool_id: 'ghost',
+        range: '^1',
+        reason: 'unknown_tool',
+        required_by: { tool_id: 'b', version: '1.0.0' },
+      },
     });
   });
 
@@ -38,12 +58,16 @@ describe('dependency resolution', () => {
     const nodes = [node('a', '1.0.0', [['b', '^2']]), node('b', '1.0.0'), node('b', '2.0.0', [], true)];
     const result = resolveDependencies(nodes[0]!, lookupOf(nodes));
     expect(result.ok).toBe(false);
-    if (!result.ok) expect(result.unsatisfied).toMatchObject({ tool_id: 'b', range: '^2', reason: 'semver_range_no_match' });
+    if (!result.ok)
+      expect(result.unsatisfied).toMatchObject({ tool_id: 'b', range: '^2', reason: 'semver_range_no_match' });
   });
 
   it('lets an exact pin reach a deprecated version', () => {
     const nodes = [node('a', '1.0.0', [['b', '2.0.0']]), node('b', '2.0.0', [], true)];
-    expect(resolveDependencies(nodes[0]!, lookupOf(nodes))).toMatchObject({ ok: true, resolved: [{ tool_id: 'b', version: '2.0.0' }] });
+    expect(resolveDependencies(nodes[0]!, lookupOf(nodes))).toMatchObject({
+      ok: true,
+      resolved: [{ tool_id: 'b', version: '2.0.0' }],
+    });
   });
 
   it('terminates on cycles', () => {

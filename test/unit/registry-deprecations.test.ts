@@ -35,13 +35,23 @@ function tool(id: string, version: string, extra: Partial<ToolContract> = {}): T
   };
 }
 
-const deprecated = (at: string, replacement: string | null = null) => ({ deprecation: { deprecated_at: at, replacement_tool_id: replacement } });
+const deprecated = (at: string, replacement: string | null = null) => ({
+  deprecation: { deprecated_at: at, replacement_tool_id: replacement },
+});
 
 describe('ISO 8601 review windows', () => {
   it('parses the forms operators write', () => {
     expect(parseIsoDuration('P30D')).toMatchObject({ days: 30, months: 0 });
     expect(parseIsoDuration('PT12H')).toMatchObject({ hours: 12 });
-    expect(parseIsoDuration('P1Y2M3W4DT5H6M7.5S')).toEqual({ years: 1, months: 2, weeks: 3, days: 4, hours: 5, minutes: 6, seconds: 7.5 });
+    expect(parseIsoDuration('P1Y2M3W4DT5H6M7.5S')).toEqual({
+      years: 1,
+      months: 2,
+      weeks: 3,
+      days: 4,
+      hours: 5,
+      minutes: 6,
+      seconds: 7.5,
+    });
   });
 
   it.each(['', 'P', 'PT', 'P1DT', '30D', '-P1D', 'P1.5D', 'P1H', 'PT1D'])('refuses %j', (text) => {
@@ -49,9 +59,16 @@ describe('ISO 8601 review windows', () => {
   });
 
   it('moves by calendar months and years, not fixed lengths', () => {
-    expect(shiftBy(new Date('2026-03-31T00:00:00Z'), parseIsoDuration('P1M')!, -1).toISOString()).toBe('2026-03-03T00:00:00.000Z');
-    expect(shiftBy(new Date('2026-01-15T00:00:00Z'), parseIsoDuration('P1M')!, 1).toISOString()).toBe('2026-02-15T00:00:00.000Z');
-    expect(reviewWindow(now, parseIsoDuration('P1W')!)).toEqual({ from: new Date('2026-03-08T12:00:00.000Z'), to: new Date('2026-03-22T12:00:00.000Z') });
+    expect(shiftBy(new Date('2026-03-31T00:00:00Z'), parseIsoDuration('P1M')!, -1).toISOString()).toBe(
+      '2026-03-03T00:00:00.000Z',
+    );
+    expect(shiftBy(new Date('2026-01-15T00:00:00Z'), parseIsoDuration('P1M')!, 1).toISOString()).toBe(
+      '2026-02-15T00:00:00.000Z',
+    );
+    expect(reviewWindow(now, parseIsoDuration('P1W')!)).toEqual({
+      from: new Date('2026-03-08T12:00:00.000Z'),
+      to: new Date('2026-03-22T12:00:00.000Z'),
+    });
   });
 });
 
@@ -81,7 +98,10 @@ describe('the deprecation review', () => {
       tool('wide', '1.0.0', { dependencies: [{ tool_id: 'lib', range: '^1.0.0' }] }),
       tool('pinned', '1.0.0', { dependencies: [{ tool_id: 'lib', range: '~1.1.0' }] }),
       tool('elsewhere', '1.0.0', { dependencies: [{ tool_id: 'lib', range: '^2.0.0' }] }),
-      tool('retired', '1.0.0', { dependencies: [{ tool_id: 'lib', range: '^1.0.0' }], ...deprecated('2026-02-01T00:00:00.000Z') }),
+      tool('retired', '1.0.0', {
+        dependencies: [{ tool_id: 'lib', range: '^1.0.0' }],
+        ...deprecated('2026-02-01T00:00:00.000Z'),
+      }),
     ];
     const notice = surfaceDeprecations(tools, window, now).find((n) => n.version === '1.1.0')!;
     expect(notice.dependents).toEqual([

@@ -1,5 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { exactVersionOf, newestFirst, pickVersion, type VersionCandidate } from '../../src/registry/version-resolution.js';
+import {
+  exactVersionOf,
+  newestFirst,
+  pickVersion,
+  type VersionCandidate,
+} from '../../src/registry/version-resolution.js';
 
 const v = (version: string, deprecated = false): VersionCandidate => ({ version, deprecated });
 const picked = (candidates: VersionCandidate[], range?: string) => pickVersion(candidates, range)?.version;
@@ -13,7 +18,11 @@ describe('version resolution', () => {
 
   it('compares by semver precedence, not as text', () => {
     expect(picked([v('1.9.0'), v('1.10.0')])).toBe('1.10.0');
-    expect(newestFirst([v('1.9.0'), v('1.10.0'), v('1.10.0-rc.1')]).map((c) => c.version)).toEqual(['1.10.0', '1.10.0-rc.1', '1.9.0']);
+    expect(newestFirst([v('1.9.0'), v('1.10.0'), v('1.10.0-rc.1')]).map((c) => c.version)).toEqual([
+      '1.10.0',
+      '1.10.0-rc.1',
+      '1.9.0',
+    ]);
   });
 
   it('gives the newest non-deprecated match of a range', () => {

@@ -1,5 +1,13 @@
 import { describe, expect, it } from 'vitest';
-import { assertRule, fullBucket, refill, secondsUntilToken, take, type BucketRule, type BucketState } from '../../src/rate-limits/token-bucket.js';
+import {
+  assertRule,
+  fullBucket,
+  refill,
+  secondsUntilToken,
+  take,
+  type BucketRule,
+  type BucketState,
+} from '../../src/rate-limits/token-bucket.js';
 
 const rule: BucketRule = { capacity: 3, refillPerSecond: 0.5 };
 const T0 = Date.UTC(2030, 0, 1);

@@ -10,14 +10,28 @@ export const registryStage: Stage = {
     // A replica that never loaded the registry, or lost it for long, fails closed rather than
     // answering "no such tool" from an empty or stale copy.
     const fresh = catalog.readiness();
-    if (!fresh.ok) return { ok: false, code: 'gateway_unavailable', message: 'the tool registry cannot be confirmed current on this replica', details: { reason: fresh.reason ?? null } };
-    const resolved = await catalog.resolveCall({ agentId: principal.id, family: principal.family }, step.tool_id, step.version, () =>
-      tenantPolicy.externalCallEnabled(principal.tenantId),
+    if (!fresh.ok)
+      return {
+        ok: false,
+        code: 'gateway_unavailable',
+        message: 'the tool registry cannot be confirmed current on this replica',
+        details: { reason: fresh.reason ?? null },
+      };
+    const resolved = await catalog.resolveCall(
+      { agentId: principal.id, family: principal.family },
+      step.tool_id,
+      step.version,
+      () => tenantPolicy.externalCallEnabled(principal.tenantId),
     );
     if (!resolved.ok) {
       return resolved.code === 'tool_not_registered'
         ? { ok: false, code: resolved.code, message: `tool ${step.tool_id} is not registered` }
-        : { ok: false, code: resolved.code, message: `no version of ${step.tool_id} matches ${step.version ?? 'the newest'}`, details: { version: step.version ?? null } };
+        : {
+            ok: false,
+            code: resolved.code,
+            message: `no version of ${step.tool_id} matches ${step.version ?? 'the newest'}`,
+            details: { version: step.version ?? null },
+          };
     }
     state.tool = resolved.tool;
     return { ok: true };

@@ -11,7 +11,11 @@ export const allowlistStage: Stage = {
     const tool = toolOf(state);
     // As the registry's views decide it.
     if (!allowlistNames(tool, { agentId: principal.id, family: principal.family })) {
-      return { ok: false, code: 'unauthorized_tool_access', message: `agent ${principal.id} is not allowed to use this tool` };
+      return {
+        ok: false,
+        code: 'unauthorized_tool_access',
+        message: `agent ${principal.id} is not allowed to use this tool`,
+      };
     }
     if (run.delegation && !run.delegation.delegable_tool_ids.includes(tool.id)) {
       return {

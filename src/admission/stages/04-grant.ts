@@ -35,11 +35,20 @@ export const grantStage: Stage = {
     const resolved = await grants.resolve(grantQueryOf(principal, run, toolOf(state).id), prefetchedGrants);
     if (!resolved.ok) return { ok: false, code: resolved.code, message: MESSAGES[resolved.code] };
     // A revocation that landed after the grant resolved: the run must not rely on it.
-    if (!dryRun && !(await grantUses.record({ tenantId: principal.tenantId, runId: run.run_id, grantId: resolved.grant.id }))) {
+    if (
+      !dryRun &&
+      !(await grantUses.record({ tenantId: principal.tenantId, runId: run.run_id, grantId: resolved.grant.id }))
+    ) {
       return { ok: false, code: 'grant_revoked', message: MESSAGES.grant_revoked };
     }
     state.grant = run.delegation
-      ? { ...resolved.grant, capability_modifiers: narrowestModifiers(resolved.grant.capability_modifiers, run.delegation.capability_modifiers) }
+      ? {
+          ...resolved.grant,
+          capability_modifiers: narrowestModifiers(
+            resolved.grant.capability_modifiers,
+            run.delegation.capability_modifiers,
+          ),
+        }
       : resolved.grant;
     return { ok: true };
   },

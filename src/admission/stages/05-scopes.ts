@@ -8,6 +8,11 @@ export const scopesStage: Stage = {
       .required_scopes.filter((s) => s.required && !principal.scopes.has(s.scope))
       .map((s) => s.scope);
     if (missing.length === 0) return { ok: true };
-    return { ok: false, code: 'tool_scope_missing', message: `the token lacks scope ${missing.join(', ')}`, details: { missing } };
+    return {
+      ok: false,
+      code: 'tool_scope_missing',
+      message: `the token lacks scope ${missing.join(', ')}`,
+      details: { missing },
+    };
   },
 };

@@ -15,11 +15,23 @@ export const approvalStage: Stage = {
     const inputSha256 = payloadHash(step.input);
     const approved = dryRun
       ? undefined
-      : await approvals.approvedFor({ tenantId: principal.tenantId, runId: run.run_id, stepIndex: step.index, toolId: tool.id, toolVersion: tool.version, inputSha256 });
+      : await approvals.approvedFor({
+          tenantId: principal.tenantId,
+          runId: run.run_id,
+          stepIndex: step.index,
+          toolId: tool.id,
+          toolVersion: tool.version,
+          inputSha256,
+        });
     if (approved) {
       state.approvalId = approved.approvalId;
       return { ok: true };
     }
-    return { ok: false, hold: 'approval', inputSha256, message: `${tool.id}@${tool.version} needs an operator's approval of this exact input` };
+    return {
+      ok: false,
+      hold: 'approval',
+      inputSha256,
+      message: `${tool.id}@${tool.version} needs an operator's approval of this exact input`,
+    };
   },
 };

@@ -14,7 +14,11 @@ export const safetyStage: Stage = {
     });
     if (decision.ok) return { ok: true };
     if (decision.code === 'gateway_unavailable') {
-      return { ok: false, code: 'gateway_unavailable', message: 'kill-switch state cannot be confirmed fresh; refusing to admit' };
+      return {
+        ok: false,
+        code: 'gateway_unavailable',
+        message: 'kill-switch state cannot be confirmed fresh; refusing to admit',
+      };
     }
     // The agent learns what the operator wrote for it and how wide the stop is; the switch's
     // reason and who armed it stay with operators, behind their own routes.
@@ -23,7 +27,11 @@ export const safetyStage: Stage = {
       ok: false,
       code: 'kill_switch_active',
       message: blamed.user_visible_status_copy,
-      details: { kill_switch_id: blamed.id, scope: blamed.scope, user_visible_status_copy: blamed.user_visible_status_copy },
+      details: {
+        kill_switch_id: blamed.id,
+        scope: blamed.scope,
+        user_visible_status_copy: blamed.user_visible_status_copy,
+      },
     };
   },
 };

@@ -9,12 +9,25 @@ type Approval = Schemas['Approval'];
 function approvalRows(approvals: Approval[]): string {
   return table(
     ['ID', 'KIND', 'RUN', 'AGENT', 'TOOL', 'STATUS', 'PROPOSED_BY', 'EXPIRES_AT'],
-    approvals.map((a) => [a.id, a.kind, a.run_id, a.agent_id, a.tool_id ? `${a.tool_id}@${a.tool_version}` : undefined, a.status, a.proposed_by, a.expires_at]),
+    approvals.map((a) => [
+      a.id,
+      a.kind,
+      a.run_id,
+      a.agent_id,
+      a.tool_id ? `${a.tool_id}@${a.tool_version}` : undefined,
+      a.status,
+      a.proposed_by,
+      a.expires_at,
+    ]),
   );
 }
 
 export function approvalsCommand() {
-  const approvals = command('approvals', 'proposed actions waiting for a human, and their decisions', 'toolgate approvals list --status pending');
+  const approvals = command(
+    'approvals',
+    'proposed actions waiting for a human, and their decisions',
+    'toolgate approvals list --status pending',
+  );
 
   approvals.addCommand(
     listOptions(command('list', 'approvals, newest first', 'toolgate approvals list --status pending'), 200)
@@ -22,14 +35,40 @@ export function approvalsCommand() {
       .addOption(new Option('--status <status>').choices(['pending', 'approved', 'rejected', 'expired', 'cancelled']))
       .addOption(new Option('--kind <kind>').choices(['tool_call', 'handoff']))
       .option('--run <id>')
-      .action(async (options: ListOptions & { tenant?: string; status?: Approval['status']; kind?: Approval['kind']; run?: string }, cmd) => {
-        const s = new Session(cmd);
-        const page = await s.page(options.all, (cursor) =>
-          s.call(s.api.GET('/approvals', { params: { query: { tenant_id: options.tenant, status: options.status, kind: options.kind, run_id: options.run, limit: options.limit, cursor } } })),
-        options.cursor);
-        s.print(page, () => approvalRows(page.items));
-        s.more(page.next_cursor);
-      }),
+      .action(
+        async (
+          options: ListOptions & {
+            tenant?: string;
+            status?: Approval['status'];
+            kind?: Approval['kind'];
+            run?: string;
+          },
+          cmd,
+        ) => {
+          const s = new Session(cmd);
+          const page = await s.page(
+            options.all,
+            (cursor) =>
+              s.call(
+                s.api.GET('/approvals', {
+                  params: {
+                    query: {
+                      tenant_id: options.tenant,
+                      status: options.status,
+                      kind: options.kind,
+                      run_id: options.run,
+                      limit: options.limit,
+                      cursor,
+                    },
+                  },
+                }),
+              ),
+            options.cursor,
+          );
+          s.print(page, () => approvalRows(page.items));
+          s.more(page.next_cursor);
+        },
+      ),
   );
 
   approvals.addCommand(
@@ -52,7 +91,9 @@ export function approvalsCommand() {
         .requiredOption('--reason <text>', 'the rationale, kept with the decision')
         .action(async (id: string, options: { reason: string }, cmd) => {
           const s = new Session(cmd);
-          const decided = await s.call(s.api.POST(path, { params: { path: { id } }, body: { rationale: options.reason } }));
+          const decided = await s.call(
+            s.api.POST(path, { params: { path: { id } }, body: { rationale: options.reason } }),
+          );
           s.print(decided, () => `${decided.id} ${decided.status} by ${decided.decided_by}`);
         }),
     );

@@ -16,12 +16,30 @@ interface Filters {
 }
 
 const filtered = (cmd: ReturnType<typeof command>) =>
-  cmd.option('--tenant <id>').option('--run <id>').option('--tool <id>').option('--agent <id>').option('--type <event-type>', 'e.g. grant.revoked');
+  cmd
+    .option('--tenant <id>')
+    .option('--run <id>')
+    .option('--tool <id>')
+    .option('--agent <id>')
+    .option('--type <event-type>', 'e.g. grant.revoked');
 
-const query = (f: Filters) => ({ tenant_id: f.tenant, run_id: f.run, tool_id: f.tool, agent_id: f.agent, event_type: f.type });
+const query = (f: Filters) => ({
+  tenant_id: f.tenant,
+  run_id: f.run,
+  tool_id: f.tool,
+  agent_id: f.agent,
+  event_type: f.type,
+});
 
 function eventLine(e: AuditEvent): string {
-  const about = [['actor', e.actor], ['agent', e.agent_id], ['tool', e.tool_id], ['run', e.run_id], ['status', e.status], ['reason', e.reason_code]]
+  const about = [
+    ['actor', e.actor],
+    ['agent', e.agent_id],
+    ['tool', e.tool_id],
+    ['run', e.run_id],
+    ['status', e.status],
+    ['reason', e.reason_code],
+  ]
     .filter(([, value]) => value !== null)
     .map(([key, value]) => `${key}=${cell(value)}`);
   return [e.seq, e.occurred_at ?? '-', e.event_type, ...about].join(' ');
@@ -42,38 +60,95 @@ async function readAnchor(file: string): Promise<Anchor | undefined> {
     throw error;
   }
   const anchor = JSON.parse(text) as Partial<Anchor>;
-  if (!Number.isSafeInteger(anchor.seq) || typeof anchor.hash !== 'string') throw new UsageError(`${file}: not an anchor ({"seq": N, "hash": "..."})`);
+  if (!Number.isSafeInteger(anchor.seq) || typeof anchor.hash !== 'string')
+    throw new UsageError(`${file}: not an anchor ({"seq": N, "hash": "..."})`);
   return anchor as Anchor;
 }
 
 export function auditCommand() {
-  const audit = command('audit', 'the tamper-evident audit log', 'toolgate audit tail --agent a1', 'toolgate audit verify --anchor /secure/toolgate-anchor.json');
+  const audit = command(
+    'audit',
+    'the tamper-evident audit log',
+    'toolgate audit tail --agent a1',
+    'toolgate audit verify --anchor /secure/toolgate-anchor.json',
+  );
 
   audit.addCommand(
-    filtered(listOptions(command('list', 'audit events, newest first', 'toolgate audit list --type kill_switch.armed --since 2026-12-01T00:00:00Z'), 500))
+    filtered(
+      listOptions(
+        command(
+          'list',
+          'audit events, newest first',
+          'toolgate audit list --type kill_switch.armed --since 2026-12-01T00:00:00Z',
+        ),
+        500,
+      ),
+    )
       .option('--since <time>', 'inclusive, RFC 3339')
       .option('--until <time>', 'exclusive, RFC 3339')
       .action(async (options: ListOptions & Filters & { since?: string; until?: string }, cmd) => {
         const s = new Session(cmd);
-        const page = await s.page(options.all, (cursor) =>
-          s.call(s.api.GET('/audit', { params: { query: { ...query(options), since: options.since, until: options.until, limit: options.limit, cursor } } })),
-        options.cursor);
-        s.print(page, () => table(['SEQ', 'OCCURRED_AT', 'EVENT', 'ACTOR', 'AGENT', 'TOOL', 'RUN', 'STATUS', 'REASON'], page.items.map((e) => [e.seq, e.occurred_at, e.event_type, e.actor, e.agent_id, e.tool_id, e.run_id, e.status, e.reason_code])));
+        const page = await s.page(
+          options.all,
+          (cursor) =>
+            s.call(
+              s.api.GET('/audit', {
+                params: {
+                  query: {
+                    ...query(options),
+                    since: options.since,
+                    until: options.until,
+                    limit: options.limit,
+                    cursor,
+                  },
+                },
+              }),
+            ),
+          options.cursor,
+        );
+        s.print(page, () =>
+          table(
+            ['SEQ', 'OCCURRED_AT', 'EVENT', 'ACTOR', 'AGENT', 'TOOL', 'RUN', 'STATUS', 'REASON'],
+            page.items.map((e) => [
+              e.seq,
+              e.occurred_at,
+              e.event_type,
+              e.actor,
+              e.agent_id,
+              e.tool_id,
+              e.run_id,
+              e.status,
+              e.reason_code,
+            ]),
+          ),
+        );
         s.more(page.next_cursor);
       }),
   );
 
   audit.addCommand(
-    filtered(command('tail', 'the latest events, then new ones as they are recorded, until interrupted (--json: one event a line)', 'toolgate audit tail --tool web.fetch --lines 20'))
+    filtered(
+      command(
+        'tail',
+        'the latest events, then new ones as they are recorded, until interrupted (--json: one event a line)',
+        'toolgate audit tail --tool web.fetch --lines 20',
+      ),
+    )
       .addOption(new Option('--lines <n>', 'how many recent events first').argParser(parseInteger).default(10))
       .addOption(new Option('--interval <duration>', 'how often to ask').argParser(parseDuration).default(2, '2s'))
       .action(async (options: Filters & { lines: number; interval: number }, cmd) => {
         const s = new Session(cmd);
         const show = (e: AuditEvent) => process.stdout.write(`${s.json ? JSON.stringify(e) : eventLine(e)}\n`);
-        const recent = options.lines > 0 ? await s.call(s.api.GET('/audit', { params: { query: { ...query(options), limit: Math.min(options.lines, 500) } } })) : { items: [] };
+        const recent =
+          options.lines > 0
+            ? await s.call(
+                s.api.GET('/audit', { params: { query: { ...query(options), limit: Math.min(options.lines, 500) } } }),
+              )
+            : { items: [] };
         recent.items.reverse().forEach(show);
         let last = recent.items.at(-1);
-        if (!last) last = (await s.call(s.api.GET('/audit', { params: { query: { ...query(options), limit: 1 } } }))).items[0];
+        if (!last)
+          last = (await s.call(s.api.GET('/audit', { params: { query: { ...query(options), limit: 1 } } }))).items[0];
         for (;;) {
           await new Promise((resolve) => setTimeout(resolve, options.interval * 1000));
           // Newest first, back to the last one shown; `since` a minute early, as a commit may
@@ -82,7 +157,9 @@ export function auditCommand() {
           const fresh: AuditEvent[] = [];
           let cursor: string | undefined;
           do {
-            const page = await s.call(s.api.GET('/audit', { params: { query: { ...query(options), since, limit: 500, cursor } } }));
+            const page = await s.call(
+              s.api.GET('/audit', { params: { query: { ...query(options), since, limit: 500, cursor } } }),
+            );
             const newer = page.items.filter((e) => !last || e.seq > last.seq);
             fresh.push(...newer);
             cursor = newer.length === page.items.length ? (page.next_cursor ?? undefined) : undefined;
@@ -94,27 +171,44 @@ export function auditCommand() {
   );
 
   audit.addCommand(
-    command('verify', 'verify the hash chain (platform-operator); with --anchor, against a head kept outside the database, then keep the new head there', 'toolgate audit verify --anchor /secure/toolgate-anchor.json')
+    command(
+      'verify',
+      'verify the hash chain (platform-operator); with --anchor, against a head kept outside the database, then keep the new head there',
+      'toolgate audit verify --anchor /secure/toolgate-anchor.json',
+    )
       .option('--anchor <file>', 'a JSON file with the head of an earlier verification (created when missing)')
       .action(async (options: { anchor?: string }, cmd) => {
         const s = new Session(cmd);
         const anchor = options.anchor ? await readAnchor(options.anchor) : undefined;
-        const result = await s.call(s.api.GET('/audit/verify', { params: { query: anchor ? { anchor_seq: anchor.seq, anchor_hash: anchor.hash } : {} } }));
+        const result = await s.call(
+          s.api.GET('/audit/verify', {
+            params: { query: anchor ? { anchor_seq: anchor.seq, anchor_hash: anchor.hash } : {} },
+          }),
+        );
         if (result.ok && result.head && options.anchor) {
           // Written aside, then renamed: an interrupted write never leaves half an anchor.
-          await writeFile(`${options.anchor}.tmp`, `${JSON.stringify({ seq: result.head.seq, hash: result.head.hash, verified_at: new Date().toISOString() })}\n`);
+          await writeFile(
+            `${options.anchor}.tmp`,
+            `${JSON.stringify({ seq: result.head.seq, hash: result.head.hash, verified_at: new Date().toISOString() })}\n`,
+          );
           await rename(`${options.anchor}.tmp`, options.anchor);
         }
         s.print(result, () => {
           if (!result.ok) {
-            const why = result.anchor && !result.anchor.ok ? ` (anchor at seq ${result.anchor.seq}: ${result.anchor.reason})` : '';
+            const why =
+              result.anchor && !result.anchor.ok
+                ? ` (anchor at seq ${result.anchor.seq}: ${result.anchor.reason})`
+                : '';
             return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${result.checked} rows verified before it`;
           }
           const held = anchor ? `; holds the anchor at seq ${anchor.seq}` : '';
           const kept = options.anchor && result.head ? `; head kept in ${options.anchor}` : '';
           return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}`;
         });
-        if (!result.ok) throw new CheckFailed(`audit chain broken at seq ${result.first_bad_seq}${result.anchor?.reason ? ` (anchor: ${result.anchor.reason})` : ''}`);
+        if (!result.ok)
+          throw new CheckFailed(
+            `audit chain broken at seq ${result.first_bad_seq}${result.anchor?.reason ? ` (anchor: ${result.anchor.reason})` : ''}`,
+          );
       }),
   );
   return audit;

@@ -6,7 +6,8 @@ const UNIT_SECONDS = { s: 1, m: 60, h: 3_600, d: 86_400, w: 604_800 } as const;
 export function parseDuration(text: string): number {
   const match = /^(\d+)([smhdw])$/.exec(text.trim());
   const seconds = match ? Number(match[1]) * UNIT_SECONDS[match[2] as keyof typeof UNIT_SECONDS] : NaN;
-  if (!Number.isSafeInteger(seconds) || seconds <= 0) throw new InvalidArgumentError('expected a duration such as 90s, 15m, 12h, 7d or 2w');
+  if (!Number.isSafeInteger(seconds) || seconds <= 0)
+    throw new InvalidArgumentError('expected a duration such as 90s, 15m, 12h, 7d or 2w');
   return seconds;
 }
 
@@ -63,7 +64,9 @@ export function cell(value: unknown): string {
 export function table(headers: string[], rows: unknown[][]): string {
   const cells = [headers, ...rows.map((row) => row.map(cell))];
   const widths = headers.map((_, i) => Math.max(...cells.map((row) => row[i]!.length)));
-  return cells.map((row) => row.map((text, i) => (i === row.length - 1 ? text : text.padEnd(widths[i]!))).join('  ')).join('\n');
+  return cells
+    .map((row) => row.map((text, i) => (i === row.length - 1 ? text : text.padEnd(widths[i]!))).join('  '))
+    .join('\n');
 }
 
 /** One resource as `field: value` lines, the API's field names on the left. */

@@ -16,13 +16,17 @@ export function grantRows(grants: Grant[]): string {
 
 /** `--ttl 7d` from now, or `--expires-at`; exactly one. */
 function expiry(options: { ttl?: number; expiresAt?: string }): string {
-  if ((options.ttl === undefined) === (options.expiresAt === undefined)) throw new UsageError('give one of --ttl and --expires-at');
+  if ((options.ttl === undefined) === (options.expiresAt === undefined))
+    throw new UsageError('give one of --ttl and --expires-at');
   return options.expiresAt ?? new Date(Date.now() + options.ttl! * 1000).toISOString();
 }
 
 function modifiers(options: { maxCost?: number; egressDomain?: string[] }): Schemas['CapabilityModifiers'] | undefined {
   if (options.maxCost === undefined && options.egressDomain === undefined) return undefined;
-  return { ...(options.maxCost !== undefined ? { max_cost_units: options.maxCost } : {}), ...(options.egressDomain ? { egress_domains: options.egressDomain } : {}) };
+  return {
+    ...(options.maxCost !== undefined ? { max_cost_units: options.maxCost } : {}),
+    ...(options.egressDomain ? { egress_domains: options.egressDomain } : {}),
+  };
 }
 
 const withExpiry = (cmd: ReturnType<typeof command>) =>
@@ -33,11 +37,19 @@ const withExpiry = (cmd: ReturnType<typeof command>) =>
     .addOption(new Option('--egress-domain <host>', 'narrow egress to this host (repeatable)').argParser(collect));
 
 export function grantsCommand() {
-  const grants = command('grants', 'which agent may call which tool, in which scope, until when, and why', 'toolgate grants create --agent a1 --tool web.fetch --scope per-tenant --ttl 7d --reason "pilot"');
+  const grants = command(
+    'grants',
+    'which agent may call which tool, in which scope, until when, and why',
+    'toolgate grants create --agent a1 --tool web.fetch --scope per-tenant --ttl 7d --reason "pilot"',
+  );
 
   grants.addCommand(
     withExpiry(
-      command('create', 'grant one agent one tool in one scope, for a time, for a reason', 'toolgate grants create --agent a1 --tool web.fetch --scope per-session --ref s-42 --ttl 12h --reason "ticket 812"')
+      command(
+        'create',
+        'grant one agent one tool in one scope, for a time, for a reason',
+        'toolgate grants create --agent a1 --tool web.fetch --scope per-session --ref s-42 --ttl 12h --reason "ticket 812"',
+      )
         .requiredOption('--agent <id>', 'the agent')
         .requiredOption('--tool <id>', 'the tool')
         .addOption(new Option('--scope <scope>', 'what the grant is for').choices(SCOPES).makeOptionMandatory())
@@ -75,18 +87,44 @@ export function grantsCommand() {
       .addOption(new Option('--scope <scope>').choices(SCOPES))
       .option('--ref <id>', 'scope_ref')
       .addOption(new Option('--status <status>').choices(['live', 'expired', 'revoked']))
-      .action(async (options: ListOptions & { agent?: string; tool?: string; tenant?: string; scope?: Schemas['GrantScope']; ref?: string; status?: Schemas['GrantStatus'] }, cmd) => {
-        const s = new Session(cmd);
-        const page = await s.page(options.all, (cursor) =>
-          s.call(
-            s.api.GET('/grants', {
-              params: { query: { agent_id: options.agent, tool_id: options.tool, tenant_id: options.tenant, scope: options.scope, scope_ref: options.ref, status: options.status, limit: options.limit, cursor } },
-            }),
-          ),
-        options.cursor);
-        s.print(page, () => grantRows(page.items));
-        s.more(page.next_cursor);
-      }),
+      .action(
+        async (
+          options: ListOptions & {
+            agent?: string;
+            tool?: string;
+            tenant?: string;
+            scope?: Schemas['GrantScope'];
+            ref?: string;
+            status?: Schemas['GrantStatus'];
+          },
+          cmd,
+        ) => {
+          const s = new Session(cmd);
+          const page = await s.page(
+            options.all,
+            (cursor) =>
+              s.call(
+                s.api.GET('/grants', {
+                  params: {
+                    query: {
+                      agent_id: options.agent,
+                      tool_id: options.tool,
+                      tenant_id: options.tenant,
+                      scope: options.scope,
+                      scope_ref: options.ref,
+                      status: options.status,
+                      limit: options.limit,
+                      cursor,
+                    },
+                  },
+                }),
+              ),
+            options.cursor,
+          );
+          s.print(page, () => grantRows(page.items));
+          s.more(page.next_cursor);
+        },
+      ),
   );
 
   grants.addCommand(
@@ -100,29 +138,71 @@ export function grantsCommand() {
   );
 
   grants.addCommand(
-    command('revoke', 'revoke a grant by id, or every live grant of an agent for a tool', 'toolgate grants revoke grt_V1StGXR8 --reason "incident 7"', 'toolgate grants revoke --agent a1 --tool web.fetch --reason "incident 7"')
+    command(
+      'revoke',
+      'revoke a grant by id, or every live grant of an agent for a tool',
+      'toolgate grants revoke grt_V1StGXR8 --reason "incident 7"',
+      'toolgate grants revoke --agent a1 --tool web.fetch --reason "incident 7"',
+    )
       .argument('[id]', 'the grant (or give --agent and --tool)')
       .requiredOption('--reason <text>', 'why, kept with the revocation')
       .option('--agent <id>', 'with --tool: every live grant of this agent for the tool')
       .option('--tool <id>')
       .option('--tenant <id>', 'platform-operators: the tenant of those grants')
-      .action(async (id: string | undefined, options: { reason: string; agent?: string; tool?: string; tenant?: string }, cmd) => {
-        const s = new Session(cmd);
-        const byMatch = options.agent !== undefined || options.tool !== undefined;
-        if (id ? byMatch : !(options.agent && options.tool)) throw new UsageError('give a grant id, or both --agent and --tool');
-        const ids = id
-          ? [id]
-          : (await s.page(true, (cursor) => s.call(s.api.GET('/grants', { params: { query: { agent_id: options.agent, tool_id: options.tool, tenant_id: options.tenant, status: 'live', limit: 500, cursor } } })))).items.map((g) => g.id);
-        const revoked: Grant[] = [];
-        for (const grantId of ids) revoked.push(await s.call(s.api.POST('/grants/{id}/revoke', { params: { path: { id: grantId } }, body: { reason: options.reason } })));
-        if (!id && revoked.length === 0) process.stderr.write(`no live grant of ${options.agent} for ${options.tool}\n`);
-        s.print(id ? revoked[0] : { items: revoked }, () => (revoked.length ? grantRows(revoked) : ''));
-      }),
+      .action(
+        async (
+          id: string | undefined,
+          options: { reason: string; agent?: string; tool?: string; tenant?: string },
+          cmd,
+        ) => {
+          const s = new Session(cmd);
+          const byMatch = options.agent !== undefined || options.tool !== undefined;
+          if (id ? byMatch : !(options.agent && options.tool))
+            throw new UsageError('give a grant id, or both --agent and --tool');
+          const ids = id
+            ? [id]
+            : (
+                await s.page(true, (cursor) =>
+                  s.call(
+                    s.api.GET('/grants', {
+                      params: {
+                        query: {
+                          agent_id: options.agent,
+                          tool_id: options.tool,
+                          tenant_id: options.tenant,
+                          status: 'live',
+                          limit: 500,
+                          cursor,
+                        },
+                      },
+                    }),
+                  ),
+                )
+              ).items.map((g) => g.id);
+          const revoked: Grant[] = [];
+          for (const grantId of ids)
+            revoked.push(
+              await s.call(
+                s.api.POST('/grants/{id}/revoke', {
+                  params: { path: { id: grantId } },
+                  body: { reason: options.reason },
+                }),
+              ),
+            );
+          if (!id && revoked.length === 0)
+            process.stderr.write(`no live grant of ${options.agent} for ${options.tool}\n`);
+          s.print(id ? revoked[0] : { items: revoked }, () => (revoked.length ? grantRows(revoked) : ''));
+        },
+      ),
   );
 
   grants.addCommand(
     withExpiry(
-      command('renew', 'renew a grant as a new grant with a fresh reason and expiry (the old one ends)', 'toolgate grants renew grt_V1StGXR8 --ttl 30d --reason "pilot extended"')
+      command(
+        'renew',
+        'renew a grant as a new grant with a fresh reason and expiry (the old one ends)',
+        'toolgate grants renew grt_V1StGXR8 --ttl 30d --reason "pilot extended"',
+      )
         .argument('<id>')
         .requiredOption('--reason <text>', 'the new rationale'),
     ).action(async (id: string, options, cmd) => {
@@ -131,7 +211,11 @@ export function grantsCommand() {
       const grant = await s.call(
         s.api.POST('/grants/{id}/renew', {
           params: { path: { id } },
-          body: { rationale: options.reason, expires_at: expiry(options), ...(capability ? { capability_modifiers: capability } : {}) },
+          body: {
+            rationale: options.reason,
+            expires_at: expiry(options),
+            ...(capability ? { capability_modifiers: capability } : {}),
+          },
         }),
       );
       s.print(grant, () => record(grant));
@@ -139,7 +223,11 @@ export function grantsCommand() {
   );
 
   grants.addCommand(
-    command('resolve', 'which grant applies to a call of an agent to a tool, or why none does (exit 1 when none)', 'toolgate grants resolve --agent a1 --tool web.fetch --session s-42')
+    command(
+      'resolve',
+      'which grant applies to a call of an agent to a tool, or why none does (exit 1 when none)',
+      'toolgate grants resolve --agent a1 --tool web.fetch --session s-42',
+    )
       .requiredOption('--agent <id>')
       .requiredOption('--tool <id>')
       .option('--tenant <id>', "default: the caller's tenant")
@@ -147,24 +235,61 @@ export function grantsCommand() {
       .option('--pipeline-instance <id>')
       .option('--session <id>')
       .option('--user <id>')
-      .action(async (options: { agent: string; tool: string; tenant?: string; run?: string; pipelineInstance?: string; session?: string; user?: string }, cmd) => {
-        const s = new Session(cmd);
-        const resolution = await s.call(
-          s.api.GET('/grants/resolve', {
-            params: {
-              query: { agent_id: options.agent, tool_id: options.tool, tenant_id: options.tenant, run_id: options.run, pipeline_instance_id: options.pipelineInstance, session_id: options.session, user_id: options.user },
-            },
-          }),
-        );
-        s.print(resolution, () => {
-          const verdict = resolution.ok ? `${resolution.agent_id} may call ${resolution.tool_id}: grant ${resolution.grant!.id}` : `${resolution.agent_id} may not call ${resolution.tool_id}: ${resolution.code}`;
-          const candidates = resolution.candidates.length
-            ? table(['', 'ID', 'SCOPE', 'SCOPE_REF', 'PRIORITY', 'STATUS', 'EXPIRES_AT'], resolution.candidates.map((c) => [c.selected ? '*' : ' ', c.grant.id, c.grant.scope, c.grant.scope_ref, c.priority, c.status, c.grant.expires_at]))
-            : 'no grant matches this context';
-          return `${verdict}\n\n${candidates}`;
-        });
-        if (!resolution.ok) throw new CheckFailed(`${resolution.code}: no live grant of ${resolution.agent_id} for ${resolution.tool_id} applies`);
-      }),
+      .action(
+        async (
+          options: {
+            agent: string;
+            tool: string;
+            tenant?: string;
+            run?: string;
+            pipelineInstance?: string;
+            session?: string;
+            user?: string;
+          },
+          cmd,
+        ) => {
+          const s = new Session(cmd);
+          const resolution = await s.call(
+            s.api.GET('/grants/resolve', {
+              params: {
+                query: {
+                  agent_id: options.agent,
+                  tool_id: options.tool,
+                  tenant_id: options.tenant,
+                  run_id: options.run,
+                  pipeline_instance_id: options.pipelineInstance,
+                  session_id: options.session,
+                  user_id: options.user,
+                },
+              },
+            }),
+          );
+          s.print(resolution, () => {
+            const verdict = resolution.ok
+              ? `${resolution.agent_id} may call ${resolution.tool_id}: grant ${resolution.grant!.id}`
+              : `${resolution.agent_id} may not call ${resolution.tool_id}: ${resolution.code}`;
+            const candidates = resolution.candidates.length
+              ? table(
+                  ['', 'ID', 'SCOPE', 'SCOPE_REF', 'PRIORITY', 'STATUS', 'EXPIRES_AT'],
+                  resolution.candidates.map((c) => [
+                    c.selected ? '*' : ' ',
+                    c.grant.id,
+                    c.grant.scope,
+                    c.grant.scope_ref,
+                    c.priority,
+                    c.status,
+                    c.grant.expires_at,
+                  ]),
+                )
+              : 'no grant matches this context';
+            return `${verdict}\n\n${candidates}`;
+          });
+          if (!resolution.ok)
+            throw new CheckFailed(
+              `${resolution.code}: no live grant of ${resolution.agent_id} for ${resolution.tool_id} applies`,
+            );
+        },
+      ),
   );
   return grants;
 }

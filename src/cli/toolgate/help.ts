@@ -5,7 +5,10 @@ import { parseInteger } from './format.js';
 export function command(name: string, description: string, ...examples: string[]): Command {
   return new Command(name)
     .description(description)
-    .addHelpText('after', `\nExample${examples.length > 1 ? 's' : ''}:\n${examples.map((line) => `  $ ${line}`).join('\n')}`);
+    .addHelpText(
+      'after',
+      `\nExample${examples.length > 1 ? 's' : ''}:\n${examples.map((line) => `  $ ${line}`).join('\n')}`,
+    );
 }
 
 /** `--limit`, `--cursor` and `--all` of a listing. */
@@ -23,7 +26,10 @@ export interface ListOptions {
 }
 
 /** `--idempotency-key` of the creating commands: a retry with the same key creates nothing more. */
-export const IDEMPOTENCY_KEY = ['--idempotency-key <key>', 'a retry with the same key and request answers the first result'] as const;
+export const IDEMPOTENCY_KEY = [
+  '--idempotency-key <key>',
+  'a retry with the same key and request answers the first result',
+] as const;
 
 export function idempotencyHeader(options: { idempotencyKey?: string }): { 'Idempotency-Key'?: string } {
   return options.idempotencyKey ? { 'Idempotency-Key': options.idempotencyKey } : {};

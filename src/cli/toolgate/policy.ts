@@ -11,18 +11,33 @@ export function policyCommand() {
       .argument('<tenant>')
       .action(async (tenant: string, _options, cmd) => {
         const s = new Session(cmd);
-        const found = await s.call(s.api.GET('/tenants/{tenant_id}/policy', { params: { path: { tenant_id: tenant } } }));
+        const found = await s.call(
+          s.api.GET('/tenants/{tenant_id}/policy', { params: { path: { tenant_id: tenant } } }),
+        );
         s.print(found, () => record(found));
       }),
   );
 
   policy.addCommand(
-    command('set', "replace a tenant's policy (platform-operator)", 'toolgate policy set t1 --external-call-enabled true')
+    command(
+      'set',
+      "replace a tenant's policy (platform-operator)",
+      'toolgate policy set t1 --external-call-enabled true',
+    )
       .argument('<tenant>')
-      .addOption(new Option('--external-call-enabled <bool>', "let the tenant's agents use external_call tools").argParser(parseBoolean).makeOptionMandatory())
+      .addOption(
+        new Option('--external-call-enabled <bool>', "let the tenant's agents use external_call tools")
+          .argParser(parseBoolean)
+          .makeOptionMandatory(),
+      )
       .action(async (tenant: string, options: { externalCallEnabled: boolean }, cmd) => {
         const s = new Session(cmd);
-        const set = await s.call(s.api.PUT('/tenants/{tenant_id}/policy', { params: { path: { tenant_id: tenant } }, body: { external_call_enabled: options.externalCallEnabled } }));
+        const set = await s.call(
+          s.api.PUT('/tenants/{tenant_id}/policy', {
+            params: { path: { tenant_id: tenant } },
+            body: { external_call_enabled: options.externalCallEnabled },
+          }),
+        );
         s.print(set, () => record(set));
       }),
   );

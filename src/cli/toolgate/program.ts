@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import { approvalsCommand } from './approvals.js';
 import { auditCommand } from './audit.js';
 import { budgetsCommand } from './budgets.js';
@@ -38,7 +38,17 @@ export function toolgateProgram(): Command {
       s.print(principal, () => record(principal));
     }),
   );
-  for (const group of [toolsCommand(), grantsCommand(), switchesCommand(), budgetsCommand(), policyCommand(), approvalsCommand(), runsCommand(), auditCommand(), tokenCommand()]) {
+  for (const group of [
+    toolsCommand(),
+    grantsCommand(),
+    switchesCommand(),
+    budgetsCommand(),
+    policyCommand(),
+    approvalsCommand(),
+    runsCommand(),
+    auditCommand(),
+    tokenCommand(),
+  ]) {
     program.addCommand(group);
   }
   // Usage mistakes exit 2 everywhere; a group named without a command shows its help.

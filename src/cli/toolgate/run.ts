@@ -18,8 +18,10 @@ export async function runToolgate(argv: string[]): Promise<number> {
       if (program.opts().json) process.stdout.write(`${JSON.stringify(error.body, null, 2)}\n`);
       say(`${error.code}: ${error.message}`);
       const details = JSON.stringify(error.details);
-      if (details !== '{}') say(`details: ${details.length > 200 ? `${details.slice(0, 200)}… (--json shows the whole answer)` : details}`);
-      if (error.code === 'unauthenticated' && !program.opts().token && !loadClientTarget().token) say('hint: set TOOLGATE_TOKEN or pass --token');
+      if (details !== '{}')
+        say(`details: ${details.length > 200 ? `${details.slice(0, 200)}… (--json shows the whole answer)` : details}`);
+      if (error.code === 'unauthenticated' && !program.opts().token && !loadClientTarget().token)
+        say('hint: set TOOLGATE_TOKEN or pass --token');
       return 1;
     }
     if (error instanceof CheckFailed) {

@@ -38,7 +38,9 @@ export class Session {
   }
 
   /** A call whose refusals carry an answer worth printing (run envelopes): both ends, as they are. */
-  async answer<T>(request: Promise<{ data?: T; error?: unknown; response: Response }>): Promise<{ ok: boolean; body: T; refusal?: ReturnType<typeof refusal> }> {
+  async answer<T>(
+    request: Promise<{ data?: T; error?: unknown; response: Response }>,
+  ): Promise<{ ok: boolean; body: T; refusal?: ReturnType<typeof refusal> }> {
     const { data, error, response } = await request;
     if (response.ok) return { ok: true, body: data as T };
     return { ok: false, body: error as T, refusal: refusal(response.status, error) };
@@ -51,11 +53,15 @@ export class Session {
   }
 
   /** Every item of a listing, following `next_cursor` while `all` is set. */
-  async page<T>(all: boolean | undefined, fetchPage: (cursor: string | undefined) => Promise<{ items: T[]; next_cursor?: string | null }>, cursor?: string): Promise<{ items: T[]; next_cursor: string | null }> {
+  async page<T>(
+    all: boolean | undefined,
+    fetchPage: (cursor: string | undefined) => Promise<{ items: T[]; next_cursor?: string | null }>,
+    cursor?: string,
+  ): Promise<{ items: T[]; next_cursor: string | null }> {
     const first = await fetchPage(cursor);
     if (!all) return { ...first, next_cursor: first.next_cursor ?? null };
     const items = [...first.items];
-    for (let next = first.next_cursor; next; ) {
+    for (let next = first.next_cursor; next;) {
       const page = await fetchPage(next);
       items.push(...page.items);
       next = page.next_cursor;

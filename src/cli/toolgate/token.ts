@@ -26,13 +26,20 @@ export async function mintDevelopmentToken(request: TokenRequest, config: Config
   if (!request.tenant) throw new UsageError('--tenant is required');
   if (request.kind === 'agent' && request.role !== undefined) throw new UsageError('--role is for operator tokens');
   if (request.kind === 'operator' && request.family !== undefined) throw new UsageError('--family is for agent tokens');
-  if (request.role !== undefined && !OPERATOR_ROLES.includes(request.role as OperatorRole)) throw new UsageError(`--role must be one of ${OPERATOR_ROLES.join(', ')}`);
-  if (!Number.isInteger(request.ttlSeconds) || request.ttlSeconds <= 0) throw new UsageError('--ttl must be a positive number of seconds');
+  if (request.role !== undefined && !OPERATOR_ROLES.includes(request.role as OperatorRole))
+    throw new UsageError(`--role must be one of ${OPERATOR_ROLES.join(', ')}`);
+  if (!Number.isInteger(request.ttlSeconds) || request.ttlSeconds <= 0)
+    throw new UsageError('--ttl must be a positive number of seconds');
   if (config.jwt.publicKey || config.jwt.jwksFile) {
-    throw new UsageError('the gateway verifies with a public key; tokens come from your identity provider, not this tool');
+    throw new UsageError(
+      'the gateway verifies with a public key; tokens come from your identity provider, not this tool',
+    );
   }
   const secret = config.jwt.secret ?? (await developmentSecret(config.dataDir, false));
-  if (!secret) throw new UsageError(`no development secret: set TOOLGATE_JWT_SECRET, or run \`npm start\` once to create one in ${config.dataDir}`);
+  if (!secret)
+    throw new UsageError(
+      `no development secret: set TOOLGATE_JWT_SECRET, or run \`npm start\` once to create one in ${config.dataDir}`,
+    );
   return signDevelopmentToken(secret, {
     kind: request.kind,
     sub: request.sub ?? (request.kind === 'agent' ? 'dev.agent' : 'dev.operator'),
@@ -59,7 +66,11 @@ export function tokenCommand() {
     .addOption(new Option('--role <role>', 'operators (default tenant-operator)').choices([...OPERATOR_ROLES]))
     .option('--family <name>', 'agents: agent family')
     .option('--scope <scopes>', 'space-separated scopes')
-    .addOption(new Option('--ttl <duration>', 'lifetime: seconds, or a duration such as 15m, 12h, 7d').argParser(parseSecondsOrDuration).default(3600, '1h'))
+    .addOption(
+      new Option('--ttl <duration>', 'lifetime: seconds, or a duration such as 15m, 12h, 7d')
+        .argParser(parseSecondsOrDuration)
+        .default(3600, '1h'),
+    )
     .action(async (options: Omit<TokenRequest, 'ttlSeconds'> & { ttl: number }) => {
       let config: Config;
       try {

@@ -27,7 +27,12 @@ const listQuery = z.strictObject({
 });
 const cursorSchema = z.object({ created_at: z.iso.datetime(), id: z.string().min(1) });
 const idParams = z.strictObject({ id: z.string().min(1).max(100) });
-const decisionBody = z.strictObject({ rationale: z.string().max(2000).refine((value) => value.trim().length > 0, 'must not be blank') });
+const decisionBody = z.strictObject({
+  rationale: z
+    .string()
+    .max(2000)
+    .refine((value) => value.trim().length > 0, 'must not be blank'),
+});
 
 /**
  * `/approvals` (operators of the tenant): the proposals waiting for a human and the decisions on
@@ -46,13 +51,17 @@ export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDe
       limit: query.limit,
     });
     const now = deps.now();
-    return { items: page.items.map((a) => presentApproval(a, now)), next_cursor: page.next ? encodeCursor(page.next) : null };
+    return {
+      items: page.items.map((a) => presentApproval(a, now)),
+      next_cursor: page.next ? encodeCursor(page.next) : null,
+    };
   });
 
   const inReach = async (request: Parameters<typeof operatorOf>[0], id: string): Promise<Approval> => {
     const approval = await deps.approvals.get(id);
     if (!approval) throw new ApiError('not_found', `approval ${id} not found`);
-    if (!ownsTenant(request, approval.tenant_id)) await refuseCrossTenantObject(request, deps.audit, { approval_id: id }, `approval ${id} not found`);
+    if (!ownsTenant(request, approval.tenant_id))
+      await refuseCrossTenantObject(request, deps.audit, { approval_id: id }, `approval ${id} not found`);
     return approval;
   };
 
@@ -61,13 +70,22 @@ export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDe
     return presentApproval(await inReach(request, id), deps.now());
   });
 
-  for (const [path, approve] of [['approve', true], ['reject', false]] as const) {
+  for (const [path, approve] of [
+    ['approve', true],
+    ['reject', false],
+  ] as const) {
     app.post(`/approvals/:id/${path}`, async (request) => {
       const operator = operatorOf(request);
       const { id } = parseInput(idParams, request.params, 'params');
       const { rationale } = parseInput(decisionBody, request.body, 'body');
       await inReach(request, id);
-      const result = await deps.approvals.decide({ id, approve, rationale, approver: { actor: actorOf(operator), role: operator.role }, traceId: request.traceId });
+      const result = await deps.approvals.decide({
+        id,
+        approve,
+        rationale,
+        approver: { actor: actorOf(operator), role: operator.role },
+        traceId: request.traceId,
+      });
       if (!result.ok) throw new ApiError(result.code, result.message, result.details ?? {});
       return presentApproval(result.approval, deps.now());
     });

@@ -13,7 +13,6 @@ export interface AuditRouteDeps {
   audit: AuditLog;
 }
 
-
 const listQuery = z.strictObject({
   tenant_id: identifier.optional(),
   run_id: identifier.optional(),
@@ -38,7 +37,10 @@ const verifyQuery = z
       .transform(Number)
       .refine(Number.isSafeInteger, 'must be at most 9007199254740991')
       .optional(),
-    anchor_hash: z.string().regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits').optional(),
+    anchor_hash: z
+      .string()
+      .regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits')
+      .optional(),
   })
   .superRefine((query, ctx) => {
     if (query.anchor_seq !== undefined && query.anchor_hash === undefined) {
@@ -71,7 +73,10 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
   // The chain spans every tenant, so only a platform-operator verifies it.
   app.get('/audit/verify', { config: { access: 'platform-operator' } }, async (request) => {
     const query = parseInput(verifyQuery, request.query, 'query');
-    const anchor = query.anchor_seq !== undefined && query.anchor_hash !== undefined ? { seq: query.anchor_seq, hash: query.anchor_hash } : undefined;
+    const anchor =
+      query.anchor_seq !== undefined && query.anchor_hash !== undefined
+        ? { seq: query.anchor_seq, hash: query.anchor_hash }
+        : undefined;
     return verifyAuditChain(deps.db, undefined, anchor);
   });
 }

@@ -6,7 +6,13 @@ import { actorOf } from '../../auth/principal.js';
 import { BUDGET_SCOPES, type BudgetUsage } from '../../budgets/budget.js';
 import { BUDGET_PERIODS } from '../../budgets/budget-period.js';
 import { findBudget, listBudgets, withUsage } from '../../budgets/budget-repository.js';
-import { changeBudgetLimits, createBudget, getBudget, removeBudget, type ChangeContext } from '../../budgets/budget-service.js';
+import {
+  changeBudgetLimits,
+  createBudget,
+  getBudget,
+  removeBudget,
+  type ChangeContext,
+} from '../../budgets/budget-service.js';
 import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
@@ -41,13 +47,19 @@ const createBody = z
     const needs = { agent_id: body.scope === 'agent', run_id: body.scope === 'run' } as const;
     for (const field of ['agent_id', 'run_id'] as const) {
       const given = body[field] !== undefined && body[field] !== null;
-      if (needs[field] && !given) ctx.addIssue({ code: 'custom', path: [field], message: `required for ${body.scope} scope` });
-      if (!needs[field] && given) ctx.addIssue({ code: 'custom', path: [field], message: `not allowed for ${body.scope} scope` });
+      if (needs[field] && !given)
+        ctx.addIssue({ code: 'custom', path: [field], message: `required for ${body.scope} scope` });
+      if (!needs[field] && given)
+        ctx.addIssue({ code: 'custom', path: [field], message: `not allowed for ${body.scope} scope` });
     }
   });
 
 const updateBody = z
-  .strictObject({ limit_units: positiveUnits.optional(), warn_ratio: warnRatio.optional(), grace_units: graceUnits.optional() })
+  .strictObject({
+    limit_units: positiveUnits.optional(),
+    warn_ratio: warnRatio.optional(),
+    grace_units: graceUnits.optional(),
+  })
   .refine((body) => Object.keys(body).length > 0, 'give at least one of limit_units, warn_ratio, grace_units');
 
 const idParams = z.strictObject({ id: z.string().min(1).max(200) });
@@ -133,9 +145,13 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     );
     if (!result.ok) {
       const existing = result.existing.budget.id;
-      throw new ApiError('budget_conflict', `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`, {
-        budget_id: existing,
-      });
+      throw new ApiError(
+        'budget_conflict',
+        `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`,
+        {
+          budget_id: existing,
+        },
+      );
     }
     return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
   });

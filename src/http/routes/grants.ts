@@ -22,7 +22,10 @@ export interface GrantRouteDeps {
 // What a run names as its run, pipeline instance, session, user or tenant: identifiers.
 const scopeRef = identifier;
 const nonBlank = (max: number) =>
-  z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
+  z
+    .string()
+    .max(max)
+    .refine((value) => value.trim().length > 0, 'must not be blank');
 
 const createBody = z.strictObject({
   tenant_id: identifier.optional(),

@@ -27,11 +27,18 @@ export interface KillSwitchRouteDeps {
    * to, as the executor resolves it (the newest matching version the agent may use; with no agent,
    * allowlists aside): what the safety stage judges.
    */
-  callTarget(agent: { agentId: string; family: string | undefined } | null, toolId: string, tenantId: string): Promise<ToolFacts['target'] | undefined>;
+  callTarget(
+    agent: { agentId: string; family: string | undefined } | null,
+    toolId: string,
+    tenantId: string,
+  ): Promise<ToolFacts['target'] | undefined>;
 }
 
 const nonBlank = (max: number) =>
-  z.string().max(max).refine((value) => value.trim().length > 0, 'must not be blank');
+  z
+    .string()
+    .max(max)
+    .refine((value) => value.trim().length > 0, 'must not be blank');
 
 const armBody = z
   .strictObject({
@@ -46,7 +53,11 @@ const armBody = z
     // A switch that could match nothing is refused, not armed: an operator must not believe a
     // target stops something it never will.
     if (body.scope !== 'global' && body.target === GLOBAL_TARGET) {
-      ctx.addIssue({ code: 'custom', path: ['target'], message: `'${GLOBAL_TARGET}' is the global switch's target; a ${body.scope} switch names one ${body.scope}` });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['target'],
+        message: `'${GLOBAL_TARGET}' is the global switch's target; a ${body.scope} switch names one ${body.scope}`,
+      });
     } else if (body.scope === 'tool' && body.target !== undefined && !toolId.safeParse(body.target).success) {
       ctx.addIssue({ code: 'custom', path: ['target'], message: 'must be a tool id such as web.fetch' });
     }
@@ -101,7 +112,9 @@ export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRou
     const operator = operatorOf(request);
     const body = parseInput(armBody, request.body, 'body');
     if (body.target === undefined && body.scope !== 'global') {
-      throw new ApiError('invalid_request', 'body.target: required', { issues: [{ field: 'body.target', message: 'required' }] });
+      throw new ApiError('invalid_request', 'body.target: required', {
+        issues: [{ field: 'body.target', message: 'required' }],
+      });
     }
     const target = body.target ?? GLOBAL_TARGET;
     // A tenant is named in `tenant_id`, and a tenant switch names one in `target` too.

@@ -43,7 +43,10 @@ export async function operationsRoutes(app: FastifyInstance, deps: OperationsDep
       // while the snapshots, confirmed against it every second or less, are within their bound,
       // which also bounds how long a silent partition goes unnoticed here (5 s by default).
       const staleNow = unconfirmed();
-      request.log.warn({ waited_ms: READY_PING_WAIT_MS, snapshots_confirmed: !staleNow }, 'readiness: database ping unanswered');
+      request.log.warn(
+        { waited_ms: READY_PING_WAIT_MS, snapshots_confirmed: !staleNow },
+        'readiness: database ping unanswered',
+      );
       if (staleNow) return unready(staleNow);
     }
     return { status: 'ready', database: deps.database.kind };
@@ -56,7 +59,10 @@ export async function operationsRoutes(app: FastifyInstance, deps: OperationsDep
 }
 
 /** Waits for `promise` at most `ms`; what it came to, if it came to anything by then. */
-function settledWithin(promise: Promise<unknown>, ms: number): Promise<{ settled: false } | { settled: true; ok: true } | { settled: true; ok: false; error: unknown }> {
+function settledWithin(
+  promise: Promise<unknown>,
+  ms: number,
+): Promise<{ settled: false } | { settled: true; ok: true } | { settled: true; ok: false; error: unknown }> {
   return new Promise((resolve) => {
     const timer = setTimeout(() => resolve({ settled: false }), ms);
     promise.then(

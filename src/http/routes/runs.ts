@@ -52,7 +52,6 @@ function executeBody(maxPlanSteps: number) {
   });
 }
 
-
 const handoffBody = z.strictObject({
   sub_agent_id: agentId,
   sub_run_id: identifier,
@@ -100,7 +99,8 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     if (!run || (principal.kind === 'agent' && run.agent_id !== principal.id)) {
       throw new ApiError('not_found', `run ${(request.params as { run_id: string }).run_id} not found`);
     }
-    const budget = run.budget_units === null ? null : await readRunAllowance(deps.db, run.tenant_id, run.run_id, run.budget_units);
+    const budget =
+      run.budget_units === null ? null : await readRunAllowance(deps.db, run.tenant_id, run.run_id, run.budget_units);
     return { ...presentRun(run), budget };
   });
 
@@ -108,27 +108,42 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 
   app.post('/runs/:run_id/cancel', { config: { access: 'any' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.cancel(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
+    return presentRun(
+      await deps.controls.cancel(
+        controller(request),
+        await runKeyOf(request, principalOf(request), deps.audit),
+        reason,
+      ),
+    );
   });
 
   app.post('/runs/:run_id/kill', { config: { access: 'operator' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.kill(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
+    return presentRun(
+      await deps.controls.kill(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason),
+    );
   });
 
   app.post('/runs/:run_id/pause', { config: { access: 'operator' } }, async (request) => {
     const { reason } = parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.pause(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason));
+    return presentRun(
+      await deps.controls.pause(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason),
+    );
   });
 
   app.post('/runs/:run_id/resume', { config: { access: 'any' } }, async (request, reply) => {
     parseInput(controlBody, request.body, 'body');
-    return sendAnswer(reply, await deps.controls.resume(controller(request), await runKeyOf(request, principalOf(request), deps.audit)));
+    return sendAnswer(
+      reply,
+      await deps.controls.resume(controller(request), await runKeyOf(request, principalOf(request), deps.audit)),
+    );
   });
 
   app.post('/runs/:run_id/complete', { config: { access: 'agent' } }, async (request) => {
     parseInput(controlBody, request.body, 'body');
-    return presentRun(await deps.controls.complete(controller(request), await runKeyOf(request, principalOf(request), deps.audit)));
+    return presentRun(
+      await deps.controls.complete(controller(request), await runKeyOf(request, principalOf(request), deps.audit)),
+    );
   });
 
   app.post('/runs/:run_id/handoffs', { config: { access: 'agent', idempotent: true } }, async (request, reply) => {
@@ -165,7 +180,8 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 }
 
 function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
-  if (answer.envelope.retry_after_seconds !== undefined) reply.header('retry-after', String(answer.envelope.retry_after_seconds));
+  if (answer.envelope.retry_after_seconds !== undefined)
+    reply.header('retry-after', String(answer.envelope.retry_after_seconds));
   if (answer.replayed) reply.header('x-toolgate-replayed', 'true');
   return reply.code(answer.httpStatus).send(answer.envelope);
 }
@@ -177,7 +193,8 @@ function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
 async function runKeyOf(request: FastifyRequest, principal: Principal, audit: AuditLog): Promise<RunKey> {
   const { run_id } = parseInput(runParams, request.params, 'params');
   const { tenant_id } = parseInput(tenantQuery, request.query, 'query');
-  if (principal.kind === 'operator' && principal.role === 'platform-operator') return { tenant_id: tenant_id ?? principal.tenantId, run_id };
+  if (principal.kind === 'operator' && principal.role === 'platform-operator')
+    return { tenant_id: tenant_id ?? principal.tenantId, run_id };
   if (tenant_id !== undefined && tenant_id !== principal.tenantId) {
     await refuseCrossTenant(request, audit, { requested_tenant_id: tenant_id, run_id }, `run ${run_id} not found`);
   }

@@ -31,7 +31,10 @@ const toolIdParam = toolId;
 const toolParams = z.strictObject({ id: toolIdParam });
 const versionParams = z.strictObject({
   id: toolIdParam,
-  version: z.string().max(100).refine((value) => semver.valid(value) === value, 'must be an exact registered version such as 1.2.0'),
+  version: z
+    .string()
+    .max(100)
+    .refine((value) => semver.valid(value) === value, 'must be an exact registered version such as 1.2.0'),
 });
 const getQuery = z.strictObject({ version: z.string().min(1).max(200).optional() });
 const operatorListQuery = z.strictObject({
@@ -53,7 +56,10 @@ const deprecationsQuery = z.strictObject({
       const duration = parseIsoDuration(value);
       // At most a century either way, so that the window's ends are dates.
       if (!duration || approximateYears(duration) > 100) {
-        ctx.addIssue({ code: 'custom', message: 'must be an ISO 8601 duration of at most 100 years, such as P30D or PT12H' });
+        ctx.addIssue({
+          code: 'custom',
+          message: 'must be an ISO 8601 duration of at most 100 years, such as P30D or PT12H',
+        });
         return z.NEVER;
       }
       return duration;
@@ -71,12 +77,19 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
   app.addHook('preHandler', async (request) => {
     if (request.method !== 'GET' && request.method !== 'HEAD') return;
     const fresh = deps.catalog.readiness();
-    if (!fresh.ok) throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', { reason: fresh.reason ?? null });
+    if (!fresh.ok)
+      throw new ApiError('gateway_unavailable', 'the tool registry cannot be confirmed current on this replica', {
+        reason: fresh.reason ?? null,
+      });
   });
   const externalCallEnabled = deps.externalCallEnabled ?? (async () => false);
 
   /** The resolution an agent gets: only versions it may use exist for it, and its calls resolve the same way. */
-  async function resolveForPrincipal(principal: Principal, toolId: string, range: string | undefined): Promise<CatalogResolution> {
+  async function resolveForPrincipal(
+    principal: Principal,
+    toolId: string,
+    range: string | undefined,
+  ): Promise<CatalogResolution> {
     if (principal.kind !== 'agent') return deps.catalog.resolve(toolId, range);
     return deps.catalog.resolveFor({ agentId: principal.id, family: principal.family }, toolId, range, {
       externalCallEnabled: await externalCallEnabled(principal.tenantId),
@@ -88,7 +101,9 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     const registration = parseInput(toolRegistrationSchema, request.body, 'body');
     const missing = missingSecret(registration, deps.secrets);
     if (missing) {
-      throw new ApiError('invalid_request', `${missing.field}: ${missing.name} is not set on this gateway`, { field: missing.field });
+      throw new ApiError('invalid_request', `${missing.field}: ${missing.name} is not set on this gateway`, {
+        field: missing.field,
+      });
     }
     const result = await registerToolVersion(deps.db, registration, by(request, operator));
     // Even a conflict saw a version this replica may not hold yet: catch up before answering.
@@ -122,7 +137,9 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     if (query.category) tools = tools.filter((tool) => tool.category === query.category);
     if (query.cursor !== undefined) {
       const after = decodeCursor(query.cursor, cursorPosition);
-      tools = tools.filter((tool) => tool.id > after.id || (tool.id === after.id && semver.lt(tool.version, after.version)));
+      tools = tools.filter(
+        (tool) => tool.id > after.id || (tool.id === after.id && semver.lt(tool.version, after.version)),
+      );
     }
     const page = tools.slice(0, query.limit);
     const last = page[page.length - 1];
@@ -197,7 +214,9 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
 
   // The change is committed whatever happens here: a failed catch-up is left to the revision check.
   async function catchUp(): Promise<void> {
-    await deps.catalog.refresh().catch((error: unknown) => app.log.warn({ err: error }, 'tool catalog refresh after a registry change failed'));
+    await deps.catalog
+      .refresh()
+      .catch((error: unknown) => app.log.warn({ err: error }, 'tool catalog refresh after a registry change failed'));
   }
 
   function by(request: FastifyRequest, principal: Principal) {
@@ -205,8 +224,15 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
   }
 }
 
-function notFound(code: 'tool_not_registered' | 'tool_version_not_found', toolId: string, range: string | undefined): ApiError {
+function notFound(
+  code: 'tool_not_registered' | 'tool_version_not_found',
+  toolId: string,
+  range: string | undefined,
+): ApiError {
   return code === 'tool_not_registered'
     ? new ApiError(code, `tool ${toolId} is not registered`, { tool_id: toolId })
-    : new ApiError(code, `no usable version of ${toolId} matches ${range ?? 'the newest'}`, { tool_id: toolId, version: range ?? null });
+    : new ApiError(code, `no usable version of ${toolId} matches ${range ?? 'the newest'}`, {
+        tool_id: toolId,
+        version: range ?? null,
+      });
 }
