@@ -73,13 +73,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   app.decorateRequest('traceId', '');
 
   installErrorHandlers(app);
-  // Closing (SIGTERM): calls in flight finish, and each connection closes after its answer.
-  // Otherwise a client's keep-alive connection, busy when closing began, would hold the server
-  // open until its keep-alive timeout, and the process would be killed at the shutdown timeout.
-  // A request that still arrives (on a connection opened before) is refused with 503.
-  // Once no request that arrived whole is left unanswered, and those still arriving had a moment
-  // to finish, the connections still open (a request its client never finishes, an idle
-  // keep-alive) are closed: they would hold the shutdown until the shutdown timeout killed it.
+  // Closing: calls in flight finish, late requests get 503, then lingering connections are closed
+  // so that a keep-alive or a never-finished request cannot hold shutdown (docs/operations.md).
   let closing = false;
   const unanswered = new Set<IncomingMessage>();
   let drain: NodeJS.Timeout | undefined;

@@ -5,10 +5,8 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
 /**
- * A tool backend for trying toolgate out: `npm run demo:backend`. It answers the README's
- * quickstart tool (`POST /fact-check`), an echo, and every agent tool of examples/scf-catalog.json
- * (`POST /<tool id>`, as `npm run seed:example -- --backend-base` registers them) from a few lines
- * of made-up data. Not for production: it keeps nothing and checks nothing.
+ * `npm run demo:backend`: answers the quickstart's tool, an echo and examples/scf-catalog.json's
+ * agent tools from made-up data. For trying toolgate out only.
  */
 
 const usage = `usage: npm run demo:backend -- [--host 127.0.0.1] [--port 9000]

@@ -56,10 +56,8 @@ export type AddressPolicy = (address: string) => AddressVerdict;
 const cidr = (text: string): Cidr => ipaddr.parseCIDR(text);
 
 /**
- * Our own table of what is not public, from the IANA IPv4 and IPv6 Special-Purpose Address
- * Registries plus multicast and 240/4. It is checked before ipaddr.js's `range()` so that nothing
- * relies on that library's notion of `unicast` (it calls `::127.0.0.1` unicast, for one). First
- * match wins, so narrower entries come first.
+ * What is not public, from the IANA special-purpose registries, checked before ipaddr.js's `range()`
+ * (which calls `::127.0.0.1` unicast). First match wins, so narrower entries come first.
  */
 const NOT_PUBLIC: ReadonlyArray<readonly [Cidr, AddressClass]> = (
   [

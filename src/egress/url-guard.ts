@@ -9,11 +9,7 @@ const SUPPORTED_SCHEMES = ['http', 'https'];
 /** CONNECT and TRACE are not tool calls; anything unknown is refused rather than passed through. */
 const SUPPORTED_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
 
-/**
- * Characters the WHATWG parser silently drops or rewrites (tabs and newlines anywhere, leading and
- * trailing spaces and controls, `\` read as `/`) and that other parsers read differently: the
- * heart of URL-confusion SSRF. SPEC §9 says never repair a URL, so they are refused instead.
- */
+/** Characters parsers silently drop or read differently (URL-confusion SSRF): refused, never repaired. */
 // eslint-disable-next-line no-control-regex -- control characters are the ambiguity refused here
 const AMBIGUOUS = /[\u0000-\u0020\u007f\\]/;
 /** `scheme://host…` or, against a base, `//host…`: the authority spelled out and not empty. */
@@ -37,12 +33,8 @@ export type UrlVerdict = { ok: true; target: UrlTarget } | EgressDenied;
 const lower = (values: readonly string[]) => values.map((value) => value.toLowerCase().replace(/:$/, ''));
 
 /**
- * Checks a URL and method against a tool's egress policy and a grant's narrowing, in SPEC §9
- * order: parses (never repaired), scheme, method, no credentials, host on the allowlist and on the
- * grant's `egress_domains`. Addresses are not looked at here; see `resolveAndCheck`.
- *
- * `base` resolves relative references (a redirect's `Location`); without it the URL must be
- * absolute and spelled `scheme://`.
+ * Checks a URL and method against the tool's egress policy and the grant's narrowing, in the egress
+ * guard's order (addresses are `resolveAndCheck`'s). `base` resolves a redirect's `Location`.
  */
 export function checkUrl(
   raw: string,

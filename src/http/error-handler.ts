@@ -105,12 +105,8 @@ const UNPARSEABLE: Record<string, string> = {
 };
 
 /**
- * Requests Node's HTTP parser refuses (a garbage request line, a malformed header, headers over
- * the size limit, a request too slow to arrive) never become Fastify requests: they are answered
- * here, on the socket, as `400 invalid_request` in the error envelope with a fresh request id
- * (the headers that might have carried one could not be read), and logged under it. The closed
- * set of codes has none for Node's 408 and 431; `details.reason` names what the parser found.
- * Requests read before the refused one on the same connection (pipelined) are answered first.
+ * Answers what Node's HTTP parser refuses (never a Fastify request) as `400 invalid_request` on the
+ * socket, `details.reason` naming the fault, after any pipelined answers owed before it.
  */
 export function clientErrorHandler(logger: FastifyBaseLogger): (error: ConnectionError, socket: Socket) => void {
   // Connections whose refusal is written or waiting on the answers before it: the parser stays
@@ -150,10 +146,8 @@ export function clientErrorHandler(logger: FastifyBaseLogger): (error: Connectio
 }
 
 /**
- * Calls `then` once every answer owed on the connection has been sent. Node hands the socket to
- * the next pipelined answer when one finishes (before our own 'finish' listener runs), so a
- * refusal written now would go out in place of the answers to the good requests read before
- * it, and the client would take it for theirs.
+ * Calls `then` once every answer owed on the connection has been sent: written earlier, a refusal
+ * would go out in place of a pipelined good request's answer.
  */
 function afterAnswersInFlight(socket: Socket, then: () => void): void {
   const answering = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;

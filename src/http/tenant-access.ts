@@ -20,10 +20,8 @@ export async function refuseCrossTenant(
 }
 
 /**
- * Records a tenant-operator reaching for an object of another tenant by its id, then answers
- * exactly as for an id that exists nowhere. Only a real id is recorded, so the event is
- * platform-wide (tenant_id null, the caller's tenant in `caller_tenant_id`): in the caller's own
- * tenant, its `GET /audit` would tell another tenant's ids from invented ones.
+ * Records a tenant-operator reaching for another tenant's object and answers as for an unknown id.
+ * The record is platform-wide: in the caller's tenant, `GET /audit` would tell real ids from invented.
  */
 export async function refuseCrossTenantObject(
   request: FastifyRequest,

@@ -1,16 +1,6 @@
 /**
- * How a body-less (GET) backend call carries its input: each top-level key of the input becomes a
- * query parameter (a string as it is, any other value as its JSON text), added after the query
- * the tool's registered `backend.url` fixes.
- *
- * The registered query is the operator's, and it always wins. It reaches the backend exactly as
- * registered (its bytes are not re-encoded, so signed URLs stay valid), and an input key naming one
- * of its parameters is not sent at all: not in its place, which would let an agent rewrite
- * `api_key=…` or `mode=safe`, and not beside it either, since backends disagree on which of two
- * repeated parameters counts. "Naming" is read the way lenient backends read names, so that a
- * spelling variant cannot slip past: case-insensitively (ASP.NET), and ignoring leading spaces, a
- * `[…]` suffix, and `.` or a space in place of `_` (PHP reads `api.key`, `api key` and `api_key[]`
- * as `api_key`).
+ * A GET call's input as query parameters after the registered URL's own query, which always wins:
+ * an input key naming one of its parameters, however spelled, is dropped (docs/design/backend-query.md).
  */
 
 /** The name a backend may take a query parameter name for. */
