@@ -154,7 +154,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   await app.register(docsRoutes);
   await app.register(whoamiRoutes);
-  await app.register(auditRoutes, { db: database.db, audit });
+  await app.register(auditRoutes, { db: database.db, audit, checkpoints: services.auditCheckpoints });
   await app.register(grantRoutes, { grants: services.grants, audit, now });
   await app.register(killSwitchRoutes, {
     service: services.killSwitchChanges,

@@ -27,6 +27,8 @@ import { RetentionSweeper } from './retention/retention-sweeper.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
 import { runEndRider } from './runs/run-end-rider.js';
+import { AuditCheckpoints } from './audit/audit-checkpoints.js';
+import { CheckpointSigner } from './audit/checkpoint-signer.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunRecovery } from './runs/run-recovery.js';
 import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
@@ -55,6 +57,8 @@ export interface Services {
   config: Config;
   database: Database;
   audit: AuditLog;
+  /** Signed checkpoints of the audit chain, and verification from one. */
+  auditCheckpoints: AuditCheckpoints;
   metrics: Metrics;
   now: () => Date;
   /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
@@ -219,6 +223,16 @@ export function buildServices(options: ServiceOptions): Services {
     recovery,
     lease,
   });
+  const auditCheckpoints = new AuditCheckpoints({
+    db: database.db,
+    signer: new CheckpointSigner({
+      signingKeyPem: config.auditCheckpoints.signingKey,
+      verifyKeysPem: config.auditCheckpoints.verifyKeys,
+    }),
+    now,
+    logger,
+    intervalSeconds: config.auditCheckpoints.intervalSeconds,
+  });
   const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({
     db: database.db,
@@ -234,6 +248,7 @@ export function buildServices(options: ServiceOptions): Services {
     config,
     database,
     audit,
+    auditCheckpoints,
     metrics,
     now,
     catalog,
@@ -258,12 +273,13 @@ export function buildServices(options: ServiceOptions): Services {
       expirySweeper.start();
       recovery.start();
       retention.start();
+      auditCheckpoints.start();
     },
     // Each step that needs the database waits for it at most CLOSE_STEP_WAIT_MS: in a silent
     // partition none would ever finish, and closing the database (the caller's next step) destroys
     // the connections still waiting.
     async close() {
-      await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop()]);
+      await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop(), auditCheckpoints.stop()]);
       await Promise.all([
         // Every call in flight has finished: nothing this replica held is busy any more.
         lease.stop(),

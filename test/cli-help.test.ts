@@ -53,6 +53,8 @@ describe('toolgate --help', () => {
       'toolgate runs resume',
       'toolgate audit tail',
       'toolgate audit verify',
+      'toolgate audit checkpoint',
+      'toolgate audit checkpoints',
       'toolgate token',
     ]) {
       expect(paths).toContain(expected);

@@ -352,6 +352,19 @@ describe('toolgate, run as an operator runs it', () => {
     }
   }, 120_000);
 
+  it('records a checkpoint and verifies only what came after it', async () => {
+    const made = await toolgate(['audit', 'checkpoint', '--json']);
+    expect(made.status).toBe(0);
+    const checkpoint = json(made) as { id: string; seq: number };
+    const listed = await toolgate(['audit', 'checkpoints']);
+    expect(listed.stdout).toContain(`${checkpoint.id}  seq ${checkpoint.seq}`);
+    const verified = await toolgate(['audit', 'verify', '--from-checkpoint', checkpoint.id]);
+    expect(verified.status).toBe(0);
+    expect(verified.stdout).toMatch(
+      new RegExp(`^audit chain intact: 1 rows, .*; from checkpoint ${checkpoint.id} at seq ${checkpoint.seq}`),
+    );
+  }, 120_000);
+
   it.skipIf(!hasPostgresServer)(
     'verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)',
     async () => {

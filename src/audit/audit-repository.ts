@@ -359,6 +359,8 @@ export async function verifyAuditChain(
   db: Kysely<DB>,
   pageSize = 2000,
   anchor?: ChainHead,
+  /** A row already trusted (a signed checkpoint): the walk starts after it, and `checked` counts from there. */
+  from?: ChainHead,
 ): Promise<ChainVerification> {
   // One snapshot: an append committing during the walk would otherwise pass for rows cut off.
   return db
@@ -367,10 +369,20 @@ export async function verifyAuditChain(
     .setAccessMode('read only')
     .execute(async (trx) => {
       const head = await readChainHead(trx);
-      const walked = await walkChain(trx, head, pageSize);
+      if (from !== undefined && from.seq > 0) {
+        const start = await trx
+          .selectFrom('audit_events')
+          .select('hash')
+          .where('seq', '=', from.seq)
+          .executeTakeFirst();
+        // The trusted row itself must still be there as trusted; which earlier row changed is a full walk's to say.
+        if (start?.hash !== from.hash) return { ok: false, checked: 0, first_bad_seq: from.seq, head: null };
+      }
+      const walked = await walkChain(trx, head, pageSize, from);
       const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
       if (anchor === undefined) return verified;
-      const check = await checkAnchor(trx, anchor, walked.checked);
+      const start = from?.seq ?? 0;
+      const check = await checkAnchor(trx, anchor, start + walked.checked);
       if (check.ok) return { ...verified, anchor: check };
       // Where the anchor proves the log differs: the first seq missing up to it, or the anchored row
       // itself (the anchor tells that some row up to it was rewritten, not which). An earlier break
@@ -380,7 +392,7 @@ export async function verifyAuditChain(
       // A head the anchor refutes is no head to anchor next.
       return {
         ok: false,
-        checked: Math.min(walked.checked, provenBad - 1),
+        checked: Math.max(Math.min(walked.checked, provenBad - 1 - start), 0),
         first_bad_seq: firstBad,
         head: null,
         anchor: check,
@@ -393,12 +405,13 @@ async function walkChain(
   trx: Transaction<DB>,
   head: ChainHead,
   pageSize: number,
+  from: ChainHead = { seq: 0, hash: GENESIS_HASH },
 ): Promise<Pick<ChainVerification, 'ok' | 'checked' | 'first_bad_seq'>> {
-  let expectedSeq = 1;
-  let prevHash = GENESIS_HASH;
+  let expectedSeq = from.seq + 1;
+  let prevHash = from.hash;
   let checked = 0;
   let pastHeadSeq: number | undefined;
-  let afterSeq: number | undefined;
+  let afterSeq: number | undefined = from.seq > 0 ? from.seq : undefined;
   for (;;) {
     let page = trx
       .selectFrom('audit_events')
@@ -435,7 +448,7 @@ async function walkChain(
     }
     // Rows checked so far run from seq 1 without gaps: the rows before an edited one number seq - 1.
     const edited = await firstDetailsUnlikeHashed(trx, numbered);
-    if (edited !== undefined) return { ok: false, checked: edited - 1, first_bad_seq: edited };
+    if (edited !== undefined) return { ok: false, checked: edited - 1 - from.seq, first_bad_seq: edited };
     if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
     if (pastHeadSeq !== undefined || rows.length < pageSize) break;
   }
@@ -443,7 +456,7 @@ async function walkChain(
   if (prevHash !== head.hash) {
     // The last row is not the one the head names (an empty chain's head names seq 1's place).
     const lastSeq = Math.max(head.seq, 1);
-    return { ok: false, checked: lastSeq - 1, first_bad_seq: lastSeq };
+    return { ok: false, checked: Math.max(lastSeq - 1 - from.seq, 0), first_bad_seq: lastSeq };
   }
   if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
   return { ok: true, checked, first_bad_seq: null };

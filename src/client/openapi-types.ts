@@ -139,16 +139,51 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * Verify the hash chain of the whole audit log (platform-operator)
+         * Verify the hash chain of the audit log, whole or from a checkpoint (platform-operator)
          * @description The chain head is the chain's own anchor: someone who can both rewrite rows at the tail
          *     and move the head leaves a chain that verifies. To close that, keep the `head` of an
          *     answer with `ok` true outside the database (a ticket, an object store with a retention
          *     lock) and pass it back later as `anchor_seq` and `anchor_hash`: the chain must still
          *     hold that row, with that hash, on the verified chain. Appends made since do not matter.
+         *
+         *     With `from_checkpoint`, the checkpoint's signature is checked first (`422
+         *     checkpoint_untrusted` when it does not verify, its key is unknown, or it is unsigned while
+         *     the gateway signs), then only the rows after it are verified: `checked` counts those, and
+         *     the cost is what was appended since, not all of history. The checkpoint's own row must
+         *     still hold its hash, or `first_bad_seq` is the checkpoint's seq.
          */
         get: operations["verifyAudit"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The audit chain's checkpoints, newest first (platform-operator)
+         * @description Newest first (by `seq`, then `id`), a page at a time; verify from one with `GET /audit/verify?from_checkpoint=`.
+         */
+        get: operations["listAuditCheckpoints"];
+        put?: never;
+        /**
+         * Record a checkpoint of the audit chain (platform-operator)
+         * @description Verifies the chain from the newest trusted checkpoint (or from its start) to its head, then
+         *     records `{id, seq, hash, at}` of that head, signed with the gateway's Ed25519 key
+         *     (`TOOLGATE_AUDIT_SIGNING_KEY`) when one is configured. A chain that does not verify gets
+         *     `409 audit_chain_broken` (with `first_bad_seq`) and no checkpoint. The gateway also records
+         *     one periodically (`TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS`) when the chain moved.
+         *     Recorded as `audit.checkpoint_created`.
+         */
+        post: operations["createAuditCheckpoint"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1116,9 +1151,10 @@ export interface components {
          *     `grant_missing`, `grant_expired`, `grant_revoked`, `tool_scope_missing`, `kill_switch_active`,
          *     `egress_denied`, `handoff_rejected`;
          *     404 `not_found`, `tool_not_registered`, `tool_version_not_found`;
-         *     409 `run_id_conflict`, `tool_version_conflict`, `run_not_resumable`, `budget_conflict`, `grant_conflict`;
+         *     409 `run_id_conflict`, `tool_version_conflict`, `run_not_resumable`, `budget_conflict`, `grant_conflict`,
+         *     `audit_chain_broken`;
          *     413 `payload_too_large`;
-         *     422 `tool_input_schema_invalid`, `idempotency_key_reused`;
+         *     422 `tool_input_schema_invalid`, `idempotency_key_reused`, `checkpoint_untrusted`;
          *     429 `rate_limited`;
          *     500 `internal`;
          *     502 `tool_backend_failed`, `tool_output_schema_invalid`;
@@ -1126,7 +1162,7 @@ export interface components {
          *     504 `tool_backend_timeout`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "idempotency_key_reused" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout";
+        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "audit_chain_broken" | "idempotency_key_reused" | "checkpoint_untrusted" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout";
         Error: {
             error: {
                 code: components["schemas"]["ErrorCode"];
@@ -1187,6 +1223,22 @@ export interface components {
             details: Record<string, unknown>;
             prev_hash: string;
             hash: string;
+        };
+        /**
+         * @description The chain held row `seq` with `hash` at `at`. `signature` is Ed25519 (base64url) over the
+         *     UTF-8 bytes of `toolgate-audit-checkpoint-v1` and a newline followed by the canonical JSON
+         *     (keys sorted, no spaces) of `{at, hash, id, key_id, seq}`; `key_id` is the first 16 hex
+         *     digits of the SHA-256 of the public key (SPKI DER). Both are null for an unsigned checkpoint.
+         */
+        AuditCheckpoint: {
+            id: string;
+            seq: number;
+            hash: string;
+            /** Format: date-time */
+            at: string;
+            key_id: string | null;
+            signature: string | null;
+            created_by: string;
         };
         TenantPolicy: {
             tenant_id: string;
@@ -2098,6 +2150,8 @@ export interface operations {
     verifyAudit: {
         parameters: {
             query?: {
+                /** @description The id of a checkpoint (`GET /audit/checkpoints`) to verify from. */
+                from_checkpoint?: string;
                 /** @description The `seq` of a `head` kept elsewhere; given with `anchor_hash` or not at all. */
                 anchor_seq?: number;
                 /** @description The `hash` of that `head`; given with `anchor_seq` or not at all. */
@@ -2143,12 +2197,75 @@ export interface operations {
                             /** @enum {unknown} */
                             reason: "missing" | "hash_mismatch" | "chain_broken" | null;
                         };
+                        /** @description Present only when verifying from a checkpoint. */
+                        from_checkpoint?: {
+                            id: string;
+                            seq: number;
+                        };
                     };
                 };
             };
             400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    listAuditCheckpoints: {
+        parameters: {
+            query?: {
+                limit?: number;
+                /** @description `next_cursor` of the previous page. */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of checkpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: components["schemas"]["AuditCheckpoint"][];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    createAuditCheckpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditCheckpoint"];
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
     };

@@ -1,3 +1,4 @@
+import { createPrivateKey, createPublicKey, type KeyObject } from 'node:crypto';
 import ipaddr from 'ipaddr.js';
 import { z } from 'zod';
 
@@ -61,6 +62,14 @@ export interface Config {
     /** How many sub-runs a root run may hand off to (`TOOLGATE_HANDOFF_MAX_FANOUT`); sub-runs get theirs from the hand-off. */
     rootMaxFanout: number;
   };
+  auditCheckpoints: {
+    /** PEM Ed25519 private key signing checkpoints (`TOOLGATE_AUDIT_SIGNING_KEY`); unset, they are unsigned. */
+    signingKey: string | undefined;
+    /** PEM public keys of earlier signing keys whose checkpoints stay trusted (`TOOLGATE_AUDIT_VERIFY_KEYS`). */
+    verifyKeys: string[];
+    /** How often a checkpoint of a chain that moved is recorded; 0 never (`TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS`). */
+    intervalSeconds: number;
+  };
   /** The MCP front door, `POST /mcp` (SPEC §12). */
   mcp: {
     /** Whether `/mcp` and its metadata route are served (`TOOLGATE_MCP_ENABLED`, default true). */
@@ -81,6 +90,23 @@ const emptyAsUndefined = (value: unknown) => (value === '' ? undefined : value);
 const optionalString = z.preprocess(emptyAsUndefined, z.string().optional());
 const intInRange = (min: number, max: number, fallback: number) =>
   z.preprocess(emptyAsUndefined, z.coerce.number().int().min(min).max(max).default(fallback));
+
+const PEM_BLOCK = /-----BEGIN [A-Z ]+-----[\s\S]+?-----END [A-Z ]+-----/g;
+const pemKey = (parse: (pem: string) => KeyObject, message: string) =>
+  z.preprocess(
+    emptyAsUndefined,
+    z
+      .string()
+      .transform((value) => value.replace(/\\n/g, '\n'))
+      .refine((pem) => {
+        try {
+          return parse(pem).asymmetricKeyType === 'ed25519';
+        } catch {
+          return false;
+        }
+      }, message)
+      .optional(),
+  );
 
 const httpUrl = (value: string) => {
   try {
@@ -179,6 +205,28 @@ const environmentSchema = z
     TOOLGATE_RETENTION_SWEEP_MS: intInRange(1_000, 86_400_000, 600_000),
     TOOLGATE_HANDOFF_MAX_DEPTH: intInRange(1, 50, 5),
     TOOLGATE_HANDOFF_MAX_FANOUT: intInRange(0, 1000, 8),
+    TOOLGATE_AUDIT_SIGNING_KEY: pemKey(createPrivateKey, 'must be a PEM Ed25519 private key'),
+    TOOLGATE_AUDIT_VERIFY_KEYS: z.preprocess(
+      emptyAsUndefined,
+      z
+        .string()
+        .default('')
+        .transform((value) => value.replace(/\\n/g, '\n'))
+        .refine(
+          (value) =>
+            value.replace(PEM_BLOCK, '').trim() === '' && (value.match(PEM_BLOCK) ?? []).every(isEd25519PublicKey),
+          'must hold PEM Ed25519 public keys (BEGIN PUBLIC KEY) and nothing else',
+        )
+        .transform((value) => value.match(PEM_BLOCK) ?? []),
+    ),
+    TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS: z.preprocess(
+      emptyAsUndefined,
+      z.coerce
+        .number()
+        .int()
+        .refine((value) => value === 0 || (value >= 10 && value <= 86_400), 'must be 0 (never) or 10 to 86400')
+        .default(3600),
+    ),
     TOOLGATE_MCP_ENABLED: z.preprocess(
       emptyAsUndefined,
       z.enum(['true', 'false'], { message: 'must be true or false' }).default('true'),
@@ -224,6 +272,16 @@ const environmentSchema = z
       });
     }
   });
+
+function isEd25519PublicKey(pem: string): boolean {
+  // A private key would parse too (its public half is derived), but has no place in this list.
+  if (!pem.startsWith('-----BEGIN PUBLIC KEY-----')) return false;
+  try {
+    return createPublicKey(pem).asymmetricKeyType === 'ed25519';
+  } catch {
+    return false;
+  }
+}
 
 function isCidr(value: string): boolean {
   try {
@@ -285,6 +343,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     approvalTtlSeconds: e.TOOLGATE_APPROVAL_TTL_SECONDS,
     retention: { days: e.TOOLGATE_RETENTION_DAYS, sweepIntervalMs: e.TOOLGATE_RETENTION_SWEEP_MS },
     handoffs: { maxDepth: e.TOOLGATE_HANDOFF_MAX_DEPTH, rootMaxFanout: e.TOOLGATE_HANDOFF_MAX_FANOUT },
+    auditCheckpoints: {
+      signingKey: e.TOOLGATE_AUDIT_SIGNING_KEY,
+      verifyKeys: e.TOOLGATE_AUDIT_VERIFY_KEYS,
+      intervalSeconds: e.TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS,
+    },
     mcp: {
       enabled: e.TOOLGATE_MCP_ENABLED === 'true',
       resource: e.TOOLGATE_MCP_RESOURCE,

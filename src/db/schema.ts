@@ -35,6 +35,16 @@ export interface AuditChainHeadTable {
   hash: string;
 }
 
+export interface AuditCheckpointTable {
+  id: string;
+  seq: ColumnType<string, number, never>;
+  hash: string;
+  at: ColumnType<Date, Date, never>;
+  key_id: string | null;
+  signature: string | null;
+  created_by: string;
+}
+
 export interface SchemaMigrationTable {
   version: string;
   applied_at: Generated<Date>;
@@ -146,6 +156,7 @@ export interface KillSwitchStateTable {
 export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
+  audit_checkpoints: AuditCheckpointTable;
   schema_migrations: SchemaMigrationTable;
   grants: GrantTable;
   kill_switches: KillSwitchTable;

@@ -26,9 +26,11 @@ export const ERROR_CODES = [
   'run_not_resumable',
   'budget_conflict',
   'grant_conflict',
+  'audit_chain_broken',
   'payload_too_large',
   'tool_input_schema_invalid',
   'idempotency_key_reused',
+  'checkpoint_untrusted',
   'rate_limited',
   'internal',
   'tool_backend_failed',
@@ -74,11 +76,13 @@ export function statusForCode(code: ErrorCode): number {
     case 'run_not_resumable':
     case 'budget_conflict':
     case 'grant_conflict':
+    case 'audit_chain_broken':
       return 409;
     case 'payload_too_large':
       return 413;
     case 'tool_input_schema_invalid':
     case 'idempotency_key_reused':
+    case 'checkpoint_untrusted':
       return 422;
     case 'rate_limited':
       return 429;

@@ -177,12 +177,18 @@ export function auditCommand() {
       'toolgate audit verify --anchor /secure/toolgate-anchor.json',
     )
       .option('--anchor <file>', 'a JSON file with the head of an earlier verification (created when missing)')
-      .action(async (options: { anchor?: string }, cmd) => {
+      .option('--from-checkpoint <id>', 'verify only the rows after this checkpoint (its signature checked first)')
+      .action(async (options: { anchor?: string; fromCheckpoint?: string }, cmd) => {
         const s = new Session(cmd);
         const anchor = options.anchor ? await readAnchor(options.anchor) : undefined;
         const result = await s.call(
           s.api.GET('/audit/verify', {
-            params: { query: anchor ? { anchor_seq: anchor.seq, anchor_hash: anchor.hash } : {} },
+            params: {
+              query: {
+                ...(anchor ? { anchor_seq: anchor.seq, anchor_hash: anchor.hash } : {}),
+                ...(options.fromCheckpoint ? { from_checkpoint: options.fromCheckpoint } : {}),
+              },
+            },
           }),
         );
         if (result.ok && result.head && options.anchor) {
@@ -201,7 +207,10 @@ export function auditCommand() {
                 : '';
             return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${result.checked} rows verified before it`;
           }
-          const held = anchor ? `; holds the anchor at seq ${anchor.seq}` : '';
+          const held =
+            (result.from_checkpoint
+              ? `; from checkpoint ${result.from_checkpoint.id} at seq ${result.from_checkpoint.seq}`
+              : '') + (anchor ? `; holds the anchor at seq ${anchor.seq}` : '');
           const kept = options.anchor && result.head ? `; head kept in ${options.anchor}` : '';
           return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}`;
         });
@@ -209,6 +218,35 @@ export function auditCommand() {
           throw new CheckFailed(
             `audit chain broken at seq ${result.first_bad_seq}${result.anchor?.reason ? ` (anchor: ${result.anchor.reason})` : ''}`,
           );
+      }),
+  );
+  audit.addCommand(
+    command(
+      'checkpoint',
+      'verify the chain since the last checkpoint and record a (signed) checkpoint of its head (platform-operator)',
+      'toolgate audit checkpoint',
+    ).action(async (_options: object, cmd) => {
+      const s = new Session(cmd);
+      const made = await s.call(s.api.POST('/audit/checkpoints', {}));
+      s.print(
+        made,
+        () =>
+          `checkpoint ${made.id} at seq ${made.seq} ${made.hash}${made.signature ? ` signed by key ${made.key_id}` : ' (unsigned)'}`,
+      );
+    }),
+  );
+
+  audit.addCommand(
+    command('checkpoints', 'the checkpoints, newest first (platform-operator)', 'toolgate audit checkpoints --limit 5')
+      .addOption(new Option('--limit <n>', 'how many').argParser(parseInteger).default(20))
+      .action(async (options: { limit: number }, cmd) => {
+        const s = new Session(cmd);
+        const page = await s.call(s.api.GET('/audit/checkpoints', { params: { query: { limit: options.limit } } }));
+        s.print(page, () =>
+          page.items
+            .map((c) => `${c.id}  seq ${c.seq}  ${c.at}  ${c.signature ? `key ${c.key_id}` : 'unsigned'}`)
+            .join('\n'),
+        );
       }),
   );
   return audit;

@@ -1,7 +1,10 @@
 import type { FastifyInstance } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
+import type { AuditCheckpoints } from '../../audit/audit-checkpoints.js';
 import type { AuditLog } from '../../audit/audit-log.js';
+import { actorOf } from '../../auth/principal.js';
+import { operatorOf } from '../auth.js';
 import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.js';
 import type { DB } from '../../db/schema.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
@@ -11,6 +14,7 @@ import { identifier, parseInput } from '../validation.js';
 export interface AuditRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
+  checkpoints: AuditCheckpoints;
 }
 
 const listQuery = z.strictObject({
@@ -41,6 +45,7 @@ const verifyQuery = z
       .string()
       .regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits')
       .optional(),
+    from_checkpoint: identifier.optional(),
   })
   .superRefine((query, ctx) => {
     if (query.anchor_seq !== undefined && query.anchor_hash === undefined) {
@@ -50,7 +55,13 @@ const verifyQuery = z
     }
   });
 
-/** `GET /audit` and `GET /audit/verify`. Tenant-operators see only their own tenant. */
+const checkpointListQuery = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(500).default(50),
+  cursor: z.string().optional(),
+});
+const checkpointCursor = z.strictObject({ seq: z.number().int().min(0), id: z.string() });
+
+/** `GET /audit`, `GET /audit/verify` and the checkpoints. Tenant-operators see only their own tenant. */
 export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): Promise<void> {
   app.get('/audit', { config: { access: 'operator' } }, async (request) => {
     const query = parseInput(listQuery, request.query, 'query');
@@ -77,6 +88,19 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
       query.anchor_seq !== undefined && query.anchor_hash !== undefined
         ? { seq: query.anchor_seq, hash: query.anchor_hash }
         : undefined;
+    if (query.from_checkpoint !== undefined) return deps.checkpoints.verifyFrom(query.from_checkpoint, anchor);
     return verifyAuditChain(deps.db, undefined, anchor);
+  });
+
+  app.post('/audit/checkpoints', { config: { access: 'platform-operator' } }, async (request, reply) => {
+    const checkpoint = await deps.checkpoints.create(actorOf(operatorOf(request)));
+    return reply.code(201).send(checkpoint);
+  });
+
+  app.get('/audit/checkpoints', { config: { access: 'platform-operator' } }, async (request) => {
+    const query = parseInput(checkpointListQuery, request.query, 'query');
+    const before = query.cursor === undefined ? undefined : decodeCursor(query.cursor, checkpointCursor);
+    const page = await deps.checkpoints.list({ limit: query.limit, before });
+    return { items: page.items, next_cursor: page.next === null ? null : encodeCursor(page.next) };
   });
 }

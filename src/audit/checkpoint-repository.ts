@@ -1,0 +1,63 @@
+import type { Kysely, Selectable, Transaction } from 'kysely';
+import type { AuditCheckpointTable, DB } from '../db/schema.js';
+import type { Checkpoint } from './checkpoint-signer.js';
+
+function toCheckpoint(row: Selectable<AuditCheckpointTable>): Checkpoint {
+  return {
+    id: row.id,
+    seq: Number(row.seq),
+    hash: row.hash,
+    at: new Date(row.at).toISOString(),
+    key_id: row.key_id,
+    signature: row.signature,
+    created_by: row.created_by,
+  };
+}
+
+export async function insertCheckpoint(trx: Transaction<DB>, checkpoint: Checkpoint): Promise<void> {
+  await trx
+    .insertInto('audit_checkpoints')
+    .values({ ...checkpoint, at: new Date(checkpoint.at) })
+    .execute();
+}
+
+export async function findCheckpoint(db: Kysely<DB>, id: string): Promise<Checkpoint | undefined> {
+  const row = await db.selectFrom('audit_checkpoints').selectAll().where('id', '=', id).executeTakeFirst();
+  return row === undefined ? undefined : toCheckpoint(row);
+}
+
+/** Checkpoints newest first (by seq, then id), `limit` a page, after the cursor's `(seq, id)`. */
+export async function listCheckpoints(
+  db: Kysely<DB>,
+  query: { limit: number; before?: { seq: number; id: string } | undefined },
+): Promise<{ items: Checkpoint[]; next: { seq: number; id: string } | null }> {
+  let q = db.selectFrom('audit_checkpoints').selectAll();
+  const before = query.before;
+  if (before !== undefined) {
+    q = q.where((eb) =>
+      eb.or([
+        eb('seq', '<', String(before.seq)),
+        eb.and([eb('seq', '=', String(before.seq)), eb('id', '<', before.id)]),
+      ]),
+    );
+  }
+  const rows = await q
+    .orderBy('seq', 'desc')
+    .orderBy('id', 'desc')
+    .limit(query.limit + 1)
+    .execute();
+  const items = rows.slice(0, query.limit).map(toCheckpoint);
+  const last = items[items.length - 1];
+  return { items, next: rows.length > query.limit && last ? { seq: last.seq, id: last.id } : null };
+}
+
+/** The newest checkpoints first, a page at a time: where an incremental verification may start. */
+export async function* checkpointsNewestFirst(db: Kysely<DB>): AsyncGenerator<Checkpoint> {
+  let before: { seq: number; id: string } | undefined;
+  for (;;) {
+    const page = await listCheckpoints(db, { limit: 100, before });
+    yield* page.items;
+    if (page.next === null) return;
+    before = page.next;
+  }
+}
