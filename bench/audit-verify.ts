@@ -1,0 +1,134 @@
+/**
+ * `npm run bench:audit`: how fast the audit chain verifies, on a fresh database holding
+ * BENCH_AUDIT_ROWS rows (default 1,000,000) shaped like a tool call's intent and outcome records.
+ *
+ * Baseline, measured in the same run: reading every row in key order, pages of the walk's size,
+ * without hashing. Then the full walk (`GET /audit/verify`), and a walk from a checkpoint 10,000
+ * rows before the head. Prints rows/s and the ratio of each to the baseline.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import { sql, type Kysely } from 'kysely';
+import { pino } from 'pino';
+import { GENESIS_HASH, payloadHash, sealRecord } from '../src/audit/audit-hash.js';
+import type { AuditRecord } from '../src/audit/audit-event.js';
+import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { openDatabase } from '../src/db/database.js';
+import { migrate } from '../src/db/migrate.js';
+import type { DB } from '../src/db/schema.js';
+import { createBenchDatabase } from './gateway-process.js';
+
+const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+const rows = Number(process.env.BENCH_AUDIT_ROWS ?? 1_000_000);
+const PAGE = 2000;
+const INSERT_BATCH = 5000;
+
+function recordAt(seq: number, prevHash: string, start: number): Omit<AuditRecord, 'hash'> {
+  const call = Math.floor(seq / 2);
+  const outcome = seq % 2 === 1;
+  return {
+    seq,
+    event_id: randomUUID(),
+    occurred_at: new Date(start + seq).toISOString(),
+    tenant_id: `tenant-${call % 7}`,
+    actor: `agent:agent-${call % 13}`,
+    agent_id: `agent-${call % 13}`,
+    event_type: outcome ? 'tool.call.completed' : 'tool.call.dispatched',
+    run_id: `run_${call}`,
+    tool_call_id: `run_${call}:0`,
+    tool_id: 'web.fetch',
+    tool_version: '1.2.0',
+    tool_category: 'read',
+    risk_level: 'low',
+    trace_id: randomBytes(16).toString('hex'),
+    organization_id: null,
+    assessment_id: null,
+    status: outcome ? 'completed' : 'dispatched',
+    reason_code: null,
+    input_sha256: payloadHash({ url: `https://example.com/${call}` }),
+    output_sha256: outcome ? payloadHash({ status: 200, call }) : null,
+    duration_ms: outcome ? 12.5 + (call % 50) : null,
+    cost_units: outcome ? 1 : null,
+    details: outcome ? { reservation_id: `res_${call}`, via: 'rest', attempt: 1 } : { via: 'rest' },
+    prev_hash: prevHash,
+  };
+}
+
+async function fill(db: Kysely<DB>): Promise<{ seq: number; hash: string }[]> {
+  const start = Date.parse('2026-11-01T00:00:00Z');
+  let prevHash = GENESIS_HASH;
+  const heads: { seq: number; hash: string }[] = [];
+  for (let first = 1; first <= rows; first += INSERT_BATCH) {
+    const json: string[] = [];
+    for (let seq = first; seq < Math.min(first + INSERT_BATCH, rows + 1); seq += 1) {
+      const sealed = sealRecord(recordAt(seq, prevHash, start));
+      json.push(sealed.json);
+      prevHash = sealed.hash;
+      heads.push({ seq, hash: sealed.hash });
+    }
+    await sql`insert into audit_events select * from jsonb_populate_recordset(null::audit_events, ${`[${json.join(',')}]`}::jsonb)`.execute(
+      db,
+    );
+  }
+  const last = heads[heads.length - 1]!;
+  await sql`update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1`.execute(db);
+  await sql`vacuum analyze audit_events`.execute(db);
+  return heads;
+}
+
+async function readAll(db: Kysely<DB>): Promise<number> {
+  let after = 0;
+  let count = 0;
+  for (;;) {
+    const page = await db
+      .selectFrom('audit_events')
+      .selectAll()
+      .where('seq', '>', after)
+      .orderBy('seq')
+      .limit(PAGE)
+      .execute();
+    count += page.length;
+    if (page.length < PAGE) return count;
+    after = Number(page[page.length - 1]!.seq);
+  }
+}
+
+async function timed<T>(run: () => Promise<T>): Promise<{ value: T; seconds: number }> {
+  const began = process.hrtime.bigint();
+  const value = await run();
+  return { value, seconds: Number(process.hrtime.bigint() - began) / 1e9 };
+}
+
+const bench = await createBenchDatabase(serverUrl);
+const database = await openDatabase({
+  databaseUrl: bench.url,
+  dataDir: '',
+  poolSize: 4,
+  logger: pino({ level: 'silent' }),
+});
+try {
+  await migrate(database.db);
+  const filled = await timed(() => fill(database.db));
+  console.log(`filled ${rows.toLocaleString()} rows in ${filled.seconds.toFixed(1)} s`);
+  const heads = filled.value;
+
+  const read = await timed(() => readAll(database.db));
+  const readRate = read.value / read.seconds;
+  const full = await timed(() => verifyAuditChain(database.db));
+  if (!full.value.ok) throw new Error(`the chain did not verify: ${JSON.stringify(full.value)}`);
+  const fullRate = full.value.checked / full.seconds;
+  const from = heads[Math.max(heads.length - 10_001, 0)]!;
+  const tail = await timed(() => verifyAuditChain(database.db, undefined, undefined, from));
+  if (!tail.value.ok) throw new Error(`the tail did not verify: ${JSON.stringify(tail.value)}`);
+
+  const fmt = (n: number) => Math.round(n).toLocaleString();
+  console.log(`baseline: read every row in key order     ${fmt(readRate)} rows/s (${read.seconds.toFixed(2)} s)`);
+  console.log(
+    `full verification                          ${fmt(fullRate)} rows/s (${full.seconds.toFixed(2)} s), ${(fullRate / readRate).toFixed(2)}× the baseline`,
+  );
+  console.log(
+    `from a checkpoint ${fmt(tail.value.checked)} rows before the head  ${tail.seconds.toFixed(3)} s (${(tail.seconds / full.seconds).toFixed(4)}× the full walk)`,
+  );
+} finally {
+  await database.close();
+  await bench.drop();
+}
