@@ -2,7 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
-import { canonicalJson, chainHash, GENESIS_HASH, sealRecord } from './audit-hash.js';
+import { GENESIS_HASH, sealRecord } from './audit-hash.js';
+import { walkChain } from './chain-walk.js';
 
 export interface TimedAuditEvent<T = unknown> {
   event: AuditEventInput;
@@ -378,7 +379,7 @@ export async function verifyAuditChain(
         // The trusted row itself must still be there as trusted; which earlier row changed is a full walk's to say.
         if (start?.hash !== from.hash) return { ok: false, checked: 0, first_bad_seq: from.seq, head: null };
       }
-      const walked = await walkChain(trx, head, pageSize, from);
+      const walked = await walkChain(trx, head, pageSize, from ?? { seq: 0, hash: GENESIS_HASH });
       const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
       if (anchor === undefined) return verified;
       const start = from?.seq ?? 0;
@@ -400,68 +401,6 @@ export async function verifyAuditChain(
     });
 }
 
-/** The chain walk of `verifyAuditChain`, against the head read in the same snapshot. */
-async function walkChain(
-  trx: Transaction<DB>,
-  head: ChainHead,
-  pageSize: number,
-  from: ChainHead = { seq: 0, hash: GENESIS_HASH },
-): Promise<Pick<ChainVerification, 'ok' | 'checked' | 'first_bad_seq'>> {
-  let expectedSeq = from.seq + 1;
-  let prevHash = from.hash;
-  let checked = 0;
-  let pastHeadSeq: number | undefined;
-  let afterSeq: number | undefined = from.seq > 0 ? from.seq : undefined;
-  for (;;) {
-    let page = trx
-      .selectFrom('audit_events')
-      .selectAll()
-      .select(sql<boolean>`occurred_at = date_trunc('milliseconds', occurred_at)`.as('whole_milliseconds'));
-    // No lower bound at first: a row below seq 1 is walked too, and reported as itself.
-    if (afterSeq !== undefined) page = page.where('seq', '>', afterSeq);
-    const rows = await page.orderBy('seq', 'asc').limit(pageSize).execute();
-    const numbered: Pick<AuditRecord, 'seq' | 'details'>[] = [];
-    let brokenAt: number | undefined;
-    for (const { whole_milliseconds, ...row } of rows) {
-      const seq = Number(row.seq);
-      afterSeq = seq;
-      if (seq > head.seq) {
-        pastHeadSeq = seq;
-        break;
-      }
-      // The hash covers the row as JavaScript reads it: a part of a millisecond, a time RFC 3339
-      // cannot write, or a NaN or infinite float (hashed as null) would be an edit it cannot see.
-      const record = toRecord(row);
-      const readExactly =
-        whole_milliseconds &&
-        record.occurred_at !== null &&
-        finiteOrNull(record.duration_ms) &&
-        finiteOrNull(record.cost_units);
-      if (!readExactly || seq !== expectedSeq || !linksTo(record, prevHash)) {
-        brokenAt = Math.min(seq, expectedSeq);
-        break;
-      }
-      if (holdsNumber(record.details)) numbered.push(record);
-      checked += 1;
-      expectedSeq += 1;
-      prevHash = record.hash;
-    }
-    // Rows checked so far run from seq 1 without gaps: the rows before an edited one number seq - 1.
-    const edited = await firstDetailsUnlikeHashed(trx, numbered);
-    if (edited !== undefined) return { ok: false, checked: edited - 1 - from.seq, first_bad_seq: edited };
-    if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
-    if (pastHeadSeq !== undefined || rows.length < pageSize) break;
-  }
-  if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
-  if (prevHash !== head.hash) {
-    // The last row is not the one the head names (an empty chain's head names seq 1's place).
-    const lastSeq = Math.max(head.seq, 1);
-    return { ok: false, checked: Math.max(lastSeq - 1 - from.seq, 0), first_bad_seq: lastSeq };
-  }
-  if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
-  return { ok: true, checked, first_bad_seq: null };
-}
-
 /**
  * Whether the chain holds `anchor`: its row is there with its hash, among the `checked` rows the
  * walk verified from seq 1 (a verified row's stored hash is the one recomputed).
@@ -477,44 +416,6 @@ async function checkAnchor(trx: Transaction<DB>, anchor: ChainHead, checked: num
           ? 'chain_broken'
           : null;
   return { seq: anchor.seq, ok: reason === null, reason };
-}
-
-/**
- * The first of these rows whose stored `details` differ from the details that were hashed, in
- * one statement: jsonb equality compares numbers as exact decimals, so an edit below a double's
- * precision (1 to 1.0000000000000000001), or a number past its range read as null, shows here.
- */
-async function firstDetailsUnlikeHashed(
-  trx: Transaction<DB>,
-  rows: Pick<AuditRecord, 'seq' | 'details'>[],
-): Promise<number | undefined> {
-  if (rows.length === 0) return undefined;
-  const hashed = `[${rows.map((row) => `{"seq":${row.seq},"details":${canonicalJson(row.details) ?? 'null'}}`).join(',')}]`;
-  const result = await sql<{ seq: number | null }>`
-    select min(stored.seq) as seq
-    from jsonb_to_recordset(${hashed}::jsonb) as hashed(seq bigint, details jsonb)
-    join audit_events stored on stored.seq = hashed.seq
-    where stored.details is distinct from hashed.details`.execute(trx);
-  const seq = result.rows[0]?.seq;
-  return seq === null || seq === undefined ? undefined : Number(seq);
-}
-
-/** Whether a JSON value holds a number anywhere: the only values JavaScript may read inexactly. */
-function holdsNumber(value: unknown): boolean {
-  if (typeof value === 'number') return true;
-  if (value === null || typeof value !== 'object') return false;
-  return Object.values(value).some(holdsNumber);
-}
-
-/** A float column as hashed: NaN and infinities would hash as null, as a null does. */
-function finiteOrNull(value: number | null): boolean {
-  return value === null || Number.isFinite(value);
-}
-
-/** Whether a record follows `prevHash` and its hash is its own. */
-function linksTo(record: AuditRecord, prevHash: string): boolean {
-  const { hash, ...unhashed } = record;
-  return record.prev_hash === prevHash && chainHash(unhashed) === hash;
 }
 
 function toRecord(row: Selectable<AuditEventTable>): AuditRecord {

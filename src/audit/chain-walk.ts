@@ -1,0 +1,229 @@
+import { hash as digest } from 'node:crypto';
+import { sql, type Transaction } from 'kysely';
+import type { DB } from '../db/schema.js';
+import { canonicalJson } from './audit-hash.js';
+
+/** The last link of the chain: what the next event's `prev_hash` and `seq` follow. */
+export interface ChainLink {
+  seq: number;
+  hash: string;
+}
+
+export interface WalkResult {
+  ok: boolean;
+  checked: number;
+  first_bad_seq: number | null;
+}
+
+/** How a column arrives as text and becomes the value JavaScript hashed. */
+type Kind = 'int' | 'float' | 'time' | 'json' | 'bool' | 'text';
+
+interface Column {
+  name: string;
+  kind: Kind;
+}
+
+const KINDS: Record<string, Kind> = {
+  bigint: 'int',
+  integer: 'int',
+  smallint: 'int',
+  'double precision': 'float',
+  real: 'float',
+  'timestamp with time zone': 'time',
+  jsonb: 'json',
+  json: 'json',
+  boolean: 'bool',
+};
+
+/** Every column of `audit_events` but `hash`, in the order canonical JSON sorts keys. */
+async function hashedColumns(trx: Transaction<DB>): Promise<Column[]> {
+  const { rows } = await sql<{ column_name: string; data_type: string }>`
+    select column_name, data_type from information_schema.columns
+    where table_schema = current_schema() and table_name = 'audit_events'`.execute(trx);
+  return rows
+    .filter((row) => row.column_name !== 'hash')
+    .map((row) => ({ name: row.column_name, kind: KINDS[row.data_type] ?? 'text' }))
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+}
+
+const ISO_UTC = /^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?\+00$/;
+
+/**
+ * A stored time (as PostgreSQL writes it in UTC, ISO style) as RFC 3339 to the millisecond, or
+ * null for one RFC 3339 cannot write (infinity, BC, a year past 9999), as the appender wrote it.
+ */
+function rfc3339(text: string): string | null {
+  const match = ISO_UTC.exec(text);
+  if (match === null) return null;
+  return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0').slice(0, 3)}Z`;
+}
+
+/** JSON number tokens outside strings. */
+const NUMBER_TOKEN = /"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)/g;
+const EXACT_INTEGER = /^-?\d{1,15}$/;
+
+/** Whether every number in this JSON text is an integer a double holds exactly (most details). */
+function numbersExact(json: string): boolean {
+  NUMBER_TOKEN.lastIndex = 0;
+  for (let match = NUMBER_TOKEN.exec(json); match !== null; match = NUMBER_TOKEN.exec(json)) {
+    if (match[1] !== undefined && !EXACT_INTEGER.test(match[1])) return false;
+  }
+  return true;
+}
+
+/** A page of rows as the walk reads them: text, converted here rather than by the driver. */
+interface WalkedRow {
+  seq: number;
+  hash: string;
+  prevHash: string;
+  /** The canonical JSON the row's hash covers, as the appender serialised it. */
+  canonical: string;
+  /** Whether JavaScript reads the row exactly (no part of a millisecond, no NaN, a writable time). */
+  readExactly: boolean;
+  /** Its `details` when they hold a number JavaScript may read inexactly: the database compares them. */
+  inexactDetails: unknown;
+}
+
+function toWalked(row: Record<string, string | boolean | null>, columns: Column[]): WalkedRow {
+  let canonical = '{';
+  let readExactly = row['$whole_ms'] === true;
+  let inexactDetails: unknown;
+  for (let i = 0; i < columns.length; i += 1) {
+    const { name, kind } = columns[i]!;
+    const text = row[name] as string | null;
+    let json: string;
+    if (text === null) json = 'null';
+    else if (kind === 'text') json = JSON.stringify(text);
+    else if (kind === 'int') json = String(Number(text));
+    else if (kind === 'float') {
+      const value = Number(text);
+      // NaN and infinities hash as null, as a null does: JavaScript could not tell them apart.
+      if (!Number.isFinite(value)) readExactly = false;
+      json = Number.isFinite(value) ? String(value) : 'null';
+    } else if (kind === 'time') {
+      const time = rfc3339(text);
+      if (time === null) readExactly = false;
+      json = time === null ? 'null' : `"${time}"`;
+    } else if (kind === 'bool') json = text === 'true' ? 'true' : 'false';
+    else {
+      const value: unknown = JSON.parse(text);
+      json = canonicalJson(value) ?? 'null';
+      if (!numbersExact(text)) inexactDetails = value;
+    }
+    canonical += `${i === 0 ? '' : ','}${JSON.stringify(name)}:${json}`;
+  }
+  return {
+    seq: Number(row.seq),
+    hash: row.hash as string,
+    prevHash: row.prev_hash as string,
+    canonical: `${canonical}}`,
+    readExactly,
+    inexactDetails,
+  };
+}
+
+/**
+ * Walks the chain in key order from `from` (the genesis, or a trusted checkpoint) against `head`,
+ * both from the caller's snapshot, and recomputes every hash. Rows arrive as text, converted and
+ * serialised here in one pass; the next page is asked for before this one is hashed.
+ */
+export async function walkChain(
+  trx: Transaction<DB>,
+  head: ChainLink,
+  pageSize: number,
+  from: ChainLink,
+): Promise<WalkResult> {
+  // The texts the conversion expects, whatever the session's settings were.
+  await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
+    set_config('extra_float_digits', '1', true)`.execute(trx);
+  const columns = await hashedColumns(trx);
+  const selected = sql.join([
+    // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
+    ...columns.map((column) => sql`${sql.ref(column.name)}::text as ${sql.ref(column.name)}`),
+    sql`hash`,
+    sql`occurred_at = date_trunc('milliseconds', occurred_at) as "$whole_ms"`,
+  ]);
+  type Page = Promise<{ rows: Record<string, string | boolean | null>[] }>;
+  const page = (after: number | undefined): Page =>
+    sql<Record<string, string | boolean | null>>`
+      select ${selected} from audit_events
+      ${after === undefined ? sql`` : sql`where audit_events.seq > ${after}`}
+      order by audit_events.seq limit ${pageSize}`.execute(trx);
+
+  let expectedSeq = from.seq + 1;
+  let prevHash = from.hash;
+  let checked = 0;
+  let pastHeadSeq: number | undefined;
+  // No lower bound from the genesis: a row below seq 1 is walked too, and reported as itself.
+  let next: Page | undefined = page(from.seq > 0 ? from.seq : undefined);
+  while (next !== undefined) {
+    const rows: Record<string, string | boolean | null>[] = (await next).rows;
+    const last = rows[rows.length - 1];
+    const lastSeq = last === undefined ? undefined : Number(last.seq);
+    next = rows.length === pageSize && lastSeq !== undefined && lastSeq <= head.seq ? page(lastSeq) : undefined;
+    const inexact: { seq: number; details: unknown }[] = [];
+    let brokenAt: number | undefined;
+    for (const raw of rows) {
+      const seq = Number(raw.seq);
+      if (seq > head.seq) {
+        pastHeadSeq = seq;
+        break;
+      }
+      const row = toWalked(raw, columns);
+      if (
+        !row.readExactly ||
+        seq !== expectedSeq ||
+        row.prevHash !== prevHash ||
+        digest('sha256', row.canonical, 'hex') !== row.hash
+      ) {
+        brokenAt = Math.min(seq, expectedSeq);
+        break;
+      }
+      if (row.inexactDetails !== undefined) inexact.push({ seq, details: row.inexactDetails });
+      checked += 1;
+      expectedSeq += 1;
+      prevHash = row.hash;
+    }
+    if (brokenAt !== undefined || pastHeadSeq !== undefined) {
+      // Let a page asked for ahead finish before the transaction is used again.
+      await next?.catch(() => undefined);
+      next = undefined;
+    }
+    // Rows checked so far run from `from` without gaps: the rows before an edited one number seq - 1.
+    const edited = await firstDetailsUnlikeHashed(trx, inexact);
+    if (edited !== undefined) {
+      await next?.catch(() => undefined);
+      return { ok: false, checked: edited - 1 - from.seq, first_bad_seq: edited };
+    }
+    if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
+  }
+  if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
+  if (prevHash !== head.hash) {
+    // The last row is not the one the head names (an empty chain's head names seq 1's place).
+    const lastSeq = Math.max(head.seq, 1);
+    return { ok: false, checked: Math.max(lastSeq - 1 - from.seq, 0), first_bad_seq: lastSeq };
+  }
+  if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
+  return { ok: true, checked, first_bad_seq: null };
+}
+
+/**
+ * The first of these rows whose stored `details` differ from the details that were hashed, in
+ * one statement: jsonb equality compares numbers as exact decimals, so an edit below a double's
+ * precision (1 to 1.0000000000000000001), or a number past its range read as null, shows here.
+ * It queues behind the page asked for ahead, on the same connection.
+ */
+async function firstDetailsUnlikeHashed(
+  trx: Transaction<DB>,
+  rows: { seq: number; details: unknown }[],
+): Promise<number | undefined> {
+  if (rows.length === 0) return undefined;
+  const hashed = `[${rows.map((row) => `{"seq":${row.seq},"details":${canonicalJson(row.details) ?? 'null'}}`).join(',')}]`;
+  const result = await sql<{ seq: number | null }>`
+    select min(stored.seq) as seq
+    from jsonb_to_recordset(${hashed}::jsonb) as hashed(seq bigint, details jsonb)
+    join audit_events stored on stored.seq = hashed.seq
+    where stored.details is distinct from hashed.details`.execute(trx);
+  const seq = result.rows[0]?.seq;
+  return seq === null || seq === undefined ? undefined : Number(seq);
+}
