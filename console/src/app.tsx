@@ -80,7 +80,12 @@ async function signInWith(client: ReturnType<typeof clientFor>) {
   if (outcome.ok && outcome.data.kind !== 'operator')
     return {
       ok: false as const,
-      refusal: { status: 0, code: 'not_an_operator', message: 'this is an agent token; the console is for operators' },
+      // Any operator route would answer an agent this, and record an escalation attempt besides.
+      refusal: {
+        status: 403,
+        code: 'agent_forbidden',
+        message: 'this is an agent token: the console is for operators',
+      },
     };
   return outcome;
 }
@@ -113,7 +118,7 @@ function SignIn(props: {
             you sign out.
           </p>
           <label for="token">Operator token</label>
-          <textarea id="token" name="token" required rows={4} autoComplete="off" spellcheck={false} />
+          <input id="token" name="token" type="password" required autoComplete="off" spellcheck={false} />
           <button type="submit" disabled={busy}>
             Sign in
           </button>

@@ -116,6 +116,8 @@ function ArmForm({ onArmed }: { onArmed: () => void }) {
     );
     if (outcome.ok) {
       form.reset();
+      // Keep the scope just used: the next switch is likely of the same kind.
+      (form.elements.namedItem('scope') as HTMLSelectElement).value = scope;
       onArmed();
     }
   };

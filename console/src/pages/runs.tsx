@@ -221,7 +221,7 @@ function RunDetail({ which, onChanged }: { which: { run_id: string; tenant_id: s
                         '—'
                       )}
                     </td>
-                    <td>{step.duration_ms} ms</td>
+                    <td>{step.duration_ms.toFixed(1)} ms</td>
                     <td>{step.cost_units}</td>
                     <td>{step.audit_id ? <code>{step.audit_id}</code> : '—'}</td>
                   </tr>
