@@ -45,8 +45,9 @@ const field = (name: string, scope: Page | Locator = page) => scope.getByLabel(n
 /** Evaluates `expression` in the page (a string: this file is type-checked without the DOM's types). */
 const inPage = <T = unknown>(expression: string): Promise<T> => page.evaluate<T>(expression);
 
-async function shot(name: string): Promise<void> {
-  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true });
+/** Saves the page as `<name>.png`; long listings only as far as the window shows. */
+async function shot(name: string, fullPage = true): Promise<void> {
+  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage });
 }
 
 async function signIn(token: string): Promise<void> {
@@ -304,7 +305,7 @@ describe.skipIf(!hasChromium)(
       const verdict = await page.getByRole('status').filter({ hasText: 'Chain state' }).innerText();
       expect(verdict).toContain('Chain state: ok');
       expect(verdict).toMatch(/Head: seq \d+, hash [0-9a-f]{64}/);
-      await shot('audit');
+      await shot('audit', false);
 
       const table = page.getByRole('region', { name: 'Events table' });
       const firstSeq = async () => Number(await table.locator('tbody tr td').first().innerText());
@@ -329,7 +330,7 @@ describe.skipIf(!hasChromium)(
       const tool = page.getByRole('article', { name: 'draft.publish 1.0.0' });
       expect(await tool.innerText()).toContain('Needs approval');
       expect(await page.getByRole('main').getByRole('button').count()).toBeLessThanOrEqual(2);
-      await shot('tools');
+      await shot('tools', false);
     });
 
     it('works from the keyboard alone in a narrow window', async () => {
