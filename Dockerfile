@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# Build stage: compile TypeScript with the full dependency tree.
+# Build stage: compile TypeScript and bundle the console with the full dependency tree.
 FROM node:22-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
+# The operator console: built into dist/console, which the runtime stage copies with the rest.
+COPY console ./console
 RUN npm run build
 
 # Runtime stage: production dependencies, compiled code, migrations and the API contract only.

@@ -10,6 +10,7 @@ import { requestIdOf, traceIdOf } from './http/request-context.js';
 import { approvalRoutes } from './http/routes/approvals.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { budgetRoutes } from './http/routes/budgets.js';
+import { consoleRoutes } from './http/routes/console.js';
 import { docsRoutes } from './http/routes/docs.js';
 import { grantRoutes } from './http/routes/grants.js';
 import { killSwitchRoutes } from './http/routes/kill-switches.js';
@@ -153,6 +154,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     readinessChecks: [() => catalog.readiness(), () => killSwitches.readiness()],
   });
   await app.register(docsRoutes);
+  await app.register(consoleRoutes);
   await app.register(whoamiRoutes);
   await app.register(auditRoutes, { db: database.db, audit, checkpoints: services.auditCheckpoints });
   await app.register(grantRoutes, { grants: services.grants, audit, now });

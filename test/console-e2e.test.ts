@@ -1,0 +1,360 @@
+import { existsSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { chromium, type Browser, type Locator, type Page } from 'playwright-core';
+import { build } from 'vite';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TestBackend } from './helpers/backend.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { execute, step } from './helpers/runs.js';
+import { tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
+import { grantTool, newRunId, registerTool } from './helpers/world.js';
+
+// The operator console in Debian's Chromium, against a real gateway on a real port and PostgreSQL.
+const CHROMIUM = '/usr/bin/chromium';
+const hasChromium = existsSync(CHROMIUM);
+const root = new URL('..', import.meta.url).pathname;
+const screenshots = join(root, 'test-output', 'console');
+
+const T = 'tenant-console';
+const OTHER = 'tenant-console-other';
+const AGENT = 'veritas.drafter';
+const OTHER_AGENT = 'acme.helper';
+const agent = tokens.agent(AGENT, { tenant: T });
+const otherAgent = tokens.agent(OTHER_AGENT, { tenant: OTHER });
+const alice = tokens.tenantOperator(T, 'alice');
+const bob = tokens.tenantOperator(T, 'bob');
+const outsider = tokens.tenantOperator(OTHER, 'mallory');
+const platform = tokens.platform('ops.root');
+
+let h: Harness;
+let backend: TestBackend;
+let browser: Browser;
+let page: Page;
+let url: string;
+
+const run = (tool: string, q = 'hello', token = agent, runId = newRunId('console')) =>
+  execute(h.client, token, { run_id: runId, plan: [step(tool, q)] });
+
+/** Within the page, the card (an article) whose text includes `text`. */
+const card = (text: string): Locator => page.getByRole('article').filter({ hasText: text });
+const button = (name: string, scope: Page | Locator = page) => scope.getByRole('button', { name, exact: true });
+const field = (name: string, scope: Page | Locator = page) => scope.getByLabel(name, { exact: true });
+
+/** Evaluates `expression` in the page (a string: this file is type-checked without the DOM's types). */
+const inPage = <T = unknown>(expression: string): Promise<T> => page.evaluate<T>(expression);
+
+/** Saves the page as `<name>.png`; long listings only as far as the window shows. */
+async function shot(name: string, fullPage = true): Promise<void> {
+  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage });
+}
+
+async function signIn(token: string): Promise<void> {
+  await page.goto(`${url}/console`);
+  if (await button('Sign out').isVisible()) await button('Sign out').click();
+  await field('Operator token').fill(token);
+  await button('Sign in').click();
+  await page.getByText('Signed in as').waitFor();
+}
+
+async function open(link: string): Promise<void> {
+  await page.getByRole('navigation', { name: 'Console pages' }).getByRole('link', { name: link, exact: true }).click();
+  await page.getByRole('heading', { level: 1, name: link }).waitFor();
+}
+
+describe.skipIf(!hasChromium)(
+  hasChromium ? 'the operator console' : `the operator console (skipped: no Chromium at ${CHROMIUM})`,
+  () => {
+    beforeAll(async () => {
+      // The gateway serves dist/console: build it as `npm run build` would, so the test sees this tree.
+      await build({ configFile: join(root, 'console', 'vite.config.ts'), logLevel: 'silent' });
+      await mkdir(screenshots, { recursive: true });
+      h = await startHarness();
+      url = await h.client.app.listen({ port: 0, host: '127.0.0.1' });
+      backend = await new TestBackend().start();
+      const agents = { allowed_agents: [AGENT, OTHER_AGENT], category: 'draft_write' };
+      await registerTool(h.client, {
+        id: 'draft.publish',
+        backendUrl: `${backend.url}/echo`,
+        ...agents,
+        requires_approval: true,
+      });
+      await registerTool(h.client, { id: 'lookup', backendUrl: `${backend.url}/echo`, ...agents });
+      await registerTool(h.client, { id: 'lookup.revocable', backendUrl: `${backend.url}/echo`, ...agents });
+      for (const tool of ['draft.publish', 'lookup']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+      await grantTool(h.client, { tenant: OTHER, agent: OTHER_AGENT, tool: 'lookup' });
+      browser = await chromium.launch({ executablePath: CHROMIUM, headless: true });
+      page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+      // A step that waits in vain fails on its own line, well inside the test's timeout.
+      page.setDefaultTimeout(8_000);
+    });
+
+    afterAll(async () => {
+      await browser?.close();
+      await backend?.close();
+      await h?.close();
+    });
+
+    it('signs in with an operator token kept in session storage only, showing who it is and what its role may do', async () => {
+      await page.goto(`${url}/console`);
+      await shot('sign-in');
+      await field('Operator token').fill('not-a-token');
+      await button('Sign in').click();
+      await page.getByRole('alert').filter({ hasText: 'unauthenticated' }).waitFor();
+
+      await field('Operator token').fill(agent);
+      await button('Sign in').click();
+      await page.getByRole('alert').filter({ hasText: 'agent_forbidden' }).waitFor();
+
+      await signIn(alice);
+      const header = await page.getByRole('banner').innerText();
+      expect(header).toContain('Signed in as alice');
+      expect(header).toContain('tenant-operator');
+      expect(header).toContain(`tenant ${T} only`);
+      const storage = await inPage(
+        `({ session: sessionStorage.getItem('toolgate.console.token'), local: localStorage.length, cookies: document.cookie })`,
+      );
+      expect(storage).toEqual({ session: alice, local: 0, cookies: '' });
+
+      // A reload keeps the session (same tab); signing out forgets the token.
+      await page.reload();
+      await page.getByText('Signed in as').waitFor();
+      await button('Sign out').click();
+      await field('Operator token').waitFor();
+      expect(await inPage('sessionStorage.length')).toBe(0);
+    });
+
+    it("lists an agent's approval-gated call under Approvals; approving it with a rationale lets the agent's resume dispatch it", async () => {
+      const runId = newRunId('approve');
+      const held = await run('draft.publish', 'publish the summary', agent, runId);
+      expect(held.status).toBe(202);
+      const approvalId = held.body.steps[0].approval_id as string;
+
+      await signIn(alice);
+      await open('Approvals');
+      const proposal = card(runId);
+      await proposal.waitFor();
+      const text = await proposal.innerText();
+      expect(text).toContain('draft.publish 1.0.0');
+      expect(text).toContain(AGENT);
+      expect(text).toContain('"q": "publish the summary"');
+      expect(text).toContain(approvalId);
+      expect(text).toMatch(/SHA-256 [0-9a-f]{64}/);
+      await shot('approvals');
+
+      // The rationale is required: an empty one does not go out.
+      await button('Approve', proposal).click();
+      expect((await h.client.get(`/approvals/${approvalId}`, { token: alice })).body.status).toBe('pending');
+
+      await field('Rationale', proposal).fill('the summary reads right');
+      await button('Approve', proposal).click();
+      await proposal.getByText('approved by operator:alice').waitFor();
+
+      const resumed = await h.client.post(`/runs/${runId}/resume`, { token: agent, body: {} });
+      expect(resumed.status).toBe(200);
+      expect(resumed.body.status).toBe('completed');
+      expect(backend.hitsOfRun(runId).map((hit) => hit.body)).toEqual([{ q: 'publish the summary' }]);
+    });
+
+    it("refuses an operator's approval of its own proposal, showing the API's code and message", async () => {
+      // An operator's resume proposes the run's next held call itself: bob cannot approve what he proposed.
+      const runId = newRunId('self');
+      const held = await execute(h.client, agent, {
+        run_id: runId,
+        plan: [step('draft.publish', 'first'), step('draft.publish', 'second')],
+      });
+      await h.client.post(`/approvals/${held.body.steps[0].approval_id}/approve`, {
+        token: alice,
+        body: { rationale: 'first is fine' },
+      });
+      const resumed = await h.client.post(`/runs/${runId}/resume`, { token: bob, body: {} });
+      expect(resumed.status).toBe(202);
+
+      await signIn(bob);
+      await open('Approvals');
+      const proposal = card(runId);
+      await proposal.getByText('Your own request proposed this action').waitFor();
+      await field('Rationale', proposal).fill('looks fine to me');
+      await button('Approve', proposal).click();
+      const refusal = await proposal.getByRole('alert').innerText();
+      expect(refusal).toContain('forbidden');
+      const answer = await h.client.post(`/approvals/${resumed.body.steps[1].approval_id}/approve`, {
+        token: bob,
+        body: { rationale: 'again' },
+      });
+      expect(refusal).toContain(answer.body.error.message);
+    });
+
+    it('arming a switch on the agent refuses its next call; disarming restores it', async () => {
+      expect((await run('lookup')).status).toBe(200);
+      await signIn(alice);
+      await open('Kill switches');
+      const arm = page.getByRole('form', { name: 'Arm a switch' });
+      await field('Scope', arm).selectOption('agent');
+      await field('Target', arm).fill(AGENT);
+      expect(await field('Tenant', arm).inputValue()).toBe(T);
+      await field('Reason', arm).fill('drafts look wrong');
+      await field('Status copy', arm).fill('Drafting is paused for review.');
+      await button('Arm', arm).click();
+      await arm.getByRole('status').filter({ hasText: 'Armed' }).waitFor();
+
+      const refused = await run('lookup');
+      expect(refused.status).toBe(403);
+      expect(refused.body.steps[0].error.code).toBe('kill_switch_active');
+      expect(refused.body.steps[0].error.message).toContain('Drafting is paused for review.');
+
+      const decide = page.getByRole('form', { name: 'What stops this call?' });
+      await field('Agent', decide).fill(AGENT);
+      await field('Tool', decide).fill('lookup');
+      await button('Check', decide).click();
+      await decide.getByText('Stopped (kill_switch_active) by the agent switch').waitFor();
+      await shot('kill-switches');
+
+      const armed = card(`agent ${AGENT}`);
+      await field('Reason', armed).fill('reviewed');
+      await button('Disarm', armed).click();
+      await page.getByText('No switch is armed.').waitFor();
+      expect((await run('lookup')).status).toBe(200);
+    });
+
+    it('grants a tool with a TTL, explains the resolution, and revoking the grant refuses the next call', async () => {
+      expect((await run('lookup.revocable')).body.steps[0].error.code).toBe('grant_missing');
+      await signIn(alice);
+      await open('Grants');
+      const create = page.getByRole('form', { name: 'Grant a tool' });
+      await field('Agent', create).fill(AGENT);
+      await field('Tool', create).fill('lookup.revocable');
+      await field('TTL', create).selectOption({ label: '8 hours' });
+      await field('Rationale', create).fill('needed for the review');
+      await button('Grant', create).click();
+      await create.getByRole('status').filter({ hasText: 'Granted' }).waitFor();
+      expect((await run('lookup.revocable')).status).toBe(200);
+      const grants = (await h.client.get('/grants', { token: alice, query: { tool_id: 'lookup.revocable' } })).body;
+      const hours = (Date.parse(grants.items[0].expires_at) - Date.now()) / 3600_000;
+      expect(hours).toBeGreaterThan(7.9);
+      expect(hours).toBeLessThanOrEqual(8);
+
+      const granted = card('lookup.revocable');
+      await field('Reason', granted).fill('review finished');
+      await button('Revoke', granted).click();
+      await granted.getByText('Revoked.').waitFor();
+      const refused = await run('lookup.revocable');
+      expect(refused.status).toBe(403);
+      expect(refused.body.steps[0].error.code).toBe('grant_revoked');
+
+      const resolve = page.getByRole('form', { name: "Why can't an agent call a tool?" });
+      await field('Agent', resolve).fill(AGENT);
+      await field('Tool', resolve).fill('lookup.revocable');
+      await button('Explain', resolve).click();
+      await resolve.getByText('Refused: grant_revoked').waitFor();
+      await shot('grants');
+    });
+
+    it("shows runs with their steps, verdicts and audit ids; a tenant-operator never sees another tenant's runs", async () => {
+      const ours = newRunId('ours');
+      const theirs = newRunId('theirs');
+      expect((await run('lookup', 'ours', agent, ours)).status).toBe(200);
+      expect((await run('lookup', 'theirs', otherAgent, theirs)).status).toBe(200);
+
+      await signIn(alice);
+      await open('Runs');
+      await page.getByRole('button', { name: ours, exact: true }).waitFor();
+      expect(await page.getByRole('button', { name: theirs, exact: true }).count()).toBe(0);
+      await field('Status').selectOption('completed');
+      await field('Agent').fill(AGENT);
+      await button('Filter').click();
+      await page.getByRole('button', { name: ours, exact: true }).click();
+      const detail = page.getByRole('region', { name: `Run ${ours}` });
+      const steps = await detail.getByRole('region', { name: 'Steps table' }).innerText();
+      expect(steps).toContain('lookup 1.0.0');
+      expect(steps).toContain('completed');
+      const audit = (await h.client.get('/audit', { token: alice, query: { run_id: ours } })).body.items;
+      const outcome = audit.find((event: any) => event.event_type === 'run.step.completed');
+      expect(steps).toContain(outcome.event_id);
+      await shot('runs');
+
+      await signIn(outsider);
+      await open('Runs');
+      await page.getByRole('button', { name: theirs, exact: true }).waitFor();
+      expect(await page.getByRole('button', { name: ours, exact: true }).count()).toBe(0);
+    });
+
+    it('pauses and cancels a run from its controls where the API allows them', async () => {
+      const runId = newRunId('controls');
+      expect((await run('draft.publish', 'held', agent, runId)).status).toBe(202);
+      await signIn(alice);
+      await page.goto(`${url}/console#/runs?run=${runId}`);
+      const detail = page.getByRole('region', { name: `Run ${runId}` });
+      await button('Pause run', detail).click();
+      await detail.getByRole('status').filter({ hasText: 'the run is now paused' }).waitFor();
+      await button('Cancel run', detail).click();
+      await detail.getByText('This run has ended').waitFor();
+      expect((await h.client.get(`/runs/${runId}`, { token: alice })).body.status).toBe('cancelled');
+    });
+
+    it('Verify shows the chain ok with its head; the audit log pages with its cursors', async () => {
+      // Enough events for a second page of 50.
+      const { body } = await h.client.get('/audit', { token: platform, query: { limit: 60 } });
+      for (let i = body.items.length; i <= 55; i += 1)
+        await registerTool(h.client, { id: `filler.tool_${i}`, backendUrl: `${backend.url}/echo` });
+
+      await signIn(platform);
+      await open('Audit');
+      await button('Verify').click();
+      const verdict = await page.getByRole('status').filter({ hasText: 'Chain state' }).innerText();
+      expect(verdict).toContain('Chain state: ok');
+      expect(verdict).toMatch(/Head: seq \d+, hash [0-9a-f]{64}/);
+      await shot('audit', false);
+
+      const table = page.getByRole('region', { name: 'Events table' });
+      const firstSeq = async () => Number(await table.locator('tbody tr td').first().innerText());
+      const newest = await firstSeq();
+      await button('Next page').click();
+      await page.getByText('Page 2').waitFor();
+      expect(await firstSeq()).toBe(newest - 50);
+      await button('Previous page').click();
+      await page.getByText('Page 1').waitFor();
+      expect(await firstSeq()).toBe(newest);
+
+      await field('Event type').fill('grant.created');
+      await button('Filter').click();
+      const types = () => table.locator('tbody th').allInnerTexts();
+      await until('only grant.created events listed', async () => (await types()).every((t) => t === 'grant.created'));
+      expect((await types()).length).toBeGreaterThan(0);
+    });
+
+    it('shows the catalog read-only to a tenant-operator', async () => {
+      await signIn(alice);
+      await open('Tools');
+      const tool = page.getByRole('article', { name: 'draft.publish 1.0.0' });
+      expect(await tool.innerText()).toContain('Needs approval');
+      expect(await page.getByRole('main').getByRole('button').count()).toBeLessThanOrEqual(2);
+      await shot('tools', false);
+    });
+
+    it('works from the keyboard alone in a narrow window', async () => {
+      await page.setViewportSize({ width: 390, height: 844 });
+      await page.goto(`${url}/console`);
+      if (await button('Sign out').isVisible()) await button('Sign out').click();
+      await page.keyboard.press('Tab');
+      expect(await inPage('document.activeElement?.id')).toBe('token');
+      await page.keyboard.type(alice);
+      await page.keyboard.press('Enter');
+      await page.getByText('Signed in as').waitFor();
+      // Tab through to the Runs link and follow it; the page's heading then has the focus.
+      for (let i = 0; i < 20; i += 1) {
+        await page.keyboard.press('Tab');
+        if ((await inPage('document.activeElement?.textContent')) === 'Runs') break;
+      }
+      await page.keyboard.press('Enter');
+      await page.getByRole('heading', { level: 1, name: 'Runs' }).waitFor();
+      expect(await inPage('document.activeElement?.textContent')).toBe('Runs');
+      expect(await inPage('document.activeElement?.tagName')).toBe('H1');
+      const overflow = await inPage<number>('document.documentElement.scrollWidth - window.innerWidth');
+      expect(overflow).toBeLessThanOrEqual(0);
+      await shot('runs-narrow');
+      await page.setViewportSize({ width: 1280, height: 900 });
+    });
+  },
+);
