@@ -67,7 +67,7 @@ export interface Services {
   budgets: BudgetLedger;
   /** Token buckets per (tenant, agent, tool) (SPEC §5). */
   rateLimiter: RateLimiter;
-  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  /** Grant changes, and grant resolution read from the database (the exact path). */
   grants: GrantService;
   /** This replica's copy of the live grants, which the grant stage decides from. */
   grantSnapshot: GrantSnapshot;
