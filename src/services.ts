@@ -6,12 +6,13 @@ import { AuditLog } from './audit/audit-log.js';
 import { BudgetLedger } from './budgets/budget-ledger.js';
 import type { Config } from './config/config.js';
 import type { Database } from './db/database.js';
-import { GroupCommit } from './db/group-commit.js';
 import { waitAtMost } from './db/wait-at-most.js';
 import { createEgressExecutor } from './egress/egress-executor.js';
 import type { Resolver } from './egress/resolver.js';
+import { GrantAdmission, GrantUses } from './grants/grant-admission.js';
 import { GrantExpirySweeper } from './grants/grant-expiry-sweeper.js';
 import { GrantService } from './grants/grant-service.js';
+import { GrantSnapshot } from './grants/grant-snapshot.js';
 import type { ToolFacts } from './grants/tool-facts.js';
 import { HandoffService } from './handoffs/handoff-service.js';
 import { IdempotencyKeys } from './idempotency/idempotency-keys.js';
@@ -31,7 +32,6 @@ import { AuditCheckpoints } from './audit/audit-checkpoints.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunRecovery } from './runs/run-recovery.js';
-import { recordGrantUses, type GrantUse } from './runs/run-repository.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
 
 export interface ServiceOptions {
@@ -67,8 +67,10 @@ export interface Services {
   budgets: BudgetLedger;
   /** Token buckets per (tenant, agent, tool) (SPEC §5). */
   rateLimiter: RateLimiter;
-  /** Grant resolution for the admission pipeline (`resolve`), and grant changes. */
+  /** Grant changes, and grant resolution read from the database (the exact path). */
   grants: GrantService;
+  /** This replica's copy of the live grants, which the grant stage decides from. */
+  grantSnapshot: GrantSnapshot;
   /** This replica's kill-switch snapshot: `decide` for the admission pipeline. */
   killSwitches: KillSwitchSnapshot;
   /** Arming and disarming kill switches, stopping the runs they cover. */
@@ -153,6 +155,15 @@ export function buildServices(options: ServiceOptions): Services {
     now,
     onGrantsEnded: cascades.grantsEnded,
   });
+  // Kept current, and bounded in staleness, like the kill switches.
+  const grantSnapshot = new GrantSnapshot({
+    db: database.db,
+    listener: database.listener,
+    registry: metrics.registry,
+    logger,
+    now,
+    ...config.killSwitches,
+  });
   const killSwitches = new KillSwitchSnapshot({
     db: database.db,
     listener: database.listener,
@@ -168,15 +179,10 @@ export function buildServices(options: ServiceOptions): Services {
     onGrantsEnded: cascades.grantsEnded,
   });
   const approvals = new ApprovalService({ db: database.db, now });
-  // Uses recorded at the same moment share one statement (group commit).
-  const grantUseBatches = new GroupCommit((uses: GrantUse[]) => recordGrantUses(database.hotAsync, uses));
-  const grantUses = {
-    record: (use: { tenantId: string; runId: string; grantId: string }) =>
-      grantUseBatches.submit({ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }),
-  };
+  const grantUses = new GrantUses(database.hotAsync, metrics.registry);
   const ports: AdmissionPorts = {
     catalog,
-    grants,
+    grants: new GrantAdmission(grantSnapshot, grants, now, metrics.registry),
     killSwitches,
     budgets,
     rateLimiter,
@@ -255,6 +261,7 @@ export function buildServices(options: ServiceOptions): Services {
     budgets,
     rateLimiter,
     grants,
+    grantSnapshot,
     killSwitches,
     killSwitchChanges: new KillSwitchService(database.db, killSwitches, now, cascades.killSwitchArmed),
     runs,
@@ -270,6 +277,7 @@ export function buildServices(options: ServiceOptions): Services {
       await lease.start();
       await catalog.start();
       await killSwitches.start();
+      await grantSnapshot.start();
       expirySweeper.start();
       recovery.start();
       retention.start();
@@ -283,7 +291,15 @@ export function buildServices(options: ServiceOptions): Services {
       await Promise.all([
         // Every call in flight has finished: nothing this replica held is busy any more.
         lease.stop(),
-        waitAtMost(Promise.all([catalog.close(), budgets.close(), rateLimiter.close(), killSwitches.stop()])),
+        waitAtMost(
+          Promise.all([
+            catalog.close(),
+            budgets.close(),
+            rateLimiter.close(),
+            killSwitches.stop(),
+            grantSnapshot.stop(),
+          ]),
+        ),
         backend.close(),
       ]);
       await waitAtMost(audit.drain());

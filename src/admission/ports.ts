@@ -88,15 +88,30 @@ export interface GrantQuery {
   context: RunScopeContext;
 }
 
+/**
+ * What a grant decided from this replica's copy of the grants assumed (opaque to the pipeline):
+ * the grant-use write records the use only if it still holds.
+ */
+export interface GrantAssumption {
+  readonly agentId: string;
+  readonly toolId: string;
+  readonly version: number;
+  readonly decidedAt: Date;
+}
+
+export type GrantResolution =
+  | { ok: true; grant: GrantView; assumed?: GrantAssumption | undefined }
+  | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown };
+
 export interface GrantsPort {
-  /** `prefetched`: the candidates `prefetch` began reading for this very query, if it did. */
-  resolve(
-    query: GrantQuery,
-    prefetched?: GrantPrefetch,
-  ): Promise<
-    | { ok: true; grant: GrantView }
-    | { ok: false; code: 'grant_missing' | 'grant_expired' | 'grant_revoked'; [key: string]: unknown }
-  >;
+  /**
+   * The grant that applies, possibly decided from this replica's copy (then `assumed` says
+   * what the copy assumed). `prefetched`: the candidates `prefetch` began reading for this very
+   * query, if it did.
+   */
+  resolve(query: GrantQuery, prefetched?: GrantPrefetch): Promise<GrantResolution>;
+  /** The exact answer, from the database; absent when `resolve` always is. */
+  resolveFresh?(query: GrantQuery): Promise<GrantResolution>;
   /**
    * Starts reading the grants a query will resolve from, ahead of its turn (the first step's,
    * while its run is being claimed). Its result is used only by a `resolve` of the same query;
@@ -196,9 +211,15 @@ export interface ApprovalPort {
 export interface GrantUsePort {
   /**
    * Records that a run relies on a grant (revoking or expiring it then stops the run); false
-   * when the grant was revoked since it resolved.
+   * when the grant was revoked since it resolved or, with `assumed`, when what the decision
+   * assumed no longer holds.
    */
-  record(query: { tenantId: string; runId: string; grantId: string }): Promise<boolean>;
+  record(query: {
+    tenantId: string;
+    runId: string;
+    grantId: string;
+    assumed?: GrantAssumption | undefined;
+  }): Promise<boolean>;
 }
 
 export interface TenantPolicyPort {

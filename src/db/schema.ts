@@ -128,6 +128,8 @@ export interface GrantTable {
   renewed_from: string | null;
   superseded_by: string | null;
   expiry_recorded_at: Date | null;
+  /** Set by migration 0015's trigger on creation and revocation: the grant_state version of the change. */
+  version: ColumnType<string | number, never, never>;
 }
 
 /** Kill switches (SPEC §4); migration 0003. */
@@ -153,12 +155,19 @@ export interface KillSwitchStateTable {
   version: ColumnType<number, number, number>;
 }
 
+/** The version of the grants every replica's snapshot compares against; migration 0015. */
+export interface GrantStateTable {
+  id: number;
+  version: ColumnType<string | number, never, never>;
+}
+
 export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
   audit_checkpoints: AuditCheckpointTable;
   schema_migrations: SchemaMigrationTable;
   grants: GrantTable;
+  grant_state: GrantStateTable;
   kill_switches: KillSwitchTable;
   kill_switch_state: KillSwitchStateTable;
   runs: RunTable;

@@ -230,7 +230,8 @@ export async function claimLapsedGrants(trx: Transaction<DB>, now: Date, limit: 
   return rows.map(toGrant).sort((a, b) => a.expires_at.getTime() - b.expires_at.getTime());
 }
 
-function toGrant(row: Selectable<GrantTable>): Grant {
+/** A grant row as the domain sees it. */
+export function toGrant(row: Selectable<GrantTable>): Grant {
   return {
     id: row.id,
     tenant_id: row.tenant_id,

@@ -129,12 +129,11 @@ export class GrantService {
   }
 
   /**
-   * The grant that applies to one call, or why none does. Reads PostgreSQL for every call (one
+   * The grant that applies to one call, or why none does, exactly: read from PostgreSQL (one
    * indexed query, shared by the calls resolving at the same moment; for a run's first step, the
-   * read made while the run was claimed), so a revocation or expiry acts at the very next call
-   * boundary on every replica — for queued, paused and sub-agent runs alike, since each resolves
-   * again per step. A revocation landing between the read and the call is caught when the call
-   * records its reliance on the grant (the grant stage).
+   * read made while the run was claimed). The grant stage asks it when this replica's snapshot
+   * cannot answer or its guard failed (`GrantAdmission`). A revocation landing between the read
+   * and the call is caught when the call records its reliance on the grant (the grant stage).
    */
   async resolve(query: GrantResolveQuery, prefetched?: GrantPrefetch): Promise<GrantDecision> {
     // The tenant is the caller's, from its token: a tenant in the context never widens it.

@@ -28,18 +28,30 @@ export function grantQueryOf(principal: AgentPrincipal, run: StepRequest['run'],
  * 4. A live grant resolves for (tenant, agent, tool) in the run's context. The run is recorded
  * as relying on it, so that revoking or expiring it stops the run (cascade). In a sub-run the
  * grant's modifiers are narrowed by the envelope's.
+ *
+ * The grant may be decided from this replica's copy of the grants; the write that records its
+ * use then holds only if the copy's assumption still does, and a call whose assumption failed is
+ * decided again from the database. A dry run writes nothing to check, so it reads the database.
  */
 export const grantStage: Stage = {
   name: 'grant',
   async check({ principal, run, dryRun, prefetchedGrants }, state, { grants, grantUses }) {
-    const resolved = await grants.resolve(grantQueryOf(principal, run, toolOf(state).id), prefetchedGrants);
+    const query = grantQueryOf(principal, run, toolOf(state).id);
+    const fresh = () => (grants.resolveFresh ? grants.resolveFresh(query) : grants.resolve(query));
+    let resolved = dryRun ? await fresh() : await grants.resolve(query, prefetchedGrants);
     if (!resolved.ok) return { ok: false, code: resolved.code, message: MESSAGES[resolved.code] };
-    // A revocation that landed after the grant resolved: the run must not rely on it.
-    if (
-      !dryRun &&
-      !(await grantUses.record({ tenantId: principal.tenantId, runId: run.run_id, grantId: resolved.grant.id }))
-    ) {
-      return { ok: false, code: 'grant_revoked', message: MESSAGES.grant_revoked };
+    if (!dryRun) {
+      const use = { tenantId: principal.tenantId, runId: run.run_id };
+      if (!(await grantUses.record({ ...use, grantId: resolved.grant.id, assumed: resolved.assumed }))) {
+        // Exact: a revocation that landed after the grant resolved; the run must not rely on it.
+        if (!resolved.assumed) return { ok: false, code: 'grant_revoked', message: MESSAGES.grant_revoked };
+        // The grants changed since the copy this was decided from: decide again from the database.
+        resolved = await fresh();
+        if (!resolved.ok) return { ok: false, code: resolved.code, message: MESSAGES[resolved.code] };
+        if (!(await grantUses.record({ ...use, grantId: resolved.grant.id }))) {
+          return { ok: false, code: 'grant_revoked', message: MESSAGES.grant_revoked };
+        }
+      }
     }
     state.grant = run.delegation
       ? {

@@ -1,0 +1,99 @@
+import { sql, type Kysely, type Selectable } from 'kysely';
+import type { DB, GrantTable } from '../db/schema.js';
+import type { Grant } from './grant.js';
+import { toGrant } from './grant-repository.js';
+
+/** The channel the database announces grant changes on (see migration 0015's trigger). */
+export const GRANT_CHANNEL = 'toolgate_grants';
+
+/** A grant with the version of its last change (creation or revocation). */
+export interface VersionedGrant extends Grant {
+  version: number;
+}
+
+/** The grants version: every creation and revocation raises it by one, in commit order. */
+export async function readGrantVersion(db: Kysely<DB>): Promise<number> {
+  const row = await db.selectFrom('grant_state').select('version').where('id', '=', 1).executeTakeFirstOrThrow();
+  return Number(row.version);
+}
+
+/**
+ * The version and, read by the same statement so the two agree, either the grants changed since
+ * `since` (revoked ones included, so that a copy can drop them) or, with no `since`, every grant
+ * neither revoked nor expired at `now`.
+ */
+export async function readGrantChanges(
+  db: Kysely<DB>,
+  from: { since: number } | { now: Date },
+): Promise<{ version: number; grants: VersionedGrant[] }> {
+  const which =
+    'since' in from
+      ? sql`g.version > ${from.since}`
+      : sql`g.revoked_at is null and g.expires_at > ${from.now}::timestamptz`;
+  const result = await sql<Selectable<GrantTable> & { state_version: number | string }>`
+    select s.version as state_version, g.*
+    from grant_state s
+    left join grants g on ${which}
+    where s.id = 1`.execute(db);
+  const first = result.rows[0];
+  if (!first) throw new Error('grant_state has no row: migration 0015 not applied');
+  const grants = result.rows
+    .filter((row) => row.id !== null)
+    .map((row) => ({ ...toGrant(row), version: Number(row.version) }));
+  return { version: Number(first.state_version), grants };
+}
+
+/**
+ * That a run relies on a grant. With `since`, the grant was chosen from a copy of the grants at
+ * that version, on `decidedAt`: the use is recorded only if that choice still stands.
+ */
+export interface GrantUseIf {
+  tenant_id: string;
+  run_id: string;
+  grant_id: string;
+  assumed?: { agent_id: string; tool_id: string; since: number; decided_at: Date } | undefined;
+}
+
+/**
+ * Records that runs rely on grants, each only if its grant is live — and, for a use decided from
+ * a copy, only if no grant of its (tenant, agent, tool) changed after the copy's version and the
+ * grant had not expired when decided — answering for each use whether it was recorded. The grant
+ * rows are share-locked, so a revocation either comes first (and this refuses) or waits and then
+ * finds these runs to stop. One statement for the whole batch.
+ */
+export async function recordGrantUsesIf(db: Kysely<DB>, uses: GrantUseIf[]): Promise<boolean[]> {
+  if (uses.length === 0) return [];
+  const result = await sql<{ ord: number | string }>`
+    with wanted as (
+      select * from unnest(
+        ${uses.map((u) => u.grant_id)}::text[],
+        ${uses.map((u) => u.tenant_id)}::text[],
+        ${uses.map((u) => u.run_id)}::text[],
+        ${uses.map((u) => u.assumed?.agent_id ?? null)}::text[],
+        ${uses.map((u) => u.assumed?.tool_id ?? null)}::text[],
+        ${uses.map((u) => u.assumed?.since ?? null)}::bigint[],
+        ${uses.map((u) => u.assumed?.decided_at.toISOString() ?? null)}::timestamptz[]
+      ) with ordinality as w(grant_id, tenant_id, run_id, agent_id, tool_id, since, decided_at, ord)
+    ), live as (
+      select id, expires_at from grants
+      where id = any(${[...new Set(uses.map((u) => u.grant_id))]}::text[]) and revoked_at is null
+      order by id for share
+    ), standing as (
+      select w.ord, w.grant_id, w.tenant_id, w.run_id from wanted w join live l on l.id = w.grant_id
+      where w.since is null or (
+        l.expires_at > w.decided_at
+        and not exists (
+          select 1 from grants c
+          where c.tenant_id = w.tenant_id and c.agent_id = w.agent_id and c.tool_id = w.tool_id
+            and c.version > w.since))
+    ), used as (
+      insert into run_grant_uses (grant_id, tenant_id, run_id)
+      select distinct grant_id, tenant_id, run_id from standing
+      order by 1, 2, 3
+      on conflict do nothing
+      returning 1
+    )
+    select ord from standing`.execute(db);
+  const recorded = new Set(result.rows.map((row) => Number(row.ord)));
+  return uses.map((_, index) => recorded.has(index + 1));
+}

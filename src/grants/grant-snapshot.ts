@@ -1,0 +1,251 @@
+import { performance } from 'node:perf_hooks';
+import type { Kysely } from 'kysely';
+import type { Logger } from 'pino';
+import { Gauge, type Registry } from 'prom-client';
+import type { NotificationListener } from '../db/database.js';
+import type { DB } from '../db/schema.js';
+import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type GrantScope } from './grant.js';
+import { resolveGrant, type RunContext } from './grant-resolver.js';
+import { GRANT_CHANNEL, readGrantChanges, readGrantVersion, type VersionedGrant } from './grant-snapshot-repository.js';
+
+/**
+ * What this replica's copy says of one call: the grant that applies and the version it was
+ * decided at, or nothing to go by — no live grant in the copy (`miss`: not a denial, the
+ * database decides) or a copy not confirmed within its bound (`stale`).
+ */
+export type SnapshotResolution =
+  { ok: true; grant: VersionedGrant; version: number } | { ok: false; reason: 'miss' | 'stale' };
+
+/** What a snapshot is built from, by the composition root. */
+export interface GrantSnapshotOptions {
+  db: Kysely<DB>;
+  listener: NotificationListener;
+  registry: Registry;
+  logger: Logger;
+  /** How often the version is compared with the database when no notification arrives. */
+  pollIntervalMs: number;
+  /** Older than this, the snapshot answers `stale` and decides nothing. */
+  maxStalenessMs: number;
+  /** The app's clock: which grants have expired. */
+  now: () => Date;
+  /** Monotonic milliseconds, for the snapshot's age; injectable for tests. */
+  clock?: () => number;
+}
+
+/**
+ * This replica's in-memory copy of the grants that are neither revoked nor expired (SPEC §3),
+ * so the grant stage decides without a read. It follows the kill-switch snapshot: a trigger
+ * versions every creation and revocation and NOTIFYs on commit; replicas catch up on the
+ * notification and compare versions every `pollIntervalMs`, which is what confirms freshness.
+ *
+ * The copy is never the last word: a call it admits records its grant use only if the grant's
+ * (tenant, agent, tool) has not changed since the version decided at, and a call it cannot admit
+ * (no live grant here, or the copy is stale) is decided from the database. So a stale copy costs
+ * round trips, never exactness.
+ */
+export class GrantSnapshot {
+  /** Live grants by (tenant, agent, tool, scope, scope_ref): what a run context can match. */
+  private readonly byScope = new Map<string, VersionedGrant[]>();
+  private held = 0;
+  private version = -1;
+  private confirmedAt = Number.NEGATIVE_INFINITY;
+  private reloading: Promise<void> | undefined;
+  private reloadAgain = false;
+  private checking = false;
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private failing = false;
+  private readonly clock: () => number;
+
+  constructor(private readonly options: GrantSnapshotOptions) {
+    this.clock = options.clock ?? (() => performance.now());
+    const age: Gauge = new Gauge({
+      name: 'toolgate_grant_snapshot_age_seconds',
+      help: 'Seconds since this replica last confirmed its grant snapshot against the database (+Inf before the first)',
+      registers: [options.registry],
+      collect: () => age.set(this.ageMs() / 1000),
+    });
+    const size: Gauge = new Gauge({
+      name: 'toolgate_grant_snapshot_grants',
+      help: "Grants neither revoked nor expired in this replica's snapshot",
+      registers: [options.registry],
+      collect: () => size.set(this.held),
+    });
+  }
+
+  /** Subscribes, loads, and starts the periodic check. A database that is down now is not fatal. */
+  async start(): Promise<void> {
+    const { listener } = this.options;
+    listener.on('connected', this.onListenerConnected);
+    await listener.subscribe(GRANT_CHANNEL, this.onNotification);
+    await this.refresh().catch(() => undefined);
+    this.timer = setInterval(() => void this.check(), this.options.pollIntervalMs);
+    this.timer.unref();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    this.options.listener.off('connected', this.onListenerConnected);
+    await this.reloading?.catch(() => undefined);
+  }
+
+  /** The grant this copy would resolve for (tenant, agent, tool) in `context` at `now`. */
+  resolve(
+    subject: { tenantId: string; agentId: string; toolId: string },
+    context: RunContext,
+    now: Date,
+  ): SnapshotResolution {
+    if (this.ageMs() > this.options.maxStalenessMs) return { ok: false, reason: 'stale' };
+    const grants = GRANT_SCOPES.flatMap((scope) => {
+      const ref = context[GRANT_SCOPE_CONTEXT_KEY[scope]];
+      return ref === undefined
+        ? []
+        : (this.byScope.get(scopeKey(subject.tenantId, subject.agentId, subject.toolId, scope, ref)) ?? []);
+    });
+    const decided = resolveGrant(grants, context, now);
+    return decided.ok ? { ok: true, grant: decided.grant, version: this.version } : { ok: false, reason: 'miss' };
+  }
+
+  /** Milliseconds since the snapshot was last confirmed current (Infinity before the first load). */
+  ageMs(): number {
+    return Math.max(0, this.clock() - this.confirmedAt);
+  }
+
+  /** The version this replica has caught up with, the grants it holds, and its age. */
+  state(): { version: number; grants: number; age_ms: number } {
+    return { version: this.version, grants: this.held, age_ms: this.ageMs() };
+  }
+
+  /**
+   * Catches up with the database now; resolves once a read that began after this call finished.
+   * Rejects when the database cannot be read.
+   */
+  refresh(): Promise<void> {
+    if (this.reloading) {
+      this.reloadAgain = true;
+      return this.reloading;
+    }
+    this.reloading = this.reloadUntilSettled().finally(() => {
+      this.reloading = undefined;
+    });
+    return this.reloading;
+  }
+
+  private async reloadUntilSettled(): Promise<void> {
+    do {
+      this.reloadAgain = false;
+      const began = this.clock();
+      // Versions follow commit order, so the changes after ours are all there is to read.
+      const full = this.version < 0;
+      const read = await this.bounded(
+        readGrantChanges(this.options.db, full ? { now: this.options.now() } : { since: this.version }),
+      );
+      if (read.version < this.version) {
+        // The database went back (restored from a backup): start again from what it holds.
+        this.version = -1;
+        this.reloadAgain = true;
+        continue;
+      }
+      if (full) this.replaceAll(read.grants);
+      else for (const grant of read.grants) this.apply(grant);
+      this.version = Math.max(this.version, read.version);
+      this.confirm(began);
+    } while (this.reloadAgain && !this.stopped);
+  }
+
+  private async check(): Promise<void> {
+    if (this.stopped || this.checking || this.reloading) return;
+    this.checking = true;
+    try {
+      this.prune(this.options.now());
+      const began = this.clock();
+      const version = await this.bounded(readGrantVersion(this.options.db));
+      if (version === this.version) this.confirm(began);
+      else await this.refresh();
+    } catch (error) {
+      if (!this.failing) {
+        this.failing = true;
+        this.options.logger.warn({ err: error }, 'grant snapshot cannot reach the database');
+      }
+    } finally {
+      this.checking = false;
+    }
+  }
+
+  private replaceAll(grants: readonly VersionedGrant[]): void {
+    this.byScope.clear();
+    this.held = 0;
+    for (const grant of grants) this.apply(grant);
+  }
+
+  /** One grant as it now stands: added or replaced when live, dropped when revoked. */
+  private apply(grant: VersionedGrant): void {
+    const key = scopeKey(grant.tenant_id, grant.agent_id, grant.tool_id, grant.scope, grant.scope_ref);
+    const before = this.byScope.get(key) ?? [];
+    const others = before.filter((held) => held.id !== grant.id);
+    const kept = grant.revoked_at === null ? [...others, grant] : others;
+    this.held += kept.length - before.length;
+    if (kept.length > 0) this.byScope.set(key, kept);
+    else this.byScope.delete(key);
+  }
+
+  /** Drops grants expired by `now`: a grant absent here is decided from the database, never refused. */
+  private prune(now: Date): void {
+    for (const [key, grants] of this.byScope) {
+      const kept = grants.filter((grant) => grant.expires_at.getTime() > now.getTime());
+      if (kept.length === grants.length) continue;
+      this.held -= grants.length - kept.length;
+      if (kept.length > 0) this.byScope.set(key, kept);
+      else this.byScope.delete(key);
+    }
+  }
+
+  /** Gives up waiting on a read after the staleness bound (a silently partitioned connection). */
+  private bounded<T>(read: Promise<T>): Promise<T> {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`grant snapshot read unanswered after ${this.options.maxStalenessMs} ms`)),
+        this.options.maxStalenessMs,
+      );
+      timer.unref();
+      read.then(
+        (value) => {
+          clearTimeout(timer);
+          resolve(value);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      );
+    });
+  }
+
+  private confirm(began: number): void {
+    if (began > this.confirmedAt) this.confirmedAt = began;
+    if (this.failing) {
+      this.failing = false;
+      this.options.logger.info('grant snapshot confirmed again');
+    }
+  }
+
+  private readonly onNotification = (payload: string): void => {
+    if (this.stopped) return;
+    const announced = Number(payload);
+    if (Number.isFinite(announced) && announced <= this.version) return;
+    this.refresh().catch((error: unknown) => {
+      this.options.logger.warn({ err: error }, 'grant snapshot catch-up after notification failed');
+    });
+  };
+
+  // Notifications sent while the listener was away are lost: catch up on every (re)connect.
+  private readonly onListenerConnected = (): void => {
+    if (this.stopped) return;
+    this.refresh().catch(() => undefined);
+  };
+}
+
+function scopeKey(tenantId: string, agentId: string, toolId: string, scope: GrantScope, ref: string): string {
+  return JSON.stringify([tenantId, agentId, toolId, scope, ref]);
+}
