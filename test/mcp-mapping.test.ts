@@ -1,6 +1,8 @@
-import { ProtocolError } from '@modelcontextprotocol/server';
+import { isLegacyRequest, ProtocolError } from '@modelcontextprotocol/server';
 import { describe, expect, it } from 'vitest';
+import { inboundRequestOf } from '../src/mcp/inbound-request.js';
 import { callResultOf, runRequestOf, traceIdOfMeta } from '../src/mcp/mcp-calls.js';
+import { plainlyLegacy } from '../src/mcp/mcp-eras.js';
 import { mcpToolOf, toolsPage } from '../src/mcp/mcp-tools.js';
 import type { AgentToolView } from '../src/registry/tool-views.js';
 import type { RunAnswer } from '../src/runs/run-executor.js';
@@ -191,5 +193,64 @@ describe('results from run envelopes', () => {
         }),
       ),
     ).toThrowError(/gateway_unavailable/);
+  });
+});
+
+describe('which era a request is', () => {
+  const call = (params: Record<string, unknown> = { name: 't', arguments: {} }) => ({
+    jsonrpc: '2.0',
+    id: 1,
+    method: 'tools/call',
+    params,
+  });
+  const envelope = {
+    'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+    'io.modelcontextprotocol/clientInfo': { name: 'c', version: '1' },
+    'io.modelcontextprotocol/clientCapabilities': {},
+  };
+  const cases: Array<[string, Record<string, string>, unknown, boolean]> = [
+    ['a 2025-era call', { 'mcp-protocol-version': '2025-11-25' }, call(), true],
+    ['a call naming no version', {}, call(), true],
+    [
+      'an initialize',
+      {},
+      { jsonrpc: '2.0', id: 'i', method: 'initialize', params: { protocolVersion: '2025-06-18' } },
+      true,
+    ],
+    [
+      'run fields in _meta',
+      { 'mcp-protocol-version': '2025-06-18' },
+      call({ name: 't', _meta: { 'dev.toolgate/run': {} } }),
+      true,
+    ],
+    ['a progress token', {}, call({ name: 't', _meta: { progressToken: 7 } }), true],
+    ['a 2026-07-28 envelope', { 'mcp-protocol-version': '2026-07-28' }, call({ name: 't', _meta: envelope }), false],
+    ['a 2026-07-28 header without an envelope', { 'mcp-protocol-version': '2026-07-28' }, call(), false],
+    ['a version with spaces around it', { 'mcp-protocol-version': ' 2025-11-25 ' }, call(), false],
+    ['a notification', {}, { jsonrpc: '2.0', method: 'notifications/initialized' }, false],
+    ['a batch', {}, [call()], false],
+    ['a fractional id', {}, { ...call(), id: 1.5 }, false],
+    ['a member JSON-RPC does not have', {}, { ...call(), extra: true }, false],
+    ['params that are a list', {}, { ...call(), params: [] }, false],
+    ['a progress token that is no token', {}, call({ name: 't', _meta: { progressToken: true } }), false],
+  ];
+  it.each(cases)(
+    '%s: plainly legacy is %s only where the SDK routes it to legacy serving too',
+    async (_label, headers, body, plain) => {
+      const request = inboundRequestOf({ 'content-type': 'application/json', ...headers }, undefined);
+      expect(plainlyLegacy(request, body)).toBe(plain);
+      if (plain) expect(await isLegacyRequest(request, body)).toBe(true);
+    },
+  );
+
+  it("the SDK classifies the view of Node's request as it classifies a web Request", async () => {
+    for (const [, headers, body] of cases) {
+      const web = new Request('http://localhost/mcp', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...headers },
+      });
+      const view = inboundRequestOf({ 'content-type': 'application/json', ...headers }, undefined);
+      expect(await isLegacyRequest(view, body)).toBe(await isLegacyRequest(web, body));
+    }
   });
 });

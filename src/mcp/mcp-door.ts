@@ -2,7 +2,6 @@ import {
   createMcpHandler,
   InMemoryServerEventBus,
   isLegacyRequest,
-  PROTOCOL_VERSION_META_KEY,
   ProtocolError,
   ProtocolErrorCode,
   Server,
@@ -22,6 +21,7 @@ import type { RunControls } from '../runs/run-controls.js';
 import type { RunAnswer, RunExecutor } from '../runs/run-executor.js';
 import type { RunRequest } from '../runs/run-types.js';
 import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable } from './mcp-calls.js';
+import { claimsEnvelope, plainlyLegacy } from './mcp-eras.js';
 import { mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
 
 /** Who is calling through the door, and what became of the call (for the request metrics). */
@@ -81,9 +81,12 @@ export class McpDoor {
       scopes: [...caller.principal.scopes],
       extra: { caller },
     };
-    // A request claiming a 2026-07-28 envelope is never legacy: the SDK's own predicate (which
-    // reads the body again) is asked only about the others.
-    if (!claimsEnvelope(parsedBody) && (await isLegacyRequest(request, parsedBody)))
+    // A request claiming a 2026-07-28 envelope is never legacy, a plain 2025-era request always
+    // is: the SDK's own predicate (several schema parses of the body) is asked only about the others.
+    if (
+      !claimsEnvelope(parsedBody) &&
+      (plainlyLegacy(request, parsedBody) || (await isLegacyRequest(request, parsedBody)))
+    )
       return this.serveLegacy(request, parsedBody, authInfo);
     return this.modern.fetch(request, { authInfo, parsedBody });
   }
@@ -225,12 +228,6 @@ export class McpDoor {
       `internal: an unexpected error occurred; quote request id ${caller.requestId}`,
     );
   }
-}
-
-/** Whether a JSON-RPC request carries the per-request envelope of protocol 2026-07-28. */
-function claimsEnvelope(body: unknown): boolean {
-  const meta = (body as { params?: { _meta?: Record<string, unknown> } } | null)?.params?._meta;
-  return typeof meta === 'object' && meta !== null && PROTOCOL_VERSION_META_KEY in meta;
 }
 
 /** A refusal of the whole request (run id conflict, run not resumable…): the run it names is unchanged. */

@@ -7,6 +7,7 @@ import { principalOf } from '../http/auth.js';
 import { ApiError } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
+import { inboundRequestOf } from './inbound-request.js';
 import { McpDoor, type McpCaller, type McpDoorDeps } from './mcp-door.js';
 import { ToolListChanges } from './tool-list-changes.js';
 
@@ -38,16 +39,6 @@ const COUNTED_METHODS = new Set([
   'subscriptions/listen',
   'tools/list',
   'tools/call',
-]);
-
-/** Request headers the SDK is not given: the token stays here, and the body was read already. */
-const NOT_FORWARDED = new Set([
-  'authorization',
-  'content-length',
-  'transfer-encoding',
-  'connection',
-  'keep-alive',
-  'upgrade',
 ]);
 
 declare module 'fastify' {
@@ -115,7 +106,11 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     }
     const caller: McpCaller = { principal, traceId: request.traceId, requestId: request.id };
     request.mcpCaller = caller;
-    const response = await door.serve(webRequestOf(request, streamEnd(request, reply)), request.body, caller);
+    const response = await door.serve(
+      inboundRequestOf(request.headers, streamEnd(request, reply)),
+      request.body,
+      caller,
+    );
     return send(reply, response, caller);
   });
 
@@ -175,17 +170,6 @@ function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | 
     if (!reply.raw.writableFinished) aborted.abort();
   });
   return aborted.signal;
-}
-
-function webRequestOf(request: FastifyRequest, signal: AbortSignal | undefined): Request {
-  const headers = new Headers();
-  for (const [name, value] of Object.entries(request.headers)) {
-    if (value === undefined || NOT_FORWARDED.has(name)) continue;
-    for (const one of [value].flat()) headers.append(name, String(one));
-  }
-  // The SDK reads the method, headers and body; the URL is only carried along, so it is fixed
-  // rather than built from a Host header that may not parse.
-  return new Request('http://localhost/mcp', { method: request.method, headers, ...(signal ? { signal } : {}) });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */
