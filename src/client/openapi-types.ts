@@ -2355,6 +2355,7 @@ export interface operations {
                     "application/json": components["schemas"]["AuditCheckpoint"];
                 };
             };
+            400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             409: components["responses"]["Error"];
