@@ -18,7 +18,7 @@ beforeAll(async () => {
   databases = await Promise.all([0, 1, 2].map(() => openPool(testDb.url, 5)));
   ledgers = databases.map(
     (d) =>
-      new BudgetLedger(d.db, {
+      new BudgetLedger(d, {
         now: clock.now,
         registry: new Registry(),
         reservationTtlMs: 900_000,
@@ -44,7 +44,7 @@ interface BudgetFields {
 
 async function budget(tenantId: string, { scope, agentId, limitUnits, warnRatio, graceUnits }: BudgetFields) {
   const result = await createBudget(
-    testDb.database.db,
+    testDb.database.control,
     { tenantId, scope, agentId: agentId ?? null, runId: null, period: 'month', limitUnits, warnRatio, graceUnits },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
@@ -52,7 +52,7 @@ async function budget(tenantId: string, { scope, agentId, limitUnits, warnRatio,
   return result.usage.budget.id;
 }
 
-const usage = async (id: string) => (await getBudget(testDb.database.db, id, clock.now()))!;
+const usage = async (id: string) => (await getBudget(testDb.database.control, id, clock.now()))!;
 
 function tally(results: ReserveResult[]) {
   const counts: Record<string, number> = { ok: 0, warn: 0, grace: 0, exceeded: 0 };

@@ -47,20 +47,23 @@ function replica(): { ledger: BudgetLedger; statements: () => number } {
     },
     transformResult: async (args) => args.result,
   };
-  const db: Kysely<DB> = testDb.database.db.withPlugin(counting);
-  const ledger = new BudgetLedger(db, {
-    now: clock.now,
-    registry: new Registry(),
-    reservationTtlMs: 900_000,
-    sweepIntervalMs: 0,
-  });
+  const db: Kysely<DB> = testDb.database.control.withPlugin(counting);
+  const ledger = new BudgetLedger(
+    { ...testDb.database, hot: db, hotDeferred: db },
+    {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 900_000,
+      sweepIntervalMs: 0,
+    },
+  );
   ledgers.push(ledger);
   return { ledger, statements: () => statements };
 }
 
 async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenantId'>): Promise<string> {
   const result = await createBudget(
-    testDb.database.db,
+    testDb.database.control,
     {
       scope: 'tenant',
       agentId: null,
@@ -78,7 +81,7 @@ async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenantId'
 }
 
 const usage = async (id: string) => {
-  const u = (await getBudget(testDb.database.db, id, clock.now()))!;
+  const u = (await getBudget(testDb.database.control, id, clock.now()))!;
   return { spent: u.spentUnits, reserved: u.reservedUnits };
 };
 
@@ -171,13 +174,13 @@ describe('a ledger that knows its budgets and counters', () => {
     const id = await budget({ tenantId: tenant, limitUnits: 100 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
-    await changeBudgetLimits(testDb.database.db, id, { limitUnits: 3 }, context());
+    await changeBudgetLimits(testDb.database.control, id, { limitUnits: 3 }, context());
     expect(await ledger.reserve(call(tenant, 3))).toMatchObject({
       ok: false,
       code: 'budget_exceeded',
       details: { budget_id: id, limit_units: 3 },
     });
-    await changeBudgetLimits(testDb.database.db, id, { limitUnits: 4, graceUnits: 1 }, context());
+    await changeBudgetLimits(testDb.database.control, id, { limitUnits: 4, graceUnits: 1 }, context());
     expect(await ledger.reserve(call(tenant, 4))).toMatchObject({ ok: true, verdict: 'grace' });
     expect(await usage(id)).toEqual({ spent: 0, reserved: 5 });
   });
@@ -187,10 +190,10 @@ describe('a ledger that knows its budgets and counters', () => {
     const id = await budget({ tenantId: tenant, limitUnits: 10 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 4)));
-    await removeBudget(testDb.database.db, id, context());
+    await removeBudget(testDb.database.control, id, context());
     admitted(await ledger.reserve(call(tenant, 4)));
     admitted(await ledger.reserve(call(tenant, 4)));
-    const [counter] = await testDb.database.db
+    const [counter] = await testDb.database.control
       .selectFrom('budget_counters')
       .select('reserved_units')
       .where('counter_key', '=', id)
@@ -231,7 +234,7 @@ describe('a ledger that knows its budgets and counters', () => {
     admitted(await a.ledger.reserve(call(tenant, 2, { runId, requestLimitUnits: 5 })));
     const total = runTotalCounter({ tenantId: tenant, agentId: 'agent.known', runId });
     expect(total.key).toBe(runCounterKey(tenant, runId));
-    expect([...(await readCounters(testDb.database.db, [total])).values()]).toEqual([
+    expect([...(await readCounters(testDb.database.control, [total])).values()]).toEqual([
       { spentMicros: 0, reservedMicros: 5_000_000 },
     ]);
   });

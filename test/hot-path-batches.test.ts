@@ -46,7 +46,7 @@ let seq = 0;
 
 beforeAll(async () => {
   testDb = await createTestDatabase();
-  db = testDb.database.db;
+  db = testDb.database.control;
 });
 afterAll(async () => {
   await testDb.drop();
@@ -676,7 +676,7 @@ describe('findGrantCandidates', () => {
 describe('closeAndUncharge', () => {
   let ledger: BudgetLedger;
   beforeAll(() => {
-    ledger = new BudgetLedger(db, {
+    ledger = new BudgetLedger(testDb.database, {
       now: clock.now,
       registry: new Registry(),
       reservationTtlMs: 900_000,
@@ -1079,9 +1079,8 @@ describe('writeLedgerIf', () => {
 describe('grants read ahead (the first step’s, while its run is claimed)', () => {
   const grants = () =>
     new GrantService({
-      db,
-      hot: testDb.database.hot,
-      audit: new AuditLog(testDb.database.hot, () => clock.now()),
+      database: testDb.database,
+      audit: new AuditLog(testDb.database, () => clock.now()),
       tools: {
         resolve: () => ({ ok: false, reason: 'not_registered' }) as never,
         versions: () => [],

@@ -5,6 +5,7 @@ import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 /** One counter: a budget's (or a run's) period window. */
 export interface CounterRef {
@@ -720,7 +721,7 @@ export interface ReservationClose {
  * SHARE ROW EXCLUSIVE mode first: it waits for the reservations in flight to commit and holds new
  * ones back until it has, and those then see it (their snapshot comes after the lock).
  */
-export async function lockLedgerForBudgetChange(trx: Transaction<DB>): Promise<void> {
+export async function lockLedgerForBudgetChange(trx: ChainHeld): Promise<void> {
   await sql`lock table budget_reservations in share row exclusive mode`.execute(trx);
 }
 

@@ -2,7 +2,7 @@ import { nanoid } from 'nanoid';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { findRecordedCosts, lockAuditChain, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
+import { findRecordedCosts, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
@@ -38,6 +38,8 @@ import {
   type CounterLevel,
   type Limit,
 } from './budget-verdict.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** A reservation the pipeline asks for before dispatching a call. */
 export interface ReserveRequest {
@@ -86,13 +88,6 @@ export interface BudgetLedgerOptions {
   sweepIntervalMs: number;
   /** Told when a background sweep fails (the next one tries again). */
   onSweepError?: (error: unknown) => void;
-  /**
-   * Where settlements and releases commit, when not where reservations do: a pool whose commits
-   * wait for the disk. A call's settlement commits alongside its outcome record, and the answer
-   * may leave once both have, with no later commit to flush a settlement that did not wait (a
-   * reservation needs none: the call's intent record, committed durably after it, flushes it).
-   */
-  closes?: Kysely<DB>;
 }
 
 type LedgerOp =
@@ -122,10 +117,17 @@ export class BudgetLedger {
   /** What this replica last saw of budgets and counters: guesses its writes check. */
   private readonly known = new KnownLedger();
 
+  /** Reservations: the call's intent record, committed durably after them, makes them durable. */
+  private readonly db: Kysely<DB>;
+  /** Settlements and releases: nothing commits after them before the answer leaves. */
+  private readonly closes: Kysely<DB>;
+
   constructor(
-    private readonly db: Kysely<DB>,
+    database: Database,
     private readonly options: BudgetLedgerOptions,
   ) {
+    this.db = database.hotDeferred;
+    this.closes = database.hot;
     this.batches = new GroupCommit((ops) => this.commit(ops));
     this.reservations = new Counter({
       name: 'toolgate_budget_reservations_total',
@@ -220,9 +222,7 @@ export class BudgetLedger {
   /** Closes reservations past their TTL in one transaction, each on record; returns how many. */
   private async expire(due: ExpiredReservation[], now: Date): Promise<number> {
     const { closed, levels } = await retryOnConflict(() =>
-      this.db.transaction().execute(async (trx) => {
-        // The audit chain's lock before the ledger's rows, as every transaction takes them.
-        await lockAuditChain(trx);
+      changeInLockOrder(this.db, async (trx) => {
         // A call whose outcome was recorded reached its backend: its settlement was lost (its
         // replica died between the two commits), and it is charged what the record says, not
         // given back.
@@ -264,7 +264,7 @@ export class BudgetLedger {
     let closed = new Set<string>();
     let late = new Set<string>();
     if (closes.length > 0) {
-      const result = await retryOnConflict(() => closeAndUncharge(this.options.closes ?? this.db, closes, now));
+      const result = await retryOnConflict(() => closeAndUncharge(this.closes, closes, now));
       closed = result.closed;
       late = result.late;
       this.known.rememberLevels(result.levels);

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import type { Budget, BudgetUsage } from './budget.js';
 import { lockLedgerForBudgetChange } from './budget-ledger-repository.js';
@@ -16,6 +16,7 @@ import {
   type BudgetLimits,
 } from './budget-repository.js';
 import { toMicros } from './budget-units.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** What an operator asks for. */
 export type BudgetDraft = Pick<
@@ -47,10 +48,8 @@ export async function createBudget(
 ): Promise<CreateBudgetResult> {
   // A conflicting budget removed between our insert and our read of it: try again.
   for (let attempt = 0; attempt < 3; attempt += 1) {
-    const inserted = await db.transaction().execute(async (trx) => {
-      // Reservations in flight commit first, so the seed below counts them. (The audit chain's
-      // lock first, as everywhere: recovery holds it while it closes a lost run's reservations.)
-      await lockAuditChain(trx);
+    const inserted = await changeInLockOrder(db, async (trx) => {
+      // Reservations in flight commit first, so the seed below counts them.
       await lockLedgerForBudgetChange(trx);
       const budget = await insertBudget(trx, {
         ...draft,
@@ -94,9 +93,8 @@ export async function changeBudgetLimits(
   changes: Partial<BudgetLimits>,
   context: ChangeContext,
 ): Promise<BudgetUsage | undefined> {
-  const updated = await db.transaction().execute(async (trx) => {
+  const updated = await changeInLockOrder(db, async (trx) => {
     // Reservations decided against the old limits commit first; later ones see the new limits.
-    await lockAuditChain(trx);
     await lockLedgerForBudgetChange(trx);
     const before = await findBudget(trx, id, { forUpdate: true });
     if (!before || before.removedAt !== null) return undefined;

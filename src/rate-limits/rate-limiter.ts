@@ -21,6 +21,7 @@ import {
   type BucketRule,
   type BucketState,
 } from './token-bucket.js';
+import type { Database } from '../db/database.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
 export interface TakeRequest extends BucketKey {
@@ -73,10 +74,14 @@ export class RateLimiter {
   /** Tokens this replica took from a bucket ahead of its takes, and until when it may spend them. */
   private readonly leases = new Map<string, Lease>();
 
+  /** Takes are made durable by the call's intent record, committed synchronously after them. */
+  private readonly db: Kysely<DB>;
+
   constructor(
-    private readonly db: Kysely<DB>,
+    database: Database,
     private readonly options: RateLimiterOptions,
   ) {
+    this.db = database.hotDeferred;
     this.batches = new GroupCommit((requests) => this.commit(requests));
     this.denials = new Counter({
       name: 'toolgate_rate_limit_denials_total',

@@ -1,13 +1,14 @@
 import type { Transaction } from 'kysely';
 import { cancelPendingApprovals } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { returnSubRunAllowances } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 import { closeHandoff, findOpenHandoffsOfSubRuns } from './handoff-repository.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { lockOpenRunTrees, writeRunEnd, type RunKey, type RunRecord } from './run-repository.js';
 import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } from './run-types.js';
+import { holdAuditChain, type ChainHeld } from '../db/lock-order.js';
 
 /**
  * How runs end when something other than their own plan ends them — a control, a cascade, the
@@ -56,8 +57,8 @@ export function attributionOf(run: Pick<RunRecord, 'run_id' | 'agent_id' | 'line
 }
 
 /** Ends the open runs among `end.roots` and every open run below them, in one transaction. */
-export async function endRunTrees(trx: Transaction<DB>, end: RunEnd, at: Date): Promise<EndedRun[]> {
-  await lockAuditChain(trx);
+export async function endRunTrees(cause: Transaction<DB>, end: RunEnd, at: Date): Promise<EndedRun[]> {
+  const trx = await holdAuditChain(cause);
   const runs = await lockOpenRunTrees(trx, end.roots);
   return applyEnds(trx, runs, new Set(end.roots.map(keyOf)), end, at);
 }
@@ -68,7 +69,7 @@ export async function endRunTrees(trx: Transaction<DB>, end: RunEnd, at: Date): 
  * took the audit chain's lock before changing the run.
  */
 export async function followRunEnd(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   ended: RunRecord & { status: TerminalStatus },
   actor: string,
   at: Date,
@@ -90,7 +91,7 @@ export async function followRunEnd(
 }
 
 async function applyEnds(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   runs: RunRecord[],
   roots: ReadonlySet<string>,
   end: RunEnd,

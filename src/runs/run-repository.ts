@@ -8,6 +8,7 @@ import {
   type RunStatus,
   type RunStop,
 } from './run-types.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 /** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
@@ -500,7 +501,7 @@ export async function findRun(db: Db, tenantId: string, runId: string): Promise<
  * Locks one run for the rest of the transaction. `FOR NO KEY UPDATE`: rows that reference the
  * run (grant uses, hand-offs, approvals) can still be added meanwhile.
  */
-export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRecord | undefined> {
+export async function lockRun(trx: ChainHeld, key: RunKey): Promise<RunRecord | undefined> {
   const row = await trx
     .selectFrom('runs')
     .selectAll()
@@ -515,7 +516,7 @@ export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRec
  * Locks the open runs among `roots` and all their open descendants (sub-runs, transitively), in
  * one stable order. A hand-off locks its parent before adding a sub-run, so none can slip in.
  */
-export async function lockOpenRunTrees(trx: Transaction<DB>, roots: RunKey[]): Promise<RunRecord[]> {
+export async function lockOpenRunTrees(trx: ChainHeld, roots: RunKey[]): Promise<RunRecord[]> {
   if (roots.length === 0) return [];
   const result = await sql<{ tenant_id: string; run_id: string }>`
     with recursive tree(tenant_id, run_id) as (
