@@ -41,7 +41,7 @@ export async function isApprovalLapsed(db: Db, id: string, now: Date): Promise<b
   return Boolean(row?.lapsed);
 }
 
-/** Locks an approval for the rest of the transaction (after its run: see run-lifecycle.ts). */
+/** Locks an approval for the rest of the transaction, after its run (docs/design/lock-order.md). */
 export async function lockApproval(trx: ChainHeld, id: string): Promise<Approval | undefined> {
   const row = await trx.selectFrom('approvals').selectAll().where('id', '=', id).forNoKeyUpdate().executeTakeFirst();
   return row ? toApproval(row) : undefined;

@@ -16,11 +16,7 @@ import { holdAuditChain, type ChainHeld } from '../db/lock-order.js';
  * (a sub-run never outlives the authority it was handed), its pending proposals are withdrawn,
  * and a sub-run's hand-off closes, giving its parent back what it did not use. Every run that
  * ends is audited with its cascade depth: 0 for the run the cause reached, +1 per hand-off below.
- *
- * Lock order, for every transaction that changes runs: grants or kill switches, then the audit
- * chain head, then runs (parents before the sub-runs they add), approvals and hand-offs, then
- * the budget ledger (`budget_reservations`, which a budget change takes whole, after the chain
- * head), then budget counters (in the ledger's order).
+ * Locks follow docs/design/lock-order.md, held to it by `ChainHeld` (src/db/lock-order.ts).
  */
 
 /** What ends the runs given as roots. */
@@ -65,8 +61,7 @@ export async function endRunTrees(cause: Transaction<DB>, end: RunEnd, at: Date)
 
 /**
  * What follows when a run's own executor moved it to a terminal status: its open sub-runs end
- * (`run.stopped`, cascade depth from 1) and, if it is a sub-run, its hand-off closes. The caller
- * took the audit chain's lock before changing the run.
+ * (`run.stopped`, cascade depth from 1) and, if it is a sub-run, its hand-off closes.
  */
 export async function followRunEnd(
   trx: ChainHeld,
