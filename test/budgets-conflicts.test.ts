@@ -30,7 +30,16 @@ function freshTenant(): string {
 async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0, warnRatio = 1): Promise<string> {
   const result = await createBudget(
     testDb.database.control,
-    { tenantId, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits, warnRatio, graceUnits },
+    {
+      tenant_id: tenantId,
+      scope: 'tenant',
+      agent_id: null,
+      run_id: null,
+      period: 'total',
+      limit_units: limitUnits,
+      warn_ratio: warnRatio,
+      grace_units: graceUnits,
+    },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
   if (!result.ok) throw new Error('budget conflict');
@@ -39,7 +48,7 @@ async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0,
 
 const usage = async (id: string) => {
   const u = (await getBudget(testDb.database.control, id, clock.now()))!;
-  return { spent: u.spentUnits, reserved: u.reservedUnits };
+  return { spent: u.spent_units, reserved: u.reserved_units };
 };
 
 const newLedger = (database: Database, registry: Registry) =>

@@ -691,14 +691,14 @@ describe('closeAndUncharge', () => {
     const result = await createBudget(
       db,
       {
-        tenantId: tenant,
+        tenant_id: tenant,
         scope: 'tenant',
-        agentId: null,
-        runId: null,
+        agent_id: null,
+        run_id: null,
         period: 'month',
-        limitUnits,
-        warnRatio: 1,
-        graceUnits: 0,
+        limit_units: limitUnits,
+        warn_ratio: 1,
+        grace_units: 0,
       },
       { actor: 'operator:test', traceId: null, now: clock.now() },
     );
@@ -708,7 +708,7 @@ describe('closeAndUncharge', () => {
 
   const usage = async (id: string) => {
     const u = (await getBudget(db, id, clock.now()))!;
-    return { spent: u.spentUnits, reserved: u.reservedUnits };
+    return { spent: u.spent_units, reserved: u.reserved_units };
   };
 
   const runTotal = (tenant: string, runId: string): CounterRef => ({

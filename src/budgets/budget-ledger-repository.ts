@@ -325,9 +325,9 @@ function sameBudgets({ budgets }: ExpectedBudgets): RawBuilder<unknown> {
                join unnest(
                  ${budgets.map((b) => b.id)}::text[],
                  ${budgets.map((b) => b.period)}::text[],
-                 ${budgets.map((b) => microsText(toMicros(b.limitUnits)))}::numeric[],
-                 ${budgets.map((b) => microsText(toMicros(b.graceUnits)))}::numeric[],
-                 ${budgets.map((b) => b.warnRatio)}::float8[]
+                 ${budgets.map((b) => microsText(toMicros(b.limit_units)))}::numeric[],
+                 ${budgets.map((b) => microsText(toMicros(b.grace_units)))}::numeric[],
+                 ${budgets.map((b) => b.warn_ratio)}::float8[]
                ) as x(id, period, limit_units, grace_units, warn_ratio)
                  on a.id = x.id and a.period = x.period and a.limit_units = x.limit_units
                 and a.grace_units = x.grace_units and a.warn_ratio = x.warn_ratio) = ${budgets.length}`;

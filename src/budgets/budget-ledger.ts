@@ -520,9 +520,9 @@ function limitsFor(
     charges.push(ref);
     limits.push({
       counter: counterId(ref),
-      limitMicros: toMicros(budget.limitUnits),
-      graceMicros: toMicros(budget.graceUnits),
-      warnRatio: budget.warnRatio,
+      limitMicros: toMicros(budget.limit_units),
+      graceMicros: toMicros(budget.grace_units),
+      warnRatio: budget.warn_ratio,
       label: { source: 'budget', budgetId: budget.id, scope: budget.scope, period: budget.period },
     });
   }
