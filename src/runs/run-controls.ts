@@ -10,7 +10,7 @@ import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import {
   lockRun,
-  takeUpRun,
+  claimIdleRun,
   writeRunAwaitingApproval,
   writeRunPaused,
   writeRunStatus,
@@ -224,7 +224,7 @@ export class RunControls {
               }),
             );
         }
-        const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
+        const taken = await claimIdleRun(trx, run, [run.status], this.deps.replicaId);
         if (!taken)
           return reject(
             new CodedError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }),

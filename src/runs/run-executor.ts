@@ -32,15 +32,15 @@ import type { RunRecovery } from './run-recovery.js';
 import {
   claimRuns,
   findRun,
-  leaveRun,
+  releaseRun,
   lockRun,
-  leaveRuns,
+  endRuns,
   readRunStanding,
   readRunStandingSettled,
   resumeThrottledRun,
   startQueuedRun,
   type NewRun,
-  type RunLeave,
+  type RunEnding,
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
@@ -162,13 +162,13 @@ class RunMovedOn extends Error {}
 export class RunExecutor {
   /** Claims and ends of runs that happen at the same moment share one statement (group commit). */
   private readonly claims: GroupCommit<NewRun, RunRecord | undefined>;
-  private readonly ends: GroupCommit<RunLeave, boolean>;
+  private readonly ends: GroupCommit<RunEnding, boolean>;
 
   constructor(private readonly deps: RunExecutorDeps) {
     const { hot, hotDeferred } = deps.database;
     // A claim is made durable by the call's intent record, committed synchronously before dispatch.
     this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hotDeferred, runs)));
-    this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(hot, leaves)));
+    this.ends = new GroupCommit((endings) => retryOnConflict(() => endRuns(hot, endings)));
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
@@ -276,7 +276,7 @@ export class RunExecutor {
         );
       run = existing;
     }
-    const prior = await this.priorRun(principal, request, run, start, traceId, via);
+    const prior = await this.replayOrContinue(principal, request, run, start, traceId, via);
     if ('replay' in prior) return prior.replay;
     return this.runFrom(
       await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
@@ -285,7 +285,7 @@ export class RunExecutor {
   }
 
   /**
-   * Continues a run that a control has just taken up for this executor (`takeUpRun`): an
+   * Continues a run that a control has just taken up for this executor (`claimIdleRun`): an
    * approved, paused or throttled run. Every step still to run passes every stage again.
    */
   async continueRun(
@@ -303,7 +303,7 @@ export class RunExecutor {
    * A run id seen before: another principal's is a conflict; the owner's finished (or waiting)
    * run replays; a throttled run continues after its completed steps; a queued sub-run starts.
    */
-  private async priorRun(
+  private async replayOrContinue(
     principal: AgentPrincipal,
     request: RunRequest,
     run: RunRecord,
@@ -374,7 +374,7 @@ export class RunExecutor {
       // now stands, and one still busy is refused below.
       await this.deps.recovery.recoverIfLost(run, 1);
       const now = await findRun(this.deps.database.control, run.tenant_id, run.run_id);
-      if (now && !now.busy) return this.priorRun(principal, request, now, start, traceId, via);
+      if (now && !now.busy) return this.replayOrContinue(principal, request, now, start, traceId, via);
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.
@@ -569,7 +569,7 @@ export class RunExecutor {
     step: StepResult,
     stop: StepOutcome['stop'],
     answered: { answer?: RunAnswer },
-  ): RunLeave | undefined {
+  ): RunEnding | undefined {
     const answer = closing?.(step, stop);
     if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
     answered.answer = answer;
@@ -844,7 +844,7 @@ export class RunExecutor {
           warnings,
         };
         if (
-          !(await leaveRun(
+          !(await releaseRun(
             trx,
             { ...run, epoch: run.epoch },
             { status: 'awaiting_approval', httpStatus: 202, envelope },
@@ -894,7 +894,7 @@ export class RunExecutor {
       while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'pending'));
     }
     const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps, warnings };
-    await leaveRun(this.deps.database.control, exec.run, { httpStatus, envelope });
+    await releaseRun(this.deps.database.control, exec.run, { httpStatus, envelope });
     return { httpStatus, envelope, replayed: false };
   }
 
@@ -915,7 +915,7 @@ export class RunExecutor {
     if (!isTerminal(status)) {
       if (ending.length > 0)
         throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
-      if (await leaveRun(this.deps.database.control, run, { status, httpStatus, envelope }))
+      if (await releaseRun(this.deps.database.control, run, { status, httpStatus, envelope }))
         return { httpStatus, envelope, replayed: false };
     } else {
       const change = { status, httpStatus, envelope };
@@ -945,7 +945,7 @@ export class RunExecutor {
     }
     const now = this.deps.now();
     return changeInLockOrder(this.deps.database.control, async (trx) => {
-      const left = await leaveRun(trx, run, change);
+      const left = await releaseRun(trx, run, change);
       if (!left) return false;
       await writeAuditEvents(
         trx,
@@ -968,7 +968,7 @@ export class RunExecutor {
     reservation: Reservation | undefined,
     grantModifiers: Record<string, unknown>,
     approvalId: string | undefined,
-    end?: (result: Dispatched) => RunLeave | undefined,
+    end?: (result: Dispatched) => RunEnding | undefined,
   ): Promise<Dispatched & { runEnded?: boolean }> {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
