@@ -97,16 +97,8 @@ type LedgerOp =
 type LedgerOpResult = ReserveResult | CloseOutcome;
 
 /**
- * Budget admission, shared by every replica and exact under concurrency. Each decision is made
- * against the counters as they stand, and written only if they still stand so (compare and set
- * under row locks, in one statement; or, once replicas meet on the same counters, decided under
- * the row locks themselves), so N replicas together never admit past a budget's limit + grace,
- * and never refuse while room remains. Reservations and settlements arriving together are
- * committed together (group commit): a batch of settlements is one statement, a batch of
- * reservations one (a compare and set against the budgets and levels this replica last saw) or,
- * when those were unknown or had moved, two (read, then compare and set). Chunks of budget
- * are deliberately not leased to replicas: units parked in one replica's lease would make
- * another refuse calls the budget still allows and skew warn/grace verdicts.
+ * Budget admission, exact across replicas: compare-and-set reservations and settlements in group
+ * commits, no leases. Why: docs/design/budget-ledger.md.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class BudgetLedger {

@@ -61,22 +61,8 @@ interface Batch {
 }
 
 /**
- * Keeps the per-call tables from growing without bound: a run tree (a root run and its sub-runs)
- * whose every run finished more than `retentionDays` ago is deleted with the rows kept only for
- * it — approvals, hand-offs, grant uses, closed budget reservations, run-total counters — in
- * bounded batches, one short transaction each. Replicas whose lease lapsed as long ago go too.
- *
- * What is never deleted: the audit log (append-only, and the record of every deleted run's
- * calls), a run not finished or still held by an executor, a tree with any such run, an open
- * reservation, budgets and their counters, grants, kill switches, the registry.
- *
- * Every replica runs one; a batch first takes a transaction-scoped advisory lock, so only one
- * replica deletes at a time and the others skip their round after one statement.
- *
- * A batch that fails is tried again one tree at a time, so that one tree that cannot be deleted
- * does not stop retention for good (each round starts again from the oldest root): a tree that
- * fails alone is logged, counted and set aside for a day, and the others go. A database that
- * cannot be reached fails the round, as it would have anyway, and sets nothing aside.
+ * Deletes run trees finished more than `retentionDays` ago, in bounded batches under an advisory
+ * lock; the audit log is never deleted. What goes and what stays: docs/operations.md#retention.
  */
 export class RetentionSweeper {
   private readonly task: BackgroundTask;

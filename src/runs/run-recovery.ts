@@ -61,21 +61,8 @@ export interface RunRecoveryOptions {
 }
 
 /**
- * Finds runs left busy by an executor that is gone — its replica died (its lease passed), or its
- * execution on this replica broke off (the database went away mid-call) — and ends them, so
- * that no run stays busy for good and its owner's resubmission gets an answer.
- *
- * A lost run is never executed again: a call whose intent was recorded and whose outcome was not
- * may have reached its backend, and sending it again could do its side effect twice. The run
- * ends `failed` with `503 gateway_unavailable` (`reason: executor_lost`). Its envelope is rebuilt
- * from the audit records of the lost execution: calls that completed (their outputs were not
- * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. The budget
- * reservation of the call in hand is charged at its price if the call is in doubt (the strict
- * side), else released; one whose call's outcome was recorded but whose settlement was lost with
- * the replica is charged what that record says. A run whose
- * calls had all completed ends `completed` (one kept open stays `running`, at rest); a run a
- * control or cascade ended meanwhile keeps that end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
- * its open sub-runs end with it. Every replica sweeps; the run's lock makes each recovery happen once.
+ * Ends runs left busy by an executor that is gone, never executing them again; the run's lock
+ * makes each recovery happen once. How the run, its budget and its records end: docs/design/run-recovery.md.
  */
 export class RunRecovery {
   /** Runs this replica's executor is executing now, by key, with how many requests hold each. */
