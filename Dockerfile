@@ -29,8 +29,7 @@ USER node
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD node -e "fetch('http://127.0.0.1:'+(process.env.PORT||8080)+'/ready').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"
-# Memory flags (why: docs/performance.md): 32 MB semi-spaces mean fewer young-generation collections
-# under load; a 1 GB heap ceiling makes V8 collect early and keeps RSS low. Raise the ceiling
-# through NODE_OPTIONS for tools that answer many megabytes at high concurrency.
+# Memory flags: why in docs/performance.md. Raise the heap ceiling through NODE_OPTIONS for tools
+# that answer many megabytes at high concurrency.
 ENV NODE_OPTIONS="--max-old-space-size=1024"
 CMD ["node", "--max-semi-space-size=32", "dist/server.js"]

@@ -106,18 +106,18 @@ const database = await openDatabase({
   logger: pino({ level: 'silent' }),
 });
 try {
-  await migrate(database.db);
-  const filled = await timed(() => fill(database.db));
+  await migrate(database.control);
+  const filled = await timed(() => fill(database.control));
   console.log(`filled ${rows.toLocaleString()} rows in ${filled.seconds.toFixed(1)} s`);
   const heads = filled.value;
 
-  const read = await timed(() => readAll(database.db));
+  const read = await timed(() => readAll(database.control));
   const readRate = read.value / read.seconds;
-  const full = await timed(() => verifyAuditChain(database.db));
+  const full = await timed(() => verifyAuditChain(database.control));
   if (!full.value.ok) throw new Error(`the chain did not verify: ${JSON.stringify(full.value)}`);
   const fullRate = full.value.checked / full.seconds;
   const from = heads[Math.max(heads.length - 10_001, 0)]!;
-  const tail = await timed(() => verifyAuditChain(database.db, undefined, undefined, from));
+  const tail = await timed(() => verifyAuditChain(database.control, undefined, undefined, from));
   if (!tail.value.ok) throw new Error(`the tail did not verify: ${JSON.stringify(tail.value)}`);
 
   const fmt = (n: number) => Math.round(n).toLocaleString();

@@ -156,7 +156,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   await app.register(docsRoutes);
   await app.register(consoleRoutes);
   await app.register(whoamiRoutes);
-  await app.register(auditRoutes, { db: database.db, audit, checkpoints: services.auditCheckpoints });
+  await app.register(auditRoutes, { db: database.control, audit, checkpoints: services.auditCheckpoints });
   await app.register(grantRoutes, { grants: services.grants, audit, now });
   await app.register(killSwitchRoutes, {
     service: services.killSwitchChanges,
@@ -164,9 +164,9 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audit,
     callTarget: services.callTarget,
   });
-  await app.register(tenantRoutes, { db: database.db, audit, now });
+  await app.register(tenantRoutes, { db: database.control, audit, now });
   await app.register(runRoutes, {
-    db: database.db,
+    db: database.control,
     audit,
     executor: services.runs,
     controls: services.runControls,
@@ -175,13 +175,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   });
   await app.register(approvalRoutes, { approvals: services.approvals, audit, now });
   await app.register(toolRoutes, {
-    db: database.db,
+    db: database.control,
     catalog,
     now,
     secrets: config.secrets,
     externalCallEnabled,
   });
-  await app.register(budgetRoutes, { db: database.db, audit, now });
+  await app.register(budgetRoutes, { db: database.control, audit, now });
   if (config.mcp.enabled) {
     await app.register(mcpRoutes, {
       config: config.mcp,
@@ -191,7 +191,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       runControls: services.runControls,
       approvals: services.approvals,
       externalCallEnabled,
-      db: database.db,
+      db: database.control,
       now,
       changeCheckMs: config.registryRefreshMs,
     });

@@ -34,7 +34,7 @@ async function main(): Promise<void> {
     poolSize: config.databasePoolSize,
     logger,
   });
-  const { applied } = await migrate(database.db);
+  const { applied } = await migrate(database.control);
   logger.info({ applied, database: database.kind }, 'migrations applied');
   const app = await buildApp({ config, database, keys, logger });
 

@@ -103,7 +103,7 @@ export function buildServices(options: ServiceOptions): Services {
   const now = options.now ?? (() => new Date());
   const metrics = createMetrics();
   const audit = new AuditLog(
-    database.hot,
+    database,
     now,
     (batchSize) => {
       metrics.auditEventsCommitted.inc(batchSize);
@@ -119,18 +119,17 @@ export function buildServices(options: ServiceOptions): Services {
     refreshIntervalMs: config.registryRefreshMs,
   });
   watchCatalogAge(metrics, () => catalog.ageMs());
-  const budgets = new BudgetLedger(database.hotAsync, {
+  const budgets = new BudgetLedger(database, {
     now,
     registry: metrics.registry,
     reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
-    closes: database.hot,
   });
   countStatementsSent(metrics, () => database.statementsSent());
-  const rateLimiter = new RateLimiter(database.hotAsync, { now, registry: metrics.registry });
+  const rateLimiter = new RateLimiter(database, { now, registry: metrics.registry });
   const externalCallEnabled = async (tenantId: string) =>
-    (await getTenantPolicy(database.db, tenantId)).external_call_enabled;
+    (await getTenantPolicy(database.control, tenantId)).external_call_enabled;
   // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
   const resolveTarget = async (
     agent: AgentIdentity | null,
@@ -148,8 +147,7 @@ export function buildServices(options: ServiceOptions): Services {
     async (trx, tenantId) => (await getTenantPolicy(trx, tenantId)).external_call_enabled,
   );
   const grants = new GrantService({
-    db: database.db,
-    hot: database.hot,
+    database,
     audit,
     tools: catalog,
     now,
@@ -157,7 +155,7 @@ export function buildServices(options: ServiceOptions): Services {
   });
   // Kept current, and bounded in staleness, like the kill switches.
   const grantSnapshot = new GrantSnapshot({
-    db: database.db,
+    db: database.control,
     listener: database.listener,
     registry: metrics.registry,
     logger,
@@ -165,21 +163,21 @@ export function buildServices(options: ServiceOptions): Services {
     ...config.killSwitches,
   });
   const killSwitches = new KillSwitchSnapshot({
-    db: database.db,
+    database,
     listener: database.listener,
     registry: metrics.registry,
     logger,
     ...config.killSwitches,
   });
   const expirySweeper = new GrantExpirySweeper({
-    db: database.db,
+    database,
     now,
     intervalMs: config.grants.expirySweepIntervalMs,
     logger,
     onGrantsEnded: cascades.grantsEnded,
   });
-  const approvals = new ApprovalService({ db: database.db, now });
-  const grantUses = new GrantUses(database.hotAsync, metrics.registry);
+  const approvals = new ApprovalService({ database, now });
+  const grantUses = new GrantUses(database.hotDeferred, metrics.registry);
   const ports: AdmissionPorts = {
     catalog,
     grants: new GrantAdmission(grantSnapshot, grants, now, metrics.registry),
@@ -197,9 +195,9 @@ export function buildServices(options: ServiceOptions): Services {
   const backend = new BackendClient();
   const approvalTtlMs = config.approvalTtlSeconds * 1000;
   const replicaId = options.replicaId ?? `rep_${randomBytes(8).toString('hex')}`;
-  const lease = new ReplicaLease({ db: database.db, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
+  const lease = new ReplicaLease({ database, id: replicaId, leaseMs: config.replicaLeaseMs, logger });
   const recovery = new RunRecovery({
-    db: database.db,
+    database,
     replicaId,
     now,
     intervalMs: config.replicaLeaseMs / 2,
@@ -207,7 +205,7 @@ export function buildServices(options: ServiceOptions): Services {
     registry: metrics.registry,
   });
   const retention = new RetentionSweeper({
-    db: database.db,
+    database,
     now,
     retentionDays: config.retention.days,
     intervalMs: config.retention.sweepIntervalMs,
@@ -215,9 +213,7 @@ export function buildServices(options: ServiceOptions): Services {
     registry: metrics.registry,
   });
   const runs = new RunExecutor({
-    db: database.db,
-    hot: database.hot,
-    hotAsync: database.hotAsync,
+    database,
     audit,
     ports,
     backend,
@@ -230,7 +226,7 @@ export function buildServices(options: ServiceOptions): Services {
     lease,
   });
   const auditCheckpoints = new AuditCheckpoints({
-    db: database.db,
+    database,
     signer: new CheckpointSigner({
       signingKeyPem: config.auditCheckpoints.signingKey,
       verifyKeysPem: config.auditCheckpoints.verifyKeys,
@@ -239,9 +235,9 @@ export function buildServices(options: ServiceOptions): Services {
     logger,
     intervalSeconds: config.auditCheckpoints.intervalSeconds,
   });
-  const runControls = new RunControls({ db: database.db, executor: runs, replicaId, approvals, now });
+  const runControls = new RunControls({ database, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({
-    db: database.db,
+    database,
     grants,
     grantUses,
     now,
@@ -263,14 +259,14 @@ export function buildServices(options: ServiceOptions): Services {
     grants,
     grantSnapshot,
     killSwitches,
-    killSwitchChanges: new KillSwitchService(database.db, killSwitches, now, cascades.killSwitchArmed),
+    killSwitchChanges: new KillSwitchService(database, killSwitches, now, cascades.killSwitchArmed),
     runs,
     runControls,
     approvals,
     handoffs,
     lease,
     recovery,
-    idempotencyKeys: new IdempotencyKeys({ db: database.db, now }),
+    idempotencyKeys: new IdempotencyKeys({ database, now }),
     callTarget,
     externalCallEnabled,
     async start() {

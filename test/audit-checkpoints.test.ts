@@ -76,14 +76,14 @@ describe('audit checkpoints, signed', () => {
     expect(fromIt.body.head).toEqual(full.body.head);
 
     // An edit before the checkpoint is outside what it reads: the checkpoint vouches for that part.
-    await editRow(h.db.database.db, 2);
+    await editRow(h.db.database.control, 2);
     expect((await verifyFrom(h, made.id)).body.ok).toBe(true);
     expect((await h.client.get('/audit/verify', { token: platform })).body).toMatchObject({
       ok: false,
       first_bad_seq: 2,
     });
 
-    await editRow(h.db.database.db, made.seq + 3);
+    await editRow(h.db.database.control, made.seq + 3);
     expect((await verifyFrom(h, made.id)).body).toEqual({
       ok: false,
       checked: 2,
@@ -118,7 +118,7 @@ describe('forged and foreign checkpoints', () => {
 
   async function forge(fields: Record<string, unknown>): Promise<string> {
     const id = `ckpt_${randomUUID()}`;
-    await h.db.database.db
+    await h.db.database.control
       .insertInto('audit_checkpoints')
       .values({
         id,
@@ -135,7 +135,11 @@ describe('forged and foreign checkpoints', () => {
   }
 
   it('refuses a checkpoint whose signature does not cover it (a moved seq, another hash)', async () => {
-    const rows = await h.db.database.db.selectFrom('audit_events').select(['seq', 'hash']).orderBy('seq').execute();
+    const rows = await h.db.database.control
+      .selectFrom('audit_events')
+      .select(['seq', 'hash'])
+      .orderBy('seq')
+      .execute();
     const later = rows[rows.length - 1]!;
     const forged = await forge({ seq: Number(later.seq), hash: later.hash });
     const res = await verifyFrom(h, forged);
@@ -155,8 +159,12 @@ describe('forged and foreign checkpoints', () => {
 
   it('does not start a new checkpoint from a forged one', async () => {
     // A forged checkpoint at the head would let a broken prefix pass if creation trusted it.
-    await editRow(h.db.database.db, made.seq + 1);
-    const rows = await h.db.database.db.selectFrom('audit_events').select(['seq', 'hash']).orderBy('seq').execute();
+    await editRow(h.db.database.control, made.seq + 1);
+    const rows = await h.db.database.control
+      .selectFrom('audit_events')
+      .select(['seq', 'hash'])
+      .orderBy('seq')
+      .execute();
     const last = rows[rows.length - 1]!;
     await forge({ seq: Number(last.seq), hash: last.hash, key_id: null, signature: null });
     const res = await h.client.post('/audit/checkpoints', { token: platform });

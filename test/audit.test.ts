@@ -210,7 +210,7 @@ describe('the append-only, hash-chained log', () => {
   });
 
   it('refuses UPDATE, DELETE and TRUNCATE in the database itself', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     await expect(sql`update audit_events set actor = 'x' where seq = 1`.execute(db)).rejects.toThrow(/append-only/);
     await expect(sql`delete from audit_events where seq = 1`.execute(db)).rejects.toThrow(/append-only/);
     await expect(sql`truncate audit_events`.execute(db)).rejects.toThrow(/append-only/);
@@ -226,7 +226,7 @@ describe('the append-only, hash-chained log', () => {
     const seqs = records.map((r) => r.seq).sort((a, b) => a - b);
     expect(new Set(seqs).size).toBe(300);
     expect(seqs[seqs.length - 1]! - seqs[0]!).toBe(299);
-    expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
+    expect((await verifyAuditChain(h.db.database.control)).ok).toBe(true);
   });
 
   it('verifies an intact chain while it is being appended to', async () => {
@@ -236,7 +236,8 @@ describe('the append-only, hash-chained log', () => {
       while (appending) await audit.append({ event_type: 'verify.during.append', actor: 'system.test' });
     })();
     try {
-      for (let i = 0; i < 20; i += 1) expect(await verifyAuditChain(h.db.database.db, 50)).toMatchObject({ ok: true });
+      for (let i = 0; i < 20; i += 1)
+        expect(await verifyAuditChain(h.db.database.control, 50)).toMatchObject({ ok: true });
     } finally {
       appending = false;
       await appends;
@@ -244,15 +245,15 @@ describe('the append-only, hash-chained log', () => {
   });
 
   it('keeps one chain when two writers take turns, each holding a stale head', async () => {
-    const first = new AuditLog(h.db.database.db);
-    const second = new AuditLog(h.db.database.db);
+    const first = new AuditLog(h.db.database);
+    const second = new AuditLog(h.db.database);
     for (let i = 0; i < 5; i += 1) {
       const a = await first.append({ event_type: 'turns.test', actor: 'system.first' });
       const b = await second.append({ event_type: 'turns.test', actor: 'system.second' });
       expect(b.seq).toBe(a.seq + 1);
       expect(b.prev_hash).toBe(a.hash);
     }
-    expect((await verifyAuditChain(h.db.database.db)).ok).toBe(true);
+    expect((await verifyAuditChain(h.db.database.control)).ok).toBe(true);
   });
 
   it.skipIf(!hasPostgresServer)(
@@ -262,13 +263,13 @@ describe('the append-only, hash-chained log', () => {
       try {
         await Promise.all(
           others.flatMap((database, n) => {
-            const log = new AuditLog(database.db);
+            const log = new AuditLog(database);
             return Array.from({ length: 100 }, (_, i) =>
               log.append({ event_type: 'replica.test', actor: `system.replica${n}`, details: { i } }),
             );
           }),
         );
-        const result = await verifyAuditChain(h.db.database.db);
+        const result = await verifyAuditChain(h.db.database.control);
         expect(result.ok).toBe(true);
       } finally {
         await Promise.all(others.map((d) => d.close()));
@@ -280,7 +281,7 @@ describe('the append-only, hash-chained log', () => {
 // Tampering needs the trigger off, which only a superuser can do: this is the attacker's view.
 describe('tamper evidence', () => {
   it('reports the first edited row', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const before = await verifyAuditChain(db);
     expect(before.ok).toBe(true);
     await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
@@ -294,7 +295,7 @@ describe('tamper evidence', () => {
   });
 
   it('reports a deleted row as the first gap', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
     try {
       // A gap before the row edited above: the gap is reported, being earlier.
@@ -345,7 +346,7 @@ describe('tamper evidence, each on a fresh chain', () => {
       const records = await fresh.client.app.services.audit.appendMany(
         ['first', 'second', 'third'].map((n) => ({ event_type: 'chain.test', actor: `system.${n}` })),
       );
-      await test({ h: fresh, db: fresh.db.database.db, records });
+      await test({ h: fresh, db: fresh.db.database.control, records });
     } finally {
       await fresh.close();
     }
@@ -550,7 +551,7 @@ describe('tamper evidence, each on a fresh chain', () => {
   it('answers no head for an empty log, and an anchor there as missing', async () => {
     const empty = await startHarness();
     try {
-      expect(await readChainHead(empty.db.database.db)).toEqual({ seq: 0, hash: GENESIS_HASH });
+      expect(await readChainHead(empty.db.database.control)).toEqual({ seq: 0, hash: GENESIS_HASH });
       expect(await verify({ h: empty })).toEqual({ ok: true, checked: 0, first_bad_seq: null, head: null });
       expect(await verifyWith({ h: empty }, { seq: 1, hash: 'a'.repeat(64) })).toEqual({
         ok: false,

@@ -18,7 +18,7 @@ beforeAll(async () => {
   databases = await Promise.all([0, 1, 2].map(() => openPool(testDb.url, 5)));
   ledgers = databases.map(
     (d) =>
-      new BudgetLedger(d.db, {
+      new BudgetLedger(d, {
         now: clock.now,
         registry: new Registry(),
         reservationTtlMs: 900_000,
@@ -44,15 +44,24 @@ interface BudgetFields {
 
 async function budget(tenantId: string, { scope, agentId, limitUnits, warnRatio, graceUnits }: BudgetFields) {
   const result = await createBudget(
-    testDb.database.db,
-    { tenantId, scope, agentId: agentId ?? null, runId: null, period: 'month', limitUnits, warnRatio, graceUnits },
+    testDb.database.control,
+    {
+      tenant_id: tenantId,
+      scope,
+      agent_id: agentId ?? null,
+      run_id: null,
+      period: 'month',
+      limit_units: limitUnits,
+      warn_ratio: warnRatio,
+      grace_units: graceUnits,
+    },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
   if (!result.ok) throw new Error('budget conflict');
   return result.usage.budget.id;
 }
 
-const usage = async (id: string) => (await getBudget(testDb.database.db, id, clock.now()))!;
+const usage = async (id: string) => (await getBudget(testDb.database.control, id, clock.now()))!;
 
 function tally(results: ReserveResult[]) {
   const counts: Record<string, number> = { ok: 0, warn: 0, grace: 0, exceeded: 0 };
@@ -108,7 +117,7 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     // 4 × 30 would be 120: the tenant's 100 binds first, exactly.
     expect(results.filter((r) => r.ok)).toHaveLength(100);
     expect(await usage(tenantBudget)).toMatchObject({ reservedUnits: 100 });
-    const perAgent = await Promise.all(agentBudgets.map(async (id) => (await usage(id)).reservedUnits));
+    const perAgent = await Promise.all(agentBudgets.map(async (id) => (await usage(id)).reserved_units));
     expect(perAgent.reduce((a, b) => a + b, 0)).toBe(100);
     for (const reserved of perAgent) expect(reserved).toBeLessThanOrEqual(30);
   });
@@ -126,6 +135,6 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     // Refusals came only when the call did not fit: everything refused was bigger than what was left.
     const left = 100 - admittedUnits;
     for (const [i, r] of results.entries()) if (!r.ok) expect(costs[i]!).toBeGreaterThan(left);
-    expect((await usage(id)).reservedUnits).toBeCloseTo(admittedUnits, 6);
+    expect((await usage(id)).reserved_units).toBeCloseTo(admittedUnits, 6);
   });
 });

@@ -29,8 +29,17 @@ function freshTenant(): string {
 
 async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0, warnRatio = 1): Promise<string> {
   const result = await createBudget(
-    testDb.database.db,
-    { tenantId, scope: 'tenant', agentId: null, runId: null, period: 'total', limitUnits, warnRatio, graceUnits },
+    testDb.database.control,
+    {
+      tenant_id: tenantId,
+      scope: 'tenant',
+      agent_id: null,
+      run_id: null,
+      period: 'total',
+      limit_units: limitUnits,
+      warn_ratio: warnRatio,
+      grace_units: graceUnits,
+    },
     { actor: 'operator:test', traceId: null, now: clock.now() },
   );
   if (!result.ok) throw new Error('budget conflict');
@@ -38,17 +47,17 @@ async function totalBudget(tenantId: string, limitUnits: number, graceUnits = 0,
 }
 
 const usage = async (id: string) => {
-  const u = (await getBudget(testDb.database.db, id, clock.now()))!;
-  return { spent: u.spentUnits, reserved: u.reservedUnits };
+  const u = (await getBudget(testDb.database.control, id, clock.now()))!;
+  return { spent: u.spent_units, reserved: u.reserved_units };
 };
 
-const newLedger = (db: Database['db'], registry: Registry) =>
-  new BudgetLedger(db, { now: clock.now, registry, reservationTtlMs: 900_000, sweepIntervalMs: 0 });
+const newLedger = (database: Database, registry: Registry) =>
+  new BudgetLedger(database, { now: clock.now, registry, reservationTtlMs: 900_000, sweepIntervalMs: 0 });
 
 /** Runs `test` with a ledger of its own (and its metrics), closed afterwards. */
 async function withLedger(test: (ledger: BudgetLedger, registry: Registry) => Promise<void>): Promise<void> {
   const registry = new Registry();
-  const ledger = newLedger(testDb.database.db, registry);
+  const ledger = newLedger(testDb.database, registry);
   try {
     await test(ledger, registry);
   } finally {
@@ -63,7 +72,7 @@ async function conflicts(registry: Registry): Promise<number> {
 const reservationsOf = async (tenantId: string) =>
   Number(
     (
-      await testDb.database.db
+      await testDb.database.control
         .selectFrom('budget_reservations')
         .select((eb) => eb.fn.countAll<number>().as('n'))
         .where('tenant_id', '=', tenantId)
@@ -98,7 +107,7 @@ describe.skipIf(!hasPostgresServer)('a compare-and-set lost to another replica (
     try {
       await other.query('select * from budget_counters where counter_key = $1 for update', [budgetId]);
       const pending = ledger.reserve({ tenantId, agentId: 'agent.one', runId: 'run-moved', units });
-      await until('a statement to wait for the row lock', async () => (await lockWaits(testDb.database.db)) > 0, {
+      await until('a statement to wait for the row lock', async () => (await lockWaits(testDb.database.control)) > 0, {
         timeoutMs: 15_000,
       });
       await other.query('update budget_counters set reserved_units = reserved_units + $2 where counter_key = $1', [
@@ -209,7 +218,7 @@ describe.skipIf(!hasPostgresServer)('three replicas meeting on one counter (need
     const tenant = freshTenant();
     const budget = await totalBudget(tenant, 60, 4);
     const registries = databases.map(() => new Registry());
-    const ledgers = databases.map((d, i) => newLedger(d.db, registries[i]!));
+    const ledgers = databases.map((d, i) => newLedger(d, registries[i]!));
     try {
       // Ten callers per replica, each reserving again as soon as it is answered, until 300 calls
       // were made: many small batches from three replicas, interleaving on one counter.

@@ -47,28 +47,31 @@ function replica(): { ledger: BudgetLedger; statements: () => number } {
     },
     transformResult: async (args) => args.result,
   };
-  const db: Kysely<DB> = testDb.database.db.withPlugin(counting);
-  const ledger = new BudgetLedger(db, {
-    now: clock.now,
-    registry: new Registry(),
-    reservationTtlMs: 900_000,
-    sweepIntervalMs: 0,
-  });
+  const db: Kysely<DB> = testDb.database.control.withPlugin(counting);
+  const ledger = new BudgetLedger(
+    { ...testDb.database, hot: db, hotDeferred: db },
+    {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 900_000,
+      sweepIntervalMs: 0,
+    },
+  );
   ledgers.push(ledger);
   return { ledger, statements: () => statements };
 }
 
-async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenantId'>): Promise<string> {
+async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenant_id'>): Promise<string> {
   const result = await createBudget(
-    testDb.database.db,
+    testDb.database.control,
     {
       scope: 'tenant',
-      agentId: null,
-      runId: null,
+      agent_id: null,
+      run_id: null,
       period: 'total',
-      limitUnits: 10,
-      warnRatio: 1,
-      graceUnits: 0,
+      limit_units: 10,
+      warn_ratio: 1,
+      grace_units: 0,
       ...draft,
     },
     context(),
@@ -78,8 +81,8 @@ async function budget(draft: Partial<BudgetDraft> & Pick<BudgetDraft, 'tenantId'
 }
 
 const usage = async (id: string) => {
-  const u = (await getBudget(testDb.database.db, id, clock.now()))!;
-  return { spent: u.spentUnits, reserved: u.reservedUnits };
+  const u = (await getBudget(testDb.database.control, id, clock.now()))!;
+  return { spent: u.spent_units, reserved: u.reserved_units };
 };
 
 const call = (tenantId: string, units: number, extra: Partial<ReserveRequest> = {}): ReserveRequest => ({
@@ -98,7 +101,7 @@ function admitted(result: ReserveResult) {
 describe('a ledger that knows its budgets and counters', () => {
   it('reserves in one statement once it has read them, settles in one, and reserves in one after that', async () => {
     const tenant = fresh('known-t');
-    const id = await budget({ tenantId: tenant, limitUnits: 100 });
+    const id = await budget({ tenant_id: tenant, limit_units: 100 });
     const { ledger, statements } = replica();
 
     admitted(await ledger.reserve(call(tenant, 1)));
@@ -119,7 +122,7 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it('refuses past a counter another replica moved since (no over-admission from a stale level)', async () => {
     const tenant = fresh('known-t');
-    const id = await budget({ tenantId: tenant, limitUnits: 10 });
+    const id = await budget({ tenant_id: tenant, limit_units: 10 });
     const a = replica();
     const b = replica();
     admitted(await a.ledger.reserve(call(tenant, 6))); // a knows 6 of 10
@@ -135,7 +138,7 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it('admits what a stale level would refuse, once the room is really there', async () => {
     const tenant = fresh('known-t');
-    const id = await budget({ tenantId: tenant, limitUnits: 10 });
+    const id = await budget({ tenant_id: tenant, limit_units: 10 });
     const a = replica();
     const b = replica();
     const held = admitted(await a.ledger.reserve(call(tenant, 9))); // a knows 9 of 10
@@ -146,16 +149,16 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it('applies a budget another replica created since, on the very next call', async () => {
     const tenant = fresh('known-t');
-    await budget({ tenantId: tenant, limitUnits: 100 });
+    await budget({ tenant_id: tenant, limit_units: 100 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
     // Created mid-day, the agent's budget starts from what the agent holds today: 1 of 2.
     const agentBudget = await budget({
-      tenantId: tenant,
+      tenant_id: tenant,
       scope: 'agent',
-      agentId: 'agent.known',
+      agent_id: 'agent.known',
       period: 'day',
-      limitUnits: 2,
+      limit_units: 2,
     });
     expect(await ledger.reserve(call(tenant, 2))).toMatchObject({
       ok: false,
@@ -168,29 +171,29 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it('applies a lowered limit, and a raised one, on the very next call', async () => {
     const tenant = fresh('known-t');
-    const id = await budget({ tenantId: tenant, limitUnits: 100 });
+    const id = await budget({ tenant_id: tenant, limit_units: 100 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
-    await changeBudgetLimits(testDb.database.db, id, { limitUnits: 3 }, context());
+    await changeBudgetLimits(testDb.database.control, id, { limit_units: 3 }, context());
     expect(await ledger.reserve(call(tenant, 3))).toMatchObject({
       ok: false,
       code: 'budget_exceeded',
       details: { budget_id: id, limit_units: 3 },
     });
-    await changeBudgetLimits(testDb.database.db, id, { limitUnits: 4, graceUnits: 1 }, context());
+    await changeBudgetLimits(testDb.database.control, id, { limit_units: 4, grace_units: 1 }, context());
     expect(await ledger.reserve(call(tenant, 4))).toMatchObject({ ok: true, verdict: 'grace' });
     expect(await usage(id)).toEqual({ spent: 0, reserved: 5 });
   });
 
   it('stops charging a budget removed since', async () => {
     const tenant = fresh('known-t');
-    const id = await budget({ tenantId: tenant, limitUnits: 10 });
+    const id = await budget({ tenant_id: tenant, limit_units: 10 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 4)));
-    await removeBudget(testDb.database.db, id, context());
+    await removeBudget(testDb.database.control, id, context());
     admitted(await ledger.reserve(call(tenant, 4)));
     admitted(await ledger.reserve(call(tenant, 4)));
-    const [counter] = await testDb.database.db
+    const [counter] = await testDb.database.control
       .selectFrom('budget_counters')
       .select('reserved_units')
       .where('counter_key', '=', id)
@@ -200,11 +203,11 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it("applies a run's own budget on the run's first call, though new runs are guessed to have none", async () => {
     const tenant = fresh('known-t');
-    await budget({ tenantId: tenant, limitUnits: 100 });
+    await budget({ tenant_id: tenant, limit_units: 100 });
     const { ledger } = replica();
     admitted(await ledger.reserve(call(tenant, 1)));
     const runId = fresh('run');
-    const runBudget = await budget({ tenantId: tenant, scope: 'run', runId, limitUnits: 2 });
+    const runBudget = await budget({ tenant_id: tenant, scope: 'run', run_id: runId, limit_units: 2 });
     expect(await ledger.reserve(call(tenant, 3, { runId }))).toMatchObject({
       ok: false,
       code: 'budget_exceeded',
@@ -216,7 +219,7 @@ describe('a ledger that knows its budgets and counters', () => {
 
   it("counts what a run spent on another replica, though it guessed the run's total did not exist", async () => {
     const tenant = fresh('known-t');
-    await budget({ tenantId: tenant, limitUnits: 100 });
+    await budget({ tenant_id: tenant, limit_units: 100 });
     const a = replica();
     const b = replica();
     admitted(await a.ledger.reserve(call(tenant, 1)));
@@ -231,7 +234,7 @@ describe('a ledger that knows its budgets and counters', () => {
     admitted(await a.ledger.reserve(call(tenant, 2, { runId, requestLimitUnits: 5 })));
     const total = runTotalCounter({ tenantId: tenant, agentId: 'agent.known', runId });
     expect(total.key).toBe(runCounterKey(tenant, runId));
-    expect([...(await readCounters(testDb.database.db, [total])).values()]).toEqual([
+    expect([...(await readCounters(testDb.database.control, [total])).values()]).toEqual([
       { spentMicros: 0, reservedMicros: 5_000_000 },
     ]);
   });

@@ -3,7 +3,7 @@ import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
-import { lockAuditChain } from '../src/audit/audit-repository.js';
+import { holdAuditChain } from '../src/db/lock-order.js';
 import { closeAndUncharge, counterId, readCounters } from '../src/budgets/budget-ledger-repository.js';
 import { holdRunUnits, lockRunAllowance, returnSubRunAllowances, runTotalRef } from '../src/budgets/run-allowance.js';
 import { openDatabase } from '../src/db/database.js';
@@ -219,7 +219,7 @@ describe('settle and release', () => {
     const { reservation } = admitted(await ledger.reserve(call(tenant, 3)));
     expect(await ledger.settle(reservation, 1.5)).toBe('settled');
     expect(await usage(id)).toMatchObject({ spent_units: 1.5, reserved_units: 0 });
-    const row = await testDb.database.db
+    const row = await testDb.database.control
       .selectFrom('budget_reservations')
       .selectAll()
       .where('id', '=', reservation.id)
@@ -303,7 +303,9 @@ describe('settle and release', () => {
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 0 });
     const commits = await sql<{ xid: string; n: number }>`
       select xmin::text as xid, count(*)::int as n from audit_events
-      where tenant_id = ${tenant} and event_type = 'budget.reservation_expired' group by 1`.execute(testDb.database.db);
+      where tenant_id = ${tenant} and event_type = 'budget.reservation_expired' group by 1`.execute(
+      testDb.database.control,
+    );
     expect(commits.rows.reduce((sum, row) => sum + row.n, 0)).toBe(120);
     expect(commits.rows.length).toBeGreaterThanOrEqual(3);
     expect(Math.max(...commits.rows.map((row) => row.n))).toBeLessThanOrEqual(50);
@@ -322,7 +324,7 @@ describe('settle and release', () => {
     expect(await ledger.settle(reservation, 3)).toBe('already_closed');
     expect(await ledger.release(reservation)).toBe('already_closed');
     expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 3 });
-    const row = await testDb.database.db
+    const row = await testDb.database.control
       .selectFrom('budget_reservations')
       .selectAll()
       .where('id', '=', reservation.id)
@@ -336,7 +338,7 @@ describe('settle and release', () => {
       const tenant = freshTenant();
       const id = await createBudget(tenant, { scope: 'tenant', period: 'total', limit_units: 5 });
       const { reservation } = admitted(await ledger.reserve(call(tenant, 4)));
-      const db = testDb.database.db;
+      const db = testDb.database.control;
       let settling: Promise<string> | undefined;
       // The sweep has closed the reservation but not committed when the settlement reaches its row.
       await db.transaction().execute(async (trx) => {
@@ -357,7 +359,7 @@ describe('settle and release', () => {
 describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a PostgreSQL server)', () => {
   const runTotal = async (tenant: string, runId: string) => {
     const ref = runTotalRef(tenant, runId);
-    return (await readCounters(testDb.database.db, [ref])).get(counterId(ref));
+    return (await readCounters(testDb.database.control, [ref])).get(counterId(ref));
   };
 
   /**
@@ -376,7 +378,7 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
     }) => Promise<string>,
   ) {
     const tenant = freshTenant();
-    const db = testDb.database.db;
+    const db = testDb.database.control;
     await db.transaction().execute(async (trx) => {
       await lockRunAllowance(trx, tenant, 'parent', 10);
       await holdRunUnits(trx, tenant, 'parent', 5, clock.now());
@@ -384,7 +386,7 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
     const { reservation } = admitted(await ledger.reserve(call(tenant, units, { runId: 'sub' })));
     let closing: Promise<string> | undefined;
     await db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
+      await holdAuditChain(trx);
       await returnSubRunAllowances(
         trx,
         [{ tenantId: tenant, parentRunId: 'parent', subRunId: 'sub', heldUnits: 5 }],
@@ -403,7 +405,7 @@ describe.skipIf(!hasPostgresServer)('a close meeting a hand-off ending (needs a 
     expect(outcome).toBe('released');
     expect(await runTotal(tenant, 'sub')).toEqual({ spentMicros: 0, reservedMicros: 0 });
     expect(await runTotal(tenant, 'parent')).toEqual({ spentMicros: 0, reservedMicros: 0 });
-    const row = await testDb.database.db
+    const row = await testDb.database.control
       .selectFrom('budget_reservations')
       .select('status')
       .where('id', '=', reservation.id)
@@ -561,7 +563,7 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
       poolSize: 1,
       logger: pino({ level: 'silent' }),
     });
-    const cut = new BudgetLedger(unreachable.db, {
+    const cut = new BudgetLedger(unreachable, {
       now: clock.now,
       registry: new Registry(),
       reservationTtlMs: 60_000,

@@ -12,19 +12,21 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     const empty = await createEmptyDatabaseUrl();
     const database = await openPool(empty.url, 1);
     try {
-      await sql`create table things (id int primary key, label text)`.execute(database.db);
-      await sql`insert into things select g, 'n' || g from generate_series(1, 50) g`.execute(database.db);
+      await sql`create table things (id int primary key, label text)`.execute(database.control);
+      await sql`insert into things select g, 'n' || g from generate_series(1, 50) g`.execute(database.control);
       for (const id of [3, 7, 3]) {
-        const { rows } = await sql<{ label: string }>`select label from things where id = ${id}`.execute(database.db);
+        const { rows } = await sql<{ label: string }>`select label from things where id = ${id}`.execute(
+          database.control,
+        );
         expect(rows).toEqual([{ label: `n${id}` }]);
       }
       const prepared = await sql<{
         n: number;
       }>`select count(*)::int as n from pg_prepared_statements where statement like ${'%from things where id =%'}`.execute(
-        database.db,
+        database.control,
       );
       expect(prepared.rows[0]!.n).toBe(1);
-      const mode = await sql<{ plan_cache_mode: string }>`show plan_cache_mode`.execute(database.db);
+      const mode = await sql<{ plan_cache_mode: string }>`show plan_cache_mode`.execute(database.control);
       expect(mode.rows[0]!.plan_cache_mode).toBe('force_custom_plan');
     } finally {
       await database.close();
@@ -37,9 +39,9 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     const database = await openPool(empty.url, 1);
     try {
       await sql`create table things (tenant text, id text, created_at timestamptz not null default now(), label text, primary key (tenant, id))`.execute(
-        database.db,
+        database.control,
       );
-      await sql`create index things_tenant_created on things (tenant, created_at desc)`.execute(database.db);
+      await sql`create index things_tenant_created on things (tenant, created_at desc)`.execute(database.control);
       // The shapes of the per-call statements: a batch of rows joined to a table by its key, and key lists.
       const joined = (keys: Array<{ tenant: string; id: string }>) =>
         sql<{
@@ -58,7 +60,7 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
       expect((await listed(['a'], ['1'])).rows).toEqual([]);
       // ...then the table grows (before any ANALYZE would make the server plan them again).
       await sql`insert into things (tenant, id, label) select 'a', g::text, 'n' || g from generate_series(1, 20000) g`.execute(
-        database.db,
+        database.control,
       );
       expect((await joined([{ tenant: 'a', id: '7' }])).rows).toEqual([{ label: 'n7' }]);
       expect((await listed(['a'], ['8'])).rows).toEqual([{ label: 'n8' }]);
@@ -88,11 +90,11 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
       expect(settings.rows[0]).toEqual({ mode: 'force_generic_plan', seqscan: 'off' });
       // The other pool plans each execution with its values (operator queries).
       const general = await sql<{ mode: string }>`select current_setting('plan_cache_mode') as mode`.execute(
-        database.db,
+        database.control,
       );
       expect(general.rows[0]!.mode).toBe('force_custom_plan');
       // Only the pool for statements a later synchronous commit makes durable skips the wait for the disk.
-      const durability = async (db: typeof database.db) =>
+      const durability = async (db: typeof database.control) =>
         (
           await sql<{
             sync: string;
@@ -101,9 +103,9 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
             db,
           )
         ).rows[0];
-      expect(await durability(database.hotAsync)).toEqual({ sync: 'off', mode: 'force_generic_plan' });
+      expect(await durability(database.hotDeferred)).toEqual({ sync: 'off', mode: 'force_generic_plan' });
       expect(await durability(database.hot)).toEqual({ sync: 'on', mode: 'force_generic_plan' });
-      expect((await durability(database.db))!.sync).toBe('on');
+      expect((await durability(database.control))!.sync).toBe('on');
     } finally {
       await database.close();
       await empty.drop();
@@ -114,9 +116,9 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     const empty = await createEmptyDatabaseUrl();
     const database = await openPool(empty.url, 1);
     try {
-      await sql`create table things (id int primary key, label text)`.execute(database.db);
+      await sql`create table things (id int primary key, label text)`.execute(database.control);
       // No index on label: the generic plan scans, priced past jit_above_cost by enable_seqscan=off.
-      for (const db of [database.hot, database.hotAsync]) {
+      for (const db of [database.hot, database.hotDeferred]) {
         const { rows } = await sql<{
           'QUERY PLAN': Array<Record<string, unknown>>;
         }>`explain (analyze, format json) select count(*) from things where label = ${'x'}`.execute(db);
@@ -134,11 +136,11 @@ describe.skipIf(!hasPostgresServer)('prepared statements (needs a PostgreSQL ser
     const empty = await createEmptyDatabaseUrl();
     const database = await openPool(empty.url, 1);
     try {
-      await sql`create table widgets (id int primary key)`.execute(database.db);
-      await sql`insert into widgets values (1)`.execute(database.db);
-      const read = () => sql<Record<string, unknown>>`select * from widgets where id = ${1}`.execute(database.db);
+      await sql`create table widgets (id int primary key)`.execute(database.control);
+      await sql`insert into widgets values (1)`.execute(database.control);
+      const read = () => sql<Record<string, unknown>>`select * from widgets where id = ${1}`.execute(database.control);
       expect((await read()).rows).toEqual([{ id: 1 }]);
-      await sql`alter table widgets add column colour text default 'red'`.execute(database.db);
+      await sql`alter table widgets add column colour text default 'red'`.execute(database.control);
       await expect(read()).rejects.toMatchObject({ code: '0A000' });
       expect((await read()).rows).toEqual([{ id: 1, colour: 'red' }]);
       expect((await read()).rows).toEqual([{ id: 1, colour: 'red' }]);

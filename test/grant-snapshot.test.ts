@@ -57,7 +57,7 @@ describe.skipIf(!hasPostgresServer)('the grant snapshot across replicas (needs a
 
   const databaseVersion = async () =>
     Number(
-      (await sql<{ version: string }>`select version from grant_state`.execute(h.db.database.db)).rows[0]!.version,
+      (await sql<{ version: string }>`select version from grant_state`.execute(h.db.database.control)).rows[0]!.version,
     );
   const caughtUp = async (client: AppClient) =>
     client.app.services.grantSnapshot.state().version >= (await databaseVersion());
@@ -142,7 +142,7 @@ describe.skipIf(!hasPostgresServer)('the grant snapshot across replicas (needs a
     expect(await counted(c, 'toolgate_grant_guard_failures_total')).toBe(guardFailures + 1);
     // The run relies on the grant that is live, not on the one C's copy named.
     const uses = await sql<{ grant_id: string }>`
-      select grant_id from run_grant_uses where run_id = ${admitted.body.run_id}`.execute(h.db.database.db);
+      select grant_id from run_grant_uses where run_id = ${admitted.body.run_id}`.execute(h.db.database.control);
     expect(uses.rows.map((row) => row.grant_id)).toEqual([renewed.body.id]);
   });
 
@@ -174,7 +174,7 @@ describe.skipIf(!hasPostgresServer)('the grant snapshot across replicas (needs a
     // database chose the per-user one, as it would have without a copy.
     expect(await counted(c, 'toolgate_grant_guard_failures_total')).toBe(guardFailures + 1);
     const uses = await sql<{ grant_id: string }>`
-      select grant_id from run_grant_uses where run_id = ${admitted.body.run_id}`.execute(h.db.database.db);
+      select grant_id from run_grant_uses where run_id = ${admitted.body.run_id}`.execute(h.db.database.control);
     expect(uses.rows.map((row) => row.grant_id)).toEqual([specific.id]);
   });
 
@@ -202,7 +202,7 @@ describe.skipIf(!hasPostgresServer)('the grant snapshot across replicas (needs a
     let t = 0;
     const registry = new Registry();
     const snapshot = new GrantSnapshot({
-      db: h.db.database.db,
+      db: h.db.database.control,
       listener: deafListener(),
       registry,
       logger: pino({ level: 'silent' }),

@@ -67,7 +67,7 @@ describe.skipIf(!hasPostgresServer)(
       const racers = [db.database, otherDb, db.database, otherDb].map(
         (database) =>
           new GrantExpirySweeper({
-            db: database.db,
+            database,
             now: clock.now,
             intervalMs: 60_000,
             logger: pino({ level: 'silent' }),
@@ -146,7 +146,7 @@ describe('the grant expiry sweeper on one instance', () => {
     });
     // Nothing else is due: another sweep at the same time records nothing more.
     const another = new GrantExpirySweeper({
-      db: db.database.db,
+      database: db.database,
       now: clock.now,
       intervalMs: 60_000,
       logger: pino({ level: 'silent' }),

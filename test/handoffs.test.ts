@@ -668,7 +668,7 @@ describe('a sub-run', () => {
     await backend.waitForHits('/gate/cost/7', gateHits + 1);
     // A sweep an hour on (another replica's clock) releases the call's reservation as abandoned.
     const later = new Date(Date.now() + 3_600_000);
-    const sweeper = new BudgetLedger(h.db.database.db, {
+    const sweeper = new BudgetLedger(h.db.database, {
       now: () => later,
       registry: new Registry(),
       reservationTtlMs: h.client.app.services.config.budgetReservationTtlSeconds * 1000,

@@ -20,10 +20,10 @@ import {
   claimRuns,
   findRun,
   insertSubRun,
-  leaveRuns,
+  endRuns,
   recordGrantUses,
   type NewRun,
-  type RunLeave,
+  type RunEnding,
 } from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
@@ -46,7 +46,7 @@ let seq = 0;
 
 beforeAll(async () => {
   testDb = await createTestDatabase();
-  db = testDb.database.db;
+  db = testDb.database.control;
 });
 afterAll(async () => {
   await testDb.drop();
@@ -193,14 +193,14 @@ describe('claimRuns', () => {
   });
 });
 
-describe('leaveRuns', () => {
+describe('endRuns', () => {
   const leave = (
     tenant: string,
     runId: string,
     epoch = 1,
-    status: RunLeave['status'] = 'completed',
+    status: RunEnding['status'] = 'completed',
     httpStatus = 200,
-  ): RunLeave => ({
+  ): RunEnding => ({
     tenant_id: tenant,
     run_id: runId,
     epoch,
@@ -224,7 +224,7 @@ describe('leaveRuns', () => {
   it('ends a running run of its epoch: status, http status and envelope stored, no longer busy', async () => {
     const tenant = fresh('leave-t');
     await claimOne(tenant, 'ends');
-    expect(await leaveRuns(db, [leave(tenant, 'ends', 1, 'failed', 502)])).toEqual([true]);
+    expect(await endRuns(db, [leave(tenant, 'ends', 1, 'failed', 502)])).toEqual([true]);
     expect(await rowOf(tenant, 'ends')).toMatchObject({
       status: 'failed',
       busy: false,
@@ -238,7 +238,7 @@ describe('leaveRuns', () => {
     const tenant = fresh('leave-t');
     await claimOne(tenant, 'epoch');
     const before = await rowOf(tenant, 'epoch');
-    expect(await leaveRuns(db, [leave(tenant, 'epoch', 2)])).toEqual([false]);
+    expect(await endRuns(db, [leave(tenant, 'epoch', 2)])).toEqual([false]);
     expect(await rowOf(tenant, 'epoch')).toEqual(before);
   });
 
@@ -253,7 +253,7 @@ describe('leaveRuns', () => {
       .execute();
     const before = await rowOf(tenant, 'killed');
     expect(before.status).toBe('killed');
-    expect(await leaveRuns(db, [leave(tenant, 'killed')])).toEqual([false]);
+    expect(await endRuns(db, [leave(tenant, 'killed')])).toEqual([false]);
     expect(await rowOf(tenant, 'killed')).toEqual(before);
   });
 
@@ -276,7 +276,7 @@ describe('leaveRuns', () => {
       expect(sub).toBeDefined();
     });
     const before = await rowOf(tenant, 'parent');
-    expect(await leaveRuns(db, [leave(tenant, 'parent')])).toEqual([false]);
+    expect(await endRuns(db, [leave(tenant, 'parent')])).toEqual([false]);
     expect(await rowOf(tenant, 'parent')).toEqual(before);
   });
 
@@ -299,7 +299,7 @@ describe('leaveRuns', () => {
         created_at: clock.now(),
       });
     });
-    expect(await leaveRuns(db, [leave(other, 'same-name'), leave(tenant, 'same-name')])).toEqual([false, true]);
+    expect(await endRuns(db, [leave(other, 'same-name'), leave(tenant, 'same-name')])).toEqual([false, true]);
     expect((await rowOf(tenant, 'same-name')).status).toBe('completed');
     expect((await rowOf(other, 'same-name')).status).toBe('running');
   });
@@ -327,7 +327,7 @@ describe('leaveRuns', () => {
         created_at: clock.now(),
       });
     });
-    const answers = await leaveRuns(db, [
+    const answers = await endRuns(db, [
       leave(tenant, 'm-ok-2', 1, 'failed', 500),
       leave(tenant, 'm-epoch', 7),
       leave(tenant, 'm-parent'),
@@ -356,7 +356,7 @@ describe('leaveRuns', () => {
       .where('tenant_id', '=', tenant)
       .where('run_id', '=', 'twice')
       .execute();
-    const answers = await leaveRuns(db, [
+    const answers = await endRuns(db, [
       leave(tenant, 'twice', 1, 'failed', 500),
       leave(tenant, 'twice', 2, 'completed', 200),
     ]);
@@ -366,7 +366,7 @@ describe('leaveRuns', () => {
 });
 
 describe('appendIfHead carrying run ends', () => {
-  const leave = (tenant: string, runId: string, epoch = 1): RunLeave => ({
+  const leave = (tenant: string, runId: string, epoch = 1): RunEnding => ({
     tenant_id: tenant,
     run_id: runId,
     epoch,
@@ -676,7 +676,7 @@ describe('findGrantCandidates', () => {
 describe('closeAndUncharge', () => {
   let ledger: BudgetLedger;
   beforeAll(() => {
-    ledger = new BudgetLedger(db, {
+    ledger = new BudgetLedger(testDb.database, {
       now: clock.now,
       registry: new Registry(),
       reservationTtlMs: 900_000,
@@ -691,14 +691,14 @@ describe('closeAndUncharge', () => {
     const result = await createBudget(
       db,
       {
-        tenantId: tenant,
+        tenant_id: tenant,
         scope: 'tenant',
-        agentId: null,
-        runId: null,
+        agent_id: null,
+        run_id: null,
         period: 'month',
-        limitUnits,
-        warnRatio: 1,
-        graceUnits: 0,
+        limit_units: limitUnits,
+        warn_ratio: 1,
+        grace_units: 0,
       },
       { actor: 'operator:test', traceId: null, now: clock.now() },
     );
@@ -708,7 +708,7 @@ describe('closeAndUncharge', () => {
 
   const usage = async (id: string) => {
     const u = (await getBudget(db, id, clock.now()))!;
-    return { spent: u.spentUnits, reserved: u.reservedUnits };
+    return { spent: u.spent_units, reserved: u.reserved_units };
   };
 
   const runTotal = (tenant: string, runId: string): CounterRef => ({
@@ -1079,9 +1079,8 @@ describe('writeLedgerIf', () => {
 describe('grants read ahead (the first step’s, while its run is claimed)', () => {
   const grants = () =>
     new GrantService({
-      db,
-      hot: testDb.database.hot,
-      audit: new AuditLog(testDb.database.hot, () => clock.now()),
+      database: testDb.database,
+      audit: new AuditLog(testDb.database, () => clock.now()),
       tools: {
         resolve: () => ({ ok: false, reason: 'not_registered' }) as never,
         versions: () => [],

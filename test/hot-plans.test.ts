@@ -155,7 +155,7 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
     expect((await call(newRunId('planned'))).status).toBe(200);
 
     // The hot pools have a quarter of the pool's 10 connections each (at least 2): 3.
-    const plans = [...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotAsync, 3))];
+    const plans = [...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotDeferred, 3))];
     const texts = plans.map(([statement]) => statement);
     // The statements of a call are all there: claim, grant use, reservation, rate-limit take,
     // audit append, settlement, run end. (The grant is decided from the replica's snapshot: its

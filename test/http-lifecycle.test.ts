@@ -50,7 +50,7 @@ function postExecute(runId: string, q: string, signal?: AbortSignal): Promise<Re
 }
 
 function runOf(runId: string): Promise<{ status: string; busy: boolean }> {
-  return h.db.database.db
+  return h.db.database.control
     .selectFrom('runs')
     .select(['status', 'busy'])
     .where('tenant_id', '=', T)
@@ -64,7 +64,7 @@ async function waitForHit(runId: string): Promise<void> {
 }
 
 async function auditedEvents(runId: string): Promise<string[]> {
-  const events = await h.db.database.db
+  const events = await h.db.database.control
     .selectFrom('audit_events')
     .select('event_type')
     .where('run_id', '=', runId)
@@ -159,7 +159,7 @@ describe('closing the app (SIGTERM)', () => {
     expect(closed).toBe(true);
 
     expect(await runOf(runId)).toEqual({ status: 'completed', busy: false });
-    const events = await h.db.database.db
+    const events = await h.db.database.control
       .selectFrom('audit_events')
       .select(['event_type', 'event_id'])
       .where('run_id', '=', runId)
@@ -194,7 +194,7 @@ describe.skipIf(!hasPostgresServer)(
     }
 
     const replicaRow = (id: string) =>
-      h.db.database.db.selectFrom('replicas').select('id').where('id', '=', id).executeTakeFirst();
+      h.db.database.control.selectFrom('replicas').select('id').where('id', '=', id).executeTakeFirst();
 
     it('gives the replica lease up when the database answers', async () => {
       const { proxy, database, client, replicaId } = await proxiedApp();
@@ -227,9 +227,10 @@ describe.skipIf(!hasPostgresServer)(
         await waitForHit(runId);
         backend.openGate();
         expect((await answer).status).toBe(200);
-        const run = () => h.db.database.db.updateTable('runs').where('tenant_id', '=', T).where('run_id', '=', runId);
+        const run = () =>
+          h.db.database.control.updateTable('runs').where('tenant_id', '=', T).where('run_id', '=', runId);
         const runState = () =>
-          h.db.database.db
+          h.db.database.control
             .selectFrom('runs')
             .select(['status', 'busy'])
             .where('tenant_id', '=', T)

@@ -300,7 +300,7 @@ describe.skipIf(!hasPostgresServer)('a replica whose database connection hangs (
 
   it('stops waiting on a read that never answers, so it recovers as soon as new connections work', async () => {
     const snapshot = new KillSwitchSnapshot({
-      db: database.db,
+      database,
       listener: database.listener,
       registry: new Registry(),
       logger: pino({ level: 'silent' }),

@@ -599,7 +599,7 @@ describe('the snapshot in operations', () => {
 describe('snapshot freshness, on an injected clock', () => {
   function snapshotOn(database: typeof h.db.database, clock: () => number) {
     return new KillSwitchSnapshot({
-      db: database.db,
+      database,
       listener: database.listener,
       registry: new Registry(),
       logger: pino({ level: 'silent' }),

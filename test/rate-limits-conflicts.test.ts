@@ -43,19 +43,19 @@ const readBucketState = async (key: BucketKey): Promise<BucketState[]> =>
       tokens: number;
       updated_at: Date;
     }>`select tokens, updated_at from rate_buckets where tenant_id = ${key.tenantId} and agent_id = ${key.agentId} and tool_id = ${key.toolId}`.execute(
-      testDb.database.db,
+      testDb.database.control,
     )
   ).rows.map((row) => ({ tokens: Number(row.tokens), updatedAtMs: new Date(row.updated_at).getTime() }));
 
 const setTokens = (b: TakeRequest, tokens: number) =>
   sql`update rate_buckets set tokens = ${tokens} where tenant_id = ${b.tenantId} and agent_id = ${b.agentId} and tool_id = ${b.toolId}`.execute(
-    testDb.database.db,
+    testDb.database.control,
   );
 
 describe('one request object taken several times in one batch', () => {
   let limiter: RateLimiter;
   beforeAll(() => {
-    limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+    limiter = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
   });
   afterAll(async () => {
     await limiter.close();
@@ -82,7 +82,7 @@ describe('a bucket changed behind the limiter’s back', () => {
   let registry: Registry;
   beforeAll(() => {
     registry = new Registry();
-    limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry });
+    limiter = new RateLimiter(testDb.database, { now: clock.now, registry });
   });
   afterAll(async () => {
     await limiter.close();
@@ -120,7 +120,7 @@ describe.skipIf(!hasPostgresServer)(
   () => {
     it('answers the level the other stored, which the next store is decided from', async () => {
       const b = bucket(5, 0.5);
-      const limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+      const limiter = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
       const watcher = new pg.Client({ connectionString: testDb.url });
       await watcher.connect();
       const other = new pg.Client({ connectionString: testDb.url });
@@ -135,7 +135,10 @@ describe.skipIf(!hasPostgresServer)(
           'update rate_buckets set tokens = 1 where tenant_id = $1 and agent_id = $2 and tool_id = $3',
           [b.tenantId, b.agentId, b.toolId],
         );
-        const store = storeBucketIf(testDb.database.db, key, stale!, { tokens: 3, updatedAtMs: stale!.updatedAtMs });
+        const store = storeBucketIf(testDb.database.control, key, stale!, {
+          tokens: 3,
+          updatedAtMs: stale!.updatedAtMs,
+        });
         await until('the store to wait for the bucket', async () => (await lockWaits(watcher)) > 0);
         await other.query('commit');
         // Read as it stood when the statement began, the level would still be 4.
@@ -163,7 +166,7 @@ describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (ne
 
   it('admit exactly the capacity, each take deciding on what the other stored, and count the lost races', async () => {
     const registries = databases.map(() => new Registry());
-    const limiters = databases.map((d, i) => new RateLimiter(d.db, { now: clock.now, registry: registries[i]! }));
+    const limiters = databases.map((d, i) => new RateLimiter(d, { now: clock.now, registry: registries[i]! }));
     try {
       const b = bucket(5, 0.001);
       const decisions: RateDecision[] = [];
@@ -193,7 +196,7 @@ describe.skipIf(!hasPostgresServer)('two replicas taking turns on one bucket (ne
 
   it('admit exactly the capacity when both take at once, many times over', async () => {
     const registries = databases.map(() => new Registry());
-    const limiters = databases.map((d, i) => new RateLimiter(d.db, { now: clock.now, registry: registries[i]! }));
+    const limiters = databases.map((d, i) => new RateLimiter(d, { now: clock.now, registry: registries[i]! }));
     try {
       const b = bucket(40, 0.001);
       let admitted = 0;

@@ -25,7 +25,7 @@ let seq = 0;
 beforeAll(async () => {
   testDb = await createTestDatabase();
   registry = new Registry();
-  limiter = new RateLimiter(testDb.database.db, { now: clock.now, registry });
+  limiter = new RateLimiter(testDb.database, { now: clock.now, registry });
 });
 afterAll(async () => {
   await limiter.close();
@@ -104,7 +104,7 @@ describe('take', () => {
     // An eighth of the capacity is 125, 100 ms of refill is 10: a lease of 10 tokens.
     const b = bucket(1000, 100);
     expect(leaseSize(b)).toBe(10);
-    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    const stored = async () => (await readBucket(testDb.database.control, b))!.tokens;
     const leasedTakes = () => countOf('toolgate_rate_limit_leased_takes_total');
     const leasedBefore = await leasedTakes();
     expect((await limiter.take(b)).ok).toBe(true);
@@ -132,7 +132,7 @@ describe('take', () => {
     expect(leaseSize(b)).toBe(2);
     expect(leaseSize(bucket(10, 40))).toBe(0);
     expect(leaseSize(bucket(1000, 10))).toBe(0);
-    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    const stored = async () => (await readBucket(testDb.database.control, b))!.tokens;
     // Each batch of one take leases 2 while it leaves at least 16: 32 → 29, 26, 23, 20, 17.
     const levels: number[] = [];
     for (let i = 0; i < 15; i += 1) {
@@ -150,7 +150,7 @@ describe('take', () => {
   it('does not spend a lease on a changed contract, and gives it back to the bucket under the new one', async () => {
     const b = bucket(1000, 100);
     expect((await limiter.take(b)).ok).toBe(true);
-    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
+    const stored = async () => (await readBucket(testDb.database.control, b))!.tokens;
     expect(await stored()).toBe(989);
     // The contract now holds at most 16: the 10 leased go back, capped at 16; one is taken, and a
     // lease of 2 (an eighth of 16) leaves 13.
@@ -161,9 +161,9 @@ describe('take', () => {
   it('gives back at a graceful close what it leased and did not spend, for another replica to take, never past capacity', async () => {
     // A lease of 2; the clock stands still, so nothing refills unless it is moved.
     const b = bucket(32, 20);
-    const stored = async () => (await readBucket(testDb.database.db, b))!.tokens;
-    const closing = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
-    const other = new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() });
+    const stored = async () => (await readBucket(testDb.database.control, b))!.tokens;
+    const closing = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
+    const other = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
     try {
       // One taken and two leased (32 → 29); one of the two spent.
       expect((await closing.take(b)).ok).toBe(true);
@@ -184,15 +184,15 @@ describe('take', () => {
     // Two replicas' leases given back into a bucket that refilled meanwhile: capped at its capacity.
     const c = bucket(32, 20);
     const [first, second] = [0, 1].map(
-      () => new RateLimiter(testDb.database.db, { now: clock.now, registry: new Registry() }),
+      () => new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() }),
     );
     expect((await first!.take(c)).ok).toBe(true); // 32 → 29, 2 leased
     clock.advance(10_000);
     expect((await second!.take(c)).ok).toBe(true); // refilled to 32 → 29, 2 leased
     await first!.close();
-    expect(await readBucket(testDb.database.db, c)).toMatchObject({ tokens: 31 });
+    expect(await readBucket(testDb.database.control, c)).toMatchObject({ tokens: 31 });
     await second!.close();
-    expect(await readBucket(testDb.database.db, c)).toMatchObject({ tokens: 32 });
+    expect(await readBucket(testDb.database.control, c)).toMatchObject({ tokens: 32 });
   });
 
   it('counts refusals in the metrics', async () => {
@@ -234,7 +234,7 @@ describe.skipIf(!hasPostgresServer)('three gateway instances on one bucket (need
     await Promise.all(databases.map((d) => d.close()));
   });
 
-  const instances = (now: () => Date) => databases.map((d) => new RateLimiter(d.db, { now, registry: new Registry() }));
+  const instances = (now: () => Date) => databases.map((d) => new RateLimiter(d, { now, registry: new Registry() }));
 
   it('admit exactly the tokens there are, and give every refusal the same exact Retry-After', async () => {
     const limiters = instances(clock.now);
@@ -301,14 +301,14 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
     // The replica's own pools, as the app's: closing them waits for every statement they run.
     const own = await openPool(testDb.url!, 4);
     const b = bucket(32, 20);
-    const leasing = new RateLimiter(own.hotAsync, { now: clock.now, registry: new Registry() });
+    const leasing = new RateLimiter(own, { now: clock.now, registry: new Registry() });
     expect((await leasing.take(b)).ok).toBe(true); // 32 → 29, 2 leased
     let release!: () => void;
     const held = new Promise<void>((resolve) => (release = resolve));
     let locked!: () => void;
     const isLocked = new Promise<void>((resolve) => (locked = resolve));
     // Another transaction holds the bucket's row for longer than the close waits.
-    const holder = testDb.database.db.transaction().execute(async (trx) => {
+    const holder = testDb.database.control.transaction().execute(async (trx) => {
       await trx.selectFrom('rate_buckets').select('tokens').where('tenant_id', '=', b.tenantId).forUpdate().execute();
       locked();
       await held;
@@ -324,7 +324,7 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
       await holder;
     }
     // The tokens went unreturned, as at a crash: never more than the bucket held.
-    expect((await readBucket(testDb.database.db, b))!.tokens).toBe(29);
+    expect((await readBucket(testDb.database.control, b))!.tokens).toBe(29);
   }, 10_000);
 
   it('does not fail a close whose leased tokens cannot go back: they are lost, as at a crash', async () => {
@@ -338,11 +338,11 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
     });
     try {
       const b = bucket(32, 20);
-      const leasing = new RateLimiter(through.db, { now: clock.now, registry: new Registry() });
+      const leasing = new RateLimiter(through, { now: clock.now, registry: new Registry() });
       expect((await leasing.take(b)).ok).toBe(true); // 32 → 29, 2 leased
       proxy.cutConnections();
       await expect(leasing.close()).resolves.toBeUndefined();
-      expect((await readBucket(testDb.database.db, b))!.tokens).toBe(29);
+      expect((await readBucket(testDb.database.control, b))!.tokens).toBe(29);
     } finally {
       await through.close();
       await proxy.close();
@@ -356,7 +356,7 @@ describe.skipIf(!hasPostgresServer)('a database outage (needs a PostgreSQL serve
       poolSize: 1,
       logger: pino({ level: 'silent' }),
     });
-    const cut = new RateLimiter(unreachable.db, { now: clock.now, registry: new Registry() });
+    const cut = new RateLimiter(unreachable, { now: clock.now, registry: new Registry() });
     try {
       const attempts = [cut.take(bucket(5, 1)), cut.peek(bucket(5, 1))];
       const errors = await Promise.all(

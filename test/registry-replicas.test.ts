@@ -91,7 +91,7 @@ describe.skipIf(!hasPostgresServer)('the registry across gateway instances (need
 
   it('catches up by its revision check when a notification is lost', async () => {
     // A change committed without NOTIFY, as if the notification had been lost in transit.
-    const db = databases[0]!.db;
+    const db = databases[0]!.control;
     await db.transaction().execute(async (trx) => {
       const { revision } = await trx
         .selectFrom('registry_revision')

@@ -140,7 +140,7 @@ describe('POST /tools: registering a version', () => {
 
   it('keeps registered content immutable in the database itself', async () => {
     await registered({ id: 'guarded.tool' });
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     await expect(
       sql`update tool_versions set contract = '{}'::jsonb where tool_id = 'guarded.tool'`.execute(db),
     ).rejects.toThrow(/immutable/);

@@ -28,7 +28,7 @@ let backend: TestBackend;
 
 function sweeper(options: { batchSize?: number; now?: () => Date } = {}): RetentionSweeper {
   return new RetentionSweeper({
-    db: h.db.database.db,
+    database: h.db.database,
     now: () => new Date(),
     retentionDays: 90,
     intervalMs: 60_000,
@@ -40,7 +40,7 @@ function sweeper(options: { batchSize?: number; now?: () => Date } = {}): Retent
 
 /** Moves a run's timestamps, and its reservations', `days` into the past. */
 async function age(runIds: string[], days: number): Promise<void> {
-  const db = h.db.database.db;
+  const db = h.db.database.control;
   const back = sql`make_interval(days => ${days})`;
   await sql`update runs set created_at = created_at - ${back}, updated_at = updated_at - ${back} where tenant_id = ${T} and run_id = any(${runIds}::text[])`.execute(
     db,
@@ -51,7 +51,7 @@ async function age(runIds: string[], days: number): Promise<void> {
 
 /** How many rows each per-call table holds for these runs. */
 async function rowsOf(runIds: string[]): Promise<Record<string, number>> {
-  const db = h.db.database.db;
+  const db = h.db.database.control;
   const counters = runIds.map((id) => `run/${T}/${id}`);
   const result = await sql<Record<string, string>>`
     select
@@ -67,7 +67,7 @@ async function rowsOf(runIds: string[]): Promise<Record<string, number>> {
 }
 
 async function auditCount(): Promise<number> {
-  const result = await sql<{ n: string }>`select count(*) as n from audit_events`.execute(h.db.database.db);
+  const result = await sql<{ n: string }>`select count(*) as n from audit_events`.execute(h.db.database.control);
   return Number(result.rows[0]!.n);
 }
 
@@ -250,7 +250,7 @@ describe('the retention sweep', () => {
     const inFlight = await sql<{
       status: string;
       busy: boolean;
-    }>`select status, busy from runs where tenant_id = ${T} and run_id = ${killed}`.execute(h.db.database.db);
+    }>`select status, busy from runs where tenant_id = ${T} and run_id = ${killed}`.execute(h.db.database.control);
     expect(inFlight.rows[0]).toEqual({ status: 'killed', busy: true });
 
     expect(await sweeper({ batchSize: 2 }).sweep()).toMatchObject({ runs: 3 });
@@ -325,7 +325,7 @@ describe('the retention sweep', () => {
   });
 
   it('sets aside a tree whose deletion always fails, reports it, and still deletes the trees after it', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const stuck = newRunId('old-stuck');
     const others: string[] = [];
     expect((await execute(h.client, as(AGENT), { run_id: stuck, plan: [step('search', 'stuck')] })).status).toBe(200);
@@ -349,7 +349,7 @@ describe('the retention sweep', () => {
       const registry = new Registry();
       let now = Date.now();
       const retention = new RetentionSweeper({
-        db,
+        database: h.db.database,
         now: () => new Date(now),
         retentionDays: 90,
         intervalMs: 60_000,
@@ -423,7 +423,7 @@ describe('the retention sweep', () => {
         ]);
         let now = Date.now();
         const retention = new RetentionSweeper({
-          db,
+          database: { ...h.db.database, control: db },
           now: () => new Date(now),
           retentionDays: 90,
           intervalMs: 60_000,
@@ -482,7 +482,7 @@ describe('the retention sweep', () => {
     expect((await h.client.post(`/runs/${runId}/pause`, { token: operator, body: {} })).status).toBe(200);
     backend.openGate();
     expect((await answer).body.status).toBe('paused');
-    await h.db.database.db
+    await h.db.database.control
       .updateTable('runs')
       .set({ status: 'running', busy: true, executor_id: 'rep_gone' })
       .where('tenant_id', '=', T)
@@ -501,7 +501,7 @@ describe('the retention sweep', () => {
   });
 
   it('forgets replicas whose lease lapsed long ago, and keeps live ones', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     await sql`insert into replicas (id, hostname, pid, started_at, renewed_at, expires_at)
               values ('rep_long_gone', 'gone', 1, now() - interval '200 days', now() - interval '100 days', now() - interval '100 days')`.execute(
       db,
@@ -518,7 +518,7 @@ describe('the retention sweep', () => {
   });
 
   it('deletes idempotency keys past their 24 hours, and keeps younger ones', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     await sql`insert into idempotency_keys (tenant_id, actor, key, fingerprint, status_code, response, created_at, completed_at)
               values ('t', 'operator:o', 'old', 'f', 201, '{}', now() - interval '25 hours', now() - interval '25 hours'),
                      ('t', 'operator:o', 'young', 'f', 201, '{}', now() - interval '23 hours', now() - interval '23 hours')`.execute(

@@ -259,7 +259,7 @@ describe('run controls', () => {
   });
 
   it('a refusal that cannot be recorded is 503 gateway_unavailable, not the refusal', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const runId = newRunId('unrecorded');
     await execute(h.client, as(OWNER), { run_id: runId, keep_open: true, plan: [step('search', 'g')] });
     expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator, body: {} })).body.status).toBe('cancelled');

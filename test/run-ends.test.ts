@@ -61,7 +61,7 @@ afterAll(async () => {
 async function writers(
   runId: string,
 ): Promise<{ run: string; status: string; records: Map<string, { xid: string; event_type: string }> }> {
-  const { db } = h.db.database;
+  const db = h.db.database.control;
   const run = await sql<{
     xid: string;
     status: string;

@@ -51,7 +51,7 @@ function hitsOf(runId: string) {
 const patiently = { timeoutMs: 15_000, intervalMs: 25 };
 
 function runRow(runId: string) {
-  return h.db.database.db
+  return h.db.database.control
     .selectFrom('runs')
     .select(['status', 'busy', 'executor_id', 'http_status'])
     .where('tenant_id', '=', T)
@@ -357,7 +357,7 @@ describe.skipIf(!hasPostgresServer)(
         ],
       };
       expect((await h.client.post('/runs/execute', { token: agent, body })).status).toBe(200);
-      await h.db.database.db
+      await h.db.database.control
         .updateTable('runs')
         .set({ status: 'running', busy: true, executor_id: 'rep_gone', envelope: null, http_status: null })
         .where('tenant_id', '=', T)
@@ -425,7 +425,7 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
 
   it('dispatches nothing while it cannot renew its lease, and dispatches again once it can', async () => {
     // Another session holds the replicas table: renewals wait, and the lease runs out.
-    const blocker = await h.db.database.db.connection().execute(async (conn) => {
+    const blocker = await h.db.database.control.connection().execute(async (conn) => {
       await sql`begin`.execute(conn);
       await sql`lock table replicas in access exclusive mode`.execute(conn);
       await until('the lease to lapse', () => !h.client.app.services.lease.valid(), {
@@ -608,7 +608,7 @@ describe.skipIf(!hasPostgresServer)(
         });
         expect((await h.client.get(`/runs/${subRunId}`, { token: operator })).body.status).toBe('cancelled');
         // The call is charged once: by recovery, at its price (in doubt); the settlement found it closed.
-        const reservations = await h.db.database.db
+        const reservations = await h.db.database.control
           .selectFrom('budget_reservations')
           .select(['status', 'actual_units'])
           .where('tenant_id', '=', TL)
@@ -699,7 +699,7 @@ describe.skipIf(!hasPostgresServer)(
             reserved_units: 0,
           });
         }
-        const open = await h.db.database.db
+        const open = await h.db.database.control
           .selectFrom('budget_reservations')
           .select('id')
           .where('tenant_id', '=', TS)
@@ -823,7 +823,7 @@ describe.skipIf(!hasPostgresServer)(
         expect(res.body).toMatchObject({ status: 'failed', warnings: ['executor_lost'] });
         await subAnswer;
         expect(hitsOf(subRunId)).toEqual([]);
-        const reservations = await h.db.database.db
+        const reservations = await h.db.database.control
           .selectFrom('budget_reservations')
           .select(['run_id', 'status'])
           .where('tenant_id', '=', TR)

@@ -38,7 +38,7 @@ afterAll(async () => {
 const hitsOf = (runId: string) => backend.hitsOfRun(runId);
 
 async function auditTypes(runIds: string[]): Promise<Map<string, string[]>> {
-  const rows = await h.db.database.db
+  const rows = await h.db.database.control
     .selectFrom('audit_events')
     .select(['run_id', 'event_type'])
     .where('tenant_id', '=', T)
@@ -189,7 +189,7 @@ describe('many distinct runs at once', () => {
       ]);
     }
 
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const runs = await db
       .selectFrom('runs')
       .select(['run_id', 'status', 'busy', 'http_status', 'envelope'])
@@ -242,7 +242,7 @@ describe('many distinct runs at once', () => {
 
 describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed (needs a PostgreSQL server)', () => {
   it('is claimed again and runs, instead of failing the request', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const runId = newRunId('swept');
     const body = { run_id: runId, plan: [{ tool_id: 'echo', input: { q: 'again' } }] };
     const first = await execute(h.client, agent, body);
@@ -282,7 +282,7 @@ describe.skipIf(!hasPostgresServer)('a run id deleted while it is being claimed 
   });
 
   it('answers 409 on record when the id vanishes again, at the second claim too', async () => {
-    const db = h.db.database.db;
+    const db = h.db.database.control;
     const runId = newRunId('vanishing');
     // What the executor sees when the id is taken at each claim and deleted before each read: the
     // claim inserts nothing, the read finds nothing. Made with a trigger on this run id alone.

@@ -324,7 +324,7 @@ describe('reported costs and the bound on units', () => {
     await backend.waitForHits('/gate/cost/3', 1);
     // As if the call had been in flight past the reservation's TTL: the sweep gives its units back.
     await sql`update budget_reservations set expires_at = now() - interval '1 second' where tenant_id = ${T4} and run_id = ${runId}`.execute(
-      h.db.database.db,
+      h.db.database.control,
     );
     expect(await h.client.app.services.budgets.releaseExpired()).toBe(1);
     expect(await shown()).toMatchObject({ spent_units: 0, reserved_units: 0 });
@@ -372,7 +372,7 @@ describe('reported costs and the bound on units', () => {
         plan: [step('costs.three')],
       });
       expect(res.status, JSON.stringify(res.body)).toBe(200);
-      const { db } = h.db.database;
+      const db = h.db.database.control;
       await sql`
         update budget_counters c set spent_units = c.spent_units - r.actual_units, reserved_units = c.reserved_units + r.units
         from budget_reservations r cross join lateral jsonb_array_elements(r.charges) ch
@@ -418,7 +418,7 @@ describe('reported costs and the bound on units', () => {
       const before = (await shown()).spent_units as number;
       const { runId } = await callLosingItsSettlement();
       // No call of the run is in doubt, so recovery would give its open reservations back.
-      const closed = await h.db.database.db
+      const closed = await h.db.database.control
         .transaction()
         .execute((trx) => closeLostRunReservations(trx, T5, runId, 'release', new Date()));
       expect(closed).toBe(1);

@@ -1,6 +1,6 @@
 import type { Kysely, Transaction } from 'kysely';
 import type { ApprovalPort } from '../admission/ports.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { sameActor, type OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
@@ -15,10 +15,12 @@ import {
   lockApproval,
   type ApprovalQuery,
 } from '../runs/approval-repository.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** What the approval service is built from, by the composition root. */
 export interface ApprovalServiceDeps {
-  db: Kysely<DB>;
+  database: Database;
   now: () => Date;
 }
 
@@ -46,7 +48,7 @@ export class ApprovalService implements ApprovalPort {
   constructor(private readonly deps: ApprovalServiceDeps) {}
 
   async approvedFor(query: Parameters<ApprovalPort['approvedFor']>[0]): Promise<{ approvalId: string } | undefined> {
-    const approval = await findLatestApproval(this.deps.db, query.tenantId, query.runId, query.stepIndex);
+    const approval = await findLatestApproval(this.deps.database.control, query.tenantId, query.runId, query.stepIndex);
     if (!approval || !approvalUsableAt(approval, this.deps.now())) return undefined;
     const exact =
       approval.tool_id === query.toolId &&
@@ -57,15 +59,15 @@ export class ApprovalService implements ApprovalPort {
 
   /** An approval with its status as of now: a pending proposal, or an approval unused, past its time is expired. */
   async get(id: string): Promise<Approval | undefined> {
-    const approval = await findApproval(this.deps.db, id);
+    const approval = await findApproval(this.deps.database.control, id);
     if (!approval) return undefined;
     const now = this.deps.now();
-    return { ...approval, status: await statusAt(this.deps.db, approval, now) };
+    return { ...approval, status: await statusAt(this.deps.database.control, approval, now) };
   }
 
   /** A page of approvals, each with its status as of now (as `get` gives it). */
   list(query: Omit<ApprovalQuery, 'now'>): ReturnType<typeof listApprovals> {
-    return listApprovals(this.deps.db, { ...query, now: this.deps.now() });
+    return listApprovals(this.deps.database.control, { ...query, now: this.deps.now() });
   }
 
   /**
@@ -81,11 +83,10 @@ export class ApprovalService implements ApprovalPort {
     rationale: string;
     traceId: string;
   }): Promise<{ ok: true; approval: Approval } | ApprovalRefusal> {
-    const seen = await findApproval(this.deps.db, request.id);
+    const seen = await findApproval(this.deps.database.control, request.id);
     if (!seen) return { ok: false, code: 'not_found', message: `approval ${request.id} not found` };
     const now = this.deps.now();
-    return this.deps.db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
+    return changeInLockOrder(this.deps.database.control, async (trx) => {
       const run = await lockRun(trx, { tenant_id: seen.tenant_id, run_id: seen.run_id });
       const approval = await lockApproval(trx, request.id);
       if (!run || !approval)

@@ -1,9 +1,8 @@
 import { randomUUID } from 'node:crypto';
-import type { Kysely } from 'kysely';
 import { sql } from 'kysely';
 import type { Logger } from 'pino';
 import { BackgroundTask } from '../db/background-task.js';
-import type { DB } from '../db/schema.js';
+import type { Database } from '../db/database.js';
 import { CodedError } from '../errors/coded-error.js';
 import { GENESIS_HASH } from './audit-hash.js';
 import { verifyAuditChain, writeAuditEvents, type ChainHead, type ChainVerification } from './audit-repository.js';
@@ -11,7 +10,7 @@ import { checkpointsNewestFirst, findCheckpoint, insertCheckpoint, listCheckpoin
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 
 export interface AuditCheckpointsOptions {
-  db: Kysely<DB>;
+  database: Database;
   signer: CheckpointSigner;
   now: () => Date;
   logger: Logger;
@@ -53,7 +52,8 @@ export class AuditCheckpoints {
    * With `onlyIfMoved` (the periodic one), nothing is recorded when a checkpoint already holds the head.
    */
   async create(actor: string, options: { onlyIfMoved?: boolean } = {}): Promise<Checkpoint | null> {
-    const { db, signer, now } = this.options;
+    const { signer, now } = this.options;
+    const db = this.options.database.control;
     const base = await this.newestTrusted();
     const from: ChainHead | undefined = base === undefined ? undefined : { seq: base.seq, hash: base.hash };
     const verified = await verifyAuditChain(db, undefined, undefined, from);
@@ -106,12 +106,12 @@ export class AuditCheckpoints {
   }
 
   list(query: { limit: number; before?: { seq: number; id: string } | undefined }) {
-    return listCheckpoints(this.options.db, query);
+    return listCheckpoints(this.options.database.control, query);
   }
 
   /** Verifies only the rows after a checkpoint, once its signature is checked. */
   async verifyFrom(id: string, anchor?: ChainHead): Promise<VerificationFromCheckpoint> {
-    const checkpoint = await findCheckpoint(this.options.db, id);
+    const checkpoint = await findCheckpoint(this.options.database.control, id);
     if (checkpoint === undefined) throw new CodedError('not_found', `no checkpoint ${id}`);
     const distrust = this.options.signer.distrust(checkpoint);
     if (distrust !== null) {
@@ -120,7 +120,7 @@ export class AuditCheckpoints {
         reason: distrust,
       });
     }
-    const verified = await verifyAuditChain(this.options.db, undefined, anchor, {
+    const verified = await verifyAuditChain(this.options.database.control, undefined, anchor, {
       seq: checkpoint.seq,
       hash: checkpoint.hash,
     });
@@ -128,7 +128,7 @@ export class AuditCheckpoints {
   }
 
   private async newestTrusted(): Promise<Checkpoint | undefined> {
-    for await (const checkpoint of checkpointsNewestFirst(this.options.db)) {
+    for await (const checkpoint of checkpointsNewestFirst(this.options.database.control)) {
       if (this.options.signer.distrust(checkpoint) === null) return checkpoint;
     }
     return undefined;

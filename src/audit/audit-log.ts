@@ -1,4 +1,5 @@
 import type { Kysely } from 'kysely';
+import type { Database } from '../db/database.js';
 import { GroupCommit } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
@@ -27,12 +28,14 @@ export class AuditLog {
   private head: ChainHead | undefined;
 
   constructor(
-    db: Kysely<DB>,
+    database: Database,
     private readonly now: () => Date = () => new Date(),
     onCommit: (batchSize: number) => void = () => undefined,
     /** What commits with the events that carry a change (`appendCarrying`); given by the composition root. */
     private readonly rider?: AppendRider<unknown>,
   ) {
+    // Appends are per-call statements that must be durable before the call goes on.
+    const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
       const { records, applied } = await this.commit(db, batch);
       onCommit(batch.length);

@@ -36,14 +36,6 @@ export interface Appended {
   applied: boolean[];
 }
 
-/**
- * Takes the chain head's lock now rather than at the first append. Transactions that change runs
- * take it before any run row, so that they queue behind each other instead of deadlocking.
- */
-export async function lockAuditChain(trx: Transaction<DB>): Promise<void> {
-  await trx.selectFrom('audit_chain_head').select('seq').where('id', '=', 1).forUpdate().execute();
-}
-
 /** The last link of the chain: what the next event's `prev_hash` and `seq` follow. */
 export interface ChainHead {
   seq: number;

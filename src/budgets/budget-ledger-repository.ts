@@ -5,6 +5,7 @@ import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 /** One counter: a budget's (or a run's) period window. */
 export interface CounterRef {
@@ -324,9 +325,9 @@ function sameBudgets({ budgets }: ExpectedBudgets): RawBuilder<unknown> {
                join unnest(
                  ${budgets.map((b) => b.id)}::text[],
                  ${budgets.map((b) => b.period)}::text[],
-                 ${budgets.map((b) => microsText(toMicros(b.limitUnits)))}::numeric[],
-                 ${budgets.map((b) => microsText(toMicros(b.graceUnits)))}::numeric[],
-                 ${budgets.map((b) => b.warnRatio)}::float8[]
+                 ${budgets.map((b) => microsText(toMicros(b.limit_units)))}::numeric[],
+                 ${budgets.map((b) => microsText(toMicros(b.grace_units)))}::numeric[],
+                 ${budgets.map((b) => b.warn_ratio)}::float8[]
                ) as x(id, period, limit_units, grace_units, warn_ratio)
                  on a.id = x.id and a.period = x.period and a.limit_units = x.limit_units
                 and a.grace_units = x.grace_units and a.warn_ratio = x.warn_ratio) = ${budgets.length}`;
@@ -720,7 +721,7 @@ export interface ReservationClose {
  * SHARE ROW EXCLUSIVE mode first: it waits for the reservations in flight to commit and holds new
  * ones back until it has, and those then see it (their snapshot comes after the lock).
  */
-export async function lockLedgerForBudgetChange(trx: Transaction<DB>): Promise<void> {
+export async function lockLedgerForBudgetChange(trx: ChainHeld): Promise<void> {
   await sql`lock table budget_reservations in share row exclusive mode`.execute(trx);
 }
 

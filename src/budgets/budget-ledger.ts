@@ -2,7 +2,7 @@ import { nanoid } from 'nanoid';
 import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { findRecordedCosts, lockAuditChain, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
+import { findRecordedCosts, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
@@ -38,6 +38,8 @@ import {
   type CounterLevel,
   type Limit,
 } from './budget-verdict.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** A reservation the pipeline asks for before dispatching a call. */
 export interface ReserveRequest {
@@ -86,13 +88,6 @@ export interface BudgetLedgerOptions {
   sweepIntervalMs: number;
   /** Told when a background sweep fails (the next one tries again). */
   onSweepError?: (error: unknown) => void;
-  /**
-   * Where settlements and releases commit, when not where reservations do: a pool whose commits
-   * wait for the disk. A call's settlement commits alongside its outcome record, and the answer
-   * may leave once both have, with no later commit to flush a settlement that did not wait (a
-   * reservation needs none: the call's intent record, committed durably after it, flushes it).
-   */
-  closes?: Kysely<DB>;
 }
 
 type LedgerOp =
@@ -102,16 +97,8 @@ type LedgerOp =
 type LedgerOpResult = ReserveResult | CloseOutcome;
 
 /**
- * Budget admission, shared by every replica and exact under concurrency. Each decision is made
- * against the counters as they stand, and written only if they still stand so (compare and set
- * under row locks, in one statement; or, once replicas meet on the same counters, decided under
- * the row locks themselves), so N replicas together never admit past a budget's limit + grace,
- * and never refuse while room remains. Reservations and settlements arriving together are
- * committed together (group commit): a batch of settlements is one statement, a batch of
- * reservations one (a compare and set against the budgets and levels this replica last saw) or,
- * when those were unknown or had moved, two (read, then compare and set). Chunks of budget
- * are deliberately not leased to replicas: units parked in one replica's lease would make
- * another refuse calls the budget still allows and skew warn/grace verdicts.
+ * Budget admission, exact across replicas: compare-and-set reservations and settlements in group
+ * commits, no leases. Why: docs/design/budget-ledger.md.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class BudgetLedger {
@@ -122,10 +109,17 @@ export class BudgetLedger {
   /** What this replica last saw of budgets and counters: guesses its writes check. */
   private readonly known = new KnownLedger();
 
+  /** Reservations: the call's intent record, committed durably after them, makes them durable. */
+  private readonly db: Kysely<DB>;
+  /** Settlements and releases: nothing commits after them before the answer leaves. */
+  private readonly closes: Kysely<DB>;
+
   constructor(
-    private readonly db: Kysely<DB>,
+    database: Database,
     private readonly options: BudgetLedgerOptions,
   ) {
+    this.db = database.hotDeferred;
+    this.closes = database.hot;
     this.batches = new GroupCommit((ops) => this.commit(ops));
     this.reservations = new Counter({
       name: 'toolgate_budget_reservations_total',
@@ -220,9 +214,7 @@ export class BudgetLedger {
   /** Closes reservations past their TTL in one transaction, each on record; returns how many. */
   private async expire(due: ExpiredReservation[], now: Date): Promise<number> {
     const { closed, levels } = await retryOnConflict(() =>
-      this.db.transaction().execute(async (trx) => {
-        // The audit chain's lock before the ledger's rows, as every transaction takes them.
-        await lockAuditChain(trx);
+      changeInLockOrder(this.db, async (trx) => {
         // A call whose outcome was recorded reached its backend: its settlement was lost (its
         // replica died between the two commits), and it is charged what the record says, not
         // given back.
@@ -264,7 +256,7 @@ export class BudgetLedger {
     let closed = new Set<string>();
     let late = new Set<string>();
     if (closes.length > 0) {
-      const result = await retryOnConflict(() => closeAndUncharge(this.options.closes ?? this.db, closes, now));
+      const result = await retryOnConflict(() => closeAndUncharge(this.closes, closes, now));
       closed = result.closed;
       late = result.late;
       this.known.rememberLevels(result.levels);
@@ -520,9 +512,9 @@ function limitsFor(
     charges.push(ref);
     limits.push({
       counter: counterId(ref),
-      limitMicros: toMicros(budget.limitUnits),
-      graceMicros: toMicros(budget.graceUnits),
-      warnRatio: budget.warnRatio,
+      limitMicros: toMicros(budget.limit_units),
+      graceMicros: toMicros(budget.grace_units),
+      warnRatio: budget.warn_ratio,
       label: { source: 'budget', budgetId: budget.id, scope: budget.scope, period: budget.period },
     });
   }

@@ -13,20 +13,20 @@ export function unitsText(units: number): string {
 export function toBudget(row: Selectable<BudgetTable>): Budget {
   return {
     id: row.id,
-    tenantId: row.tenant_id,
+    tenant_id: row.tenant_id,
     scope: row.scope as BudgetScope,
-    agentId: row.agent_id,
-    runId: row.run_id,
+    agent_id: row.agent_id,
+    run_id: row.run_id,
     period: row.period as BudgetPeriod,
-    limitUnits: fromMicros(toMicros(row.limit_units)),
-    warnRatio: Number(row.warn_ratio),
-    graceUnits: fromMicros(toMicros(row.grace_units)),
-    createdAt: new Date(row.created_at),
-    createdBy: row.created_by,
-    updatedAt: new Date(row.updated_at),
-    updatedBy: row.updated_by,
-    removedAt: row.removed_at === null ? null : new Date(row.removed_at),
-    removedBy: row.removed_by,
+    limit_units: fromMicros(toMicros(row.limit_units)),
+    warn_ratio: Number(row.warn_ratio),
+    grace_units: fromMicros(toMicros(row.grace_units)),
+    created_at: new Date(row.created_at),
+    created_by: row.created_by,
+    updated_at: new Date(row.updated_at),
+    updated_by: row.updated_by,
+    removed_at: row.removed_at === null ? null : new Date(row.removed_at),
+    removed_by: row.removed_by,
   };
 }
 
@@ -39,18 +39,18 @@ export async function insertBudget(trx: Transaction<DB>, budget: Budget): Promis
     .insertInto('budgets')
     .values({
       id: budget.id,
-      tenant_id: budget.tenantId,
+      tenant_id: budget.tenant_id,
       scope: budget.scope,
-      agent_id: budget.agentId,
-      run_id: budget.runId,
+      agent_id: budget.agent_id,
+      run_id: budget.run_id,
       period: budget.period,
-      limit_units: unitsText(budget.limitUnits),
-      warn_ratio: budget.warnRatio,
-      grace_units: unitsText(budget.graceUnits),
-      created_at: budget.createdAt,
-      created_by: budget.createdBy,
-      updated_at: budget.updatedAt,
-      updated_by: budget.updatedBy,
+      limit_units: unitsText(budget.limit_units),
+      warn_ratio: budget.warn_ratio,
+      grace_units: unitsText(budget.grace_units),
+      created_at: budget.created_at,
+      created_by: budget.created_by,
+      updated_at: budget.updated_at,
+      updated_by: budget.updated_by,
     })
     .onConflict((oc) =>
       oc
@@ -66,15 +66,15 @@ export async function insertBudget(trx: Transaction<DB>, budget: Budget): Promis
 /** The live budget holding a (tenant, scope, subject, period), if any. */
 export async function findLiveBudget(
   db: Kysely<DB>,
-  key: Pick<Budget, 'tenantId' | 'scope' | 'agentId' | 'runId' | 'period'>,
+  key: Pick<Budget, 'tenant_id' | 'scope' | 'agent_id' | 'run_id' | 'period'>,
 ): Promise<Budget | undefined> {
   const row = await db
     .selectFrom('budgets')
     .selectAll()
-    .where('tenant_id', '=', key.tenantId)
+    .where('tenant_id', '=', key.tenant_id)
     .where('scope', '=', key.scope)
-    .where(sql<string>`coalesce(agent_id, '')`, '=', key.agentId ?? '')
-    .where(sql<string>`coalesce(run_id, '')`, '=', key.runId ?? '')
+    .where(sql<string>`coalesce(agent_id, '')`, '=', key.agent_id ?? '')
+    .where(sql<string>`coalesce(run_id, '')`, '=', key.run_id ?? '')
     .where('period', '=', key.period)
     .where('removed_at', 'is', null)
     .executeTakeFirst();
@@ -95,9 +95,9 @@ export async function findBudget(
 
 /** The limits of a budget an operator may change. */
 export interface BudgetLimits {
-  limitUnits: number;
-  warnRatio: number;
-  graceUnits: number;
+  limit_units: number;
+  warn_ratio: number;
+  grace_units: number;
 }
 
 /** Sets a budget's limits; the caller holds its row lock and audits the change. */
@@ -111,9 +111,9 @@ export async function updateBudgetLimits(
   const row = await trx
     .updateTable('budgets')
     .set({
-      limit_units: unitsText(limits.limitUnits),
-      warn_ratio: limits.warnRatio,
-      grace_units: unitsText(limits.graceUnits),
+      limit_units: unitsText(limits.limit_units),
+      warn_ratio: limits.warn_ratio,
+      grace_units: unitsText(limits.grace_units),
       updated_at: at,
       updated_by: by,
     })
@@ -148,13 +148,13 @@ export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, no
   const start = periodStart(budget.period, now);
   const subject =
     budget.scope === 'agent'
-      ? sql`and agent_id = ${budget.agentId}`
+      ? sql`and agent_id = ${budget.agent_id}`
       : budget.scope === 'run'
-        ? sql`and run_id = ${budget.runId}`
+        ? sql`and run_id = ${budget.run_id}`
         : sql``;
   const archived =
     budget.period === 'total' && budget.scope !== 'run'
-      ? sql`(select coalesce(sum(spent_units), 0) from budget_spend_archive where tenant_id = ${budget.tenantId} ${subject})`
+      ? sql`(select coalesce(sum(spent_units), 0) from budget_spend_archive where tenant_id = ${budget.tenant_id} ${subject})`
       : sql`0`;
   await sql`
     insert into budget_counters (counter_key, period_start, spent_units, reserved_units)
@@ -162,7 +162,7 @@ export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, no
            coalesce(sum(case status when 'settled' then actual_units when 'reserved' then units else 0 end), 0) + ${archived},
            0
     from budget_reservations
-    where tenant_id = ${budget.tenantId} ${subject} and reserved_at >= ${start}
+    where tenant_id = ${budget.tenant_id} ${subject} and reserved_at >= ${start}
     on conflict (counter_key, period_start) do nothing
   `.execute(trx);
 }
@@ -185,10 +185,10 @@ export async function withUsage(db: Kysely<DB>, budgets: Budget[], now: Date): P
     const row = byKey.get(`${budget.id}@${start.toISOString()}`);
     return {
       budget,
-      periodStart: start,
-      periodEnd: periodEnd(budget.period, now),
-      spentUnits: row ? fromMicros(toMicros(row.spent_units)) : 0,
-      reservedUnits: row ? fromMicros(toMicros(row.reserved_units)) : 0,
+      period_start: start,
+      period_end: periodEnd(budget.period, now),
+      spent_units: row ? fromMicros(toMicros(row.spent_units)) : 0,
+      reserved_units: row ? fromMicros(toMicros(row.reserved_units)) : 0,
     };
   });
 }
@@ -227,5 +227,5 @@ export async function listBudgets(
     .execute();
   const items = rows.slice(0, query.limit).map(toBudget);
   const last = items[items.length - 1];
-  return { items, next: rows.length > query.limit && last ? { createdAt: last.createdAt, id: last.id } : null };
+  return { items, next: rows.length > query.limit && last ? { createdAt: last.created_at, id: last.id } : null };
 }

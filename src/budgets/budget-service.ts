@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import type { Budget, BudgetUsage } from './budget.js';
 import { lockLedgerForBudgetChange } from './budget-ledger-repository.js';
@@ -16,11 +16,12 @@ import {
   type BudgetLimits,
 } from './budget-repository.js';
 import { toMicros } from './budget-units.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** What an operator asks for. */
 export type BudgetDraft = Pick<
   Budget,
-  'tenantId' | 'scope' | 'agentId' | 'runId' | 'period' | 'limitUnits' | 'warnRatio' | 'graceUnits'
+  'tenant_id' | 'scope' | 'agent_id' | 'run_id' | 'period' | 'limit_units' | 'warn_ratio' | 'grace_units'
 >;
 
 /** Who changes budgets, for the audit record. */
@@ -47,20 +48,18 @@ export async function createBudget(
 ): Promise<CreateBudgetResult> {
   // A conflicting budget removed between our insert and our read of it: try again.
   for (let attempt = 0; attempt < 3; attempt += 1) {
-    const inserted = await db.transaction().execute(async (trx) => {
-      // Reservations in flight commit first, so the seed below counts them. (The audit chain's
-      // lock first, as everywhere: recovery holds it while it closes a lost run's reservations.)
-      await lockAuditChain(trx);
+    const inserted = await changeInLockOrder(db, async (trx) => {
+      // Reservations in flight commit first, so the seed below counts them.
       await lockLedgerForBudgetChange(trx);
       const budget = await insertBudget(trx, {
         ...draft,
         id: `bud_${randomBytes(12).toString('base64url')}`,
-        createdAt: context.now,
-        createdBy: context.actor,
-        updatedAt: context.now,
-        updatedBy: context.actor,
-        removedAt: null,
-        removedBy: null,
+        created_at: context.now,
+        created_by: context.actor,
+        updated_at: context.now,
+        updated_by: context.actor,
+        removed_at: null,
+        removed_by: null,
       });
       if (!budget) return undefined;
       await seedBudgetCounter(trx, budget, context.now);
@@ -83,7 +82,7 @@ export async function createBudget(
 /** A budget by id with its current usage; removed budgets are not found. */
 export async function getBudget(db: Kysely<DB>, id: string, now: Date): Promise<BudgetUsage | undefined> {
   const budget = await findBudget(db, id);
-  if (!budget || budget.removedAt !== null) return undefined;
+  if (!budget || budget.removed_at !== null) return undefined;
   return usageOf(db, budget, now);
 }
 
@@ -94,18 +93,17 @@ export async function changeBudgetLimits(
   changes: Partial<BudgetLimits>,
   context: ChangeContext,
 ): Promise<BudgetUsage | undefined> {
-  const updated = await db.transaction().execute(async (trx) => {
+  const updated = await changeInLockOrder(db, async (trx) => {
     // Reservations decided against the old limits commit first; later ones see the new limits.
-    await lockAuditChain(trx);
     await lockLedgerForBudgetChange(trx);
     const before = await findBudget(trx, id, { forUpdate: true });
-    if (!before || before.removedAt !== null) return undefined;
+    if (!before || before.removed_at !== null) return undefined;
     // Limits as they already are change nothing, and record nothing.
     if (
       sameLimits(before, {
-        limitUnits: changes.limitUnits ?? before.limitUnits,
-        warnRatio: changes.warnRatio ?? before.warnRatio,
-        graceUnits: changes.graceUnits ?? before.graceUnits,
+        limit_units: changes.limit_units ?? before.limit_units,
+        warn_ratio: changes.warn_ratio ?? before.warn_ratio,
+        grace_units: changes.grace_units ?? before.grace_units,
       })
     ) {
       return before;
@@ -114,9 +112,9 @@ export async function changeBudgetLimits(
       trx,
       id,
       {
-        limitUnits: changes.limitUnits ?? before.limitUnits,
-        warnRatio: changes.warnRatio ?? before.warnRatio,
-        graceUnits: changes.graceUnits ?? before.graceUnits,
+        limit_units: changes.limit_units ?? before.limit_units,
+        warn_ratio: changes.warn_ratio ?? before.warn_ratio,
+        grace_units: changes.grace_units ?? before.grace_units,
       },
       context.now,
       context.actor,
@@ -143,7 +141,7 @@ export async function removeBudget(
 ): Promise<BudgetUsage | undefined> {
   const removed = await db.transaction().execute(async (trx) => {
     const before = await findBudget(trx, id, { forUpdate: true });
-    if (!before || before.removedAt !== null) return undefined;
+    if (!before || before.removed_at !== null) return undefined;
     const after = await markBudgetRemoved(trx, id, context.now, context.actor);
     await writeAuditEvents(trx, [
       { event: auditEvent('budget.removed', after, context, { budget: snapshot(before) }), occurredAt: context.now },
@@ -158,11 +156,11 @@ async function usageOf(db: Kysely<DB>, budget: Budget, now: Date): Promise<Budge
   return usage!;
 }
 
-function sameLimits(budget: Budget, draft: Pick<BudgetDraft, 'limitUnits' | 'graceUnits' | 'warnRatio'>): boolean {
+function sameLimits(budget: Budget, draft: Pick<BudgetDraft, 'limit_units' | 'grace_units' | 'warn_ratio'>): boolean {
   return (
-    toMicros(budget.limitUnits) === toMicros(draft.limitUnits) &&
-    toMicros(budget.graceUnits) === toMicros(draft.graceUnits) &&
-    budget.warnRatio === draft.warnRatio
+    toMicros(budget.limit_units) === toMicros(draft.limit_units) &&
+    toMicros(budget.grace_units) === toMicros(draft.grace_units) &&
+    budget.warn_ratio === draft.warn_ratio
   );
 }
 
@@ -170,12 +168,12 @@ function snapshot(budget: Budget): Record<string, unknown> {
   return {
     budget_id: budget.id,
     scope: budget.scope,
-    agent_id: budget.agentId,
-    run_id: budget.runId,
+    agent_id: budget.agent_id,
+    run_id: budget.run_id,
     period: budget.period,
-    limit_units: budget.limitUnits,
-    warn_ratio: budget.warnRatio,
-    grace_units: budget.graceUnits,
+    limit_units: budget.limit_units,
+    warn_ratio: budget.warn_ratio,
+    grace_units: budget.grace_units,
   };
 }
 
@@ -188,9 +186,9 @@ function auditEvent(
   return {
     event_type: eventType,
     actor: context.actor,
-    tenant_id: budget.tenantId,
-    agent_id: budget.agentId,
-    run_id: budget.runId,
+    tenant_id: budget.tenant_id,
+    agent_id: budget.agent_id,
+    run_id: budget.run_id,
     trace_id: context.traceId,
     status: 'ok',
     details: { budget_id: budget.id, ...details },

@@ -6,33 +6,33 @@ export type BudgetScope = (typeof BUDGET_SCOPES)[number];
 /** A cost-unit limit on a tenant, one of its agents or one of its runs, over a period. */
 export interface Budget {
   id: string;
-  tenantId: string;
+  tenant_id: string;
   scope: BudgetScope;
   /** Set for `agent` scope only. */
-  agentId: string | null;
+  agent_id: string | null;
   /** Set for `run` scope only. */
-  runId: string | null;
+  run_id: string | null;
   period: BudgetPeriod;
-  limitUnits: number;
+  limit_units: number;
   /** Admissions that bring consumption to `warnRatio × limitUnits` or more carry a warning. */
-  warnRatio: number;
+  warn_ratio: number;
   /** Consumption may pass the limit by this much (admitted with a warning) before calls stop. */
-  graceUnits: number;
-  createdAt: Date;
-  createdBy: string;
-  updatedAt: Date;
-  updatedBy: string;
-  removedAt: Date | null;
-  removedBy: string | null;
+  grace_units: number;
+  created_at: Date;
+  created_by: string;
+  updated_at: Date;
+  updated_by: string;
+  removed_at: Date | null;
+  removed_by: string | null;
 }
 
 /** A budget with what its current period holds. */
 export interface BudgetUsage {
   budget: Budget;
-  periodStart: Date;
-  periodEnd: Date | null;
-  spentUnits: number;
-  reservedUnits: number;
+  period_start: Date;
+  period_end: Date | null;
+  spent_units: number;
+  reserved_units: number;
 }
 
 /** Who a call is charged to: the subjects budgets apply to. */
@@ -44,14 +44,14 @@ export interface ChargeSubject {
 
 /** Whether a live budget applies to a call by this subject. */
 export function budgetApplies(budget: Budget, subject: ChargeSubject): boolean {
-  if (budget.tenantId !== subject.tenantId || budget.removedAt !== null) return false;
+  if (budget.tenant_id !== subject.tenantId || budget.removed_at !== null) return false;
   switch (budget.scope) {
     case 'tenant':
       return true;
     case 'agent':
-      return budget.agentId === subject.agentId;
+      return budget.agent_id === subject.agentId;
     case 'run':
-      return budget.runId === subject.runId;
+      return budget.run_id === subject.runId;
   }
 }
 

@@ -14,7 +14,7 @@ async function main(): Promise<void> {
     logger,
   });
   try {
-    const { applied } = await migrate(database.db);
+    const { applied } = await migrate(database.control);
     process.stdout.write(applied.length ? `applied: ${applied.join(', ')}\n` : 'up to date\n');
   } finally {
     await database.close();

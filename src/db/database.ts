@@ -1,9 +1,9 @@
-import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { EventEmitter } from 'node:events';
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import type { Logger } from 'pino';
+import { NamedStatementPool } from './named-statements.js';
 import { PGlitePool } from './pglite-pool.js';
 import type { DB } from './schema.js';
 import { waitAtMost } from './wait-at-most.js';
@@ -22,29 +22,18 @@ export interface NotificationListener extends EventEmitter {
   close(): Promise<void>;
 }
 
-/** The database handle every room receives from the composition root. */
+/**
+ * The database every room receives from the composition root. Repositories pick the pool by what
+ * a statement is for; nothing else chooses. See docs/design/database-pools.md.
+ */
 export interface Database {
   readonly kind: 'postgres' | 'pglite';
-  readonly db: Kysely<DB>;
-  /**
-   * The connections for the statements every call sends (the group-committed claims, grant
-   * reads, ledger and bucket writes, audit appends, run ends). Each is keyed by primary or
-   * unique keys, so it is planned once per connection, as index lookups joined by nested
-   * loops, and that plan is kept: planning these statements again for every execution cost as
-   * much as running them. Everything else (operator queries, whose best plan depends on their
-   * filters) uses `db`, planned for each execution. On PGlite both are the same.
-   */
+  /** Operator queries, sweeps, migrations and every transaction: planned with each execution's values. */
+  readonly control: Kysely<DB>;
+  /** The per-call statements durable at commit (audit appends, run ends, settlements, grant reads): plans kept. */
   readonly hot: Kysely<DB>;
-  /**
-   * `hot`, with `synchronous_commit` off: a commit returns before its WAL reaches the disk. For
-   * the per-call statements whose effects stay inside toolgate until a later synchronous commit
-   * on the same server: the run's claim, its grant-use records, budget reservations and
-   * settlements, rate-limit takes. PostgreSQL writes WAL in order, so the synchronous commit of
-   * the call's intent record (before its backend is contacted) and of the run's end (before the
-   * answer) make every earlier commit durable too; a crash before them loses only effects
-   * nobody outside has seen. On PGlite, the same as `db`.
-   */
-  readonly hotAsync: Kysely<DB>;
+  /** The per-call statements a later synchronous commit makes durable (claims, reservations, takes): no wait for the disk. */
+  readonly hotDeferred: Kysely<DB>;
   readonly listener: NotificationListener;
   /** Statements sent to the server so far (round trips; the hot path's cost, see /metrics). */
   statementsSent(): number;
@@ -67,16 +56,7 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
   return openPGlite(options.dataDir);
 }
 
-/**
- * Session settings of the hot pool's connections. A plan is made once per connection (generic)
- * and kept; since it may be made while the tables are still nearly empty, it must not be one
- * that is good only for small tables: sequential scans, bitmap scans and hash or merge joins
- * are ruled out, leaving index lookups joined by nested loops, which is what keyed statements
- * want at any size. (A statement with no index to use still runs, with a sequential scan.)
- * JIT compilation is off: a ruled-out scan is priced past `jit_above_cost`, and a statement that
- * had to use one was compiled on every run (about 100 ms of CPU for the reservation sweep's on
- * an empty table); keyed statements never gain from it.
- */
+/** Kept generic plans that stay index lookups however the tables grow; no JIT (see database-pools.md). */
 const HOT_SETTINGS = [
   'plan_cache_mode=force_generic_plan',
   'enable_seqscan=off',
@@ -89,56 +69,34 @@ const HOT_SETTINGS = [
 function openPostgres(connectionString: string, poolSize: number, logger: Logger): Database {
   const sent = { count: 0 };
   const connections = new Set<pg.Client>();
-  // The pool size is that of the general pool, where prepared statements are parsed once but
-  // planned for each execution, with its values and the tables as they are now (operator
-  // queries: the best plan depends on their filters). The per-call statements have two pools of
-  // a quarter of that size each: each group commit has one batch in flight at a time, so a
-  // handful of connections carry them.
+  // Each group commit has one batch in flight at a time, so a handful of connections carry the calls.
   const hotSize = Math.max(2, Math.ceil(poolSize / 4));
-  // The hot pools keep every connection they opened (and the general pool as many) however long
-  // it sits idle: a replica that had been quiet for the idle timeout met its next calls with new
-  // connections — connect, session settings, every statement parsed and planned again — and
-  // those calls waited for them (a trace at 50 calls/s: 5.5 ms for one such connection).
-  const general = openPool(
-    connectionString,
-    poolSize,
-    hotSize,
-    logger,
-    'toolgate',
-    ['plan_cache_mode=force_custom_plan'],
-    sent,
-    connections,
-  );
-  const hotPool = openPool(connectionString, hotSize, hotSize, logger, 'toolgate-hot', HOT_SETTINGS, sent, connections);
-  const hotAsyncPool = openPool(
-    connectionString,
-    hotSize,
-    hotSize,
-    logger,
-    'toolgate-hot-async',
-    [...HOT_SETTINGS, 'synchronous_commit=off'],
-    sent,
-    connections,
-  );
-  const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool: general }) });
-  const hot = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotPool }) });
-  const hotAsync = new Kysely<DB>({ dialect: new PostgresDialect({ pool: hotAsyncPool }) });
+  const open = (size: number, name: string, settings: string[]) =>
+    new Kysely<DB>({
+      dialect: new PostgresDialect({
+        pool: new NamedStatementPool(
+          openPool(connectionString, size, hotSize, logger, name, settings, connections),
+          sent,
+        ),
+      }),
+    });
+  const control = open(poolSize, 'toolgate', ['plan_cache_mode=force_custom_plan']);
+  const hot = open(hotSize, 'toolgate-hot', HOT_SETTINGS);
+  const hotDeferred = open(hotSize, 'toolgate-hot-async', [...HOT_SETTINGS, 'synchronous_commit=off']);
   const listener = new PgNotificationListener(connectionString, logger);
   return {
     kind: 'postgres',
-    db,
+    control,
     hot,
-    hotAsync,
+    hotDeferred,
     listener,
     statementsSent: () => sent.count,
     ping: async () => {
-      await sql`select 1`.execute(db);
+      await sql`select 1`.execute(control);
     },
-    // The pools end once every connection is back and each has said goodbye. A connection still
-    // busy (a statement a closing step gave up on), or whose server does not answer (a silent
-    // partition), is destroyed after CLOSE_STEP_WAIT_MS instead of being waited for.
+    // A connection still busy, or whose server is silent, is destroyed after CLOSE_STEP_WAIT_MS.
     close: async () => {
-      const pools = Promise.all([db.destroy(), hot.destroy(), hotAsync.destroy()]);
+      const pools = Promise.all([control.destroy(), hot.destroy(), hotDeferred.destroy()]);
       const ended = pools.then(() =>
         Promise.all([...connections].map((client) => new Promise((resolve) => client.once('end', resolve)))),
       );
@@ -171,7 +129,6 @@ function openPool(
   logger: Logger,
   applicationName: string,
   settings: string[],
-  sent: { count: number },
   connections: Set<pg.Client>,
 ): pg.Pool {
   const pool = new pg.Pool({
@@ -181,9 +138,7 @@ function openPool(
     connectionTimeoutMillis: 3_000,
     idleTimeoutMillis: 30_000,
     application_name: applicationName,
-    // A connection that hangs silently (a partition) must fail in seconds, not minutes, so that
-    // calls fail closed with 503 instead of waiting: the server cancels long statements, the
-    // client gives up on answers that never come, and keep-alive notices dead peers.
+    // A silent partition fails calls closed in seconds instead of hanging them.
     statement_timeout: 15_000,
     query_timeout: 20_000,
     keepAlive: true,
@@ -202,62 +157,8 @@ function openPool(
     client
       .query(set)
       .catch((error: unknown) => logger.warn({ err: error, settings }, 'could not apply session settings'));
-    prepareRepeatedStatements(client, sent);
   });
   return pool;
-}
-
-/** Statement texts named so far (null: never again), and the bound on how many get a name. */
-const statementNames = new Map<string, string | null>();
-const MAX_NAMED_STATEMENTS = 500;
-
-function statementName(text: string, parameterCount: number): string | undefined {
-  let name = statementNames.get(text);
-  // A text with a long parameter list is usually one of many (an IN list of varying length).
-  if (name === undefined && statementNames.size < MAX_NAMED_STATEMENTS && parameterCount <= 64) {
-    name = `tg_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
-    statementNames.set(text, name);
-  }
-  return name ?? undefined;
-}
-
-/**
- * A prepared statement whose result columns changed under it (a migration added a column to a
- * table it selects with `*`) fails on every connection that prepared it, for good.
- */
-function isStalePlan(error: unknown): boolean {
-  return (
-    (error as { code?: unknown }).code === '0A000' &&
-    /cached plan must not change result type/.test(String((error as Error).message))
-  );
-}
-
-/**
- * Sends every parameterised statement as a named prepared statement: each connection parses it
- * once and afterwards only binds and executes it, instead of parsing it again for every call.
- * The hot path's statements repeat for every call. Statements without parameters (begin,
- * commit) stay simple queries. A statement whose result columns a migration changed fails once
- * and is never prepared again (by any connection).
- */
-function prepareRepeatedStatements(client: pg.PoolClient, sent: { count: number }): void {
-  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
-  (client as unknown as { query: (...args: unknown[]) => unknown }).query = (
-    config: unknown,
-    values?: unknown,
-    callback?: unknown,
-  ) => {
-    sent.count += 1;
-    if (typeof config === 'string' && Array.isArray(values) && values.length > 0 && callback === undefined) {
-      const name = statementName(config, values.length);
-      if (name !== undefined) {
-        return (query({ name, text: config, values }) as Promise<unknown>).catch((error: unknown) => {
-          if (isStalePlan(error)) statementNames.set(config, null);
-          throw error;
-        });
-      }
-    }
-    return query(config, values, callback);
-  };
 }
 
 async function openPGlite(dataDir: string): Promise<Database> {
@@ -270,9 +171,9 @@ async function openPGlite(dataDir: string): Promise<Database> {
   const listener = new PGliteNotificationListener(pglite);
   return {
     kind: 'pglite',
-    db,
+    control: db,
     hot: db,
-    hotAsync: db,
+    hotDeferred: db,
     listener,
     statementsSent: () => pool.statementsSent,
     ping: async () => {

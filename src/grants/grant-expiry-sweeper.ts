@@ -1,10 +1,9 @@
-import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { BackgroundTask } from '../db/background-task.js';
-import type { DB } from '../db/schema.js';
 import { claimLapsedGrants } from './grant-repository.js';
 import type { GrantsEndedHook } from './grant-service.js';
+import type { Database } from '../db/database.js';
 
 /** The audit actor of expiry: time, not an operator, ended the grant. */
 export const EXPIRY_ACTOR = 'system.expiry';
@@ -13,7 +12,7 @@ const BATCH = 200;
 
 /** What the sweeper is built from, by the composition root. */
 export interface GrantExpirySweeperOptions {
-  db: Kysely<DB>;
+  database: Database;
   now: () => Date;
   intervalMs: number;
   logger: Logger;
@@ -52,7 +51,7 @@ export class GrantExpirySweeper {
     let recorded = 0;
     for (;;) {
       const now = this.options.now();
-      const count = await this.options.db.transaction().execute(async (trx) => {
+      const count = await this.options.database.control.transaction().execute(async (trx) => {
         const lapsed = await claimLapsedGrants(trx, now, BATCH);
         await writeAuditEvents(
           trx,

@@ -10,6 +10,7 @@ import {
   type OperatorActor,
 } from './grant.js';
 import type { RunContext } from './grant-resolver.js';
+import type { BeforeChain } from '../db/lock-order.js';
 
 /** A grant as first written: nothing about its end yet. */
 export type NewGrant = Omit<Grant, 'revoked_at' | 'revoked_by' | 'revocation_reason' | 'superseded_by'>;
@@ -43,7 +44,7 @@ export async function insertGrant(trx: Transaction<DB>, grant: NewGrant): Promis
  * condition makes concurrent revocations and renewals of one grant take effect once.
  */
 export async function revokeGrant(
-  trx: Transaction<DB>,
+  trx: BeforeChain,
   change: { id: string; by: OperatorActor; reason: string; at: Date; supersededBy?: string },
 ): Promise<Grant | undefined> {
   const row = await trx
@@ -75,7 +76,7 @@ export interface GrantSubject {
  * Serialises grant creation for one subject until the transaction ends, so that two identical
  * requests arriving together find each other instead of both inserting.
  */
-export async function lockGrantSubject(trx: Transaction<DB>, subject: GrantSubject): Promise<void> {
+export async function lockGrantSubject(trx: BeforeChain, subject: GrantSubject): Promise<void> {
   const key = JSON.stringify([
     'grant',
     subject.tenantId,
@@ -105,7 +106,7 @@ export async function findLiveGrantsOf(trx: Transaction<DB>, subject: GrantSubje
 }
 
 /** Locks a grant for the rest of the transaction (renewal reads, then ends, the old grant). */
-export async function lockGrant(trx: Transaction<DB>, id: string): Promise<Grant | undefined> {
+export async function lockGrant(trx: BeforeChain, id: string): Promise<Grant | undefined> {
   const row = await trx.selectFrom('grants').selectAll().where('id', '=', id).forUpdate().executeTakeFirst();
   return row ? toGrant(row) : undefined;
 }
@@ -207,7 +208,7 @@ export async function listGrants(
  * another replica's sweeper holds are skipped, and a marked row never matches again, so each
  * expiry is returned — and recorded by the caller in this transaction — exactly once.
  */
-export async function claimLapsedGrants(trx: Transaction<DB>, now: Date, limit: number): Promise<Grant[]> {
+export async function claimLapsedGrants(trx: BeforeChain, now: Date, limit: number): Promise<Grant[]> {
   const rows = await trx
     .updateTable('grants')
     .set({ expiry_recorded_at: now })

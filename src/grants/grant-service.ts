@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Kysely, Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import type { AuditLog } from '../audit/audit-log.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import stringify from 'safe-stable-stringify';
@@ -28,6 +28,7 @@ import {
 } from './grant-repository.js';
 import { resolveGrant, type GrantDecision, type RunContext } from './grant-resolver.js';
 import { AGENT_FORBIDDEN_CATEGORIES, type ToolFacts, type ToolFactsLookup } from './tool-facts.js';
+import type { Database } from '../db/database.js';
 
 /**
  * What else happens in the transaction that ends grants: the runs that relied on them stop
@@ -42,9 +43,7 @@ export type GrantsEndedHook = (
 
 /** What the grants service is built from, by the composition root. */
 export interface GrantServiceDeps {
-  db: Kysely<DB>;
-  /** Where the per-call candidate reads go (the database's hot pool); `db` when not given. */
-  hot?: Kysely<DB> | undefined;
+  database: Database;
   audit: AuditLog;
   tools: ToolFactsLookup;
   now: () => Date;
@@ -125,7 +124,7 @@ export class GrantService {
   private readonly candidateReads: GroupCommit<GrantCandidateQuery, Grant[]>;
 
   constructor(private readonly deps: GrantServiceDeps) {
-    this.candidateReads = new GroupCommit((queries) => findGrantCandidates(deps.hot ?? deps.db, queries));
+    this.candidateReads = new GroupCommit((queries) => findGrantCandidates(deps.database.hot, queries));
   }
 
   /**
@@ -170,7 +169,7 @@ export class GrantService {
     }
     const checked = await this.checkTerms(request, now);
     if (!checked.ok) return checked;
-    return this.deps.db.transaction().execute(async (trx) => {
+    return this.deps.database.control.transaction().execute(async (trx) => {
       await lockGrantSubject(trx, request);
       const alike = (await findLiveGrantsOf(trx, request, now)).find((live) =>
         sameModifiers(live.capability_modifiers, request.capabilityModifiers),
@@ -225,7 +224,7 @@ export class GrantService {
   }): Promise<{ ok: true; changed: boolean; grant: Grant } | GrantRefusal> {
     if (request.reason.trim().length === 0) return invalid('body.reason', 'must not be blank');
     const at = this.deps.now();
-    const revoked = await this.deps.db.transaction().execute(async (trx) => {
+    const revoked = await this.deps.database.control.transaction().execute(async (trx) => {
       const changed = await revokeGrant(trx, { id: request.id, by: request.actor, reason: request.reason, at });
       if (!changed) return undefined;
       await writeAuditEvents(trx, [
@@ -248,7 +247,7 @@ export class GrantService {
       return changed;
     });
     if (revoked) return { ok: true, changed: true, grant: revoked };
-    const existing = await findGrant(this.deps.db, request.id);
+    const existing = await findGrant(this.deps.database.control, request.id);
     if (!existing) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` };
     return { ok: true, changed: false, grant: existing };
   }
@@ -260,7 +259,7 @@ export class GrantService {
    */
   async renew(request: RenewGrantRequest): Promise<{ ok: true; grant: Grant; previous: Grant } | GrantRefusal> {
     const now = this.deps.now();
-    const old = await findGrant(this.deps.db, request.id);
+    const old = await findGrant(this.deps.database.control, request.id);
     if (!old) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` };
     if (old.revoked_at !== null) return revokedRefusal(old);
     const modifiers = request.capabilityModifiers ?? old.capability_modifiers;
@@ -278,7 +277,7 @@ export class GrantService {
       now,
     );
     if (!checked.ok) return checked;
-    return this.deps.db.transaction().execute(async (trx) => {
+    return this.deps.database.control.transaction().execute(async (trx) => {
       // Locked, then checked again: of two concurrent renewals only one mints a grant.
       const current = await lockGrant(trx, request.id);
       if (!current) return { ok: false, code: 'not_found', message: `grant ${request.id} not found` } as const;
@@ -324,11 +323,11 @@ export class GrantService {
   }
 
   get(id: string): Promise<Grant | undefined> {
-    return findGrant(this.deps.db, id);
+    return findGrant(this.deps.database.control, id);
   }
 
   list(query: Omit<GrantQuery, 'now'>): ReturnType<typeof listGrants> {
-    return listGrants(this.deps.db, { ...query, now: this.deps.now() });
+    return listGrants(this.deps.database.control, { ...query, now: this.deps.now() });
   }
 
   /** The terms every new grant must meet, renewals included. */

@@ -1,12 +1,10 @@
 import { randomBytes } from 'node:crypto';
-import type { Kysely } from 'kysely';
 import type { GrantsPort, GrantUsePort } from '../admission/ports.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { insertApproval } from '../runs/approval-repository.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { holdRunUnits, lockRunAllowance } from '../budgets/run-allowance.js';
-import type { DB } from '../db/schema.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
 import { attributionOf } from '../runs/run-lifecycle.js';
 import { findRun, insertSubRun, lockRun, markHandedOff, type RunRecord } from '../runs/run-repository.js';
@@ -15,10 +13,12 @@ import { narrowestModifiers } from '../grants/authority-envelope.js';
 import type { ApprovalRequirement, Handoff, HandoffRequest } from '../runs/handoff.js';
 import { findHandoffOfSubRun, insertHandoff, listHandoffsFrom } from '../runs/handoff-repository.js';
 import { checkHandoff, type ParentAuthority } from './handoff-validation.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** What the hand-off service is built from, by the composition root. */
 export interface HandoffServiceDeps {
-  db: Kysely<DB>;
+  database: Database;
   grants: GrantsPort;
   grantUses: GrantUsePort;
   now: () => Date;
@@ -53,21 +53,22 @@ export class HandoffService {
     request: HandoffRequest,
     traceId: string,
   ): Promise<{ ok: true; handoff: Handoff; approvalId: string | null } | HandoffRefusal> {
-    const seen = await findRun(this.deps.db, agent.tenantId, parentRunId);
+    const seen = await findRun(this.deps.database.control, agent.tenantId, parentRunId);
     if (!seen || seen.agent_id !== agent.id)
       return { ok: false, code: 'not_found', message: `run ${parentRunId} not found` };
     // An ended parent hands nothing on, and relies on no grant: its refusal is recorded below.
     const ended = isTerminal(seen.status);
     const envelope =
-      !ended && seen.depth > 0 ? await findHandoffOfSubRun(this.deps.db, seen.tenant_id, seen.run_id) : undefined;
+      !ended && seen.depth > 0
+        ? await findHandoffOfSubRun(this.deps.database.control, seen.tenant_id, seen.run_id)
+        : undefined;
     const tools = ended
       ? new Map<string, CapabilityModifiers>()
       : await this.handOnable(seen, request.delegable_tool_ids, envelope);
     const now = this.deps.now();
     const actor = actorOf(agent);
 
-    return this.deps.db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
+    return changeInLockOrder(this.deps.database.control, async (trx) => {
       const parent = await lockRun(trx, seen);
       if (!parent) return notResumable(seen);
       // Every refusal made here is on record (SPEC §8): under the parent run, in this transaction.
@@ -212,7 +213,7 @@ export class HandoffService {
   }
 
   list(tenantId: string, parentRunId: string): Promise<Handoff[]> {
-    return listHandoffsFrom(this.deps.db, tenantId, parentRunId);
+    return listHandoffsFrom(this.deps.database.control, tenantId, parentRunId);
   }
 
   /**

@@ -1,8 +1,7 @@
 import { createHash } from 'node:crypto';
-import type { Kysely } from 'kysely';
 import stringify from 'safe-stable-stringify';
-import type { DB } from '../db/schema.js';
 import { claimKey, completeKey, findKey, releaseKey, takeOverKey, type KeyOwner } from './idempotency-repository.js';
+import type { Database } from '../db/database.js';
 
 /** How long a key is kept at least; the retention sweep deletes it after. */
 export const IDEMPOTENCY_KEY_TTL_MS = 24 * 3600_000;
@@ -29,10 +28,11 @@ export function requestFingerprint(method: string, url: string, body: unknown): 
  * answer is kept and replayed; a refusal or failure gives the key up, so a retry runs again.
  */
 export class IdempotencyKeys {
-  constructor(private readonly deps: { db: Kysely<DB>; now: () => Date; sleep?: (ms: number) => Promise<void> }) {}
+  constructor(private readonly deps: { database: Database; now: () => Date; sleep?: (ms: number) => Promise<void> }) {}
 
   async begin(owner: KeyOwner, key: string, fingerprint: string): Promise<KeyVerdict> {
-    const { db, now } = this.deps;
+    const { now } = this.deps;
+    const db = this.deps.database.control;
     const sleep = this.deps.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
     const giveUpAt = Date.now() + WAIT_FOR_FIRST_MS;
     for (;;) {
@@ -57,7 +57,7 @@ export class IdempotencyKeys {
   /** Keeps a 2xx answer for replay; any other answer gives the key up. */
   async finish(owner: KeyOwner, key: string, answer: { statusCode: number; body: string }): Promise<void> {
     if (answer.statusCode >= 200 && answer.statusCode < 300)
-      await completeKey(this.deps.db, owner, key, answer, this.deps.now());
-    else await releaseKey(this.deps.db, owner, key);
+      await completeKey(this.deps.database.control, owner, key, answer, this.deps.now());
+    else await releaseKey(this.deps.database.control, owner, key);
   }
 }

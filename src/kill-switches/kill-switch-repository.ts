@@ -1,7 +1,8 @@
-import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
+import { sql, type Kysely, type Selectable } from 'kysely';
 import type { OperatorRole } from '../auth/principal.js';
 import type { DB, KillSwitchTable } from '../db/schema.js';
 import type { KillSwitch, KillSwitchActor, KillSwitchScope } from './kill-switch.js';
+import type { BeforeChain } from '../db/lock-order.js';
 
 /** The channel the database announces kill-switch changes on (see migration 0003's trigger). */
 export const KILL_SWITCH_CHANNEL = 'toolgate_kill_switches';
@@ -14,7 +15,7 @@ export type NewKillSwitch = Omit<KillSwitch, 'disarmed_by' | 'disarmed_at' | 'di
  * it then returns instead: the unique index decides, so two replicas arming at once agree.
  */
 export async function armKillSwitch(
-  trx: Transaction<DB>,
+  trx: BeforeChain,
   ks: NewKillSwitch,
 ): Promise<{ created: boolean; killSwitch: KillSwitch }> {
   // The armed twin found by the conflict may be disarmed before we read it: then try again.
@@ -52,7 +53,7 @@ export async function armKillSwitch(
 
 /** Disarms an armed switch; undefined when it was not armed (already disarmed, or unknown). */
 export async function disarmKillSwitch(
-  trx: Transaction<DB>,
+  trx: BeforeChain,
   id: string,
   by: KillSwitchActor,
   reason: string,

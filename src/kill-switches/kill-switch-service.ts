@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Kysely, Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import {
@@ -17,6 +17,7 @@ import {
   type KillSwitchQuery,
 } from './kill-switch-repository.js';
 import type { KillSwitchSnapshot } from './kill-switch-snapshot.js';
+import type { Database } from '../db/database.js';
 
 /** A switch as an operator asks for it. */
 export interface ArmRequest {
@@ -56,7 +57,7 @@ export type KillSwitchRefusal = {
  */
 export class KillSwitchService {
   constructor(
-    private readonly db: Kysely<DB>,
+    private readonly database: Database,
     private readonly snapshot: KillSwitchSnapshot,
     private readonly now: () => Date,
     private readonly onArmed?: KillSwitchArmedHook,
@@ -71,7 +72,7 @@ export class KillSwitchService {
     const refusal = checkArm(request);
     if (refusal) return refusal;
     const armedAt = this.now();
-    const result = await this.db.transaction().execute(async (trx) => {
+    const result = await this.database.control.transaction().execute(async (trx) => {
       const armed = await armKillSwitch(trx, {
         id: `ks_${randomBytes(10).toString('hex')}`,
         scope: request.scope,
@@ -130,13 +131,13 @@ export class KillSwitchService {
     reason: string;
     traceId?: string | undefined;
   }): Promise<{ ok: true; changed: boolean; killSwitch: KillSwitch } | KillSwitchRefusal> {
-    const current = await findKillSwitch(this.db, request.id);
+    const current = await findKillSwitch(this.database.control, request.id);
     if (!current) return { ok: false, code: 'not_found', message: `kill switch ${request.id} not found` };
     if (current.tenant_id === null && request.actor.actor_role !== 'platform-operator') {
       return { ok: false, code: 'forbidden', message: 'only a platform-operator disarms a platform-wide switch' };
     }
     const at = this.now();
-    const disarmed = await this.db.transaction().execute(async (trx) => {
+    const disarmed = await this.database.control.transaction().execute(async (trx) => {
       const changed = await disarmKillSwitch(trx, request.id, request.actor, request.reason, at);
       if (!changed) return undefined;
       await writeAuditEvents(trx, [
@@ -164,7 +165,7 @@ export class KillSwitchService {
       return changed;
     });
     if (!disarmed) {
-      const unchanged = await findKillSwitch(this.db, request.id);
+      const unchanged = await findKillSwitch(this.database.control, request.id);
       return { ok: true, changed: false, killSwitch: unchanged ?? current };
     }
     await this.settleLocally();
@@ -172,11 +173,11 @@ export class KillSwitchService {
   }
 
   get(id: string): Promise<KillSwitch | undefined> {
-    return findKillSwitch(this.db, id);
+    return findKillSwitch(this.database.control, id);
   }
 
   list(query: KillSwitchQuery): ReturnType<typeof listKillSwitches> {
-    return listKillSwitches(this.db, query);
+    return listKillSwitches(this.database.control, query);
   }
 
   // The replica that made the change answers only once its own snapshot shows it. If that read

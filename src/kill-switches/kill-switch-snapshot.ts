@@ -1,19 +1,18 @@
 import { performance } from 'node:perf_hooks';
-import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Gauge, type Registry } from 'prom-client';
 import type { NotificationListener } from '../db/database.js';
-import type { DB } from '../db/schema.js';
 import { decideKillSwitches, type ExecutionTarget, type KillSwitchDecision } from './kill-switch-decision.js';
 import type { KillSwitch } from './kill-switch.js';
 import { KILL_SWITCH_CHANNEL, readArmedKillSwitches, readKillSwitchVersion } from './kill-switch-repository.js';
+import type { Database } from '../db/database.js';
 
 /** A kill-switch verdict, or a refusal because this replica cannot vouch for its switch state. */
 export type SnapshotDecision = KillSwitchDecision | { ok: false; code: 'gateway_unavailable'; age_ms: number };
 
 /** What a snapshot is built from, by the composition root. */
 export interface KillSwitchSnapshotOptions {
-  db: Kysely<DB>;
+  database: Database;
   listener: NotificationListener;
   registry: Registry;
   logger: Logger;
@@ -127,7 +126,7 @@ export class KillSwitchSnapshot {
     do {
       this.reloadAgain = false;
       const began = this.clock();
-      const { version, switches } = await this.bounded(readArmedKillSwitches(this.options.db));
+      const { version, switches } = await this.bounded(readArmedKillSwitches(this.options.database.control));
       // A slower read can finish after a newer one: never step back to an older version.
       if (version >= this.version) {
         this.version = version;
@@ -142,7 +141,7 @@ export class KillSwitchSnapshot {
     this.checking = true;
     try {
       const began = this.clock();
-      const version = await this.bounded(readKillSwitchVersion(this.options.db));
+      const version = await this.bounded(readKillSwitchVersion(this.options.database.control));
       if (version === this.version) this.confirm(began);
       else await this.refresh();
     } catch (error) {

@@ -21,6 +21,7 @@ import {
   type BucketRule,
   type BucketState,
 } from './token-bucket.js';
+import type { Database } from '../db/database.js';
 
 /** A call asking for a token: its bucket and the tool contract's `rate_limit`. */
 export interface TakeRequest extends BucketKey {
@@ -42,25 +43,8 @@ export interface RateLimiterOptions {
 }
 
 /**
- * Token buckets per (tenant, agent, tool), shared by every replica and exact under
- * concurrency: each take is decided against the bucket's stored level, and stored only if that
- * level is still the stored one (compare and set), so all replicas together admit at most
- * `capacity + refill × elapsed` calls, and a refusal's `Retry-After` is computed from the true
- * level. Takes arriving together are committed together (group commit). A replica remembers
- * the level it last stored, so a batch costs one statement while no other replica uses the
- * bucket; when one did, it reads the level again and retries, and under heavy contention falls
- * back to deciding under a row lock.
- *
- * A generous bucket is also leased from: while it stays at least half full, a batch that
- * stores its takes also takes a small lease (at most an eighth of the capacity, and at most
- * what the bucket refills in `LEASE_WINDOW_MS`), which this replica spends on its next takes
- * within that window without a statement. Leased tokens leave the stored level when leased, so
- * the bound above still holds for all replicas together; what a lease leaves unspent goes back
- * with this replica's next batch for the bucket, or at its graceful close. Tokens parked in a lease can make another
- * replica refuse while they sit there, but only after the bucket fell from half full to empty
- * within the window, and its `Retry-After` then overstates the wait by at most the window per
- * replica holding a lease. Small and slow buckets, whose `Retry-After` matters most, are never
- * leased from (the lease would be under two tokens).
+ * Token buckets per (tenant, agent, tool), exact across replicas: compare-and-set takes in group
+ * commits, with small leases from generous buckets. Why and the bounds: docs/design/rate-limit-buckets.md.
  * A database fault throws (the pipeline answers 503 and admits nothing).
  */
 export class RateLimiter {
@@ -73,10 +57,14 @@ export class RateLimiter {
   /** Tokens this replica took from a bucket ahead of its takes, and until when it may spend them. */
   private readonly leases = new Map<string, Lease>();
 
+  /** Takes are made durable by the call's intent record, committed synchronously after them. */
+  private readonly db: Kysely<DB>;
+
   constructor(
-    private readonly db: Kysely<DB>,
+    database: Database,
     private readonly options: RateLimiterOptions,
   ) {
+    this.db = database.hotDeferred;
     this.batches = new GroupCommit((requests) => this.commit(requests));
     this.denials = new Counter({
       name: 'toolgate_rate_limit_denials_total',

@@ -13,7 +13,7 @@ export type CatalogResolution =
   { ok: true; tool: ToolContract } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
 
 export interface ToolCatalogOptions {
-  database: Pick<Database, 'db' | 'listener'>;
+  database: Pick<Database, 'control' | 'listener'>;
   /** The `TOOLGATE_SECRET_*` snapshot backend headers may name. */
   secrets: Readonly<Record<string, string>>;
   now: () => Date;
@@ -285,7 +285,7 @@ export class ToolCatalog {
 
   private async load(): Promise<void> {
     if (this.closed) return;
-    const { db } = this.options.database;
+    const db = this.options.database.control;
     let { revision, changed } = await loadChangesSince(db, this.heldRevision);
     if (revision < this.heldRevision) {
       // The database went back in time (restored from a backup): start over.

@@ -1,14 +1,13 @@
 import { hostname } from 'node:os';
-import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { BackgroundTask } from '../db/background-task.js';
-import type { DB } from '../db/schema.js';
 import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
 import { removeReplica, renewReplica, type ReplicaIdentity } from './replica-repository.js';
+import type { Database } from '../db/database.js';
 
 /** What a lease is built from, by the composition root. */
 export interface ReplicaLeaseOptions {
-  db: Kysely<DB>;
+  database: Database;
   id: string;
   /** How long a renewal holds; renewed every third of it. */
   leaseMs: number;
@@ -71,16 +70,18 @@ export class ReplicaLease {
   async stop(): Promise<void> {
     await this.task.stop();
     this.renewedAt = Number.NEGATIVE_INFINITY;
-    const removed = removeReplica(this.options.db, this.id, CLOSE_STEP_WAIT_MS).catch((error: unknown) => {
-      this.options.logger.warn({ err: error }, 'could not give the replica lease up; it will lapse');
-    });
+    const removed = removeReplica(this.options.database.control, this.id, CLOSE_STEP_WAIT_MS).catch(
+      (error: unknown) => {
+        this.options.logger.warn({ err: error }, 'could not give the replica lease up; it will lapse');
+      },
+    );
     if (!(await waitAtMost(removed)))
       this.options.logger.warn('the database did not answer giving the replica lease up; it will lapse');
   }
 
   private async renew(): Promise<void> {
     const sent = performance.now();
-    await renewReplica(this.options.db, this.identity, this.options.leaseMs);
+    await renewReplica(this.options.database.control, this.identity, this.options.leaseMs);
     this.renewedAt = sent;
   }
 }

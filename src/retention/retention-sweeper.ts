@@ -1,8 +1,6 @@
-import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
 import { BackgroundTask } from '../db/background-task.js';
-import type { DB } from '../db/schema.js';
 import { isDatabaseUnavailable } from '../db/unavailable.js';
 import { IDEMPOTENCY_KEY_TTL_MS } from '../idempotency/idempotency-keys.js';
 import { deleteKeysBefore } from '../idempotency/idempotency-repository.js';
@@ -16,6 +14,7 @@ import {
   type RetentionCounts,
   type RootPosition,
 } from './retention-repository.js';
+import type { Database } from '../db/database.js';
 
 /** Root runs looked at per transaction: each batch holds its locks for a few milliseconds. */
 const BATCH_SIZE = 100;
@@ -31,7 +30,7 @@ const SET_ASIDE_MS = DAY_MS;
 
 /** What the sweeper is built from, by the composition root. */
 export interface RetentionSweeperOptions {
-  db: Kysely<DB>;
+  database: Database;
   now: () => Date;
   /** Finished run trees are deleted this many days after they last changed (`TOOLGATE_RETENTION_DAYS`). */
   retentionDays: number;
@@ -62,22 +61,8 @@ interface Batch {
 }
 
 /**
- * Keeps the per-call tables from growing without bound: a run tree (a root run and its sub-runs)
- * whose every run finished more than `retentionDays` ago is deleted with the rows kept only for
- * it — approvals, hand-offs, grant uses, closed budget reservations, run-total counters — in
- * bounded batches, one short transaction each. Replicas whose lease lapsed as long ago go too.
- *
- * What is never deleted: the audit log (append-only, and the record of every deleted run's
- * calls), a run not finished or still held by an executor, a tree with any such run, an open
- * reservation, budgets and their counters, grants, kill switches, the registry.
- *
- * Every replica runs one; a batch first takes a transaction-scoped advisory lock, so only one
- * replica deletes at a time and the others skip their round after one statement.
- *
- * A batch that fails is tried again one tree at a time, so that one tree that cannot be deleted
- * does not stop retention for good (each round starts again from the oldest root): a tree that
- * fails alone is logged, counted and set aside for a day, and the others go. A database that
- * cannot be reached fails the round, as it would have anyway, and sets nothing aside.
+ * Deletes run trees finished more than `retentionDays` ago, in bounded batches under an advisory
+ * lock; the audit log is never deleted. What goes and what stays: docs/operations.md#retention.
  */
 export class RetentionSweeper {
   private readonly task: BackgroundTask;
@@ -135,9 +120,10 @@ export class RetentionSweeper {
       if (batch.skipped || batch.cut || batch.roots.length < batchSize) break;
       after = batch.roots[batch.roots.length - 1];
     }
-    const replicas = skipped || this.stopping ? 0 : await deleteLapsedReplicas(this.options.db, before);
+    const replicas = skipped || this.stopping ? 0 : await deleteLapsedReplicas(this.options.database.control, before);
     const keysBefore = new Date(this.options.now().getTime() - IDEMPOTENCY_KEY_TTL_MS);
-    const idempotency_keys = skipped || this.stopping ? 0 : await deleteKeysBefore(this.options.db, keysBefore);
+    const idempotency_keys =
+      skipped || this.stopping ? 0 : await deleteKeysBefore(this.options.database.control, keysBefore);
     const counts: Record<string, number> = { ...total, replicas, idempotency_keys };
     for (const [table, count] of Object.entries(counts)) if (count > 0) this.deleted.inc({ table }, count);
     if (total.runs > 0 || replicas > 0)
@@ -163,7 +149,7 @@ export class RetentionSweeper {
   ): Promise<Batch> {
     const found: { roots?: RootPosition[] } = {};
     try {
-      return await this.options.db.transaction().execute(async (trx) => {
+      return await this.options.database.control.transaction().execute(async (trx) => {
         if (!(await takeRetentionTurn(trx))) return { roots: [], counts: NO_DELETIONS, skipped: true, cut: false };
         const roots = (found.roots = await lockFinishedRoots(trx, before, after, batchSize));
         const due = roots.filter((root) => !this.setAside.has(keyOf(root)));
@@ -191,7 +177,7 @@ export class RetentionSweeper {
       if (this.stopping) break;
       if (this.setAside.has(keyOf(root))) continue;
       try {
-        const deleted = await this.options.db.transaction().execute(async (trx) => {
+        const deleted = await this.options.database.control.transaction().execute(async (trx) => {
           if (!(await takeRetentionTurn(trx))) return undefined;
           return deleteFinishedRunTrees(trx, await lockFinishedRoot(trx, root, before), before, this.options.now());
         });

@@ -1,6 +1,7 @@
 import { sql, type ExpressionBuilder, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { ApprovalTable, DB } from '../db/schema.js';
 import { approvalStatusAt, type Approval, type ApprovalKind, type ApprovalStatus } from './approval.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 type Db = Kysely<DB> | Transaction<DB>;
 
@@ -40,8 +41,8 @@ export async function isApprovalLapsed(db: Db, id: string, now: Date): Promise<b
   return Boolean(row?.lapsed);
 }
 
-/** Locks an approval for the rest of the transaction (after its run: see run-lifecycle.ts). */
-export async function lockApproval(trx: Transaction<DB>, id: string): Promise<Approval | undefined> {
+/** Locks an approval for the rest of the transaction, after its run (docs/design/lock-order.md). */
+export async function lockApproval(trx: ChainHeld, id: string): Promise<Approval | undefined> {
   const row = await trx.selectFrom('approvals').selectAll().where('id', '=', id).forNoKeyUpdate().executeTakeFirst();
   return row ? toApproval(row) : undefined;
 }
@@ -103,7 +104,7 @@ export async function decideApproval(
 
 /** Withdraws the pending proposals of runs that ended, or of a step proposed anew. */
 export async function cancelPendingApprovals(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   runs: Array<{ tenant_id: string; run_id: string }>,
   stepIndex?: number,
 ): Promise<Approval[]> {

@@ -1,6 +1,7 @@
 import type { Kysely, Selectable, Transaction } from 'kysely';
 import type { DB, HandoffTable } from '../db/schema.js';
 import type { ApprovalRequirement, Handoff } from './handoff.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 type Db = Kysely<DB> | Transaction<DB>;
 
@@ -58,7 +59,7 @@ export async function listHandoffsFrom(db: Db, tenantId: string, parentRunId: st
 
 /** The open hand-offs that created any of these runs. */
 export async function findOpenHandoffsOfSubRuns(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   keys: Array<{ tenant_id: string; run_id: string }>,
 ): Promise<Handoff[]> {
   if (keys.length === 0) return [];
@@ -74,7 +75,7 @@ export async function findOpenHandoffsOfSubRuns(
 
 /** Closes an open hand-off with what its sub-run used and what went back. */
 export async function closeHandoff(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   id: string,
   close: { spentUnits: number; returnedUnits: number; at: Date },
 ): Promise<void> {

@@ -1,8 +1,8 @@
-import type { Kysely, Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf, type Principal } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
@@ -10,7 +10,7 @@ import type { RunAnswer, RunExecutor } from './run-executor.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import {
   lockRun,
-  takeUpRun,
+  claimIdleRun,
   writeRunAwaitingApproval,
   writeRunPaused,
   writeRunStatus,
@@ -18,10 +18,12 @@ import {
   type RunRecord,
 } from './run-repository.js';
 import { isTerminal, type LapsedApprovals, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder, type ChainHeld } from '../db/lock-order.js';
 
 /** What the run controls are built from, by the composition root. */
 export interface RunControlDeps {
-  db: Kysely<DB>;
+  database: Database;
   executor: RunExecutor;
   /** This replica: the executor id a take-up records. */
   replicaId: string;
@@ -104,10 +106,9 @@ export class RunControls {
 
   private async resumeTracked(caller: Controller, key: RunKey): Promise<RunAnswer> {
     const now = this.deps.now();
-    const outcome = await this.deps.db
-      .transaction()
-      .execute(async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: CodedError }> => {
-        await lockAuditChain(trx);
+    const outcome = await changeInLockOrder(
+      this.deps.database.control,
+      async (trx): Promise<{ run: RunRecord } | { answer: RunAnswer } | { refuse: CodedError }> => {
         const run = await this.lockOwned(trx, caller, key);
         const reject = (error: CodedError) => this.reject(trx, caller, run, 'resume', error);
         if (isTerminal(run.status)) return reject(stoppedError(run));
@@ -223,14 +224,15 @@ export class RunControls {
               }),
             );
         }
-        const taken = await takeUpRun(trx, run, [run.status], this.deps.replicaId);
+        const taken = await claimIdleRun(trx, run, [run.status], this.deps.replicaId);
         if (!taken)
           return reject(
             new CodedError('run_not_resumable', `run ${run.run_id} is being resumed already`, { status: run.status }),
           );
         await this.record(trx, caller, run, 'run.resumed', 'running', { previous_status: run.status });
         return { run: taken };
-      });
+      },
+    );
     if ('refuse' in outcome) throw outcome.refuse;
     if ('answer' in outcome) return outcome.answer;
     const principal = caller.principal.kind === 'agent' ? caller.principal : ownerOf(outcome.run);
@@ -307,15 +309,15 @@ export class RunControls {
     control: RunControl,
     apply: (trx: Transaction<DB>, run: RunRecord) => Promise<CodedError | void>,
   ): Promise<RunRecord> {
-    const outcome = await this.deps.db
-      .transaction()
-      .execute(async (trx): Promise<{ run: RunRecord } | { refuse: CodedError }> => {
-        await lockAuditChain(trx);
+    const outcome = await changeInLockOrder(
+      this.deps.database.control,
+      async (trx): Promise<{ run: RunRecord } | { refuse: CodedError }> => {
         const run = await this.lockOwned(trx, caller, key);
         const refusal = isTerminal(run.status) ? stoppedError(run) : await apply(trx, run);
         if (refusal) return this.reject(trx, caller, run, control, refusal);
         return { run: (await lockRun(trx, key))! };
-      });
+      },
+    );
     if ('refuse' in outcome) throw outcome.refuse;
     return outcome.run;
   }
@@ -345,7 +347,7 @@ export class RunControls {
   }
 
   /** The run, if the caller may act on it: an agent only on its own (others' do not exist for it). */
-  private async lockOwned(trx: Transaction<DB>, caller: Controller, key: RunKey): Promise<RunRecord> {
+  private async lockOwned(trx: ChainHeld, caller: Controller, key: RunKey): Promise<RunRecord> {
     const run = await lockRun(trx, key);
     if (!run || (caller.principal.kind === 'agent' && run.agent_id !== caller.principal.id)) {
       throw new CodedError('not_found', `run ${key.run_id} not found`);

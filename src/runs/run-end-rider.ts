@@ -8,24 +8,24 @@ import {
 } from '../audit/audit-repository.js';
 import type { AuditRecord } from '../audit/audit-event.js';
 import type { DB } from '../db/schema.js';
-import { endedOf, leaveRunsWithoutWaiting, runEndSteps, type EndedRunRow, type RunLeave } from './run-repository.js';
+import { endedOf, endRunsSkippingLocked, runEndSteps, type EndedRunRow, type RunEnding } from './run-repository.js';
 
 /**
  * A run's end riding on its call's last audit record: ended in the same commit, only if the
- * record is appended and the run's row is free (see `leaveRunsWithoutWaiting`). The composition
+ * record is appended and the run's row is free (see `endRunsSkippingLocked`). The composition
  * root hands it to the audit log, which knows nothing of runs.
  */
-export const runEndRider: AppendRider<RunLeave> = {
-  steps: (leaves, when) => runEndSteps(leaves, { waitForLocks: false, when }),
+export const runEndRider: AppendRider<RunEnding> = {
+  steps: (endings, when) => runEndSteps(endings, { waitForLocks: false, when }),
   changed: sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)`,
-  applied: (leaves, rows) => endedOf(leaves, rows as EndedRunRow[]),
-  applyHoldingChain: leaveRunsWithoutWaiting,
+  applied: (endings, rows) => endedOf(endings, rows as EndedRunRow[]),
+  applyHoldingChain: endRunsSkippingLocked,
 };
 
 /** An audit event, and the run it ends if it is that run's last word. */
-export type RunEndingEvent = Omit<TimedAuditEvent, 'rides'> & { endRun?: RunLeave };
+export type RunEndingEvent = Omit<TimedAuditEvent, 'rides'> & { endRun?: RunEnding };
 
-function riding(events: RunEndingEvent[]): TimedAuditEvent<RunLeave>[] {
+function riding(events: RunEndingEvent[]): TimedAuditEvent<RunEnding>[] {
   return events.map(({ endRun, ...event }) => (endRun ? { ...event, rides: endRun } : event));
 }
 

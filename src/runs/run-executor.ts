@@ -14,7 +14,7 @@ import {
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf } from '../auth/principal.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
@@ -32,15 +32,15 @@ import type { RunRecovery } from './run-recovery.js';
 import {
   claimRuns,
   findRun,
-  leaveRun,
+  releaseRun,
   lockRun,
-  leaveRuns,
+  endRuns,
   readRunStanding,
   readRunStandingSettled,
   resumeThrottledRun,
   startQueuedRun,
   type NewRun,
-  type RunLeave,
+  type RunEnding,
   type RunRecord,
   type RunStart,
 } from './run-repository.js';
@@ -57,17 +57,12 @@ import {
   type TerminalStatus,
   type Via,
 } from './run-types.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
-  db: Kysely<DB>;
-  /** Where the group-committed run ends go (the database's hot pool); `db` when not given. */
-  hot?: Kysely<DB> | undefined;
-  /**
-   * Where the group-committed claims go (the hot pool without waiting for the disk: the intent
-   * record's commit, before any dispatch, makes a claim durable); `hot` when not given.
-   */
-  hotAsync?: Kysely<DB> | undefined;
+  database: Database;
   audit: AuditLog;
   ports: AdmissionPorts;
   backend: BackendClient;
@@ -167,13 +162,13 @@ class RunMovedOn extends Error {}
 export class RunExecutor {
   /** Claims and ends of runs that happen at the same moment share one statement (group commit). */
   private readonly claims: GroupCommit<NewRun, RunRecord | undefined>;
-  private readonly ends: GroupCommit<RunLeave, boolean>;
+  private readonly ends: GroupCommit<RunEnding, boolean>;
 
   constructor(private readonly deps: RunExecutorDeps) {
-    const hot = deps.hot ?? deps.db;
-    const hotAsync = deps.hotAsync ?? hot;
-    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hotAsync, runs)));
-    this.ends = new GroupCommit((leaves) => retryOnConflict(() => leaveRuns(hot, leaves)));
+    const { hot, hotDeferred } = deps.database;
+    // A claim is made durable by the call's intent record, committed synchronously before dispatch.
+    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(hotDeferred, runs)));
+    this.ends = new GroupCommit((endings) => retryOnConflict(() => endRuns(hot, endings)));
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
@@ -212,7 +207,7 @@ export class RunExecutor {
     let run: RunRecord;
     if (request.parent_run_id !== undefined) {
       // A sub-run exists from its hand-off on; nothing else may claim a parent.
-      const existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+      const existing = await findRun(this.deps.database.control, principal.tenantId, request.run_id);
       // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
       // this caller's to learn.
       if (existing && existing.agent_id !== principal.id)
@@ -268,7 +263,7 @@ export class RunExecutor {
             [],
             true,
           );
-        existing = await findRun(this.deps.db, principal.tenantId, request.run_id);
+        existing = await findRun(this.deps.database.control, principal.tenantId, request.run_id);
       }
       if (!existing)
         return this.refuse(
@@ -281,7 +276,7 @@ export class RunExecutor {
         );
       run = existing;
     }
-    const prior = await this.priorRun(principal, request, run, start, traceId, via);
+    const prior = await this.replayOrContinue(principal, request, run, start, traceId, via);
     if ('replay' in prior) return prior.replay;
     return this.runFrom(
       await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
@@ -290,7 +285,7 @@ export class RunExecutor {
   }
 
   /**
-   * Continues a run that a control has just taken up for this executor (`takeUpRun`): an
+   * Continues a run that a control has just taken up for this executor (`claimIdleRun`): an
    * approved, paused or throttled run. Every step still to run passes every stage again.
    */
   async continueRun(
@@ -308,7 +303,7 @@ export class RunExecutor {
    * A run id seen before: another principal's is a conflict; the owner's finished (or waiting)
    * run replays; a throttled run continues after its completed steps; a queued sub-run starts.
    */
-  private async priorRun(
+  private async replayOrContinue(
     principal: AgentPrincipal,
     request: RunRequest,
     run: RunRecord,
@@ -333,7 +328,7 @@ export class RunExecutor {
       }
       if (run.status === 'queued') {
         const started = await startQueuedRun(
-          this.deps.db,
+          this.deps.database.control,
           run,
           {
             ...start,
@@ -378,8 +373,8 @@ export class RunExecutor {
       // either way, a run let go of meanwhile — by recovery, or by its executor — answers as it
       // now stands, and one still busy is refused below.
       await this.deps.recovery.recoverIfLost(run, 1);
-      const now = await findRun(this.deps.db, run.tenant_id, run.run_id);
-      if (now && !now.busy) return this.priorRun(principal, request, now, start, traceId, via);
+      const now = await findRun(this.deps.database.control, run.tenant_id, run.run_id);
+      if (now && !now.busy) return this.replayOrContinue(principal, request, now, start, traceId, via);
     }
     // A finished run, or one still waiting (for an approval, an operator), answers as stored; a
     // throttled one goes on below: its Retry-After may have passed.
@@ -394,7 +389,7 @@ export class RunExecutor {
     if (run.status === 'throttled') {
       await this.refuseLapsedApproval(principal, run, traceId, findNextStepApproval);
       const resumed = await resumeThrottledRun(
-        this.deps.db,
+        this.deps.database.control,
         {
           tenant_id: principal.tenantId,
           run_id: request.run_id,
@@ -430,10 +425,9 @@ export class RunExecutor {
     approvalOf: (db: Kysely<DB>, run: RunRecord) => Promise<Approval | undefined>,
   ): Promise<void> {
     const now = this.deps.now();
-    const seen = await approvalOf(this.deps.db, run);
+    const seen = await approvalOf(this.deps.database.control, run);
     if (!seen || approvalStatusAt(seen, now, seen.kind === 'tool_call') !== 'expired') return;
-    const refusal = await this.deps.db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
+    const refusal = await changeInLockOrder(this.deps.database.control, async (trx) => {
       const locked = await lockRun(trx, run);
       // Taken up, ended or moved on meanwhile: the request is answered as that run stands.
       if (!locked || locked.status !== run.status || locked.busy) return undefined;
@@ -483,7 +477,8 @@ export class RunExecutor {
     actor: string,
     via: Via | undefined,
   ): Promise<Execution> {
-    const delegation = run.depth > 0 ? await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id) : undefined;
+    const delegation =
+      run.depth > 0 ? await findHandoffOfSubRun(this.deps.database.control, run.tenant_id, run.run_id) : undefined;
     return { principal, request, traceId, via, run, delegation, actor };
   }
 
@@ -502,7 +497,9 @@ export class RunExecutor {
     if (leftOver) return this.killForOvershoot(exec, steps, warnings, leftOver);
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
       const standing =
-        justClaimed && index === completedBefore.length ? exec.run : await readRunStanding(this.deps.db, exec.run);
+        justClaimed && index === completedBefore.length
+          ? exec.run
+          : await readRunStanding(this.deps.database.control, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
@@ -572,7 +569,7 @@ export class RunExecutor {
     step: StepResult,
     stop: StepOutcome['stop'],
     answered: { answer?: RunAnswer },
-  ): RunLeave | undefined {
+  ): RunEnding | undefined {
     const answer = closing?.(step, stop);
     if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
     answered.answer = answer;
@@ -652,7 +649,7 @@ export class RunExecutor {
     // close locks after the run's row: read after the reservation, and after whatever holds the
     // row, the run shows any close that did not recharge the reservation to the parent.
     if (exec.delegation) {
-      const standing = await readRunStandingSettled(this.deps.db, exec.run);
+      const standing = await readRunStandingSettled(this.deps.database.control, exec.run);
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         if (reservation) await this.deps.ports.budgets.release(reservation);
         return {
@@ -756,7 +753,7 @@ export class RunExecutor {
    */
   private async overshoot(exec: Execution, step: StepResult): Promise<AuditEventInput | undefined> {
     const budget = exec.delegation!.budget_units;
-    const used = await readRunUsage(this.deps.db, exec.run.tenant_id, exec.run.run_id);
+    const used = await readRunUsage(this.deps.database.control, exec.run.tenant_id, exec.run.run_id);
     if (used <= budget) return undefined;
     const base = this.auditBase(exec, step.index, undefined);
     return this.overshootEvent(
@@ -799,8 +796,7 @@ export class RunExecutor {
     const now = this.deps.now();
     const approvalId = `apr_${randomBytes(10).toString('hex')}`;
     try {
-      return await this.deps.db.transaction().execute(async (trx) => {
-        await lockAuditChain(trx);
+      return await changeInLockOrder(this.deps.database.control, async (trx) => {
         await cancelPendingApprovals(trx, [run], index);
         const approval = await insertApproval(trx, {
           id: approvalId,
@@ -848,7 +844,7 @@ export class RunExecutor {
           warnings,
         };
         if (
-          !(await leaveRun(
+          !(await releaseRun(
             trx,
             { ...run, epoch: run.epoch },
             { status: 'awaiting_approval', httpStatus: 202, envelope },
@@ -860,7 +856,7 @@ export class RunExecutor {
     } catch (error) {
       if (!(error instanceof RunMovedOn)) throw error;
       steps.length = index;
-      const standing = await readRunStanding(this.deps.db, run);
+      const standing = await readRunStanding(this.deps.database.control, run);
       return this.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
     }
   }
@@ -898,7 +894,7 @@ export class RunExecutor {
       while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'pending'));
     }
     const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps, warnings };
-    await leaveRun(this.deps.db, exec.run, { httpStatus, envelope });
+    await releaseRun(this.deps.database.control, exec.run, { httpStatus, envelope });
     return { httpStatus, envelope, replayed: false };
   }
 
@@ -919,7 +915,7 @@ export class RunExecutor {
     if (!isTerminal(status)) {
       if (ending.length > 0)
         throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
-      if (await leaveRun(this.deps.db, run, { status, httpStatus, envelope }))
+      if (await releaseRun(this.deps.database.control, run, { status, httpStatus, envelope }))
         return { httpStatus, envelope, replayed: false };
     } else {
       const change = { status, httpStatus, envelope };
@@ -928,7 +924,7 @@ export class RunExecutor {
         return { httpStatus, envelope, replayed: false };
     }
     // Stopped or paused between the last call and now: the run is someone else's to describe.
-    const standing = await readRunStanding(this.deps.db, run);
+    const standing = await readRunStanding(this.deps.database.control, run);
     const done = envelope.steps.filter((s) => s.status === 'completed');
     return this.interrupted(exec, done, envelope.warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
   }
@@ -948,9 +944,8 @@ export class RunExecutor {
         : 'retry';
     }
     const now = this.deps.now();
-    return this.deps.db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
-      const left = await leaveRun(trx, run, change);
+    return changeInLockOrder(this.deps.database.control, async (trx) => {
+      const left = await releaseRun(trx, run, change);
       if (!left) return false;
       await writeAuditEvents(
         trx,
@@ -973,7 +968,7 @@ export class RunExecutor {
     reservation: Reservation | undefined,
     grantModifiers: Record<string, unknown>,
     approvalId: string | undefined,
-    end?: (result: Dispatched) => RunLeave | undefined,
+    end?: (result: Dispatched) => RunEnding | undefined,
   ): Promise<Dispatched & { runEnded?: boolean }> {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
@@ -1232,7 +1227,7 @@ export class RunExecutor {
     principal: AgentPrincipal,
     request: RunRequest,
   ): Promise<Pick<Execution, 'run' | 'delegation'>> {
-    const run = await findRun(this.deps.db, principal.tenantId, request.run_id);
+    const run = await findRun(this.deps.database.control, principal.tenantId, request.run_id);
     if (run && run.agent_id !== principal.id) throw notOwned(request);
     if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
       throw new CodedError(
@@ -1241,7 +1236,7 @@ export class RunExecutor {
         { reason: 'handoff_missing' },
       );
     }
-    const delegation = await findHandoffOfSubRun(this.deps.db, run.tenant_id, run.run_id);
+    const delegation = await findHandoffOfSubRun(this.deps.database.control, run.tenant_id, run.run_id);
     const budgets = [run.budget_units, request.budget_units].filter(
       (units): units is number => typeof units === 'number',
     );

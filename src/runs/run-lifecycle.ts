@@ -1,13 +1,14 @@
 import type { Transaction } from 'kysely';
 import { cancelPendingApprovals } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { lockAuditChain, writeAuditEvents } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
 import { returnSubRunAllowances } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 import { closeHandoff, findOpenHandoffsOfSubRuns } from './handoff-repository.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { lockOpenRunTrees, writeRunEnd, type RunKey, type RunRecord } from './run-repository.js';
 import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } from './run-types.js';
+import { holdAuditChain, type ChainHeld } from '../db/lock-order.js';
 
 /**
  * How runs end when something other than their own plan ends them — a control, a cascade, the
@@ -15,11 +16,7 @@ import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } fr
  * (a sub-run never outlives the authority it was handed), its pending proposals are withdrawn,
  * and a sub-run's hand-off closes, giving its parent back what it did not use. Every run that
  * ends is audited with its cascade depth: 0 for the run the cause reached, +1 per hand-off below.
- *
- * Lock order, for every transaction that changes runs: grants or kill switches, then the audit
- * chain head, then runs (parents before the sub-runs they add), approvals and hand-offs, then
- * the budget ledger (`budget_reservations`, which a budget change takes whole, after the chain
- * head), then budget counters (in the ledger's order).
+ * Locks follow docs/design/lock-order.md, held to it by `ChainHeld` (src/db/lock-order.ts).
  */
 
 /** What ends the runs given as roots. */
@@ -56,19 +53,18 @@ export function attributionOf(run: Pick<RunRecord, 'run_id' | 'agent_id' | 'line
 }
 
 /** Ends the open runs among `end.roots` and every open run below them, in one transaction. */
-export async function endRunTrees(trx: Transaction<DB>, end: RunEnd, at: Date): Promise<EndedRun[]> {
-  await lockAuditChain(trx);
+export async function endRunTrees(cause: Transaction<DB>, end: RunEnd, at: Date): Promise<EndedRun[]> {
+  const trx = await holdAuditChain(cause);
   const runs = await lockOpenRunTrees(trx, end.roots);
   return applyEnds(trx, runs, new Set(end.roots.map(keyOf)), end, at);
 }
 
 /**
  * What follows when a run's own executor moved it to a terminal status: its open sub-runs end
- * (`run.stopped`, cascade depth from 1) and, if it is a sub-run, its hand-off closes. The caller
- * took the audit chain's lock before changing the run.
+ * (`run.stopped`, cascade depth from 1) and, if it is a sub-run, its hand-off closes.
  */
 export async function followRunEnd(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   ended: RunRecord & { status: TerminalStatus },
   actor: string,
   at: Date,
@@ -90,7 +86,7 @@ export async function followRunEnd(
 }
 
 async function applyEnds(
-  trx: Transaction<DB>,
+  trx: ChainHeld,
   runs: RunRecord[],
   roots: ReadonlySet<string>,
   end: RunEnd,

@@ -1,12 +1,10 @@
-import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
-import { listRunCallRecords, lockAuditChain, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
+import { listRunCallRecords, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
 import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
 import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import { retryOnConflict } from '../db/group-commit.js';
-import type { DB } from '../db/schema.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import {
@@ -26,6 +24,8 @@ import {
   type RunStop,
   type StepResult,
 } from './run-types.js';
+import type { Database } from '../db/database.js';
+import { changeInLockOrder } from '../db/lock-order.js';
 
 /** The audit actor of recovery: no operator ended these runs; their executor was lost. */
 export const RECOVERY_ACTOR = 'system.recovery';
@@ -51,7 +51,7 @@ const CLOCK_SKEW_MARGIN_MS = 86_400_000;
 
 /** What recovery is built from, by the composition root. */
 export interface RunRecoveryOptions {
-  db: Kysely<DB>;
+  database: Database;
   /** This replica: the executor id its claims record. */
   replicaId: string;
   now: () => Date;
@@ -61,21 +61,8 @@ export interface RunRecoveryOptions {
 }
 
 /**
- * Finds runs left busy by an executor that is gone — its replica died (its lease passed), or its
- * execution on this replica broke off (the database went away mid-call) — and ends them, so
- * that no run stays busy for good and its owner's resubmission gets an answer.
- *
- * A lost run is never executed again: a call whose intent was recorded and whose outcome was not
- * may have reached its backend, and sending it again could do its side effect twice. The run
- * ends `failed` with `503 gateway_unavailable` (`reason: executor_lost`). Its envelope is rebuilt
- * from the audit records of the lost execution: calls that completed (their outputs were not
- * kept), a call in doubt (`in_doubt: true`), the step it stopped at, the rest skipped. The budget
- * reservation of the call in hand is charged at its price if the call is in doubt (the strict
- * side), else released; one whose call's outcome was recorded but whose settlement was lost with
- * the replica is charged what that record says. A run whose
- * calls had all completed ends `completed` (one kept open stays `running`, at rest); a run a
- * control or cascade ended meanwhile keeps that end. Each recovery is audited as `run.executor_lost` in the transaction that ends the run, and
- * its open sub-runs end with it. Every replica sweeps; the run's lock makes each recovery happen once.
+ * Ends runs left busy by an executor that is gone, never executing them again; the run's lock
+ * makes each recovery happen once. How the run, its budget and its records end: docs/design/run-recovery.md.
  */
 export class RunRecovery {
   /** Runs this replica's executor is executing now, by key, with how many requests hold each. */
@@ -128,7 +115,7 @@ export class RunRecovery {
     let count = 0;
     let after: RunKey | undefined;
     for (;;) {
-      const page = await findBusyRunsToCheck(this.options.db, this.options.replicaId, BATCH, after);
+      const page = await findBusyRunsToCheck(this.options.database.control, this.options.replicaId, BATCH, after);
       for (const run of page) {
         // This replica's own runs are lost only once it no longer executes them.
         if (run.executor_id === this.options.replicaId && this.executing.has(keyOf(run))) continue;
@@ -160,8 +147,7 @@ export class RunRecovery {
 
   /** One attempt of `recoverIfLost`, in one transaction; `lastAttempt`: it does not start over. */
   private async recoverOnce(key: RunKey, callerHolds: number, now: Date, lastAttempt: boolean): Promise<boolean> {
-    const done = await this.options.db.transaction().execute(async (trx) => {
-      await lockAuditChain(trx);
+    const done = await changeInLockOrder(this.options.database.control, async (trx) => {
       const run = await lockRun(trx, key);
       if (!run || !run.busy || run.executor_id === null) return false;
       const lost =

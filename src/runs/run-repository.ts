@@ -8,6 +8,7 @@ import {
   type RunStatus,
   type RunStop,
 } from './run-types.js';
+import type { ChainHeld } from '../db/lock-order.js';
 
 /** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
@@ -179,9 +180,9 @@ export async function insertSubRun(
 
 /**
  * Records on a parent run, which the caller holds locked, that it has just handed off: a new row
- * version. An end of the parent group-committed at the same moment (`leaveRuns`) took its
+ * version. An end of the parent group-committed at the same moment (`endRuns`) took its
  * snapshot before the sub-run existed and waited for this lock; finding the row changed after
- * its snapshot, it leaves the parent to be ended under the lock, where its sub-runs end with it.
+ * its snapshot, it endings the parent to be ended under the lock, where its sub-runs end with it.
  */
 export async function markHandedOff(trx: Transaction<DB>, key: RunKey): Promise<void> {
   await trx
@@ -269,7 +270,7 @@ export async function startQueuedRun(
  * Takes an idle run in one of `from` up for an executor: `running`, a new epoch, busy. Only one
  * caller wins when several race.
  */
-export async function takeUpRun(
+export async function claimIdleRun(
   db: Db,
   key: RunKey,
   from: readonly RunStatus[],
@@ -298,7 +299,7 @@ export async function takeUpRun(
  * moves the run from `running` to it. Only the executor of the current epoch can do either;
  * `undefined` when the run moved on without it (its status is then someone else's to set).
  */
-export async function leaveRun(
+export async function releaseRun(
   db: Db,
   key: RunKey & { epoch: number },
   change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
@@ -320,8 +321,8 @@ export async function leaveRun(
   return row ? toRecord(row) : undefined;
 }
 
-/** An executor ending a run it holds (see `leaveRun`). */
-export interface RunLeave extends RunKey {
+/** An executor ending a run it holds (see `releaseRun`). */
+export interface RunEnding extends RunKey {
   epoch: number;
   status: RunStatus;
   httpStatus: number;
@@ -333,26 +334,28 @@ export interface RunLeave extends RunKey {
  * the run moved on without its executor, or has a sub-run and must end under the audit chain's
  * lock). The runs are locked in key order first, as controls and cascades lock them.
  */
-export async function leaveRuns(db: Kysely<DB>, leaves: RunLeave[]): Promise<boolean[]> {
-  if (leaves.length === 0) return [];
+export async function endRuns(db: Kysely<DB>, endings: RunEnding[]): Promise<boolean[]> {
+  if (endings.length === 0) return [];
   const result =
-    await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: true })} select * from run_ends_done`.execute(db);
-  return endedOf(leaves, result.rows);
+    await sql<EndedRunRow>`with ${runEndSteps(endings, { waitForLocks: true })} select * from run_ends_done`.execute(
+      db,
+    );
+  return endedOf(endings, result.rows);
 }
 
 /**
- * `leaveRuns` inside a transaction that holds the audit chain's lock (an outcome record that ends
+ * `endRuns` inside a transaction that holds the audit chain's lock (an outcome record that ends
  * its run, appended under the lock): a run row another transaction holds is not waited for —
  * that would stall every replica's appends behind one run — and stays running; its executor then
  * ends it the usual way.
  */
-export async function leaveRunsWithoutWaiting(trx: Transaction<DB>, leaves: RunLeave[]): Promise<boolean[]> {
-  if (leaves.length === 0) return [];
+export async function endRunsSkippingLocked(trx: Transaction<DB>, endings: RunEnding[]): Promise<boolean[]> {
+  if (endings.length === 0) return [];
   const result =
-    await sql<EndedRunRow>`with ${runEndSteps(leaves, { waitForLocks: false })} select * from run_ends_done`.execute(
+    await sql<EndedRunRow>`with ${runEndSteps(endings, { waitForLocks: false })} select * from run_ends_done`.execute(
       trx,
     );
-  return endedOf(leaves, result.rows);
+  return endedOf(endings, result.rows);
 }
 
 /** A run a run-end statement ended. */
@@ -375,10 +378,10 @@ export interface EndedRunRow {
  * statement's snapshot is not ended here; the caller then ends it under the lock.
  */
 export function runEndSteps(
-  leaves: RunLeave[],
+  endings: RunEnding[],
   options: { waitForLocks: boolean; when?: RawBuilder<unknown> },
 ): RawBuilder<unknown> {
-  const rows = leaves.map((l) => ({
+  const rows = endings.map((l) => ({
     tenant_id: l.tenant_id,
     run_id: l.run_id,
     epoch: l.epoch,
@@ -413,9 +416,9 @@ export function runEndSteps(
 }
 
 /** For each leave, whether the statement ended its run (keyed by epoch too: only the executor of the run's current epoch ends it). */
-export function endedOf(leaves: RunLeave[], rows: EndedRunRow[]): boolean[] {
+export function endedOf(endings: RunEnding[], rows: EndedRunRow[]): boolean[] {
   const left = new Set(rows.map((row) => `${row.tenant_id}\u0000${row.run_id}\u0000${row.epoch}`));
-  return leaves.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
+  return endings.map((l) => left.has(`${l.tenant_id}\u0000${l.run_id}\u0000${l.epoch}`));
 }
 
 /** The part of a run an executor re-reads at every call boundary. */
@@ -500,7 +503,7 @@ export async function findRun(db: Db, tenantId: string, runId: string): Promise<
  * Locks one run for the rest of the transaction. `FOR NO KEY UPDATE`: rows that reference the
  * run (grant uses, hand-offs, approvals) can still be added meanwhile.
  */
-export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRecord | undefined> {
+export async function lockRun(trx: ChainHeld, key: RunKey): Promise<RunRecord | undefined> {
   const row = await trx
     .selectFrom('runs')
     .selectAll()
@@ -515,7 +518,7 @@ export async function lockRun(trx: Transaction<DB>, key: RunKey): Promise<RunRec
  * Locks the open runs among `roots` and all their open descendants (sub-runs, transitively), in
  * one stable order. A hand-off locks its parent before adding a sub-run, so none can slip in.
  */
-export async function lockOpenRunTrees(trx: Transaction<DB>, roots: RunKey[]): Promise<RunRecord[]> {
+export async function lockOpenRunTrees(trx: ChainHeld, roots: RunKey[]): Promise<RunRecord[]> {
   if (roots.length === 0) return [];
   const result = await sql<{ tenant_id: string; run_id: string }>`
     with recursive tree(tenant_id, run_id) as (

@@ -21,7 +21,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
   const serverUrl = inject('testDatabaseUrl');
   if (!serverUrl) {
     const database = await openDatabase({ databaseUrl: undefined, dataDir: 'memory://', poolSize: 1, logger });
-    await migrate(database.db);
+    await migrate(database.control);
     return { url: undefined, database, drop: () => database.close() };
   }
   const name = `toolgate_test_${randomBytes(6).toString('hex')}`;
@@ -29,7 +29,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
   const url = new URL(serverUrl);
   url.pathname = `/${name}`;
   const database = await openDatabase({ databaseUrl: url.toString(), dataDir: '', poolSize: 10, logger });
-  await migrate(database.db);
+  await migrate(database.control);
   let dropped = false;
   return {
     url: url.toString(),

@@ -81,23 +81,23 @@ export function budgetJson(usage: BudgetUsage): Record<string, unknown> {
   const { budget } = usage;
   return {
     id: budget.id,
-    tenant_id: budget.tenantId,
+    tenant_id: budget.tenant_id,
     scope: budget.scope,
-    agent_id: budget.agentId,
-    run_id: budget.runId,
+    agent_id: budget.agent_id,
+    run_id: budget.run_id,
     period: budget.period,
-    limit_units: budget.limitUnits,
-    warn_ratio: budget.warnRatio,
-    grace_units: budget.graceUnits,
-    spent_units: usage.spentUnits,
-    reserved_units: usage.reservedUnits,
-    period_start: usage.periodStart.toISOString(),
-    period_end: usage.periodEnd?.toISOString() ?? null,
-    created_at: budget.createdAt.toISOString(),
-    created_by: budget.createdBy,
-    updated_at: budget.updatedAt.toISOString(),
-    updated_by: budget.updatedBy,
-    removed_at: budget.removedAt?.toISOString() ?? null,
+    limit_units: budget.limit_units,
+    warn_ratio: budget.warn_ratio,
+    grace_units: budget.grace_units,
+    spent_units: usage.spent_units,
+    reserved_units: usage.reserved_units,
+    period_start: usage.period_start.toISOString(),
+    period_end: usage.period_end?.toISOString() ?? null,
+    created_at: budget.created_at.toISOString(),
+    created_by: budget.created_by,
+    updated_at: budget.updated_at.toISOString(),
+    updated_by: budget.updated_by,
+    removed_at: budget.removed_at?.toISOString() ?? null,
   };
 }
 
@@ -119,7 +119,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     const operator = operatorOf(request);
     if (operator.role === 'tenant-operator') {
       const budget = await findBudget(deps.db, id);
-      if (budget && budget.tenantId !== operator.tenantId) {
+      if (budget && budget.tenant_id !== operator.tenantId) {
         await refuseCrossTenantObject(request, deps.audit, { budget_id: id }, notFound(id).message);
       }
     }
@@ -132,14 +132,14 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     const result = await createBudget(
       deps.db,
       {
-        tenantId,
+        tenant_id: tenantId,
         scope: body.scope,
-        agentId: body.agent_id ?? null,
-        runId: body.run_id ?? null,
+        agent_id: body.agent_id ?? null,
+        run_id: body.run_id ?? null,
         period: body.period,
-        limitUnits: body.limit_units,
-        warnRatio: body.warn_ratio,
-        graceUnits: body.grace_units,
+        limit_units: body.limit_units,
+        warn_ratio: body.warn_ratio,
+        grace_units: body.grace_units,
       },
       context(request),
     );
@@ -191,7 +191,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     const usage = await changeBudgetLimits(
       deps.db,
       id,
-      { limitUnits: body.limit_units, warnRatio: body.warn_ratio, graceUnits: body.grace_units },
+      { limit_units: body.limit_units, warn_ratio: body.warn_ratio, grace_units: body.grace_units },
       context(request),
     );
     if (!usage) throw notFound(id);
