@@ -79,7 +79,7 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     );
     // Consumption 1..39 ok, 40..50 warn (0.8 × 50 up to the limit), 51..57 grace, then refused.
     expect(tally(results)).toEqual({ ok: 39, warn: 11, grace: 7, exceeded: 143 });
-    expect(await usage(id)).toMatchObject({ reservedUnits: 57, spentUnits: 0 });
+    expect(await usage(id)).toMatchObject({ reserved_units: 57, spent_units: 0 });
 
     // Settle half of the admitted calls at half their cost and release the rest, from every instance.
     const admitted = results.flatMap((r) => (r.ok ? [r.reservation] : []));
@@ -90,7 +90,7 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     );
     expect(outcomes.filter((o) => o === 'settled')).toHaveLength(29);
     expect(outcomes.filter((o) => o === 'released')).toHaveLength(28);
-    expect(await usage(id)).toMatchObject({ reservedUnits: 0, spentUnits: 14.5 });
+    expect(await usage(id)).toMatchObject({ reserved_units: 0, spent_units: 14.5 });
 
     // 57 - 14.5 = 42.5 units of room: exactly 42 more one-unit calls.
     const again = await Promise.all(
@@ -99,7 +99,7 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
       ),
     );
     expect(again.filter((r) => r.ok)).toHaveLength(42);
-    expect(await usage(id)).toMatchObject({ reservedUnits: 42, spentUnits: 14.5 });
+    expect(await usage(id)).toMatchObject({ reserved_units: 42, spent_units: 14.5 });
   });
 
   it('hold every budget of a call together: agents within theirs, the tenant within its own', async () => {
@@ -116,7 +116,7 @@ describe.skipIf(!hasPostgresServer)('three instances hammering one budget (needs
     );
     // 4 × 30 would be 120: the tenant's 100 binds first, exactly.
     expect(results.filter((r) => r.ok)).toHaveLength(100);
-    expect(await usage(tenantBudget)).toMatchObject({ reservedUnits: 100 });
+    expect(await usage(tenantBudget)).toMatchObject({ reserved_units: 100 });
     const perAgent = await Promise.all(agentBudgets.map(async (id) => (await usage(id)).reserved_units));
     expect(perAgent.reduce((a, b) => a + b, 0)).toBe(100);
     for (const reserved of perAgent) expect(reserved).toBeLessThanOrEqual(30);
