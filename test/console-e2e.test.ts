@@ -52,6 +52,8 @@ async function shot(name: string, fullPage = true): Promise<void> {
 
 async function signIn(token: string): Promise<void> {
   await page.goto(`${url}/console`);
+  // A token kept in the tab is checked first ("Checking your session…"): wait until either form shows.
+  await field('Operator token').or(button('Sign out')).first().waitFor();
   if (await button('Sign out').isVisible()) await button('Sign out').click();
   await field('Operator token').fill(token);
   await button('Sign in').click();
