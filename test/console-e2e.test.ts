@@ -338,7 +338,9 @@ describe.skipIf(!hasChromium)(
     it('works from the keyboard alone in a narrow window', async () => {
       await page.setViewportSize({ width: 390, height: 844 });
       await page.goto(`${url}/console`);
+      await field('Operator token').or(button('Sign out')).first().waitFor();
       if (await button('Sign out').isVisible()) await button('Sign out').click();
+      await field('Operator token').waitFor();
       await page.keyboard.press('Tab');
       expect(await inPage('document.activeElement?.id')).toBe('token');
       await page.keyboard.type(alice);
