@@ -18,6 +18,9 @@
  * Beside the gateway, the same phases measure the floor (bench/floor-proxy.ts): a proxy that
  * commits two rows durably per call and does nothing else, and a bare proxy hop.
  *
+ * The refusal phase sends calls refused for a missing grant, a rate limit and a budget in turn: back-pressure
+ * must cost no more than admission.
+ *
  * The MCP phase makes the same calls through the MCP front door (`POST /mcp`, `tools/call`, as a
  * 2025-era client and as a 2026-07-28 one sends it) and through `POST /runs/execute`, one after
  * the other at the moderate concurrency, and prints what the MCP door costs per call beside REST.
@@ -281,6 +284,51 @@ async function main(): Promise<void> {
       warn_ratio: 1,
       grace_units: 0,
     });
+    // Refused calls (the refusal phase): one agent without a grant, one whose bucket is empty after
+    // its first call, one whose budget cannot pay for any call.
+    const refused = { nogrant: 'bench.nogrant', limited: 'bench.limited', broke: 'bench.broke' };
+    await api('POST', '/tools', {
+      id: 'bench.refuse',
+      version: '1.0.0',
+      display_name: 'Refuse',
+      description: 'benchmark refusals',
+      category: 'read_only',
+      risk_level: 'low',
+      input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
+      output_schema: { type: 'object', required: ['echo'] },
+      allowed_agents: Object.values(refused),
+      required_context: [],
+      required_scopes: [],
+      requires_approval: false,
+      side_effects: [],
+      reads_from: [],
+      writes_to: [],
+      dependencies: [],
+      backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 5000, max_response_bytes: 65536, headers: {} },
+      target: { family: 'bench', provider: 'loopback', region: 'local' },
+      cost_units: 1,
+      rate_limit: { capacity: 1, refill_per_second: 0.001 },
+    });
+    for (const agent of [refused.limited, refused.broke])
+      await api('POST', '/grants', {
+        tenant_id: tenant,
+        agent_id: agent,
+        tool_id: 'bench.refuse',
+        scope: 'per-tenant',
+        scope_ref: tenant,
+        capability_modifiers: {},
+        expires_at: new Date(Date.now() + 3600_000).toISOString(),
+        rationale: 'benchmark',
+      });
+    await api('POST', '/budgets', {
+      tenant_id: tenant,
+      scope: 'agent',
+      agent_id: refused.broke,
+      period: 'total',
+      limit_units: 0.5,
+      warn_ratio: 1,
+      grace_units: 0,
+    });
     // Let every replica's caches see the registration before measuring.
     await new Promise((r) => setTimeout(r, 1500));
 
@@ -330,6 +378,28 @@ async function main(): Promise<void> {
       await res.body.text();
       made += 1;
       return res.statusCode === 200;
+    };
+
+    // Refused calls in turn: grant missing (403), rate limited (429), budget exceeded (402).
+    const refusedTokens = Object.values(refused).map((sub) =>
+      signDevelopmentToken(secret, { kind: 'agent', sub, tenantId: tenant, ttlSeconds: 3600 }),
+    );
+    const expected = [403, 429, 402];
+    const callRefused = async () => {
+      counter += 1;
+      const which = counter % 3;
+      const res = await gatewayPools[0]!.request({
+        path: '/runs/execute',
+        method: 'POST',
+        headers: { authorization: `Bearer ${refusedTokens[which]}`, 'content-type': 'application/json' },
+        body: JSON.stringify({
+          run_id: `bench-${counter}-${randomBytes(4).toString('hex')}`,
+          context: {},
+          plan: [{ tool_id: 'bench.refuse', input: { q: 'hello' } }],
+        }),
+      });
+      await res.body.text();
+      return res.statusCode === expected[which];
     };
 
     // The same call as a `tools/call` on the MCP door (stateless: no initialize needed), in the
@@ -454,6 +524,13 @@ async function main(): Promise<void> {
     rows.push(
       ...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]),
     );
+    // Refusals: back-pressure must cost no more than admission.
+    await load('warm-up', moderate, 2, callRefused);
+    const refusedLabel = `refused calls (grant missing, rate limited, budget exceeded), concurrency ${moderate}`;
+    rows.push([
+      refusedLabel,
+      await gatewayPhase(refusedLabel, 1, (c) => load('refused', moderate, seconds, c), callRefused),
+    ]);
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
     rows.push([

@@ -5,7 +5,7 @@ import { callResultOf, runRequestOf, traceIdOfMeta } from '../src/mcp/mcp-calls.
 import { plainlyLegacy } from '../src/mcp/mcp-eras.js';
 import { mcpToolOf, toolsPage } from '../src/mcp/mcp-tools.js';
 import type { AgentToolView } from '../src/registry/tool-views.js';
-import type { RunAnswer } from '../src/runs/run-executor.js';
+import type { RunAnswer } from '../src/runs/run-types.js';
 
 /** The pure parts of the MCP door: tools from views, pages, run requests from calls, results from envelopes. */
 const view = (id: string, overrides: Partial<AgentToolView> = {}): AgentToolView =>

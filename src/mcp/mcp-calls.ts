@@ -3,7 +3,7 @@ import { ProtocolError, ProtocolErrorCode, type CallToolResult } from '@modelcon
 import { z } from 'zod';
 import type { ErrorCode } from '../errors/error-codes.js';
 import { identifier, positiveUnits } from '../http/validation.js';
-import type { RunAnswer } from '../runs/run-executor.js';
+import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest, RunStatus } from '../runs/run-types.js';
 
 /** The request `_meta` key carrying the run's fields (SPEC §12). */

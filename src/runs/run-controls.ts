@@ -6,7 +6,8 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { actorOf, type Principal } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
-import type { RunAnswer, RunExecutor } from './run-executor.js';
+import type { RunExecutor } from './run-executor.js';
+import type { RunAnswer } from './run-types.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
 import {
   lockRun,

@@ -150,3 +150,10 @@ export interface LapsedApprovals {
     traceId: string | null,
   ): Promise<Denial | undefined>;
 }
+
+/** What `POST /runs/execute` answers: the HTTP status of the step that stopped the run, and the envelope. */
+export interface RunAnswer {
+  httpStatus: number;
+  envelope: RunEnvelope;
+  replayed: boolean;
+}

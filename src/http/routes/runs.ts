@@ -10,7 +10,8 @@ import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js'
 import { APPROVAL_REQUIREMENTS, type Handoff } from '../../runs/handoff.js';
 import type { HandoffService } from '../../handoffs/handoff-service.js';
 import type { RunControls } from '../../runs/run-controls.js';
-import type { RunAnswer, RunExecutor } from '../../runs/run-executor.js';
+import type { RunExecutor } from '../../runs/run-executor.js';
+import type { RunAnswer } from '../../runs/run-types.js';
 import { findRun, listRuns, type RunKey, type RunRecord } from '../../runs/run-repository.js';
 import { RUN_STATUSES } from '../../runs/run-types.js';
 import { principalOf } from '../auth.js';

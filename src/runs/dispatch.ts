@@ -1,0 +1,255 @@
+import { randomUUID } from 'node:crypto';
+import type { AdmissibleTool, Reservation } from '../admission/ports.js';
+import type { AuditEventInput } from '../audit/audit-event.js';
+import { payloadHash } from '../audit/audit-hash.js';
+import { MAX_UNITS } from '../budgets/budget-units.js';
+import { jsonProblem } from '../db/json-limits.js';
+import { CodedError } from '../errors/coded-error.js';
+import type { ErrorCode } from '../errors/error-codes.js';
+import type { RunEnding } from './run-repository.js';
+import { SECURITY_DENIALS, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
+
+type CallResult =
+  | { ok: true; output: unknown; reportedCostUnits: number | undefined; status: number }
+  | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> };
+
+/** Sends an admitted call to its backend between its intent record and its outcome record. */
+export class Dispatcher {
+  constructor(private readonly deps: RunExecutorDeps) {}
+
+  /**
+   * Step 12. The intent record is committed before the backend is contacted and the outcome
+   * record before the answer returns: if either cannot be written, the run stops with 503.
+   */
+  async dispatch(
+    exec: Execution,
+    tool: AdmissibleTool,
+    input: unknown,
+    base: AuditEventInput & { tool_call_id: string },
+    reservation: Reservation | undefined,
+    grantModifiers: Record<string, unknown>,
+    approvalId: string | undefined,
+    end?: (result: Dispatched) => RunEnding | undefined,
+  ): Promise<Dispatched & { runEnded?: boolean }> {
+    const { budgets } = this.deps.ports;
+    const inputSha256 = payloadHash(input);
+    const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
+    if (!tool.backend && tool.category !== 'external_call') {
+      if (reservation) await budgets.release(reservation);
+      const record = await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.failed',
+        status: 'failed',
+        reason_code: 'tool_backend_not_configured',
+        input_sha256: inputSha256,
+        details,
+      });
+      return {
+        ok: false,
+        code: 'tool_backend_not_configured',
+        message: `tool ${tool.id}@${tool.version} has no backend configured`,
+        details: {},
+        costUnits: 0,
+        auditId: record.event_id,
+      };
+    }
+    let headers: Record<string, string> = {};
+    try {
+      if (tool.backend) headers = this.deps.ports.catalog.backendHeaders(tool);
+    } catch (error) {
+      // A secret the backend needs is not set on this replica: nothing can be sent.
+      if (reservation) await budgets.release(reservation);
+      const record = await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.failed',
+        status: 'failed',
+        reason_code: 'tool_backend_not_configured',
+        input_sha256: inputSha256,
+        details,
+      });
+      return {
+        ok: false,
+        code: 'tool_backend_not_configured',
+        message: (error as Error).message,
+        details: {},
+        costUnits: 0,
+        auditId: record.event_id,
+      };
+    }
+    try {
+      if (!this.deps.lease.valid()) {
+        // Another replica may already have ended this replica's runs as lost.
+        throw new CodedError(
+          'gateway_unavailable',
+          'this replica could not renew its lease in time; it dispatches nothing until it can',
+        );
+      }
+      await this.deps.audit.append({
+        ...base,
+        event_type: 'run.step.dispatching',
+        status: 'dispatching',
+        input_sha256: inputSha256,
+        cost_units: tool.cost_units,
+        details: withReservation(details, reservation),
+      });
+    } catch (error) {
+      if (reservation) await budgets.release(reservation).catch(() => undefined);
+      throw error;
+    }
+    const backendStarted = performance.now();
+    let result = await this.callBackend(exec, tool, input, base.tool_call_id, grantModifiers, headers);
+    const unstorable = result.ok ? jsonProblem(result.output, 'output') : undefined;
+    if (unstorable) {
+      // An answer no record could hold or hash: the backend failed, and its output is withheld.
+      result = {
+        ok: false,
+        code: 'tool_backend_failed',
+        message: `the backend answered JSON that cannot be kept: ${unstorable.path} ${unstorable.message}`,
+        details: { reason: 'output_not_storable', path: unstorable.path },
+      };
+    }
+    const backendMs = performance.now() - backendStarted;
+    this.deps.metrics.backendDuration.observe(
+      { tool_id: tool.id, outcome: result.ok ? 'ok' : result.code },
+      backendMs / 1000,
+    );
+
+    // The backend was contacted: the call costs what it reported, else the contract's price —
+    // at most the grant's `max_cost_units` (the most one call may be charged; the cost stage
+    // refused a price above it) and MAX_UNITS (what any one amount may be). Settling runs
+    // alongside the outcome record: until it lands, the reservation still holds the units, so
+    // budgets only err on the strict side meanwhile.
+    const reported = result.ok ? result.reportedCostUnits : undefined;
+    const cap = Math.min(
+      typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS,
+      MAX_UNITS,
+    );
+    const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, cap);
+    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve(undefined);
+
+    let outcome:
+      | { ok: true; output: unknown }
+      | { ok: false; code: ErrorCode; message: string; details: Record<string, unknown> } = result.ok
+      ? { ok: true, output: result.output }
+      : { ok: false, code: result.code, message: result.message, details: result.details };
+    if (outcome.ok) {
+      const validate = this.deps.ports.catalog.validators(tool).output;
+      if (!validate(outcome.output)) {
+        const errors = (validate.errors ?? [])
+          .slice(0, 10)
+          .map((e) => ({ path: e.instancePath || '/', message: e.message ?? 'invalid' }));
+        outcome = {
+          ok: false,
+          code: 'tool_output_schema_invalid',
+          message: 'the backend output does not match the output schema; it was withheld',
+          details: { errors },
+        };
+      }
+    }
+    const eventId = randomUUID();
+    const dispatched: Dispatched = outcome.ok
+      ? { ok: true, output: outcome.output, costUnits, auditId: eventId }
+      : { ...outcome, costUnits, auditId: eventId };
+    // The call's last record: when it ends the run, the run's end goes in the same commit.
+    const outcomeRecord = this.deps.audit.appendCarrying(
+      {
+        ...base,
+        // Egress refused at a redirect hop is the same security event as at the input stage.
+        event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
+        status: outcome.ok ? 'completed' : 'failed',
+        reason_code: outcome.ok ? null : outcome.code,
+        input_sha256: inputSha256,
+        output_sha256: result.ok ? payloadHash(result.output) : null,
+        duration_ms: backendMs,
+        cost_units: costUnits,
+        // The reservation it settles: a settlement lost with its replica is made from this record.
+        details: outcome.ok
+          ? {
+              ...withReservation(details, reservation),
+              reported_cost_units: reported ?? null,
+              ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}),
+            }
+          : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
+      },
+      eventId,
+      end?.(dispatched),
+    );
+    const [{ applied: runEnded }, settlement] = await Promise.all([outcomeRecord, settled]);
+    if (settlement === 'settled_after_expiry') {
+      // Its units had been given back as abandoned meanwhile: the call is charged all the same.
+      // (Recorded after the outcome, and after the run's end when that went with the outcome.)
+      await this.deps.audit.append({
+        ...base,
+        event_type: 'budget.reservation_settled_late',
+        status: 'settled',
+        cost_units: costUnits,
+        details: {
+          ...details,
+          reservation_id: reservation!.id,
+          reserved_units: reservation!.units,
+          charged_units: costUnits,
+        },
+      });
+    }
+    this.deps.metrics.decisions.inc({
+      outcome: outcome.ok ? 'completed' : 'failed',
+      reason: outcome.ok ? 'ok' : outcome.code,
+    });
+    return { ...dispatched, runEnded };
+  }
+
+  /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
+  async callBackend(
+    exec: Execution,
+    tool: AdmissibleTool,
+    input: unknown,
+    toolCallId: string,
+    grantModifiers: Record<string, unknown>,
+    headers: Record<string, string>,
+  ): Promise<CallResult> {
+    if (tool.category === 'external_call') {
+      if (!tool.egress)
+        return {
+          ok: false,
+          code: 'tool_backend_not_configured',
+          message: 'the tool has no egress policy',
+          details: {},
+        };
+      const result = await this.deps.ports.egress.execute(input, tool.egress, grantModifiers);
+      if (result.ok)
+        return { ok: true, output: result.output, reportedCostUnits: undefined, status: result.output.status };
+      return {
+        ok: false,
+        code: result.code,
+        message: `egress ${result.code === 'egress_denied' ? 'refused' : 'failed'}: ${result.reason}`,
+        details: { reason: result.reason, ...result.details },
+      };
+    }
+    const backend = tool.backend!;
+    return this.deps.backend.call(
+      {
+        url: backend.url,
+        method: backend.method,
+        timeoutMs: backend.timeout_ms,
+        maxResponseBytes: backend.max_response_bytes,
+        headers,
+      },
+      input,
+      {
+        runId: exec.request.run_id,
+        tenantId: exec.principal.tenantId,
+        agentId: exec.principal.id,
+        toolCallId,
+        traceId: exec.traceId,
+      },
+    );
+  }
+}
+
+/** A call's record details naming the budget reservation it holds, if it holds one. */
+function withReservation(
+  details: Record<string, unknown>,
+  reservation: Reservation | undefined,
+): Record<string, unknown> {
+  return reservation ? { ...details, reservation_id: reservation.id } : details;
+}

@@ -1,0 +1,419 @@
+import { randomBytes, randomUUID } from 'node:crypto';
+import { admitStep, type Admission } from '../admission/admission-pipeline.js';
+import type { AdmissibleTool, Hold } from '../admission/ports.js';
+import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
+import type { AuditEventInput } from '../audit/audit-event.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
+import { readRunUsage } from '../budgets/run-allowance.js';
+import { statusForCode } from '../errors/error-codes.js';
+import { releaseRun, readRunStanding, readRunStandingSettled, type RunEnding } from './run-repository.js';
+import { isTerminal, statusAfter, type RunEnvelope, type RunStatus, type StepResult } from './run-types.js';
+import { changeInLockOrder } from '../db/lock-order.js';
+import {
+  MAX_ENVELOPE_WITH_RECORD,
+  RunMovedOn,
+  SECURITY_DENIALS,
+  auditBase,
+  elapsed,
+  errorOf,
+  stepAt,
+  stepHead,
+  type Closing,
+  type Dispatched,
+  type Execution,
+  type RunExecutorDeps,
+  type StepOutcome,
+  stepRequest,
+} from './execution.js';
+import type { Dispatcher } from './dispatch.js';
+import type { RunEnder } from './run-ender.js';
+import type { RunAnswer } from './run-types.js';
+
+/** Takes a run through its steps: admission, then a hold, a denial or a dispatch, until it stops or ends. */
+export class StepLoop {
+  constructor(
+    private readonly deps: RunExecutorDeps,
+    private readonly ender: RunEnder,
+    private readonly dispatcher: Dispatcher,
+  ) {}
+
+  /**
+   * Takes the run through its remaining steps. Before each call it re-reads the run, except
+   * before the first call of a run it has just claimed: the claim itself is that reading.
+   */
+  async runFrom(exec: Execution, completedBefore: StepResult[], justClaimed = false): Promise<RunAnswer> {
+    const { request } = exec;
+    const steps: StepResult[] = [...completedBefore];
+    const warnings: string[] = [];
+    // A sub-run paused between its last call's settlement and the kill that call's overshoot
+    // caused: taken up again, it is killed for it now, not let go on (or complete) over budget.
+    const last = completedBefore[completedBefore.length - 1];
+    const leftOver = exec.delegation && last ? await this.overshoot(exec, last) : undefined;
+    if (leftOver) return this.killForOvershoot(exec, steps, warnings, leftOver);
+    for (let index = completedBefore.length; index < request.plan.length; index += 1) {
+      const standing =
+        justClaimed && index === completedBefore.length
+          ? exec.run
+          : await readRunStanding(this.deps.database.control, exec.run);
+      if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
+        return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+      }
+      const outcome = await this.runStep(exec, index, warnings, this.closingAt(exec, steps, warnings, index));
+      if (outcome.ended) return outcome.ended;
+      if (outcome.movedOn)
+        return this.ender.interrupted(exec, steps, warnings, outcome.movedOn.status, outcome.movedOn.stop);
+      steps.push(outcome.step);
+      if (outcome.held) return this.hold(exec, steps, warnings, outcome.held, outcome.tool!);
+      if (outcome.stop) {
+        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
+        const code = outcome.stop.code;
+        const envelope: RunEnvelope = {
+          run_id: request.run_id,
+          status: statusAfter(code),
+          dry_run: false,
+          steps,
+          warnings,
+        };
+        if (outcome.stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = outcome.stop.retryAfterSeconds;
+        return this.ender.end(exec, statusForCode(code), envelope, outcome.ending);
+      }
+      const overshoot =
+        exec.delegation && outcome.step.status === 'completed' ? await this.overshoot(exec, outcome.step) : undefined;
+      if (overshoot) return this.killForOvershoot(exec, steps, warnings, overshoot);
+    }
+    const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
+    return this.ender.end(exec, 200, { run_id: request.run_id, status, dry_run: false, steps, warnings });
+  }
+
+  /**
+   * How the step at `index` ends the run when its record can carry the run's end (one commit
+   * instead of two): a root run's last step, or a step that stops it in a final status. A sub-run
+   * (its end closes a hand-off, under the audit chain's lock) and a run kept open end otherwise.
+   * The envelope is the one `runFrom` would store after the step.
+   */
+  closingAt(exec: Execution, steps: StepResult[], warnings: string[], index: number): Closing | undefined {
+    const { request, run } = exec;
+    if (run.depth > 0 || exec.delegation || run.keep_open) return undefined;
+    return (step, stop) => {
+      const all = [...steps, step];
+      if (!stop) {
+        if (index !== request.plan.length - 1) return undefined;
+        return {
+          httpStatus: 200,
+          envelope: { run_id: request.run_id, status: 'completed', dry_run: false, steps: all, warnings },
+          replayed: false,
+        };
+      }
+      const status = statusAfter(stop.code);
+      if (!isTerminal(status)) return undefined;
+      for (let rest = index + 1; rest < request.plan.length; rest += 1) all.push(stepAt(request, rest, 'skipped'));
+      const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps: all, warnings };
+      if (stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = stop.retryAfterSeconds;
+      return { httpStatus: statusForCode(stop.code), envelope, replayed: false };
+    };
+  }
+
+  /**
+   * The run's end `closing` gives for a step, as the audit log carries it; the answer kept in
+   * `answered`. A large envelope (outputs of megabytes) ends the run the usual way: the record that
+   * would carry it holds the audit chain's head while PostgreSQL reads it, and every replica's
+   * appends wait meanwhile.
+   */
+  endFor(
+    exec: Execution,
+    closing: Closing | undefined,
+    step: StepResult,
+    stop: StepOutcome['stop'],
+    answered: { answer?: RunAnswer },
+  ): RunEnding | undefined {
+    const answer = closing?.(step, stop);
+    if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
+    answered.answer = answer;
+    const { run } = exec;
+    return {
+      tenant_id: run.tenant_id,
+      run_id: run.run_id,
+      epoch: run.epoch,
+      status: answer.envelope.status,
+      httpStatus: answer.httpStatus,
+      envelope: answer.envelope,
+    };
+  }
+
+  /** Kills a sub-run whose calls passed its handed budget: the rest is skipped, the overshoot recorded with the kill. */
+  killForOvershoot(
+    exec: Execution,
+    steps: StepResult[],
+    warnings: string[],
+    overshoot: AuditEventInput,
+  ): Promise<RunAnswer> {
+    const { request } = exec;
+    for (let rest = steps.length; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'skipped'));
+    return this.ender.end(
+      exec,
+      statusForCode('budget_exceeded'),
+      {
+        run_id: request.run_id,
+        status: 'killed',
+        dry_run: false,
+        steps,
+        warnings: [...warnings, 'subagent_budget_exceeded'],
+      },
+      [overshoot],
+    );
+  }
+
+  async runStep(
+    exec: Execution,
+    index: number,
+    warnings: string[],
+    closing: Closing | undefined,
+  ): Promise<StepOutcome> {
+    const { request } = exec;
+    const planned = request.plan[index]!;
+    const started = performance.now();
+    const asked = stepRequest(exec.principal, request, index, false, exec);
+    if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
+    delete exec.prefetchedGrants;
+    const admission = await admitStep(asked, this.deps.ports);
+    this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
+    const tool = admission.state.tool;
+    const base = auditBase(exec, index, tool);
+
+    if (admission.held) {
+      this.deps.metrics.decisions.inc({ outcome: 'held', reason: 'awaiting_approval' });
+      return {
+        step: {
+          ...stepHead(request, index, tool),
+          status: 'awaiting_approval',
+          cost_units: 0,
+          duration_ms: elapsed(started),
+          audit_id: null,
+        },
+        held: admission.held,
+        tool: tool!,
+      };
+    }
+    if (!admission.ok) return this.denied(exec, admission, base, index, started, closing);
+
+    warnings.push(...admission.state.warnings);
+    const admitted = admission.state.tool!;
+    const reservation = admission.state.reservation;
+    // A sub-run stopped while its call was admitted (its parent ended, a control, a cascade) has
+    // had its hand-off closed and its use handed back to the parent: a call sent now would spend
+    // beyond the parent's reach. Its reservation was written to the sub-run's counter, which that
+    // close locks after the run's row: read after the reservation, and after whatever holds the
+    // row, the run shows any close that did not recharge the reservation to the parent.
+    if (exec.delegation) {
+      const standing = await readRunStandingSettled(this.deps.database.control, exec.run);
+      if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
+        if (reservation) await this.deps.ports.budgets.release(reservation);
+        return {
+          step: stepAt(request, index, 'skipped'),
+          movedOn: { status: standing?.status ?? 'cancelled', stop: standing?.stop ?? null },
+        };
+      }
+    }
+    this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
+    // The step as the envelope shows it, made once: when it ends the run, before its record is
+    // appended (the record carries the run's end, whose envelope holds the step).
+    let step: StepResult | undefined;
+    const stepOf = (result: Dispatched): StepResult =>
+      (step ??= result.ok
+        ? {
+            ...stepHead(request, index, admitted),
+            status: 'completed',
+            output: result.output,
+            cost_units: result.costUnits,
+            duration_ms: elapsed(started),
+            audit_id: result.auditId,
+          }
+        : {
+            ...stepHead(request, index, admitted),
+            status: 'failed',
+            error: { code: result.code, message: result.message, details: result.details },
+            cost_units: result.costUnits,
+            duration_ms: elapsed(started),
+            audit_id: result.auditId,
+          });
+    const answered: { answer?: RunAnswer } = {};
+    const end =
+      closing &&
+      ((result: Dispatched) =>
+        this.endFor(exec, closing, stepOf(result), result.ok ? undefined : { code: result.code }, answered));
+    const result = await this.dispatcher.dispatch(
+      exec,
+      admitted,
+      planned.input,
+      base,
+      reservation,
+      admission.state.grant?.capability_modifiers ?? {},
+      admission.state.approvalId,
+      end,
+    );
+    const done = stepOf(result);
+    if (result.runEnded) return { step: done, ended: answered.answer! };
+    return result.ok ? { step: done } : { step: done, stop: { code: result.code } };
+  }
+
+  async denied(
+    exec: Execution,
+    admission: Admission & { ok: false },
+    base: AuditEventInput,
+    index: number,
+    started: number,
+    closing: Closing | undefined,
+  ): Promise<StepOutcome> {
+    const denial = admission.denial!;
+    this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
+    const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
+    // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
+    const overshoot =
+      exec.delegation !== undefined &&
+      stage === 'cost' &&
+      denial.details?.source === 'request' &&
+      exec.run.budget_units === exec.delegation.budget_units;
+    const event: AuditEventInput = {
+      ...base,
+      event_type: SECURITY_DENIALS[denial.code] ?? 'run.step.denied',
+      status: 'denied',
+      reason_code: denial.code,
+      details: { ...base.details, stage, message: denial.message, ...(denial.details ?? {}) },
+    };
+    const error = errorOf(
+      overshoot ? { ...denial, details: { ...denial.details, reason: 'subagent_budget_exceeded' } } : denial,
+    );
+    const stop = {
+      code: denial.code,
+      ...(denial.retryAfterSeconds !== undefined ? { retryAfterSeconds: denial.retryAfterSeconds } : {}),
+    };
+    const eventId = randomUUID();
+    const step: StepResult = {
+      ...stepHead(exec.request, index, admission.state.tool),
+      status: 'denied',
+      error,
+      cost_units: 0,
+      duration_ms: elapsed(started),
+      audit_id: eventId,
+    };
+    const answered: { answer?: RunAnswer } = {};
+    const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
+    const { applied: runEnded } = await this.deps.audit.appendCarrying(event, eventId, leave);
+    if (runEnded) return { step, ended: answered.answer! };
+    return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
+  }
+
+  /**
+   * After a sub-run's call settled: if what it has used passed its handed budget, the overshoot
+   * event, to be recorded with the kill it causes.
+   */
+  async overshoot(exec: Execution, step: StepResult): Promise<AuditEventInput | undefined> {
+    const budget = exec.delegation!.budget_units;
+    const used = await readRunUsage(this.deps.database.control, exec.run.tenant_id, exec.run.run_id);
+    if (used <= budget) return undefined;
+    const base = auditBase(exec, step.index, undefined);
+    return this.overshootEvent(
+      exec,
+      { ...base, tool_id: step.tool_id, tool_version: step.version },
+      { used_units: used, budget_units: budget, after_step: step.index },
+    );
+  }
+
+  overshootEvent(exec: Execution, base: AuditEventInput, details: Record<string, unknown>): AuditEventInput {
+    return {
+      ...base,
+      event_type: 'run.subagent_budget_exceeded',
+      status: 'killed',
+      reason_code: 'budget_exceeded',
+      details: {
+        ...base.details,
+        reason: 'subagent_budget_exceeded',
+        handoff_id: exec.delegation!.id,
+        parent_run_id: exec.run.parent_run_id,
+        handed_units: exec.delegation!.budget_units,
+        ...details,
+      },
+    };
+  }
+
+  /**
+   * Stage 8 held a call: the proposal is recorded, bound to the run, the step, the tool version
+   * and the input's SHA-256, and the run waits as `awaiting_approval` (202). Nothing was spent.
+   */
+  async hold(
+    exec: Execution,
+    steps: StepResult[],
+    warnings: string[],
+    held: Hold,
+    tool: AdmissibleTool,
+  ): Promise<RunAnswer> {
+    const { request, run } = exec;
+    const index = steps.length - 1;
+    const now = this.deps.now();
+    const approvalId = `apr_${randomBytes(10).toString('hex')}`;
+    try {
+      return await changeInLockOrder(this.deps.database.control, async (trx) => {
+        await cancelPendingApprovals(trx, [run], index);
+        const approval = await insertApproval(trx, {
+          id: approvalId,
+          tenant_id: run.tenant_id,
+          kind: 'tool_call',
+          run_id: run.run_id,
+          agent_id: run.agent_id,
+          step_index: index,
+          tool_id: tool.id,
+          tool_version: tool.version,
+          input: request.plan[index]!.input,
+          input_sha256: held.inputSha256,
+          handoff_id: null,
+          proposed_by: exec.actor,
+          created_at: now,
+          expires_at: new Date(now.getTime() + this.deps.approvalTtlMs),
+        });
+        const base = auditBase(exec, index, tool);
+        const [record] = await writeAuditEvents(trx, [
+          {
+            occurredAt: now,
+            event: {
+              ...base,
+              event_type: 'approval.requested',
+              actor: exec.actor,
+              status: 'awaiting_approval',
+              input_sha256: held.inputSha256,
+              details: {
+                ...base.details,
+                approval_id: approval.id,
+                step_index: index,
+                proposed_by: exec.actor,
+                expires_at: approval.expires_at.toISOString(),
+              },
+            },
+          },
+        ]);
+        steps[index] = { ...steps[index]!, audit_id: record!.event_id, approval_id: approval.id };
+        for (let rest = index + 1; rest < request.plan.length; rest += 1) steps.push(stepAt(request, rest, 'pending'));
+        const envelope: RunEnvelope = {
+          run_id: request.run_id,
+          status: 'awaiting_approval',
+          dry_run: false,
+          steps,
+          warnings,
+        };
+        if (
+          !(await releaseRun(
+            trx,
+            { ...run, epoch: run.epoch },
+            { status: 'awaiting_approval', httpStatus: 202, envelope },
+          ))
+        )
+          throw new RunMovedOn();
+        return { httpStatus: 202, envelope, replayed: false };
+      });
+    } catch (error) {
+      if (!(error instanceof RunMovedOn)) throw error;
+      steps.length = index;
+      const standing = await readRunStanding(this.deps.database.control, run);
+      return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+    }
+  }
+}
