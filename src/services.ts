@@ -137,7 +137,7 @@ export function buildServices(options: ServiceOptions): Services {
     range: string | undefined,
     enabled: () => Promise<boolean>,
   ) => {
-    const resolved = await catalog.resolveCall(agent, toolId, range, enabled);
+    const resolved = await catalog.resolve(toolId, range, { as: 'caller', agent, externalCallEnabled: enabled });
     return resolved.ok ? resolved.tool.target : undefined;
   };
   const callTarget: CallTarget = (agent, toolId, tenantId) =>

@@ -1082,9 +1082,8 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
       database: testDb.database,
       audit: new AuditLog(testDb.database, () => clock.now()),
       tools: {
-        resolve: () => ({ ok: false, reason: 'not_registered' }) as never,
         versions: () => [],
-        resolveFor: () => ({ ok: false, code: 'tool_not_registered' }),
+        resolve: () => ({ ok: false, code: 'tool_not_registered' }),
       },
       now: () => clock.now(),
     });

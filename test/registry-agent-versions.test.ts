@@ -506,6 +506,8 @@ describe('the allowlist stage agrees with the views on family entries', () => {
 
 describe('the catalog resolving a call', () => {
   const asAgent = { agentId: AGENT, family: undefined };
+  const asCaller = (policy: () => Promise<boolean>) =>
+    ({ as: 'caller', agent: asAgent, externalCallEnabled: policy }) as const;
   const counting = (answer: boolean) => {
     const asked = { count: 0 };
     return { asked, policy: async () => (asked.count++, answer) };
@@ -519,7 +521,7 @@ describe('the catalog resolving a call', () => {
       ['reach.tool', 1],
     ] as const) {
       const { asked, policy } = counting(false);
-      expect((await catalog.resolveCall(asAgent, toolId, undefined, policy)).ok, toolId).toBe(true);
+      expect((await catalog.resolve(toolId, undefined, asCaller(policy))).ok, toolId).toBe(true);
       expect(asked.count, toolId).toBe(expected);
     }
   });
@@ -527,15 +529,15 @@ describe('the catalog resolving a call', () => {
   it('fails only when no version matches for anyone', async () => {
     const { catalog } = h.client.app.services;
     const { policy } = counting(true);
-    expect(await catalog.resolveCall(asAgent, 'no.such.tool', undefined, policy)).toEqual({
+    expect(await catalog.resolve('no.such.tool', undefined, asCaller(policy))).toEqual({
       ok: false,
       code: 'tool_not_registered',
     });
-    expect(await catalog.resolveCall(asAgent, 'split.tool', '^3', policy)).toEqual({
+    expect(await catalog.resolve('split.tool', '^3', asCaller(policy))).toEqual({
       ok: false,
       code: 'tool_version_not_found',
     });
-    expect(await catalog.resolveCall(asAgent, 'reach.tool', undefined, policy)).toMatchObject({
+    expect(await catalog.resolve('reach.tool', undefined, asCaller(policy))).toMatchObject({
       ok: true,
       tool: { version: '2.0.0' },
     });

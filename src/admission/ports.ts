@@ -54,20 +54,18 @@ export interface SchemaValidator {
 export interface CatalogPort {
   /** Whether this replica's copy of the registry is loaded and recently confirmed. */
   readiness(): { ok: boolean; reason?: string };
+  /**
+   * The version an agent's call gets: the newest matching version it may use (what its views show),
+   * else the version anyone would get, for stages 2–3 to refuse (docs/design/tool-resolution.md).
+   */
   resolve(
     toolId: string,
-    range?: string,
-  ): { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
-  /**
-   * The version an agent's call gets: the newest matching version it may use, which is what
-   * `GET /tools` and `GET /tools/{id}` show it, else the version anyone would get (for stages
-   * 2–3 to refuse). Asks `externalCallEnabled` only when the answer depends on it.
-   */
-  resolveCall(
-    agent: { agentId: string; family: string | undefined },
-    toolId: string,
     range: string | undefined,
-    externalCallEnabled: () => Promise<boolean>,
+    who: {
+      as: 'caller';
+      agent: { agentId: string; family: string | undefined };
+      externalCallEnabled: () => Promise<boolean>;
+    },
   ): Promise<
     { ok: true; tool: AdmissibleTool } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' }
   >;

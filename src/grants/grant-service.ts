@@ -388,12 +388,11 @@ export class GrantService {
     // enabled: egress_domains only narrow egress, which exists only where the tenant enables it,
     // and the grant outlives a policy change. A grant names an agent, whose family claim is not
     // known here: a grantee no allowlist names by id is judged by the newest version agents may use.
-    const runs = await this.deps.tools.resolveFor(
-      { agentId: request.agentId, family: undefined },
-      request.toolId,
-      undefined,
-      { externalCallEnabled: true },
-    );
+    const runs = await this.deps.tools.resolve(request.toolId, undefined, {
+      as: 'viewer',
+      agent: { agentId: request.agentId, family: undefined },
+      externalCallEnabled: true,
+    });
     const bound = runs.ok ? runs.tool : tool;
     const modifiers = checkModifiersWithinTool(request.capabilityModifiers, bound);
     if (!modifiers.ok) return invalid(modifiers.field, modifiers.message);

@@ -15,18 +15,13 @@ export type ToolFactsResult = { ok: true; tool: ToolFacts } | { ok: false; code:
 
 /** Where tool facts come from: `services.catalog` in the app. */
 export interface ToolFactsLookup {
-  resolve(toolId: string): ToolFactsResult | Promise<ToolFactsResult>;
   /** Every registered version of a tool, newest first (deprecated ones too); empty when unknown. */
   versions(toolId: string): readonly ToolFacts[] | Promise<readonly ToolFacts[]>;
-  /**
-   * The version an agent's call gets among the versions it may use (allowlist, category, external
-   * call policy), as its views show and its calls resolve; not ok when it may use none.
-   */
-  resolveFor(
-    agent: { agentId: string; family: string | undefined },
+  /** The version an agent's views show: the newest it may use (allowlist, category, external call policy). */
+  resolve(
     toolId: string,
     range: undefined,
-    options: { externalCallEnabled: boolean },
+    who: { as: 'viewer'; agent: { agentId: string; family: string | undefined }; externalCallEnabled: boolean },
   ): ToolFactsResult | Promise<ToolFactsResult>;
   /** Whether the answers are current (the catalog's copy confirmed recently); absent: always. */
   readiness?(): { ok: boolean; reason?: string | undefined };

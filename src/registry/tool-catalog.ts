@@ -12,6 +12,32 @@ import { newestFirst, pickVersion } from './version-resolution.js';
 export type CatalogResolution =
   { ok: true; tool: ToolContract } | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found' };
 
+/** The registry as it stands: every version counts. */
+export interface ResolveAsAnyone {
+  as: 'anyone';
+}
+
+/** What an agent's views show: only the versions it may use exist (`tool_not_registered` when none). */
+export interface ResolveAsViewer {
+  as: 'viewer';
+  agent: AgentIdentity;
+  externalCallEnabled: boolean;
+}
+
+/**
+ * What an agent's call runs: the viewer's version when one matches, else anyone's, for admission to
+ * refuse with its own reason. `agent` null: a call by no agent in particular (no allowlist applies).
+ * `externalCallEnabled` is asked only when it changes the answer. Why: docs/design/tool-resolution.md.
+ */
+export interface ResolveAsCaller {
+  as: 'caller';
+  agent: AgentIdentity | null;
+  externalCallEnabled: () => Promise<boolean>;
+}
+
+/** Whose lookup `ToolCatalog.resolve` answers. */
+export type ResolveAs = ResolveAsAnyone | ResolveAsViewer | ResolveAsCaller;
+
 export interface ToolCatalogOptions {
   database: Pick<Database, 'control' | 'listener'>;
   /** The `TOOLGATE_SECRET_*` snapshot backend headers may name. */
@@ -104,18 +130,25 @@ export class ToolCatalog {
   }
 
   /**
-   * The version a call gets: a range picks the newest matching non-deprecated version, an exact
-   * version may name a deprecated one, and no range means the newest non-deprecated version.
+   * The version a lookup gets: a range picks the newest matching non-deprecated version, an exact
+   * version may name a deprecated one, no range the newest non-deprecated one. `as` says whose
+   * lookup it is (`anyone` when omitted); see {@link ResolveAs}.
    */
-  resolve(toolId: string, range?: string): CatalogResolution {
-    const versions = this.byId.get(toolId);
-    if (!versions || versions.length === 0) return { ok: false, code: 'tool_not_registered' };
-    const now = this.options.now();
-    const picked = pickVersion(
-      versions.map((tool) => ({ version: tool.version, deprecated: isDeprecatedAt(tool, now), tool })),
-      range,
-    );
-    return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
+  resolve(toolId: string, range?: string, who?: ResolveAsAnyone | ResolveAsViewer): CatalogResolution;
+  resolve(toolId: string, range: string | undefined, who: ResolveAsCaller): Promise<CatalogResolution>;
+  resolve(
+    toolId: string,
+    range: string | undefined,
+    who: ResolveAs = { as: 'anyone' },
+  ): CatalogResolution | Promise<CatalogResolution> {
+    switch (who.as) {
+      case 'anyone':
+        return this.pick(this.versions(toolId), range);
+      case 'viewer':
+        return this.pick(this.usable(who.agent, toolId, who.externalCallEnabled), range);
+      case 'caller':
+        return this.callerVersion(who.agent, toolId, range, who.externalCallEnabled);
+    }
   }
 
   /** Every registered version of a tool, newest first; empty when the tool is unknown. */
@@ -145,82 +178,46 @@ export class ToolCatalog {
   offeredTo(agent: AgentIdentity, options: { externalCallEnabled: boolean }): ToolContract[] {
     const offered: ToolContract[] = [];
     for (const id of this.sortedIds) {
-      const resolved = this.resolveFor(agent, id, undefined, options);
+      const resolved = this.resolve(id, undefined, { as: 'viewer', agent, ...options });
       if (resolved.ok) offered.push(resolved.tool);
     }
     return offered;
   }
 
-  /**
-   * `resolve` over only the versions an agent may use: for the agent, the others do not exist
-   * (`tool_not_registered` when none is usable). What its views show, and what its calls get
-   * (`resolveCall`).
-   */
-  resolveFor(
-    agent: AgentIdentity,
-    toolId: string,
-    range: string | undefined,
-    options: { externalCallEnabled: boolean },
-  ): CatalogResolution {
-    return this.resolveUsable(agent, toolId, range, options);
-  }
-
-  /**
-   * `resolveFor`, where no agent means a call whose agent no allowlist leaves out: only the
-   * categories agents may never use and the tenant's external call policy rule versions out.
-   */
-  private resolveUsable(
-    agent: AgentIdentity | null,
-    toolId: string,
-    range: string | undefined,
-    options: { externalCallEnabled: boolean },
-  ): CatalogResolution {
-    const usable = this.versions(toolId).filter(
-      (tool) =>
-        (agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) : agentMayUse(tool, agent)) &&
-        (tool.category !== 'external_call' || (options.externalCallEnabled && tool.egress !== null)),
-    );
-    if (usable.length === 0) return { ok: false, code: 'tool_not_registered' };
+  private pick(candidates: readonly ToolContract[], range: string | undefined): CatalogResolution {
+    if (candidates.length === 0) return { ok: false, code: 'tool_not_registered' };
     const now = this.options.now();
     const picked = pickVersion(
-      usable.map((tool) => ({ version: tool.version, deprecated: isDeprecatedAt(tool, now), tool })),
+      candidates.map((tool) => ({ version: tool.version, deprecated: isDeprecatedAt(tool, now), tool })),
       range,
     );
     return picked ? { ok: true, tool: picked.tool } : { ok: false, code: 'tool_version_not_found' };
   }
 
-  /**
-   * The version an agent's call gets (SPEC §6 stages 1–3): the one its views show (`resolveFor`)
-   * when it may use a version that matches, else the one anyone would get, for admission to refuse
-   * with its own reason (`tool_category_blocked`, `unauthorized_tool_access`). Fails only when no
-   * version matches at all. `externalCallEnabled` (a database read) is asked only when the answer
-   * depends on it.
-   *
-   * A newer version the agent may not use (another allowlist, a blocked category) thus leaves it on
-   * the newest one it may: that version's own contract, allowlist and category still apply, the
-   * agent could name it anyway, and the run reports the version it ran. An operator retires a
-   * version by deprecating it, which ranges and the default then skip.
-   *
-   * `agent` null asks for a call by no agent in particular (`GET /kill-switches/decide` without
-   * an `agent_id`): allowlists aside, what any call in the tenant would run — a newer version no
-   * call can run (`final_write`/`admin`, an `external_call` the tenant has not enabled) is
-   * skipped as it is for every agent.
-   */
-  async resolveCall(
+  /** The versions an agent may use; no agent: those any call in the tenant may (no allowlist applies). */
+  private usable(agent: AgentIdentity | null, toolId: string, externalCallEnabled: boolean): ToolContract[] {
+    return this.versions(toolId).filter(
+      (tool) =>
+        (agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) : agentMayUse(tool, agent)) &&
+        (tool.category !== 'external_call' || (externalCallEnabled && tool.egress !== null)),
+    );
+  }
+
+  /** The `caller` lookup: see {@link ResolveAsCaller}. */
+  private async callerVersion(
     agent: AgentIdentity | null,
     toolId: string,
     range: string | undefined,
     externalCallEnabled: () => Promise<boolean>,
   ): Promise<CatalogResolution> {
-    const anyone = this.resolve(toolId, range);
+    const anyone = this.pick(this.versions(toolId), range);
     if (!anyone.ok) return anyone;
-    // The usual case, and the cheap one: the version anyone gets is one the agent may use (the
-    // newest match overall is then the newest it may use too).
+    // The usual, cheap case: the newest match overall is one the agent may use.
     const mayUse =
       agent === null ? !AGENT_FORBIDDEN_CATEGORIES.has(anyone.tool.category) : agentMayUse(anyone.tool, agent);
     if (anyone.tool.category !== 'external_call' && mayUse) return anyone;
     const pick = (enabled: boolean): ToolContract => {
-      const usable = this.resolveUsable(agent, toolId, range, { externalCallEnabled: enabled });
+      const usable = this.pick(this.usable(agent, toolId, enabled), range);
       return usable.ok ? usable.tool : anyone.tool;
     };
     const ifEnabled = pick(true);

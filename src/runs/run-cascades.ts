@@ -8,7 +8,7 @@ import { findOpenRunsUsingGrants, listOpenRuns, type RunRecord } from './run-rep
 
 /**
  * The server-side kill-switch target of the version an agent's call resolves to, from this
- * replica's registry: the executor's own resolution (`catalog.resolveCall`), so that a cascade
+ * replica's registry: the executor's own resolution (`catalog.resolve` as `caller`), so that a cascade
  * judges the version the call would run, not a newer one the agent may not use. Asks
  * `externalCallEnabled` only when the answer depends on it.
  */

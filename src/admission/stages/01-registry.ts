@@ -17,12 +17,11 @@ export const registryStage: Stage = {
         message: 'the tool registry cannot be confirmed current on this replica',
         details: { reason: fresh.reason ?? null },
       };
-    const resolved = await catalog.resolveCall(
-      { agentId: principal.id, family: principal.family },
-      step.tool_id,
-      step.version,
-      () => tenantPolicy.externalCallEnabled(principal.tenantId),
-    );
+    const resolved = await catalog.resolve(step.tool_id, step.version, {
+      as: 'caller',
+      agent: { agentId: principal.id, family: principal.family },
+      externalCallEnabled: () => tenantPolicy.externalCallEnabled(principal.tenantId),
+    });
     if (!resolved.ok) {
       return resolved.code === 'tool_not_registered'
         ? { ok: false, code: resolved.code, message: `tool ${step.tool_id} is not registered` }

@@ -90,8 +90,10 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     toolId: string,
     range: string | undefined,
   ): Promise<CatalogResolution> {
-    if (principal.kind !== 'agent') return deps.catalog.resolve(toolId, range);
-    return deps.catalog.resolveFor({ agentId: principal.id, family: principal.family }, toolId, range, {
+    if (principal.kind !== 'agent') return deps.catalog.resolve(toolId, range, { as: 'anyone' });
+    return deps.catalog.resolve(toolId, range, {
+      as: 'viewer',
+      agent: { agentId: principal.id, family: principal.family },
       externalCallEnabled: await externalCallEnabled(principal.tenantId),
     });
   }
