@@ -177,7 +177,7 @@ export function buildServices(options: ServiceOptions): Services {
     onGrantsEnded: cascades.grantsEnded,
   });
   const approvals = new ApprovalService({ database, now });
-  const grantUses = new GrantUses(database.hotDeferred, metrics.registry);
+  const grantUses = new GrantUses(database, metrics.registry);
   const ports: AdmissionPorts = {
     catalog,
     grants: new GrantAdmission(grantSnapshot, grants, now, metrics.registry),

@@ -16,15 +16,7 @@ import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { DB } from '../src/db/schema.js';
 import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
-import {
-  claimRuns,
-  findRun,
-  insertSubRun,
-  endRuns,
-  recordGrantUses,
-  type NewRun,
-  type RunEnding,
-} from '../src/runs/run-repository.js';
+import { claimRuns, findRun, insertSubRun, endRuns, type NewRun, type RunEnding } from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
@@ -35,6 +27,8 @@ import { readChainHead, verifyAuditChain, writeAuditEvents } from '../src/audit/
 import { appendIfHead, writeAuditEventsEndingRuns } from '../src/runs/run-end-rider.js';
 import { lockWaits, until } from './helpers/waits.js';
 import { GrantService } from '../src/grants/grant-service.js';
+import { GrantUses } from '../src/grants/grant-admission.js';
+import { recordGrantUsesIf } from '../src/grants/grant-snapshot-repository.js';
 import { ManualClock } from './helpers/manual-clock.js';
 
 // The statements the hot path of POST /runs/execute group-commits: many callers, one statement.
@@ -551,7 +545,7 @@ async function revoke(id: string): Promise<void> {
   expect(revoked).toBeDefined();
 }
 
-describe('recordGrantUses', () => {
+describe('recordGrantUsesIf, for uses decided from the database', () => {
   const usesOf = async (tenant: string) =>
     (
       await db
@@ -571,7 +565,7 @@ describe('recordGrantUses', () => {
     const other = await grant({ tenant, tool: 'search', scope: 'per-tenant', ref: tenant });
     const pulled = await grant({ tenant, scope: 'per-run', ref: 'run-b' });
     await revoke(pulled.id);
-    const answers = await recordGrantUses(db, [
+    const answers = await recordGrantUsesIf(db, [
       { tenant_id: tenant, run_id: 'run-a', grant_id: live.id },
       { tenant_id: tenant, run_id: 'run-b', grant_id: pulled.id },
       { tenant_id: tenant, run_id: 'run-a', grant_id: live.id },
@@ -588,12 +582,12 @@ describe('recordGrantUses', () => {
     await claimOne(tenant, 'again');
     const live = await grant({ tenant, scope: 'per-run', ref: 'again' });
     const use = { tenant_id: tenant, run_id: 'again', grant_id: live.id };
-    expect(await recordGrantUses(db, [use])).toEqual([true]);
-    expect(await recordGrantUses(db, [use, use])).toEqual([true, true]);
+    expect(await recordGrantUsesIf(db, [use])).toEqual([true]);
+    expect(await recordGrantUsesIf(db, [use, use])).toEqual([true, true]);
     expect(await usesOf(tenant)).toEqual([`${live.id}/again`]);
     // Revoked afterwards: later uses are refused, the recorded one stays (the cascade needs it).
     await revoke(live.id);
-    expect(await recordGrantUses(db, [use])).toEqual([false]);
+    expect(await recordGrantUsesIf(db, [use])).toEqual([false]);
     expect(await usesOf(tenant)).toEqual([`${live.id}/again`]);
   });
 });
@@ -1112,10 +1106,7 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
     // ...and the stage, which records the run's reliance on the grant, refuses it all the same.
     const ports = {
       grants: service,
-      grantUses: {
-        record: async (use: { tenantId: string; runId: string; grantId: string }) =>
-          (await recordGrantUses(db, [{ tenant_id: use.tenantId, run_id: use.runId, grant_id: use.grantId }]))[0]!,
-      },
+      grantUses: new GrantUses(testDb.database, new Registry()),
     } as unknown as AdmissionPorts;
     const request: StepRequest = {
       principal: principal(tenant),

@@ -1,7 +1,6 @@
-import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
+import type { Database } from '../db/database.js';
 import { GroupCommit } from '../db/group-commit.js';
-import type { DB } from '../db/schema.js';
 import type { Grant } from './grant.js';
 import type { GrantDecision, GrantDenialCode, RunContext } from './grant-resolver.js';
 import type { GrantPrefetch, GrantResolveQuery } from './grant-service.js';
@@ -99,7 +98,9 @@ export class GrantUses {
   private readonly batches: GroupCommit<GrantUseIf, boolean>;
   private readonly guardFailures: Counter;
 
-  constructor(db: Kysely<DB>, registry: Registry) {
+  constructor(database: Pick<Database, 'hotDeferred'>, registry: Registry) {
+    // Made durable by the call's intent record, committed synchronously after them.
+    const db = database.hotDeferred;
     this.batches = new GroupCommit((uses) => recordGrantUsesIf(db, uses));
     this.guardFailures = new Counter({
       name: 'toolgate_grant_guard_failures_total',

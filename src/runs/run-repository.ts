@@ -454,40 +454,6 @@ export async function readRunStandingSettled(
   return row ? { status: row.status as RunStatus, epoch: row.epoch, stop: parseJson<RunStop>(row.stop) } : undefined;
 }
 
-/** That a run relies on a grant. */
-export interface GrantUse {
-  tenant_id: string;
-  run_id: string;
-  grant_id: string;
-}
-
-/**
- * Records that runs rely on grants, unless a grant was revoked meanwhile: for each use, false
- * when its grant is no longer live. The grant rows are share-locked, so a revocation either
- * comes first (and this says so) or waits and then finds these runs to stop. One statement for
- * the whole batch: the share locks and the inserts commit together.
- */
-export async function recordGrantUses(db: Kysely<DB>, uses: GrantUse[]): Promise<boolean[]> {
-  if (uses.length === 0) return [];
-  const result = await sql<{ id: string }>`
-    with wanted as (
-      select * from unnest(${uses.map((u) => u.grant_id)}::text[], ${uses.map((u) => u.tenant_id)}::text[], ${uses.map((u) => u.run_id)}::text[])
-        as w(grant_id, tenant_id, run_id)
-    ), live as (
-      select id from grants where id = any(${[...new Set(uses.map((u) => u.grant_id))]}::text[]) and revoked_at is null
-      order by id for share
-    ), used as (
-      insert into run_grant_uses (grant_id, tenant_id, run_id)
-      select distinct w.grant_id, w.tenant_id, w.run_id from wanted w join live l on l.id = w.grant_id
-      order by 1, 2, 3
-      on conflict do nothing
-      returning 1
-    )
-    select id from live`.execute(db);
-  const live = new Set(result.rows.map((row) => row.id));
-  return uses.map((use) => live.has(use.grant_id));
-}
-
 /** A run by its key, unlocked. */
 export async function findRun(db: Db, tenantId: string, runId: string): Promise<RunRecord | undefined> {
   const row = await db
