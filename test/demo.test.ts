@@ -5,7 +5,7 @@ import { Ajv2020 } from 'ajv/dist/2020.js';
 import addFormatsModule from 'ajv-formats';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_TOOL_PATHS, startDemoBackend } from '../src/cli/demo-backend.js';
-import type { CatalogFile } from '../src/cli/seed-catalog.js';
+import type { CatalogFile } from './helpers/seed-catalog.js';
 import { freePort } from './helpers/net.js';
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => Ajv2020;

@@ -1,6 +1,6 @@
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readCatalogFile, seedCatalog, type CatalogFile } from '../src/cli/seed-catalog.js';
+import { readCatalogFile, seedCatalog, type CatalogFile } from './helpers/seed-catalog.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { toolBody } from './helpers/world.js';

@@ -1,6 +1,6 @@
 import { readFile } from 'node:fs/promises';
 
-/** An example catalog file: the tools to register, in dependency order, plus documentation fields. */
+/** An example catalog file (`examples/*.json`): the tools to register, in dependency order, plus documentation fields. */
 export interface CatalogFile {
   description?: string;
   agents?: Array<{ id: string; name: string; may_use: string[] }>;
@@ -8,7 +8,7 @@ export interface CatalogFile {
   tools: Array<Record<string, unknown> & { id: string; version: string; category: string; backend?: unknown }>;
 }
 
-/** Sends one registration; the CLI uses fetch, tests an in-process client. */
+/** Sends one registration (through an in-process client). */
 export type RegisterTool = (body: Record<string, unknown>) => Promise<{ status: number; body: unknown }>;
 
 export interface SeedOutcome {
