@@ -39,10 +39,8 @@ export type ApprovalRefusal = {
 };
 
 /**
- * Human approvals (SPEC §6 step 8): the proposals stage 8 and hand-offs make, and the decisions
- * on them. The proposer never decides its own proposal: an agent cannot reach these routes at
- * all, and an operator whose request made a proposal (resuming a run on its agent's behalf)
- * cannot approve it. Every decision is audited in the transaction that makes it.
+ * Human approvals: the proposals of stage 8 and of hand-offs, and their decisions, each audited in its transaction. No
+ * proposer decides its own: agents cannot reach these routes, nor can the operator whose request made the proposal.
  */
 export class ApprovalService implements ApprovalPort {
   constructor(private readonly deps: ApprovalServiceDeps) {}
@@ -71,10 +69,8 @@ export class ApprovalService implements ApprovalPort {
   }
 
   /**
-   * Approves or rejects a pending proposal, with a rationale. Approving a tool call lets its run
-   * be resumed (every admission stage runs again then); approving a hand-off lets its sub-run
-   * start. Rejecting cancels the run. A proposal past its time — or an approval past it unused —
-   * expires instead, and its run is cancelled.
+   * Approves (the run may resume, or the sub-run start) or rejects (the run is cancelled) a pending proposal. A
+   * proposal, or an approval left unused, past its time expires instead, and its run is cancelled.
    */
   async decide(request: {
     id: string;
@@ -171,11 +167,8 @@ export class ApprovalService implements ApprovalPort {
   }
 
   /**
-   * The approval a waiting run would go on with, past its time: undecided, or — a tool call's,
-   * whose run has not made the call yet — approved but unused (a hand-off's was used as it was
-   * approved). It is recorded as expired and its run cancelled (`approval.expired`); the answer
-   * is the refusal of whatever would have gone on with it. Undefined while it holds. The caller
-   * holds the audit chain's lock and the run's.
+   * Expires the approval a waiting run would go on with once past its time (undecided, or approved but unused) and
+   * cancels the run: answers the refusal, undefined while it holds. The caller holds the chain's lock and the run's.
    */
   async expireLapsed(
     trx: Transaction<DB>,

@@ -1,20 +1,14 @@
 import { isDataException } from './unavailable.js';
 
-/**
- * Group commit for hot rows: requests that arrive while a batch is being committed wait and
- * go together in the next one, so N concurrent callers cost one transaction, not N. Reads on
- * the hot path use it too: N concurrent lookups cost one round trip. `commit` answers every
- * request of its batch, in order; if it throws, every request of the batch rejects with that
- * error (an infrastructure fault: callers fail closed) — except when PostgreSQL refused a
- * value (class 22): then each request is committed on its own, so that one caller's bad value
- * fails only that caller. `commit` must therefore write nothing when it throws; a commit that
- * wrote part of a batch answers the rest with `Failed`, which rejects those requests only.
- */
 /** An answer that fails its own request only (the rest of the batch was committed). */
 export class Failed {
   constructor(readonly error: unknown) {}
 }
 
+/**
+ * Requests arriving while a batch commits go together in the next one. A batch PostgreSQL refused a value of is retried
+ * one request at a time, so `commit` must write nothing when it throws: docs/design/database-pools.md#group-commit.
+ */
 export class GroupCommit<Request, Result> {
   private queue: Array<{ request: Request; resolve: (result: Result) => void; reject: (error: unknown) => void }> = [];
   private flushing: Promise<void> | undefined;
@@ -49,11 +43,8 @@ export class GroupCommit<Request, Result> {
 
   private async flush(): Promise<void> {
     try {
-      // Let the requests submitted in the same tick (a burst, a Promise.all) join the first batch,
-      // and those the I/O already waiting for the event loop submits (answers to other calls'
-      // statements, new requests): two turns of the loop cost microseconds when idle, and under
-      // load make batches larger — fewer statements per call (measured: 6.4 → 4.2 at 8
-      // concurrent calls, 1.07 → 0.65 at 64).
+      // Two turns of the event loop let a burst, and the requests its waiting I/O submits, join the first batch: cheap
+      // when idle, and under load larger batches, so fewer statements per call.
       await nextTurn();
       await nextTurn();
       while (this.queue.length > 0) {

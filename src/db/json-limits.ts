@@ -1,8 +1,6 @@
 /**
- * What any JSON the gateway takes in — a request's body, query and path, or a backend's output —
- * must be for it to be stored and hashed: nested at most `MAX_JSON_DEPTH` levels (deeper values
- * would overflow the recursive hashing and serialising they go through), and with no string or
- * key PostgreSQL refuses (a NUL character, or UTF-16 that is not well formed: a lone surrogate).
+ * Any JSON the gateway takes in must be storable and hashable: nested at most `MAX_JSON_DEPTH` levels (hashing and
+ * serialising recurse), with no string or key PostgreSQL refuses (a NUL, UTF-16 with a lone surrogate).
  */
 export const MAX_JSON_DEPTH = 64;
 

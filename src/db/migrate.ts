@@ -20,11 +20,8 @@ export class MigrationChangedError extends Error {
 }
 
 /**
- * Applies the numbered SQL files of `migrations/` that have not run yet, in order, in one
- * transaction holding an advisory lock: replicas starting together apply each file once. Each
- * file's SHA-256 is kept; an applied file whose text changed since stops start-up, since the
- * change would never reach a database that already ran it. Files applied before checksums were
- * kept are recorded as they read now.
+ * Applies the pending numbered files of `migrations/` in order, in one transaction under an advisory lock. An applied
+ * file whose SHA-256 changed stops start-up: the change would never reach a database that already ran it.
  */
 export async function migrate(db: Kysely<DB>, dir = migrationsDir): Promise<MigrationResult> {
   const files = (await readdir(dir)).filter((name) => /^\d{4}_[a-z0-9_]+\.sql$/.test(name)).sort();

@@ -1,8 +1,6 @@
 /**
- * How long a closing replica waits for each step that needs the database (a round of background
- * work, giving its lease up, closing a connection). In a silent partition no answer ever comes,
- * and the client's own query timeout (20 s) is past the shutdown timeout; a step given up goes on
- * until closing the database destroys its connection.
+ * How long a closing replica waits for each step that needs the database: in a silent partition no answer comes, and
+ * the client's own query timeout outlasts shutdown. A step given up goes on until its connection is destroyed.
  */
 export const CLOSE_STEP_WAIT_MS = 1_000;
 

@@ -3,12 +3,8 @@ import { hostPatternCovers } from './capability-modifiers.js';
 import type { CapabilityModifiers } from './grant.js';
 
 /**
- * Where `child` is wider than `parent`, as a path such as `capability_modifiers.max_cost_units`,
- * or undefined when it is not (SPEC §6): numbers may not be larger, lists must be subsets,
- * strings and booleans equal, objects narrower key by key. A key the parent does not set is
- * unbounded there, so the child may set anything; a key the parent sets must stay set, or the
- * child would drop the parent's limit. `egress_domains` entries are host patterns: `*.a.com`
- * narrows to `x.a.com` or `*.x.a.com`.
+ * Where `child` widens `parent`, as a path (`capability_modifiers.max_cost_units`), else undefined: numbers may not
+ * grow, lists must be subsets (host patterns by coverage), the rest equal; a limit the parent sets must stay set.
  */
 export function wideningIn(child: unknown, parent: unknown, path: string): string | undefined {
   if (parent === undefined) return undefined;

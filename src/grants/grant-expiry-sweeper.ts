@@ -21,10 +21,8 @@ export interface GrantExpirySweeperOptions {
 }
 
 /**
- * Expiry is revocation (SPEC §3): resolution already refuses a lapsed grant at its
- * `expires_at`, and this sweeper puts each lapse on record as one `grant.expired` event (actor
- * `system.expiry`), at most an interval late. Every replica runs one; claiming the grant and
- * writing its event share a transaction, so each expiry is recorded exactly once.
+ * Records each lapse once as `grant.expired` (resolution already refuses the grant at `expires_at`) and stops the runs
+ * relying on it. Every replica runs one; claiming and recording share a transaction, so each lapse is recorded once.
  */
 export class GrantExpirySweeper {
   private readonly task: BackgroundTask;

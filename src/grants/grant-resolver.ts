@@ -33,14 +33,8 @@ export type GrantDecision<G extends ResolvableGrant = Grant> =
   | { ok: false; code: GrantDenialCode; candidates: GrantCandidate<G>[] };
 
 /**
- * SPEC §3: of the grants for one (tenant, agent, tool), keep those whose `scope_ref` matches the
- * run context, drop revoked and expired ones, and pick the most specific, ties to the most
- * recently granted. The caller has already narrowed `grants` to the agent and tool.
- *
- * When nothing live is left the denial says why: `grant_missing` when no grant matched at all;
- * otherwise the standing of the best dead match — `grant_revoked` or `grant_expired`, which is
- * "all matches revoked/expired" when they agree, and the most specific, most recent one when
- * they do not.
+ * The live grant matching the run context, most specific then most recent, among one (tenant, agent, tool)'s grants;
+ * else `grant_missing` when none matched, or the standing (`grant_revoked`, `grant_expired`) of the best match.
  */
 export function resolveGrant<G extends ResolvableGrant>(
   grants: readonly G[],

@@ -128,11 +128,8 @@ export class GrantService {
   }
 
   /**
-   * The grant that applies to one call, or why none does, exactly: read from PostgreSQL (one
-   * indexed query, shared by the calls resolving at the same moment; for a run's first step, the
-   * read made while the run was claimed). The grant stage asks it when this replica's snapshot
-   * cannot answer or its guard failed (`GrantAdmission`). A revocation landing between the read
-   * and the call is caught when the call records its reliance on the grant (the grant stage).
+   * The grant for one call, or why none, read from PostgreSQL (the stage asks when the replica's copy cannot answer). A
+   * revocation after the read is caught when the call records its use of the grant.
    */
   async resolve(query: GrantResolveQuery, prefetched?: GrantPrefetch): Promise<GrantDecision> {
     // The tenant is the caller's, from its token: a tenant in the context never widens it.
@@ -382,12 +379,8 @@ export class GrantService {
         details: { tool_id: newest.id, category: newest.category },
       };
     }
-    // Modifiers narrow the contract of the version the grantee's calls run (the newest it may use),
-    // not of a version only other agents get: else a grant is refused for hosts its agent's version
-    // allows, and accepted for hosts only another version does. External calls are taken as
-    // enabled: egress_domains only narrow egress, which exists only where the tenant enables it,
-    // and the grant outlives a policy change. A grant names an agent, whose family claim is not
-    // known here: a grantee no allowlist names by id is judged by the newest version agents may use.
+    // Bounded by the version the grantee's calls run, external calls taken as enabled and its family as unknown:
+    // docs/design/tool-resolution.md#a-grants-modifiers.
     const runs = await this.deps.tools.resolve(request.toolId, undefined, {
       as: 'viewer',
       agent: { agentId: request.agentId, family: undefined },

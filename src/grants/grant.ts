@@ -66,10 +66,8 @@ export const GRANT_STATUSES = ['live', 'expired', 'revoked'] as const;
 export type GrantStatus = (typeof GRANT_STATUSES)[number];
 
 /**
- * A grant's standing at `now`. Revocation wins over expiry: it is an explicit act, and a
- * renewed grant (ended by its renewal) must read as revoked even after its old expiry.
- * Revocation does not compare `revoked_at` with `now`, so a replica whose clock lags the one that
- * revoked still treats the grant as pulled.
+ * A grant's standing at `now`. Revocation wins over expiry (a renewed grant stays revoked past its old expiry) and
+ * ignores `now`, so a replica whose clock lags the one that revoked still treats the grant as pulled.
  */
 export function grantStatus(grant: Pick<Grant, 'revoked_at' | 'expires_at'>, now: Date): GrantStatus {
   if (grant.revoked_at !== null) return 'revoked';

@@ -38,11 +38,8 @@ export type HandoffRefusal = {
 };
 
 /**
- * Hand-offs (SPEC §6): a running agent hands part of its budget and a narrower authority to a
- * sub-agent's run. The parent's authority is what it can use itself now — its envelope, if it is
- * a sub-run, and the tools it holds a live grant for — so a hand-off never widens anything. The
- * sub-run exists from the hand-off on, `queued` (or `awaiting_approval` of an operator), and its
- * budget is held from the parent's until it ends.
+ * Hand-offs: a running agent gives a sub-agent's run part of its budget and a narrower authority. The parent's
+ * authority is what it can use itself now (its envelope, its live grants), so a hand-off never widens anything.
  */
 export class HandoffService {
   constructor(private readonly deps: HandoffServiceDeps) {}
@@ -217,10 +214,8 @@ export class HandoffService {
   }
 
   /**
-   * Of the tools asked for, those the parent can hand on: inside its own envelope (a sub-run) and
-   * backed by a live grant of its own in its run's context, each with the modifiers the parent's
-   * own calls of it run under (its grant's, narrowed by its envelope's). The grants are recorded
-   * as ones the parent relies on, so that pulling one stops the parent and everything it handed on.
+   * The tools asked for that the parent can hand on (inside its envelope, backed by a live grant of its own), with the
+   * modifiers its own calls run under. Their grants are recorded as relied on: pulling one stops everything handed on.
    */
   private async handOnable(
     parent: RunRecord,

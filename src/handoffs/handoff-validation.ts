@@ -31,11 +31,8 @@ export type HandoffCheck =
   { ok: true } | { ok: false; reason: HandoffRejectionReason; message: string; details: Record<string, unknown> };
 
 /**
- * SPEC §6: a hand-off is refused, with the first reason that applies, in this order — the
- * sub-agent is already in the trace; the trace has reached the depth cap; the envelope widens
- * the parent's authority (tools, fan-out, the modifiers of any tool it hands on, approval); the
- * budget is not positive; the
- * budget is more than the parent has left.
+ * A hand-off's verdict: refused with the first reason that applies, in the order below. The envelope may not widen the
+ * parent's authority in tools, fan-out, the modifiers of any tool handed on, or approval.
  */
 export function checkHandoff(request: HandoffRequest, parent: ParentAuthority, maxDepth: number): HandoffCheck {
   if (parent.trace.includes(request.sub_agent_id)) {

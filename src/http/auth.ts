@@ -7,12 +7,8 @@ import { actorOf, lifetimeProblem, principalFromClaims, type OperatorRole, type 
 import { ApiError } from './errors.js';
 
 /**
- * Who may call a route. Routes are `operator` unless they say otherwise (deny by default):
- * - `public`: no token (health, readiness, metrics, docs);
- * - `any`: any authenticated principal;
- * - `agent`: agents only;
- * - `operator`: tenant- or platform-operators;
- * - `platform-operator`: platform-operators only.
+ * Who may call a route: `operator` unless it says otherwise (deny by default). `public` needs no token, `any` any
+ * principal, `operator` a tenant- or platform-operator; `agent` and `platform-operator` only those.
  */
 export type Access = 'public' | 'any' | 'agent' | 'operator' | 'platform-operator';
 

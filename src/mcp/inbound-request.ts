@@ -51,10 +51,8 @@ class HeadersView {
 }
 
 /**
- * A POST to `/mcp` whose body Fastify has read and parsed, as the SDK's HTTP entry and transport
- * see it. Handed the body parsed, they read only the method, headers by name and (for a listen
- * stream) the signal; building a web `Request` for that (its `Headers`, its `AbortSignal`) was a
- * measurable share of what the door costs per call, so they get this view of Node's request instead.
+ * A POST to `/mcp` with its body parsed, as the SDK's HTTP entry and transport see it: they read only the method,
+ * headers by name and the signal, so this view of Node's request spares building a web `Request` per call.
  */
 class InboundRequest {
   readonly method = 'POST';

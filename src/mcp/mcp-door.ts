@@ -55,11 +55,8 @@ const INSTRUCTIONS =
   'Run fields (run_id, context, budget_units, version...) go in _meta["dev.toolgate/run"].';
 
 /**
- * The MCP front door (SPEC §12) on the SDK's low-level `Server`: one instance per HTTP request,
- * holding nothing between requests, so any replica serves any request. 2026-07-28 requests go to
- * the SDK's `createMcpHandler`; 2025-era requests to its Streamable HTTP transport in stateless
- * JSON mode. Tool calls reach the same run executor as `POST /runs/execute`, arguments unvalidated
- * by the SDK, so that every refusal is toolgate's, and audited.
+ * The MCP door: an SDK `Server` per HTTP request, holding nothing between requests, so any replica serves any. Tool
+ * calls reach the run executor with arguments the SDK did not validate, so every refusal is toolgate's, and audited.
  */
 export class McpDoor {
   private readonly bus = new InMemoryServerEventBus();

@@ -17,10 +17,8 @@ const LEGACY_VERSIONS: ReadonlySet<string> = new Set(SUPPORTED_PROTOCOL_VERSIONS
 const REQUEST_MEMBERS: ReadonlySet<string> = new Set(['jsonrpc', 'id', 'method', 'params']);
 
 /**
- * Whether a request is plainly 2025-era, as the SDK would classify it too: one well-formed
- * JSON-RPC request without a `_meta` envelope claim (nor any `_meta` the SDK's schema might
- * refuse), under a 2025-era `MCP-Protocol-Version` header or none. Anything less plain is left
- * to the SDK to classify.
+ * Whether a request is plainly 2025-era as the SDK would classify it: one well-formed JSON-RPC request, no `_meta` the
+ * SDK might read, a 2025-era `MCP-Protocol-Version` header or none. Anything less plain is left to the SDK.
  */
 export function plainlyLegacy(request: Request, body: unknown): boolean {
   const version = request.headers.get('mcp-protocol-version');

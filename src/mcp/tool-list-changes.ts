@@ -17,10 +17,8 @@ export interface ToolListChangesOptions {
 }
 
 /**
- * Notices what can change the tools an agent is offered — a registration (the registry revision,
- * which this replica's catalog follows from every replica), a deprecation taking effect, a tenant
- * policy — and calls `onChange`. Every replica watches for itself, so a listen stream held by any
- * replica hears of a change made through any other.
+ * Calls `onChange` when the tools an agent is offered may have changed (a registration, a deprecation taking effect, a
+ * tenant policy). Every replica watches, so a listen stream anywhere hears of a change made anywhere.
  */
 export class ToolListChanges {
   private timer: NodeJS.Timeout | undefined;

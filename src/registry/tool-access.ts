@@ -7,10 +7,8 @@ export interface AgentIdentity {
 }
 
 /**
- * Whether the registry lets an agent use a tool: never a `final_write` or `admin` tool, whatever
- * its allowlist says; otherwise only when the allowlist names the agent or `family:<its family>`.
- * Deny by default: an empty allowlist admits no one. Tenant policy (external calls), grants and
- * kill switches are decided elsewhere.
+ * Whether the registry lets an agent use a tool: never `final_write` or `admin`, else only when the allowlist names the
+ * agent or `family:<its family>` (deny by default). Tenant policy, grants and kill switches are decided elsewhere.
  */
 export function agentMayUse(tool: Pick<ToolContract, 'category' | 'allowed_agents'>, agent: AgentIdentity): boolean {
   return !AGENT_FORBIDDEN_CATEGORIES.has(tool.category) && allowlistNames(tool, agent);

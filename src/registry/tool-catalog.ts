@@ -49,10 +49,8 @@ export interface ToolCatalogOptions {
 }
 
 /**
- * This replica's copy of the registry. Lookups are synchronous and never query the database:
- * the copy is kept fresh by `LISTEN/NOTIFY` on the registry channel, a revision check every
- * `refreshIntervalMs` (notifications can be lost), and a catch-up on every listener reconnect.
- * Each refresh reads only the versions changed since the revision held.
+ * This replica's copy of the registry: lookups are synchronous and never query the database. How it stays current:
+ * docs/design/replica-snapshots.md#the-registry.
  */
 export class ToolCatalog {
   private byId = new Map<string, readonly ToolContract[]>();

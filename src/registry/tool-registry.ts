@@ -47,10 +47,8 @@ export function contentSha256(content: ToolContent): string {
 }
 
 /**
- * Registers one immutable `(id, version)`, with its `tool.registered` audit event in the same
- * transaction. Writers serialise on the registry lock, so two gateways registering the same
- * version at once cannot both insert: the second sees the first's row and gets the idempotent
- * answer when the content is identical, or `tool_version_conflict` when it differs.
+ * Registers one immutable `(id, version)` with its `tool.registered` audit event in one transaction. Writers serialise
+ * on the registry lock, so a concurrent second writer gets the idempotent answer or `tool_version_conflict`.
  */
 export async function registerToolVersion(
   db: Kysely<DB>,

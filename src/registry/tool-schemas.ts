@@ -19,10 +19,8 @@ export interface ToolValidators {
 }
 
 /**
- * The most CPU time one value may take to validate. Patterns are linear and `uniqueItems` is
- * hashed, but a schema can still branch (`anyOf` through a recursive `$ref`) exponentially in the
- * depth of a value: past this budget the value is refused instead of holding the event loop.
- * CPU time, not wall time, so that a legitimate large value is not refused on a busy machine.
+ * The most CPU time one value may take to validate: a schema can still branch exponentially in a value's depth (`anyOf`
+ * through a recursive `$ref`). CPU, not wall, time: a busy machine must not refuse a legitimate value.
  */
 export const VALIDATION_BUDGET_MS = 200;
 
@@ -43,10 +41,8 @@ function toRe2Syntax(pattern: string): string {
 }
 
 /**
- * The `pattern` / `patternProperties` engine: RE2 (re2js), which matches in time linear in the
- * input. With JavaScript's backtracking engine, a pattern such as `^(a+)+$` and thirty characters
- * of agent input would hold the event loop for seconds. RE2 has no lookaround and no
- * backreferences: a schema using them is refused at registration with the pattern named.
+ * Patterns run on RE2 (re2js), linear in the input, where a backtracking engine could be held by `^(a+)+$` on a short
+ * input. RE2 has no lookaround or backreferences: a schema using them is refused at registration, the pattern named.
  */
 const linearRegExp = Object.assign(
   (pattern: string): { test: (input: string) => boolean } => {
@@ -62,10 +58,8 @@ const linearRegExp = Object.assign(
 );
 
 /**
- * An ajv instance for tool schemas (JSON Schema 2020-12). Unknown keywords are tolerated, as the
- * standard says; `addUsedSchema: false` keeps each schema's `$id` out of the shared registry, so two
- * tools may reuse an `$id` without colliding. Nothing is ever fetched: an unresolved remote `$ref`
- * fails compilation. Patterns run on RE2 (see `linearRegExp`).
+ * An ajv instance for tool schemas (2020-12): unknown keywords tolerated, `$id`s kept out of the shared registry (tools
+ * may reuse one), nothing ever fetched (an unresolved remote `$ref` fails to compile), patterns on RE2.
  */
 export function createSchemaCompiler(): Ajv2020 {
   const ajv = new Ajv2020({

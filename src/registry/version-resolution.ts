@@ -14,11 +14,8 @@ export function exactVersionOf(range: string): string | undefined {
 }
 
 /**
- * Picks the version a call gets (SPEC §2, §6 step 1):
- * - no range: the newest non-deprecated release (a pre-release only when no release is left);
- * - an exact version: that version, even deprecated, since it was asked for by name;
- * - a range: the newest non-deprecated version that satisfies it.
- * Returns undefined when nothing qualifies, including for a range that does not parse.
+ * The version to run: no range, the newest non-deprecated release (a pre-release only if no release is left); an exact
+ * version, even deprecated; a range, its newest non-deprecated match. Else undefined.
  */
 export function pickVersion<T extends VersionCandidate>(candidates: readonly T[], range?: string): T | undefined {
   if (range !== undefined) {

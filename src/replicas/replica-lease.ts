@@ -15,11 +15,8 @@ export interface ReplicaLeaseOptions {
 }
 
 /**
- * This replica's lease in the `replicas` table: proof, to every other replica, that it is alive
- * and that the runs it holds busy are being executed. A replica that cannot renew it (the
- * database is away) keeps trying; once a lease it could not renew may have passed, `valid()`
- * turns false, and the executor dispatches nothing until a renewal lands — another replica may
- * meanwhile have ended its runs as lost.
+ * This replica's lease in `replicas`: proof to the others that it is alive and executing its busy runs. Once an
+ * unrenewed lease may have passed, `valid()` is false and nothing is dispatched (docs/design/run-recovery.md).
  */
 export class ReplicaLease {
   readonly identity: ReplicaIdentity;

@@ -81,17 +81,8 @@ export const NO_DELETIONS: RetentionCounts = {
 };
 
 /**
- * Deletes the run trees of these roots (locked by `lockFinishedRoots`) whose every run — the root
- * and all its sub-runs — is finished, no longer held by an executor, last changed before
- * `before`, holds no open budget reservation, and is named by no live run budget or per-run grant
- * (they would apply to the next run under the id); with them, everything kept only for those runs:
- * their approvals, hand-offs, grant uses, closed budget reservations (what the settled ones spent
- * is added to `budget_spend_archive`) and run-total counters. Other trees are left whole.
- *
- * A finished run never changes again (nothing takes up a run in a terminal status, and a sub-run
- * is only added to a running parent), so what is found here still holds when it is deleted.
- * Locks follow the order every transaction that changes runs uses: runs, then approvals and
- * hand-offs, then the ledger, then counters.
+ * Deletes the trees among these locked roots that retention may drop whole (docs/operations.md#retention), with what
+ * was kept only for their runs. A finished run never changes again, so what is found still holds.
  */
 export async function deleteFinishedRunTrees(
   trx: Transaction<DB>,

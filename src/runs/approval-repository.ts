@@ -176,11 +176,8 @@ export async function listApprovals(
 }
 
 /**
- * An approval that lapsed by `now`: approved, past its `expires_at`, and unused. A tool call's
- * approval is used once a call it let through is on record — the executor puts its `approval_id`
- * on the call's `run.step.dispatching`, or on the `run.step.failed` of a call that could not be
- * sent —, which can only happen before `expires_at`. A hand-off's is used as it is approved: that
- * releases its sub-run.
+ * Approved, past `expires_at` and unused by `now`. A tool call's approval is used once a call it let through is on
+ * record (its `approval_id` on `run.step.dispatching` or `run.step.failed`); a hand-off's as it is approved.
  */
 function lapsedAt(eb: ExpressionBuilder<DB, 'approvals'>, now: Date) {
   const useOnRecord = eb

@@ -7,10 +7,8 @@ import { endRunTrees } from './run-lifecycle.js';
 import { findOpenRunsUsingGrants, listOpenRuns, type RunRecord } from './run-repository.js';
 
 /**
- * The server-side kill-switch target of the version an agent's call resolves to, from this
- * replica's registry: the executor's own resolution (`catalog.resolve` as `caller`), so that a cascade
- * judges the version the call would run, not a newer one the agent may not use. Asks
- * `externalCallEnabled` only when the answer depends on it.
+ * The kill-switch target of the version an agent's call resolves to (`catalog.resolve` as `caller`), so a cascade
+ * judges the version the call would run, not a newer one the agent may not use.
  */
 export type ToolTargetLookup = (
   agent: { agentId: string; family: string | undefined },
@@ -23,12 +21,8 @@ export type ToolTargetLookup = (
 export type ExternalCallPolicy = (trx: Transaction<DB>, tenantId: string) => Promise<boolean>;
 
 /**
- * The cascades of SPEC §3–§4, run inside the transaction that pulls the authority: revoking or
- * expiring a grant stops every open run that relied on it, and arming a kill switch every open
- * run it would stop at its next call — queued, paused, awaiting approval or mid-plan — with
- * their sub-runs, transitively. A run that is executing notices at its next call boundary, on
- * whichever replica it runs (it re-reads its status there); the audit records each stop with its
- * cascade depth.
+ * The cascades, in the transaction that pulls the authority: a grant revoked or expired, or a kill switch armed, stops
+ * every open run it would stop at its next call, with its sub-runs. A run executing notices at its next call boundary.
  */
 export class RunCascades {
   constructor(

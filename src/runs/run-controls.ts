@@ -44,13 +44,8 @@ export interface Controller {
 }
 
 /**
- * Run controls (SPEC §6): `cancel` (the owning agent or an operator), `kill`, `pause` and
- * `resume` (operators; the owner also resumes a run it was waiting on an approval or a rate
- * limit for) and `complete` (the owner, for a run kept open). Each transition is audited in its
- * transaction; a run that has ended refuses them all with `409 run_not_resumable` — or, when a
- * cascade stopped it, with the reason it was stopped (`grant_revoked`, `kill_switch_active`…).
- * Every such refusal of a run the caller may see is on record as `run.control_rejected`, in the
- * transaction that decided it. A run that is executing notices a change at its next call boundary.
+ * Run controls (cancel, kill, pause, resume, complete; who may: docs/api.md#approvals-hand-offs-and-run-controls), each
+ * audited in its transaction. An ended run refuses them, on record as `run.control_rejected`, with why it ended.
  */
 export class RunControls {
   constructor(private readonly deps: RunControlDeps) {}

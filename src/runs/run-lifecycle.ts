@@ -11,12 +11,8 @@ import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } fr
 import { holdAuditChain, type ChainHeld } from '../db/lock-order.js';
 
 /**
- * How runs end when something other than their own plan ends them — a control, a cascade, the
- * end of their parent — and what ending a run always brings with it: its open sub-runs end too
- * (a sub-run never outlives the authority it was handed), its pending proposals are withdrawn,
- * and a sub-run's hand-off closes, giving its parent back what it did not use. Every run that
- * ends is audited with its cascade depth: 0 for the run the cause reached, +1 per hand-off below.
- * Locks follow docs/design/lock-order.md, held to it by `ChainHeld` (src/db/lock-order.ts).
+ * How runs end when something other than their plan ends them: open sub-runs end too, proposals are withdrawn, a
+ * sub-run's hand-off gives back what it did not use; audited with cascade depth. Locks: docs/design/lock-order.md.
  */
 
 /** What ends the runs given as roots. */
@@ -238,10 +234,8 @@ function cascadeDepths(
 }
 
 /**
- * The stored envelope of a run that ended while it was not executing: the step it was waiting
- * at — for an approval, its turn, or (a throttled run) its rate limit — is refused with the
- * stop, later ones are skipped. (A run that was executing gets its envelope from its executor,
- * at its next call boundary.)
+ * The stored envelope of a run that ended while not executing: the step it waited at is refused with the stop, the
+ * later ones skipped. (An executing run gets its envelope from its executor, at its next call boundary.)
  */
 export function closedEnvelope(
   run: Pick<RunRecord, 'run_id' | 'envelope'>,

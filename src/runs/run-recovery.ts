@@ -42,10 +42,8 @@ const LEDGER_ATTEMPTS = 3;
 class LedgerMoved extends Error {}
 
 /**
- * How long before a run was created its calls' records may say they were made: replicas' clocks
- * disagree by far less. Retention frees a run id at least 31 days after the run that had it last
- * changed, and a new run under that id starts again at epoch 1: the calls of the deleted run,
- * whose records stay in the audit log, are older than this new run by weeks, and are not its own.
+ * How much earlier than its run a call's record may be dated (clocks disagree by far less). Retention frees a run id
+ * only weeks after its run, so a deleted run's records under the id are never taken for the new run's.
  */
 const CLOCK_SKEW_MARGIN_MS = 86_400_000;
 

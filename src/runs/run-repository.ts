@@ -179,10 +179,8 @@ export async function insertSubRun(
 }
 
 /**
- * Records on a parent run, which the caller holds locked, that it has just handed off: a new row
- * version. An end of the parent group-committed at the same moment (`endRuns`) took its
- * snapshot before the sub-run existed and waited for this lock; finding the row changed after
- * its snapshot, it endings the parent to be ended under the lock, where its sub-runs end with it.
+ * Marks a parent run (locked by the caller) as just handed off, a new row version: a run end batched meanwhile, whose
+ * snapshot predates the sub-run, finds the row changed and leaves the parent to be ended under the lock.
  */
 export async function markHandedOff(trx: Transaction<DB>, key: RunKey): Promise<void> {
   await trx
@@ -344,10 +342,8 @@ export async function endRuns(db: Kysely<DB>, endings: RunEnding[]): Promise<boo
 }
 
 /**
- * `endRuns` inside a transaction that holds the audit chain's lock (an outcome record that ends
- * its run, appended under the lock): a run row another transaction holds is not waited for —
- * that would stall every replica's appends behind one run — and stays running; its executor then
- * ends it the usual way.
+ * `endRuns` under the audit chain's lock: a run another transaction holds is skipped, not waited for, and its executor
+ * ends it (docs/design/lock-order.md#where-the-order-bends-and-why-that-is-safe).
  */
 export async function endRunsSkippingLocked(trx: Transaction<DB>, endings: RunEnding[]): Promise<boolean[]> {
   if (endings.length === 0) return [];
@@ -366,16 +362,8 @@ export interface EndedRunRow {
 }
 
 /**
- * The common table expressions of a run-end statement, ending in `run_ends_done` (the runs it
- * ended). `when`: a condition of the statement they join (the audit append that carries them),
- * without which nothing ends. `waitForLocks: false` skips a run row another transaction holds.
- *
- * Every row is reached by its key from the batch, one probe per run (a lateral subquery the
- * planner cannot turn around), and updated through the row version it locked: the plan this
- * statement keeps on a hot connection is made while the tables may still be empty, and must not
- * be one that reads a tenant's runs whole (it once did, through `runs_tenant_created`, and a run
- * end cost more the more runs its tenant had). A row another transaction changed after this
- * statement's snapshot is not ended here; the caller then ends it under the lock.
+ * CTEs ending in `run_ends_done`, joined by `when` to their statement; `waitForLocks: false` skips held rows, a row
+ * changed since the snapshot is left to the caller. Keyed: docs/design/database-pools.md#why-two-kinds-of-planning.
  */
 export function runEndSteps(
   endings: RunEnding[],

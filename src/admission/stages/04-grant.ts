@@ -25,13 +25,8 @@ export function grantQueryOf(principal: AgentPrincipal, run: StepRequest['run'],
 }
 
 /**
- * 4. A live grant resolves for (tenant, agent, tool) in the run's context. The run is recorded
- * as relying on it, so that revoking or expiring it stops the run (cascade). In a sub-run the
- * grant's modifiers are narrowed by the envelope's.
- *
- * The grant may be decided from this replica's copy of the grants; the write that records its
- * use then holds only if the copy's assumption still does, and a call whose assumption failed is
- * decided again from the database. A dry run writes nothing to check, so it reads the database.
+ * 4. A live grant for (tenant, agent, tool) in the run's context; the run is recorded as relying on it, so pulling the
+ * grant stops it. From the replica's copy when it can: docs/design/replica-snapshots.md#grants.
  */
 export const grantStage: Stage = {
   name: 'grant',

@@ -2,10 +2,8 @@ import { payloadHash } from '../../audit/audit-hash.js';
 import { toolOf, type Stage } from '../step.js';
 
 /**
- * 8. A tool that `requires_approval` runs only with an operator's approval of exactly this call:
- * this run, this step, this tool version and the SHA-256 of this input. Without one the call is
- * held (the run waits as `awaiting_approval`) before safety, cost and rate, so a proposal
- * spends nothing. On resume every stage runs again, this one included.
+ * 8. A `requires_approval` tool runs only with an operator's approval of this exact call (run, step, version, input
+ * SHA-256). Without one the run is held before safety, cost and rate, so a proposal spends nothing.
  */
 export const approvalStage: Stage = {
   name: 'approval',
