@@ -515,6 +515,31 @@ describe('tamper evidence, each on a fresh chain', () => {
       expect(await verify(t)).toMatchObject({ ok: true, first_bad_seq: null });
     }));
 
+  it('verifies strings that JSON must escape, in every text column, and finds one of them edited', () =>
+    withChain(async (t) => {
+      const awkward =
+        'quote " backslash \\ tab \t newline \n nul-ish \u0001 \u001f del \u007f sep \u2028 é 漢 🦊 </script>';
+      const [record] = await t.h.client.app.services.audit.appendMany([
+        {
+          event_type: `chain.${awkward}`,
+          actor: `system.${awkward}`,
+          tenant_id: awkward,
+          reason_code: awkward,
+          tool_id: awkward,
+          trace_id: awkward,
+          details: { [awkward]: awkward },
+        },
+      ]);
+      expect(await verify(t)).toMatchObject({ ok: true, first_bad_seq: null });
+      // One character changed in one column, to another that escapes alike.
+      await withTriggerOff(t.db, () =>
+        sql`update audit_events set reason_code = replace(reason_code, '\u0001', '\u0002') where seq = ${record!.seq}`.execute(
+          t.db,
+        ),
+      );
+      expect(await verify(t)).toMatchObject({ ok: false, first_bad_seq: record!.seq });
+    }));
+
   const verifyWith = async (t: { h: Harness }, anchor: { seq: number; hash: string }) =>
     (
       await t.h.client.get('/audit/verify', {

@@ -350,7 +350,7 @@ export interface AnchorCheck {
  */
 export async function verifyAuditChain(
   db: Kysely<DB>,
-  pageSize = 2000,
+  pageSize = 10000,
   anchor?: ChainHead,
   /** A row already trusted (a signed checkpoint): the walk starts after it, and `checked` counts from there. */
   from?: ChainHead,
