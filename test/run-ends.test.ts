@@ -48,7 +48,15 @@ beforeAll(async () => {
     cost_units: 1,
     allowed_agents: [AGENT],
   });
-  for (const tool of ['echo', 'failing', 'gated']) await grantTool(h.client, { tenant: T, agent: AGENT, tool });
+  await registerTool(h.client, {
+    id: 'scarce',
+    backendUrl: `${backend.url}/echo`,
+    cost_units: 1,
+    allowed_agents: [AGENT],
+    rate_limit: { capacity: 1, refill_per_second: 0.001 },
+  });
+  for (const tool of ['echo', 'failing', 'gated', 'scarce'])
+    await grantTool(h.client, { tenant: T, agent: AGENT, tool });
   await grantTool(h.client, { tenant: T, agent: OTHER, tool: 'echo' });
 });
 
@@ -116,6 +124,25 @@ describe('a run ends in the commit of its last record', () => {
     const seen = await writers(runId);
     expect(seen.status).toBe('failed');
     expect(seen.records.get(res.body.steps[0].audit_id)).toEqual({ xid: seen.run, event_type: 'run.step.denied' });
+  });
+
+  it('when its call is rate limited: the run is let go of, throttled, in the commit of the denial', async () => {
+    expect((await execute(h.client, agent, { run_id: newRunId('spend'), plan: [step('scarce')] })).status).toBe(200);
+    const runId = newRunId('throttled');
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('scarce'), step('echo')] });
+    expect(res.status).toBe(429);
+    expect(res.body).toMatchObject({
+      status: 'throttled',
+      retry_after_seconds: expect.any(Number),
+      steps: [{ status: 'denied', error: { code: 'rate_limited' } }, { status: 'skipped' }],
+    });
+    const seen = await writers(runId);
+    expect(seen.status).toBe('throttled');
+    expect(seen.records.get(res.body.steps[0].audit_id)).toEqual({ xid: seen.run, event_type: 'run.step.denied' });
+    // Not busy: a resubmission is refused by the bucket again, not as a run still executing.
+    const again = await execute(h.client, agent, { run_id: runId, plan: [step('scarce'), step('echo')] });
+    expect(again.status).toBe(429);
+    expect(again.body.steps[0].error.code).toBe('rate_limited');
   });
 
   it('only with the last step of its plan', async () => {

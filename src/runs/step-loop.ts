@@ -105,7 +105,8 @@ export class StepLoop {
         };
       }
       const status = statusAfter(stop.code);
-      if (!isTerminal(status)) return undefined;
+      // A throttled run is let go of with its envelope, as an ended one is: its record carries that too.
+      if (!isTerminal(status) && status !== 'throttled') return undefined;
       for (let rest = index + 1; rest < request.plan.length; rest += 1) all.push(stepAt(request, rest, 'skipped'));
       const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps: all, warnings };
       if (stop.retryAfterSeconds !== undefined) envelope.retry_after_seconds = stop.retryAfterSeconds;
