@@ -33,15 +33,8 @@ export interface GrantSnapshotOptions {
 }
 
 /**
- * This replica's in-memory copy of the grants that are neither revoked nor expired (SPEC §3),
- * so the grant stage decides without a read. It follows the kill-switch snapshot: a trigger
- * versions every creation and revocation and NOTIFYs on commit; replicas catch up on the
- * notification and compare versions every `pollIntervalMs`, which is what confirms freshness.
- *
- * The copy is never the last word: a call it admits records its grant use only if the grant's
- * (tenant, agent, tool) has not changed since the version decided at, and a call it cannot admit
- * (no live grant here, or the copy is stale) is decided from the database. So a stale copy costs
- * round trips, never exactness.
+ * This replica's copy of the live grants, so the grant stage decides without a read. Never the last word: a stale copy
+ * costs round trips, never exactness (docs/design/replica-snapshots.md#grants).
  */
 export class GrantSnapshot {
   /** Live grants by (tenant, agent, tool, scope, scope_ref): what a run context can match. */

@@ -25,14 +25,8 @@ export interface KillSwitchSnapshotOptions {
 }
 
 /**
- * This replica's in-memory copy of the armed kill switches (SPEC §4), so the hot path decides
- * without a query. PostgreSQL NOTIFY (sent by a trigger on commit) triggers a reload within
- * milliseconds; a periodic version check catches anything the listener missed and is what
- * *confirms* freshness. A snapshot not confirmed for `maxStalenessMs` fails closed: `decide`
- * answers `gateway_unavailable` and readiness fails, until a check succeeds again.
- *
- * Freshness is stamped with the time a read *began*, since the database state it saw is at
- * least that recent.
+ * This replica's copy of the armed kill switches, so the hot path decides without a query. Not confirmed for
+ * `maxStalenessMs`, it fails closed: docs/design/replica-snapshots.md#kill-switches.
  */
 export class KillSwitchSnapshot {
   private switches: readonly KillSwitch[] = [];
@@ -155,10 +149,8 @@ export class KillSwitchSnapshot {
   }
 
   /**
-   * Gives up waiting on a read after the staleness bound. A connection whose server vanished
-   * without closing it (a network partition) can leave a query pending for minutes; waiting on it
-   * would stall every later reload and check, and the snapshot would stay stale after the
-   * database is back. A read that answers after that is ignored.
+   * Gives up on a read after the staleness bound: a partitioned connection can leave it pending for minutes, stalling
+   * every later reload and check. A read answering after that is ignored.
    */
   private bounded<T>(read: Promise<T>): Promise<T> {
     return new Promise((resolve, reject) => {
