@@ -61,7 +61,7 @@ export interface BudgetReservation {
   readonly units: number;
 }
 
-/** `reserve`'s answer: admitted with a verdict and warnings, or refused (SPEC §5). */
+/** `reserve`'s answer: admitted with a verdict and warnings, or refused. */
 export type ReserveResult =
   | { ok: true; reservation: BudgetReservation; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
   | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };

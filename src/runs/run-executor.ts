@@ -307,7 +307,7 @@ export class RunExecutor {
   }
 
   /**
-   * Refuses a whole request, on record as every denial is (SPEC §8): under the run id asked for
+   * Refuses a whole request, on record as every denial is: under the run id asked for
    * and the agent that asked, saying no more than the answer does. The parent_run_id the request
    * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */

@@ -263,7 +263,7 @@ export class StepLoop {
     const denial = admission.denial!;
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
-    // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
+    // A sub-run's call that its handed budget cannot pay for is an overshoot.
     const overshoot =
       exec.delegation !== undefined &&
       stage === 'cost' &&
