@@ -63,9 +63,9 @@ export interface Services {
   now: () => Date;
   /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
   catalog: ToolCatalog;
-  /** Budget admission: reserve before dispatch, settle or release after (SPEC §5). */
+  /** Budget admission: reserve before dispatch, settle or release after. */
   budgets: BudgetLedger;
-  /** Token buckets per (tenant, agent, tool) (SPEC §5). */
+  /** Token buckets per (tenant, agent, tool). */
   rateLimiter: RateLimiter;
   /** Grant changes, and grant resolution read from the database (the exact path). */
   grants: GrantService;
@@ -75,13 +75,13 @@ export interface Services {
   killSwitches: KillSwitchSnapshot;
   /** Arming and disarming kill switches, stopping the runs they cover. */
   killSwitchChanges: KillSwitchService;
-  /** Executes runs: admission, dispatch, audit (SPEC §6). */
+  /** Executes runs: admission, dispatch, audit. */
   runs: RunExecutor;
-  /** Cancel, kill, pause, resume, complete (SPEC §6 run controls). */
+  /** Run controls: cancel, kill, pause, resume, complete. */
   runControls: RunControls;
-  /** Proposed actions and the operators' decisions on them (SPEC §6 step 8). */
+  /** Proposed actions and the operators' decisions on them (the approval stage). */
   approvals: ApprovalService;
-  /** Sub-agent hand-offs (SPEC §6). */
+  /** Sub-agent hand-offs. */
   handoffs: HandoffService;
   /** This replica's lease: what tells the others it is alive. */
   lease: ReplicaLease;
@@ -130,7 +130,7 @@ export function buildServices(options: ServiceOptions): Services {
   const rateLimiter = new RateLimiter(database, { now, registry: metrics.registry });
   const externalCallEnabled = async (tenantId: string) =>
     (await getTenantPolicy(database.control, tenantId)).external_call_enabled;
-  // Pulling authority stops the runs that rely on it, in the same transaction (SPEC §3–§4).
+  // Pulling authority stops the runs that rely on it, in the same transaction.
   const resolveTarget = async (
     agent: AgentIdentity | null,
     toolId: string,

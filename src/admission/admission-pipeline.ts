@@ -13,7 +13,7 @@ import { rateStage } from './stages/11-rate.js';
 import type { Stage, StepRequest, StepState } from './step.js';
 
 /**
- * The admission order of SPEC §6. Stateless checks first; safety, then the stages that spend
+ * The admission order of docs/api.md#runs-post-runsexecute. Stateless checks first; safety, then the stages that spend
  * (cost, rate) last, so nothing is spent for a call an earlier stage refused.
  */
 export const ADMISSION_STAGES: readonly Stage[] = [

@@ -23,7 +23,7 @@ export type Hold = {
 /** What a stage decides: go on, refuse, or (stage 8 only) wait for an approval. */
 export type StageDecision = Decision | Hold;
 
-/** The fields of a registered tool contract (SPEC §2) that admission and dispatch read. */
+/** The fields of a registered tool contract that admission and dispatch read. */
 export interface AdmissibleTool {
   id: string;
   version: string;

@@ -15,7 +15,7 @@ export interface StepRequest {
     user_id?: string | undefined;
     context: Record<string, unknown>;
     budget_units?: number | undefined;
-    /** A sub-run's authority envelope (SPEC §6 hand-offs): it acts within it and its own grants. */
+    /** A sub-run's authority envelope: it acts within it and its own grants. */
     delegation?: { delegable_tool_ids: readonly string[]; capability_modifiers: CapabilityModifiers } | undefined;
   };
   step: { index: number; tool_id: string; version?: string | undefined; input: unknown };

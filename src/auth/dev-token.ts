@@ -14,7 +14,7 @@ export interface TokenRequest {
   audience?: string;
 }
 
-/** Signs an HS256 development token with the claims of SPEC §1. */
+/** Signs an HS256 development token with the claims of README.md#principals. */
 export function signDevelopmentToken(secret: string, request: TokenRequest): string {
   const sign = createSigner({ key: secret, algorithm: 'HS256', expiresIn: request.ttlSeconds * 1000 });
   return sign({

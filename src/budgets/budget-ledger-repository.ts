@@ -56,11 +56,8 @@ export interface Windows {
 }
 
 /**
- * In one statement: finds the live budgets that may apply to these subjects (callers filter per
- * subject), and locks the counters of their current windows plus `extra` ones, creating empty
- * counters as needed. Counters are locked in (counter_key, period_start) order, the order every
- * writer uses, so concurrent transactions on any replica queue behind each other instead of
- * deadlocking.
+ * The live budgets that may apply to these subjects (callers filter), with their current windows' counters plus `extra`
+ * locked in key order, as every writer locks them (docs/design/lock-order.md); missing counters are created empty.
  */
 export function lockBudgetCounters(
   trx: Transaction<DB>,
@@ -84,9 +81,7 @@ export function lockBudgetCounters(
 }
 
 /**
- * `lockBudgetCounters` without the locks: the live budgets that may apply to these subjects and
- * the levels of their current windows' counters plus `extra` ones, creating missing counters
- * empty. A counter another writer creates at the same moment may be missing from the answer;
+ * `lockBudgetCounters` without the locks. A counter another writer creates meanwhile may be missing from the answer;
  * `writeLedgerIf` then finds it changed.
  */
 export function readBudgetCounters(
@@ -174,15 +169,9 @@ export interface LedgerWrite {
 }
 
 /**
- * `writeLedger` if, and only if, everything the batch was decided against still stands
- * (compare and set), in one statement: each counter in `expected` still holds its level — or,
- * when `bounds` is given, its consumption (spent plus reserved) is at most its bound, since a
- * batch whose every answer is a plain `ok` stays so for any level up to there — each changed
- * counter missing from `expected` still does not exist (it is created with its delta), and —
- * when `budgets` is given — the live budgets that apply to the batch's subjects are still
- * exactly those, with the same limits. The counters are locked in key order, compared, and only
- * then changed and the reservations recorded — all of it or nothing; nothing is written when
- * anything had moved (or a counter had appeared).
+ * `writeLedger` only if all the batch was decided against still stands — the counters' levels (with `bounds`, at
+ * most those), counters still missing, the same live `budgets` — all or nothing, in one statement: the compare and
+ * set of docs/design/budget-ledger.md#counters-in-postgresql-decisions-in-batches.
  */
 export async function writeLedgerIf(
   db: Kysely<DB>,
@@ -297,11 +286,9 @@ function applicableBudgets({ subjects }: ExpectedBudgets): RawBuilder<unknown> {
 }
 
 /**
- * `b`: the live budgets of each subject — its tenant's, its agent's and its run's — each found
- * by its key in `budgets_one_live_per_subject`, subject by subject (a lateral subquery the
- * planner cannot turn around). A plan kept on a hot connection is made while the tables may be
- * empty: it must not be one that reads every live budget (one did, for every reservation).
- * (A budget's subject columns other than its own are null: the table checks it.)
+ * `b`: each subject's live budgets (tenant, agent, run), probed by key in `budgets_one_live_per_subject` through a
+ * lateral subquery, so a plan kept from an empty table cannot scan them all.
+ * See docs/design/database-pools.md#why-two-kinds-of-planning.
  */
 function liveBudgetsOf(subjects: ChargeSubject[]): RawBuilder<unknown> {
   return sql`unnest(${subjects.map((s) => s.tenantId)}::text[], ${subjects.map((s) => s.agentId)}::text[], ${subjects.map((s) => s.runId)}::text[]) as s(t, a, r)
@@ -340,20 +327,9 @@ function isCounterCreatedMeanwhile(error: unknown): boolean {
 }
 
 /**
- * Closes reservations that are still open and gives their counters back what they held (and
- * charges what a settled call cost); returns the ids it closed, those of them it settled after
- * they had expired (`late`), and the levels it left the counters it changed at. One already
- * settled or released is left alone, so settling twice never counts twice; one expired (its units
- * already given back) is still settled: the call happened, and what it cost is charged, once. When
- * one id is closed twice in the batch, the first close wins. Counters are locked in key order, as
- * every writer does.
- *
- * Each reservation is reached by its id from the batch (a lateral subquery the planner cannot
- * turn around, probing the primary key: the plan a hot connection keeps is made while the tables
- * may be empty, and once walked every open reservation) and updated through the row version this
- * statement's snapshot holds. A reservation changed meanwhile is missed: closed by someone else,
- * or still open with other counters (a hand-off ending recharges its calls in flight to the
- * parent). The ones still open are closed by one more statement, which sees them as they are now.
+ * Closes open reservations, giving back what they held and charging what settled calls cost; a closed one is left alone
+ * (never counted twice), an expired one is still charged, once. One changed meanwhile (a hand-off recharged it) is
+ * closed by one more statement: docs/design/budget-ledger.md#counters-in-postgresql-decisions-in-batches.
  */
 export async function closeAndUncharge(
   db: Kysely<DB>,
@@ -452,11 +428,8 @@ async function closeOnce(
 }
 
 /**
- * Closes the open reservations of a run whose executor was lost, in the caller's transaction
- * (which holds the run): one whose call's outcome was recorded is charged what that record says
- * (the call reached its backend; its settlement was lost); the others are charged at what they
- * reserved (`charge`: the call may have reached its backend, and a budget errs on the strict
- * side), or released (`release`: nothing was sent). Returns how many it closed.
+ * Closes a lost run's open reservations, in the caller's transaction: charged what a recorded outcome says, else at
+ * what they reserved (`charge`) or released (`release`): docs/design/run-recovery.md. Answers how many it closed.
  */
 export async function closeLostRunReservations(
   trx: Transaction<DB>,
@@ -497,10 +470,8 @@ export interface OpenReservation {
 }
 
 /**
- * The open reservations of these tenants charged to any of `refs`, and the expired ones (a call
- * that outlived its reservation may still settle, late), locked in id order. A settlement locks a
- * reservation before its counters: a transaction that also changes those counters calls this
- * first, so that the two queue instead of deadlocking.
+ * Locks, in id order, these tenants' open and expired (a late settlement may come) reservations charged to `refs`. A
+ * settlement locks a reservation before its counters, so a transaction changing those counters calls this first.
  */
 export async function lockOpenReservationsCharging(
   trx: Transaction<DB>,
@@ -713,13 +684,8 @@ export interface ReservationClose {
 }
 
 /**
- * A budget change (a new budget, new limits) and the reservations decided against the budgets
- * as they were must not overlap: a reservation could otherwise be charged against a limit that
- * an operator has just lowered, or miss a budget created while it was in flight (its counter
- * seeded before the reservation committed). Every statement that records reservations takes
- * `budget_reservations` in ROW EXCLUSIVE mode before its snapshot; a budget change takes it in
- * SHARE ROW EXCLUSIVE mode first: it waits for the reservations in flight to commit and holds new
- * ones back until it has, and those then see it (their snapshot comes after the lock).
+ * A budget change waits for the reservations in flight (ROW EXCLUSIVE, taken before their snapshot) and holds new ones
+ * back until it commits, so none is decided against limits it changed: docs/design/budget-ledger.md.
  */
 export async function lockLedgerForBudgetChange(trx: ChainHeld): Promise<void> {
   await sql`lock table budget_reservations in share row exclusive mode`.execute(trx);

@@ -61,7 +61,7 @@ export interface BudgetReservation {
   readonly units: number;
 }
 
-/** `reserve`'s answer: admitted with a verdict and warnings, or refused (SPEC §5). */
+/** `reserve`'s answer: admitted with a verdict and warnings, or refused. */
 export type ReserveResult =
   | { ok: true; reservation: BudgetReservation; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
   | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };
@@ -280,14 +280,8 @@ export class BudgetLedger {
   }
 
   /**
-   * Decides reservations against what this replica knows of the budgets and counters, and writes
-   * them only if that still stands (one statement). A batch whose every answer is a plain `ok`
-   * asks only that each counter still leaves it so (at most its bound: `decideBatch`), which
-   * counters moved by other replicas mostly do; one with a warning or a refusal names figures,
-   * and asks for the very levels it was decided on. When this replica knows too little, or the
-   * budgets moved, it reads them; when only the levels moved, the write answered them as they
-   * stand, and the batch is decided again from those. No transaction is held open across round
-   * trips, unless a batch keeps losing races: then it is decided under row locks.
+   * Decides reservations from what this replica knows and writes them only if that still stands, in one statement; a
+   * lost check decides again, under row locks once it keeps losing: docs/design/budget-ledger.md.
    */
   private async reserveAll(reserves: ReserveOp[], now: Date): Promise<ReserveResult[]> {
     const subjects = reserves.map((op) => op.request);
@@ -462,10 +456,8 @@ function decideBatch(
 }
 
 /**
- * For a batch whose every answer is a plain `ok`: the most each counter it was decided against
- * may hold before the batch for those answers to stand (`null`: any level). A counter's
- * consumption only grows through the batch, so each call's own level is at most the counter's
- * level before the batch plus everything the batch adds to it.
+ * For an all-`ok` batch: the most each counter may hold before the batch for its answers to stand (`null`: any level).
+ * Consumption only grows through the batch, so a call's level is at most the level before it plus the batch's adds.
  */
 function boundsOf(
   levels: ReadonlyMap<string, CounterLevel>,

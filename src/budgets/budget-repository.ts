@@ -135,14 +135,8 @@ export async function markBudgetRemoved(trx: Transaction<DB>, id: string, at: Da
 }
 
 /**
- * Starts a new budget's current period from what its subject has already spent in it, so that
- * a monthly budget created mid-month counts the month so far. Open reservations count at their
- * reserved amount: they were not charged to this budget, so they will never settle against it.
- *
- * Retention deletes a run's reservations with the run, long after any day or month they fell in
- * (`TOOLGATE_RETENTION_DAYS` is at least 31), keeping what the settled ones spent in
- * `budget_spend_archive`: a tenant's or agent's `total` window counts that too. (A run's own
- * reservations go only with the run, so a run budget never misses any.)
+ * Starts a new budget's period from what its subject already spent in it (open reservations at what they reserved:
+ * they will never settle against it), `budget_spend_archive` included for `total`: docs/operations.md#retention.
  */
 export async function seedBudgetCounter(trx: Transaction<DB>, budget: Budget, now: Date): Promise<void> {
   const start = periodStart(budget.period, now);

@@ -36,10 +36,8 @@ export type CreateBudgetResult =
   { ok: true; created: boolean; usage: BudgetUsage } | { ok: false; code: 'budget_conflict'; existing: BudgetUsage };
 
 /**
- * Creates a budget. One live budget holds each (tenant, scope, subject, period): asking again for
- * an identical one answers the existing budget (`created: false`), so scripts may re-run;
- * asking for different limits is a `budget_conflict` naming the existing budget (change it with
- * PUT instead). A new budget's current period starts from what its subject already spent in it.
+ * Creates a budget, one live per (tenant, scope, subject, period): an identical one answers the existing budget
+ * (`created: false`) so scripts may re-run; different limits are a `budget_conflict` naming it.
  */
 export async function createBudget(
   db: Kysely<DB>,

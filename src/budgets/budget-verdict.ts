@@ -2,7 +2,7 @@ import type { BudgetPeriod } from './budget-period.js';
 import type { BudgetScope } from './budget.js';
 import { fromMicros, type Micros } from './budget-units.js';
 
-/** SPEC §5 verdicts, from least to most severe. */
+/** Budget verdicts, from least to most severe (docs/api.md#budgets-and-rate-limits). */
 export const BUDGET_VERDICTS = ['ok', 'warn', 'grace', 'exceeded'] as const;
 export type BudgetVerdict = (typeof BUDGET_VERDICTS)[number];
 

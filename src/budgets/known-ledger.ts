@@ -12,11 +12,8 @@ export function runTotalCounter(subject: ChargeSubject): CounterRef {
 }
 
 /**
- * What one replica last saw of the budgets and counters it charges: the live budgets of each
- * (tenant, agent) and of each run, and each counter's level. These are guesses, never facts: a
- * batch decided from them is written only if the database still holds all of it (the compare
- * and set of `writeLedgerIf`, with the budgets), so a stale guess costs a read, never a wrong
- * decision. They spare a batch its read while this replica is the only one moving its counters.
+ * What this replica last saw of the live budgets and counter levels it charges: guesses that spare a batch its read,
+ * never facts — `writeLedgerIf` checks them, so a stale guess costs a read, never a wrong decision.
  */
 export class KnownLedger {
   /** Tenant- and agent-scope budgets, per (tenant, agent). */

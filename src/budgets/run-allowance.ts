@@ -17,13 +17,8 @@ import { periodStart } from './budget-period.js';
 import { fromMicros, toMicros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';
 
-/**
- * A run's allowance (SPEC §6 hand-offs) lives on its run-total counter, the one the request's
- * `budget_units` is checked against: its own calls are spent or reserved there, and a sub-run's
- * budget is *held* there (as reserved units) from the hand-off until the sub-run ends. The
- * ledger's checks then see a parent's room shrink at the hand-off, exactly and under the same
- * row locks, and when the sub-run ends the hold becomes what the sub-run really used.
- */
+// A run's allowance is its run-total counter: its calls are charged there and a sub-run's budget is held there until
+// the sub-run ends (docs/design/budget-ledger.md#a-runs-allowance).
 
 const EPOCH = new Date(0);
 
@@ -110,15 +105,9 @@ export interface RunToEnd {
 }
 
 /**
- * Locks, before a transaction ends these runs (closing their hand-offs) and closes their
- * reservations, everything of the ledger it will change, in the order every other writer takes
- * it: the reservations charged to their run totals (open or expired), in id order; then, in one
- * statement and in key order, the counters those reservations are charged to (budgets' and runs')
- * and the run totals of these runs and of their parents. Counters taken in two steps would not be
- * in key order: a sub-run's reservation, which locks its budgets' counters then its run total,
- * would deadlock with it. False when a reservation was recorded between the two steps: it is not
- * locked, and locking it now (after counters) could deadlock with its release; the caller starts
- * over. (Once the run totals are locked, none of these runs can record another.)
+ * Locks what ending these runs changes in the ledger, in every writer's order: their reservations, then all the
+ * counters in one statement. False when a reservation landed between the two: the caller starts over
+ * (docs/design/budget-ledger.md#a-runs-allowance).
  */
 export async function lockRunTreeLedger(trx: Transaction<DB>, runs: RunToEnd[]): Promise<boolean> {
   if (runs.length === 0) return true;
@@ -147,16 +136,8 @@ export interface AllowanceReturn {
 }
 
 /**
- * Turns the holds of ended sub-runs into what they used: the parent's counter loses the hold and
- * is charged the sub-run's use (its own calls and its sub-runs'). A call still in flight is
- * counted as used (a parent is never given back units that may yet be spent) and stays reserved
- * on the parent: the parent's counter joins the counters its reservation is charged to, so that
- * its settlement charges the parent what the call really cost, more or less than it reserved. A
- * call whose reservation expired (its units already given back) may still settle late: the
- * parent's counter joins its counters too, with nothing held.
- * `ended` must list deeper sub-runs before their parents, so that a parent's use includes its
- * sub-runs'. The open reservations are locked first, then the counters in the ledger's global
- * order, as a settlement does, so this never deadlocks with the ledger.
+ * Turns ended sub-runs' holds into what they used, calls in flight counted as used and charged to the parent too when
+ * they settle (docs/design/budget-ledger.md#a-runs-allowance). `ended` lists deeper sub-runs before their parents.
  */
 export async function returnSubRunAllowances(
   trx: Transaction<DB>,

@@ -530,7 +530,7 @@ export interface paths {
         };
         /**
          * Explain which grant would apply to a call, or why none does
-         * @description The resolution the admission pipeline runs at every step (SPEC §3): grants of (tenant,
+         * @description The resolution the admission pipeline runs at every step: grants of (tenant,
          *     agent, tool) whose `scope_ref` matches the given context, revoked and expired dropped, the
          *     most specific (per-run 100 > per-pipeline-instance 80 > per-session 60 > per-user 40 >
          *     per-tenant 20) and then most recent wins. `candidates` are the matches considered, best first.
@@ -720,7 +720,7 @@ export interface paths {
         put?: never;
         /**
          * Execute a plan of tool calls (agents)
-         * @description Each step passes the admission pipeline in SPEC §6 order (registry → category → allowlist →
+         * @description Each step passes the admission pipeline in this order (registry → category → allowlist →
          *     grant → scopes → context → input → approval → safety → cost → rate) and is then dispatched to the
          *     tool's backend. The first failure stops the run; later steps are `skipped`. The HTTP
          *     status is that of the step that stopped the run (200 when it completed) and the body is the
@@ -1119,7 +1119,7 @@ export interface paths {
         get: operations["getMcp"];
         put?: never;
         /**
-         * The MCP front door (agents; SPEC §12)
+         * The MCP front door (agents)
          * @description Model Context Protocol over Streamable HTTP, stateless: protocol 2026-07-28 (per-request
          *     `_meta`, `server/discover`) and 2025-06-18 / 2025-11-25 clients (an `initialize` answered
          *     on any replica). No `Mcp-Session-Id` is minted or required. The body is one JSON-RPC
@@ -1369,7 +1369,7 @@ export interface components {
             capacity: number;
             refill_per_second: number;
         };
-        /** @description `external_call` tools only: where the gateway's egress executor may go (SPEC §9). */
+        /** @description `external_call` tools only: where the gateway's egress executor may go. */
         ToolEgress: {
             /**
              * @example [
@@ -1401,7 +1401,7 @@ export interface components {
         };
         /**
          * @description The input of every `external_call` tool: the gateway's egress executor performs this request
-         *     after the guard of SPEC §9 (URL parsed, never repaired; scheme, method and host allowed;
+         *     after the egress guard (URL parsed, never repaired; scheme, method and host allowed;
          *     every resolved address public; the connection pinned to the checked addresses).
          */
         EgressInput: {
@@ -1425,7 +1425,7 @@ export interface components {
             body: unknown;
         };
         /**
-         * @description A tool contract (SPEC §2). `final_write`/`admin` tools need an empty `allowed_agents` and a
+         * @description A tool contract. `final_write`/`admin` tools need an empty `allowed_agents` and a
          *     risk of `high` or `critical`; `external_call` tools need `egress` and have no `backend`.
          */
         ToolRegistration: {

@@ -33,7 +33,7 @@ export interface Config {
   killSwitches: {
     /** How often each replica compares its snapshot's version with the database. */
     pollIntervalMs: number;
-    /** A snapshot not confirmed for this long fails closed (SPEC §4 hard bound: 5 s). */
+    /** A snapshot not confirmed for this long fails closed (at most 5 s: docs/design/replica-snapshots.md). */
     maxStalenessMs: number;
   };
   grants: {
@@ -70,7 +70,7 @@ export interface Config {
     /** How often a checkpoint of a chain that moved is recorded; 0 never (`TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS`). */
     intervalSeconds: number;
   };
-  /** The MCP front door, `POST /mcp` (SPEC §12). */
+  /** The MCP front door, `POST /mcp` (docs/mcp.md). */
   mcp: {
     /** Whether `/mcp` and its metadata route are served (`TOOLGATE_MCP_ENABLED`, default true). */
     enabled: boolean;
@@ -193,7 +193,7 @@ const environmentSchema = z
     // call would settle against nothing and its units be spent twice.
     TOOLGATE_BUDGET_RESERVATION_TTL_SECONDS: intInRange(600, 86_400, 900),
     TOOLGATE_KILL_SWITCH_POLL_MS: intInRange(50, 60_000, 1_000),
-    // SPEC §4: a switch takes effect on every replica within 5 s at the latest (the hard bound).
+    // A switch takes effect on every replica within 5 s at the latest: docs/design/replica-snapshots.md#kill-switches.
     TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: intInRange(500, 5_000, 5_000),
     TOOLGATE_GRANT_EXPIRY_SWEEP_MS: intInRange(50, 60_000, 1_000),
     TOOLGATE_REPLICA_LEASE_MS: intInRange(300, 600_000, 30_000),

@@ -107,7 +107,7 @@ export interface RateBucketTable {
   updated_at: Date;
 }
 
-/** Grants (SPEC §3); migration 0003. */
+/** Grants; migration 0003. */
 export interface GrantTable {
   id: string;
   tenant_id: string;
@@ -132,7 +132,7 @@ export interface GrantTable {
   version: ColumnType<string | number, never, never>;
 }
 
-/** Kill switches (SPEC §4); migration 0003. */
+/** Kill switches; migration 0003. */
 export interface KillSwitchTable {
   id: string;
   scope: string;

@@ -50,7 +50,7 @@ export type AddressVerdict =
   | { ok: true; address: string; family: 4 | 6; excepted: boolean }
   | ({ ok: false; address: string } & AddressClassification);
 
-/** Decides whether the gateway may connect to an address (SPEC §9). */
+/** Decides whether the gateway may connect to an address (docs/api.md#egress-guard-external_call-tools). */
 export type AddressPolicy = (address: string) => AddressVerdict;
 
 const cidr = (text: string): Cidr => ipaddr.parseCIDR(text);

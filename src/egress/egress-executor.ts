@@ -20,7 +20,7 @@ import { systemResolver, type ResolvedAddress } from './resolver.js';
 export type EgressCheck = { ok: true; host: string; addresses: string[] } | EgressDenied | EgressFailed;
 
 /**
- * The built-in backend of `external_call` tools (SPEC §9). `input` is the tool input as the agent
+ * The built-in backend of `external_call` tools. `input` is the tool input as the agent
  * sent it, expected to be an `EgressInput`; anything else is refused as `input_invalid`.
  */
 export interface EgressExecutor {

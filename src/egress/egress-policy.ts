@@ -1,7 +1,7 @@
 import type { Resolver } from './resolver.js';
 
 /**
- * The `egress` block of an `external_call` tool contract (SPEC §2, §9): where the gateway's
+ * The `egress` block of an `external_call` tool contract: where the gateway's
  * egress executor may go on the tool's behalf, and how far.
  */
 export interface EgressPolicy {

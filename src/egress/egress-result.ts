@@ -1,4 +1,4 @@
-/** What an `external_call` tool's input carries (SPEC §9). */
+/** What an `external_call` tool's input carries. */
 export interface EgressInput {
   url: string;
   /** Default `GET`; compared case-insensitively, sent upper-case. */
@@ -36,7 +36,7 @@ export type EgressDenialReason =
 export type EgressFailureReason =
   'deadline_exceeded' | 'dns_failed' | 'connection_failed' | 'response_too_large' | 'response_decoding_failed';
 
-/** A guard refusal: `403 egress_denied` (SPEC §7), to be audited as blocked egress. */
+/** A guard refusal: `403 egress_denied`, to be audited as blocked egress. */
 export interface EgressDenied {
   ok: false;
   code: 'egress_denied';

@@ -15,7 +15,7 @@ export interface ResolvedAddress {
  */
 export type Resolver = (hostname: string) => Promise<ResolvedAddress[]>;
 
-/** `dns.lookup` with `all: true`: the system resolver, so `/etc/hosts` and host aliases apply (SPEC §9). */
+/** `dns.lookup` with `all: true`: the system resolver, so `/etc/hosts` and host aliases apply. */
 export const systemResolver: Resolver = async (hostname) => {
   const answers = await dns.promises.lookup(hostname, { all: true });
   return answers.map(({ address, family }) => ({ address, family: family === 6 ? 6 : 4 }));

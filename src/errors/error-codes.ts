@@ -1,5 +1,5 @@
 /**
- * The closed set of error codes of SPEC §7. Codes are stable API: add, never rename.
+ * The closed set of error codes (README.md#errors). Codes are stable API: add, never rename.
  * README.md and openapi.yaml list every one (a test pins all three together).
  */
 export const ERROR_CODES = [

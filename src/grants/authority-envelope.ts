@@ -35,7 +35,7 @@ export function wideningIn(child: unknown, parent: unknown, path: string): strin
 
 /**
  * The modifiers a sub-run's call runs under: its own grant's and its envelope's, whichever is
- * narrower for each (SPEC §6: its authority is the intersection of the two).
+ * narrower for each: its authority is the intersection of the two.
  */
 export function narrowestModifiers(grant: CapabilityModifiers, envelope: CapabilityModifiers): CapabilityModifiers {
   const merged: CapabilityModifiers = { ...envelope, ...grant };

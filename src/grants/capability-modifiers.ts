@@ -28,7 +28,7 @@ export const capabilityModifiersSchema = z.strictObject({
 export type ModifierCheck = { ok: true } | { ok: false; field: string; message: string };
 
 /**
- * SPEC §3: modifiers only narrow what the tool contract allows. `egress_domains` needs a tool
+ * Modifiers only narrow what the tool contract allows. `egress_domains` needs a tool
  * with an egress allowlist and every entry must lie inside it; `max_cost_units` is a cap, which
  * can only narrow.
  */

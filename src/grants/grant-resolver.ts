@@ -1,6 +1,6 @@
 import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPE_PRIORITY, grantStatus, type Grant, type GrantStatus } from './grant.js';
 
-/** The run a call belongs to, as far as grants care (SPEC §3). Absent keys match nothing. */
+/** The run a call belongs to, as far as grants care. Absent keys match nothing. */
 export interface RunContext {
   tenant_id: string;
   run_id?: string | undefined;

@@ -32,7 +32,7 @@ import type { Database } from '../db/database.js';
 
 /**
  * What else happens in the transaction that ends grants: the runs that relied on them stop
- * (SPEC §3 cascade). The runs room provides it; grants know nothing of runs.
+ * (docs/api.md#approvals-hand-offs-and-run-controls, cascades). The runs room provides it; grants know nothing of runs.
  */
 export type GrantsEndedHook = (
   trx: Transaction<DB>,
@@ -116,7 +116,7 @@ export type GrantRefusal = {
 };
 
 /**
- * Grants (SPEC §3): the hot-path resolution the admission pipeline calls at every step, and the
+ * Grants: the hot-path resolution the admission pipeline calls at every step, and the
  * operator's changes — grant, revoke, renew — each committed together with its audit event.
  */
 export class GrantService {
@@ -359,7 +359,7 @@ export class GrantService {
     // among the versions it may use; one it names is refused by the category stage).
     const tool = versions.find((version) => !AGENT_FORBIDDEN_CATEGORIES.has(version.category));
     if (!tool) {
-      // An operator's power never transfers to an agent (SPEC §1): the attempt is on record.
+      // An operator's power never transfers to an agent: the attempt is on record.
       await this.deps.audit.append({
         event_type: 'security.category_blocked',
         actor: `operator:${request.actor.actor_id}`,

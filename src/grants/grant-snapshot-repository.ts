@@ -55,11 +55,8 @@ export interface GrantUseIf {
 }
 
 /**
- * Records that runs rely on grants, each only if its grant is live — and, for a use decided from
- * a copy, only if no grant of its (tenant, agent, tool) changed after the copy's version and the
- * grant had not expired when decided — answering for each use whether it was recorded. The grant
- * rows are share-locked, so a revocation either comes first (and this refuses) or waits and then
- * finds these runs to stop. One statement for the whole batch.
+ * Records grant uses in one statement, each only if its grant is live (share-locked: a revocation comes first or stops
+ * these runs) and, when decided from the copy, still as decided: docs/design/replica-snapshots.md#grants.
  */
 export async function recordGrantUsesIf(db: Kysely<DB>, uses: GrantUseIf[]): Promise<boolean[]> {
   if (uses.length === 0) return [];

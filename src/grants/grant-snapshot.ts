@@ -1,8 +1,8 @@
-import { performance } from 'node:perf_hooks';
 import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { Gauge, type Registry } from 'prom-client';
 import type { NotificationListener } from '../db/database.js';
+import { ReplicaSnapshot } from '../db/replica-snapshot.js';
 import type { DB } from '../db/schema.js';
 import { GRANT_SCOPE_CONTEXT_KEY, GRANT_SCOPES, type GrantScope } from './grant.js';
 import { resolveGrant, type RunContext } from './grant-resolver.js';
@@ -33,32 +33,28 @@ export interface GrantSnapshotOptions {
 }
 
 /**
- * This replica's in-memory copy of the grants that are neither revoked nor expired (SPEC §3),
- * so the grant stage decides without a read. It follows the kill-switch snapshot: a trigger
- * versions every creation and revocation and NOTIFYs on commit; replicas catch up on the
- * notification and compare versions every `pollIntervalMs`, which is what confirms freshness.
- *
- * The copy is never the last word: a call it admits records its grant use only if the grant's
- * (tenant, agent, tool) has not changed since the version decided at, and a call it cannot admit
- * (no live grant here, or the copy is stale) is decided from the database. So a stale copy costs
- * round trips, never exactness.
+ * This replica's copy of the live grants, so the grant stage decides without a read. Never the last word: a stale copy
+ * costs round trips, never exactness (docs/design/replica-snapshots.md#grants).
  */
 export class GrantSnapshot {
   /** Live grants by (tenant, agent, tool, scope, scope_ref): what a run context can match. */
   private readonly byScope = new Map<string, VersionedGrant[]>();
   private held = 0;
-  private version = -1;
-  private confirmedAt = Number.NEGATIVE_INFINITY;
-  private reloading: Promise<void> | undefined;
-  private reloadAgain = false;
-  private checking = false;
-  private timer: NodeJS.Timeout | undefined;
-  private stopped = false;
-  private failing = false;
-  private readonly clock: () => number;
+  private readonly copy: ReplicaSnapshot<GrantChanges>;
 
   constructor(private readonly options: GrantSnapshotOptions) {
-    this.clock = options.clock ?? (() => performance.now());
+    this.copy = new ReplicaSnapshot(
+      {
+        name: 'grant snapshot',
+        channel: GRANT_CHANNEL,
+        // Versions follow commit order, so the changes after ours are all there is to read.
+        read: (version) => readGrantChanges(options.db, version < 0 ? { now: options.now() } : { since: version }),
+        keep: (read, version) => this.keep(read, version),
+        readVersion: () => readGrantVersion(options.db),
+        beforeCheck: () => this.prune(options.now()),
+      },
+      options,
+    );
     const age: Gauge = new Gauge({
       name: 'toolgate_grant_snapshot_age_seconds',
       help: 'Seconds since this replica last confirmed its grant snapshot against the database (+Inf before the first)',
@@ -74,20 +70,12 @@ export class GrantSnapshot {
   }
 
   /** Subscribes, loads, and starts the periodic check. A database that is down now is not fatal. */
-  async start(): Promise<void> {
-    const { listener } = this.options;
-    listener.on('connected', this.onListenerConnected);
-    await listener.subscribe(GRANT_CHANNEL, this.onNotification);
-    await this.refresh().catch(() => undefined);
-    this.timer = setInterval(() => void this.check(), this.options.pollIntervalMs);
-    this.timer.unref();
+  start(): Promise<void> {
+    return this.copy.start();
   }
 
-  async stop(): Promise<void> {
-    this.stopped = true;
-    if (this.timer) clearInterval(this.timer);
-    this.options.listener.off('connected', this.onListenerConnected);
-    await this.reloading?.catch(() => undefined);
+  stop(): Promise<void> {
+    return this.copy.stop();
   }
 
   /** The grant this copy would resolve for (tenant, agent, tool) in `context` at `now`. */
@@ -104,17 +92,19 @@ export class GrantSnapshot {
         : (this.byScope.get(scopeKey(subject.tenantId, subject.agentId, subject.toolId, scope, ref)) ?? []);
     });
     const decided = resolveGrant(grants, context, now);
-    return decided.ok ? { ok: true, grant: decided.grant, version: this.version } : { ok: false, reason: 'miss' };
+    return decided.ok
+      ? { ok: true, grant: decided.grant, version: this.copy.version() }
+      : { ok: false, reason: 'miss' };
   }
 
   /** Milliseconds since the snapshot was last confirmed current (Infinity before the first load). */
   ageMs(): number {
-    return Math.max(0, this.clock() - this.confirmedAt);
+    return this.copy.ageMs();
   }
 
   /** The version this replica has caught up with, the grants it holds, and its age. */
   state(): { version: number; grants: number; age_ms: number } {
-    return { version: this.version, grants: this.held, age_ms: this.ageMs() };
+    return { version: this.copy.version(), grants: this.held, age_ms: this.ageMs() };
   }
 
   /**
@@ -122,55 +112,16 @@ export class GrantSnapshot {
    * Rejects when the database cannot be read.
    */
   refresh(): Promise<void> {
-    if (this.reloading) {
-      this.reloadAgain = true;
-      return this.reloading;
-    }
-    this.reloading = this.reloadUntilSettled().finally(() => {
-      this.reloading = undefined;
-    });
-    return this.reloading;
+    return this.copy.refresh();
   }
 
-  private async reloadUntilSettled(): Promise<void> {
-    do {
-      this.reloadAgain = false;
-      const began = this.clock();
-      // Versions follow commit order, so the changes after ours are all there is to read.
-      const full = this.version < 0;
-      const read = await this.bounded(
-        readGrantChanges(this.options.db, full ? { now: this.options.now() } : { since: this.version }),
-      );
-      if (read.version < this.version) {
-        // The database went back (restored from a backup): start again from what it holds.
-        this.version = -1;
-        this.reloadAgain = true;
-        continue;
-      }
-      if (full) this.replaceAll(read.grants);
-      else for (const grant of read.grants) this.apply(grant);
-      this.version = Math.max(this.version, read.version);
-      this.confirm(began);
-    } while (this.reloadAgain && !this.stopped);
-  }
-
-  private async check(): Promise<void> {
-    if (this.stopped || this.checking || this.reloading) return;
-    this.checking = true;
-    try {
-      this.prune(this.options.now());
-      const began = this.clock();
-      const version = await this.bounded(readGrantVersion(this.options.db));
-      if (version === this.version) this.confirm(began);
-      else await this.refresh();
-    } catch (error) {
-      if (!this.failing) {
-        this.failing = true;
-        this.options.logger.warn({ err: error }, 'grant snapshot cannot reach the database');
-      }
-    } finally {
-      this.checking = false;
-    }
+  /** Keeps a read taken at `version`: all the grants when the copy held none, else the changes since. */
+  private keep(read: GrantChanges, version: number): number | undefined {
+    // The database went back (restored from a backup): start again from what it holds.
+    if (read.version < version) return undefined;
+    if (version < 0) this.replaceAll(read.grants);
+    else for (const grant of read.grants) this.apply(grant);
+    return Math.max(version, read.version);
   }
 
   private replaceAll(grants: readonly VersionedGrant[]): void {
@@ -200,51 +151,10 @@ export class GrantSnapshot {
       else this.byScope.delete(key);
     }
   }
-
-  /** Gives up waiting on a read after the staleness bound (a silently partitioned connection). */
-  private bounded<T>(read: Promise<T>): Promise<T> {
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(
-        () => reject(new Error(`grant snapshot read unanswered after ${this.options.maxStalenessMs} ms`)),
-        this.options.maxStalenessMs,
-      );
-      timer.unref();
-      read.then(
-        (value) => {
-          clearTimeout(timer);
-          resolve(value);
-        },
-        (error: unknown) => {
-          clearTimeout(timer);
-          reject(error);
-        },
-      );
-    });
-  }
-
-  private confirm(began: number): void {
-    if (began > this.confirmedAt) this.confirmedAt = began;
-    if (this.failing) {
-      this.failing = false;
-      this.options.logger.info('grant snapshot confirmed again');
-    }
-  }
-
-  private readonly onNotification = (payload: string): void => {
-    if (this.stopped) return;
-    const announced = Number(payload);
-    if (Number.isFinite(announced) && announced <= this.version) return;
-    this.refresh().catch((error: unknown) => {
-      this.options.logger.warn({ err: error }, 'grant snapshot catch-up after notification failed');
-    });
-  };
-
-  // Notifications sent while the listener was away are lost: catch up on every (re)connect.
-  private readonly onListenerConnected = (): void => {
-    if (this.stopped) return;
-    this.refresh().catch(() => undefined);
-  };
 }
+
+/** A read: the version, and every live grant or the grants changed since the copy's version. */
+type GrantChanges = { version: number; grants: VersionedGrant[] };
 
 function scopeKey(tenantId: string, agentId: string, toolId: string, scope: GrantScope, ref: string): string {
   return JSON.stringify([tenantId, agentId, toolId, scope, ref]);

@@ -1,6 +1,6 @@
 import type { OperatorRole } from '../auth/principal.js';
 
-/** The five grant scopes of SPEC §3, most specific first. */
+/** The five grant scopes, most specific first (docs/api.md#grants-and-kill-switches). */
 export const GRANT_SCOPES = ['per-run', 'per-pipeline-instance', 'per-session', 'per-user', 'per-tenant'] as const;
 export type GrantScope = (typeof GRANT_SCOPES)[number];
 
@@ -29,7 +29,7 @@ export interface OperatorActor {
 }
 
 /**
- * Per-grant narrowing of a tool (SPEC §3). A closed set: a modifier the gateway does not know
+ * Per-grant narrowing of a tool. A closed set: a modifier the gateway does not know
  * could not be enforced, so it is refused rather than stored.
  */
 export type CapabilityModifiers = {

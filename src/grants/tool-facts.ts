@@ -27,5 +27,5 @@ export interface ToolFactsLookup {
   readiness?(): { ok: boolean; reason?: string | undefined };
 }
 
-/** Tool categories an agent may never hold, whatever an operator grants (SPEC §1, §3). */
+/** Tool categories an agent may never hold, whatever an operator grants. */
 export const AGENT_FORBIDDEN_CATEGORIES: ReadonlySet<string> = new Set(['final_write', 'admin']);

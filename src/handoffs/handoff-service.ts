@@ -22,7 +22,7 @@ export interface HandoffServiceDeps {
   grants: GrantsPort;
   grantUses: GrantUsePort;
   now: () => Date;
-  /** A hand-off is refused once the trace root … parent is this long (SPEC §6: 5). */
+  /** A hand-off is refused once the trace root … parent is this long (`TOOLGATE_HANDOFF_MAX_DEPTH`, 5). */
   maxDepth: number;
   /** How many hand-offs a root run may make; a sub-run may make what its hand-off allows. */
   rootMaxFanout: number;
@@ -68,7 +68,7 @@ export class HandoffService {
     return changeInLockOrder(this.deps.database.control, async (trx) => {
       const parent = await lockRun(trx, seen);
       if (!parent) return notResumable(seen);
-      // Every refusal made here is on record (SPEC §8): under the parent run, in this transaction.
+      // Every refusal made here is on record: under the parent run, in this transaction.
       const refuse = async (refusal: HandoffRefusal): Promise<HandoffRefusal> => {
         await writeAuditEvents(trx, [
           {

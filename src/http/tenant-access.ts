@@ -6,7 +6,7 @@ import { ApiError } from './errors.js';
 
 /**
  * Records a tenant-operator (or an agent) naming another tenant, then answers exactly as for
- * a tenant that does not exist (SPEC §1: `404`, never leaked). The event, in the caller's own
+ * a tenant that does not exist (`404`: whether it exists is never leaked). The event, in the caller's own
  * tenant, names what was asked for, never what exists: it is recorded whether the tenant exists or not.
  */
 export async function refuseCrossTenant(

@@ -55,7 +55,7 @@ export function switchMatches(ks: KillSwitch, call: ExecutionTarget): boolean {
 }
 
 /**
- * SPEC §4: every armed switch matching the call, the broadest blamed (global > region >
+ * Every armed switch matching the call, the broadest blamed (global > region >
  * provider > tenant > family > agent > tool). Among switches of one scope the platform-wide one
  * is blamed before a tenant's, then the earliest armed — the one that tripped first.
  */

@@ -33,8 +33,8 @@ export interface ArmRequest {
 }
 
 /**
- * What else happens in the transaction that arms a switch: the open runs it stops (SPEC §4
- * cascade). The runs room provides it.
+ * What else happens in the transaction that arms a switch: the open runs it stops
+ * (docs/api.md#approvals-hand-offs-and-run-controls, cascades). The runs room provides it.
  */
 export type KillSwitchArmedHook = (
   trx: Transaction<DB>,
@@ -52,7 +52,7 @@ export type KillSwitchRefusal = {
 };
 
 /**
- * Arming and disarming (SPEC §4). Each change and its audit event commit in one transaction;
+ * Arming and disarming. Each change and its audit event commit in one transaction;
  * the database trigger then announces it to every replica's snapshot.
  */
 export class KillSwitchService {

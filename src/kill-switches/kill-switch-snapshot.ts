@@ -1,7 +1,7 @@
-import { performance } from 'node:perf_hooks';
 import type { Logger } from 'pino';
 import { Gauge, type Registry } from 'prom-client';
 import type { NotificationListener } from '../db/database.js';
+import { ReplicaSnapshot } from '../db/replica-snapshot.js';
 import { decideKillSwitches, type ExecutionTarget, type KillSwitchDecision } from './kill-switch-decision.js';
 import type { KillSwitch } from './kill-switch.js';
 import { KILL_SWITCH_CHANNEL, readArmedKillSwitches, readKillSwitchVersion } from './kill-switch-repository.js';
@@ -25,29 +25,29 @@ export interface KillSwitchSnapshotOptions {
 }
 
 /**
- * This replica's in-memory copy of the armed kill switches (SPEC §4), so the hot path decides
- * without a query. PostgreSQL NOTIFY (sent by a trigger on commit) triggers a reload within
- * milliseconds; a periodic version check catches anything the listener missed and is what
- * *confirms* freshness. A snapshot not confirmed for `maxStalenessMs` fails closed: `decide`
- * answers `gateway_unavailable` and readiness fails, until a check succeeds again.
- *
- * Freshness is stamped with the time a read *began*, since the database state it saw is at
- * least that recent.
+ * This replica's copy of the armed kill switches, so the hot path decides without a query. Not confirmed for
+ * `maxStalenessMs`, it fails closed: docs/design/replica-snapshots.md#kill-switches.
  */
 export class KillSwitchSnapshot {
   private switches: readonly KillSwitch[] = [];
-  private version = -1;
-  private confirmedAt = Number.NEGATIVE_INFINITY;
-  private reloading: Promise<void> | undefined;
-  private reloadAgain = false;
-  private checking = false;
-  private timer: NodeJS.Timeout | undefined;
-  private stopped = false;
-  private failing = false;
-  private readonly clock: () => number;
+  private readonly copy: ReplicaSnapshot<{ version: number; switches: readonly KillSwitch[] }>;
 
   constructor(private readonly options: KillSwitchSnapshotOptions) {
-    this.clock = options.clock ?? (() => performance.now());
+    this.copy = new ReplicaSnapshot(
+      {
+        name: 'kill-switch snapshot',
+        channel: KILL_SWITCH_CHANNEL,
+        read: () => readArmedKillSwitches(options.database.control),
+        // A slower read can finish after a newer one: never step back to an older version.
+        keep: (read, version) => {
+          if (read.version < version) return version;
+          this.switches = read.switches;
+          return read.version;
+        },
+        readVersion: () => readKillSwitchVersion(options.database.control),
+      },
+      options,
+    );
     const gauge: Gauge = new Gauge({
       name: 'toolgate_kill_switch_snapshot_age_seconds',
       help: 'Seconds since this replica last confirmed its kill-switch snapshot against the database (+Inf before the first)',
@@ -63,20 +63,12 @@ export class KillSwitchSnapshot {
   }
 
   /** Subscribes, loads, and starts the periodic check. A database that is down now is not fatal. */
-  async start(): Promise<void> {
-    const { listener } = this.options;
-    listener.on('connected', this.onListenerConnected);
-    await listener.subscribe(KILL_SWITCH_CHANNEL, this.onNotification);
-    await this.refresh().catch(() => undefined);
-    this.timer = setInterval(() => void this.check(), this.options.pollIntervalMs);
-    this.timer.unref();
+  start(): Promise<void> {
+    return this.copy.start();
   }
 
-  async stop(): Promise<void> {
-    this.stopped = true;
-    if (this.timer) clearInterval(this.timer);
-    this.options.listener.off('connected', this.onListenerConnected);
-    await this.reloading;
+  stop(): Promise<void> {
+    return this.copy.stop();
   }
 
   /**
@@ -99,12 +91,12 @@ export class KillSwitchSnapshot {
 
   /** Milliseconds since the snapshot was last confirmed current (Infinity before the first load). */
   ageMs(): number {
-    return Math.max(0, this.clock() - this.confirmedAt);
+    return this.copy.ageMs();
   }
 
   /** The armed switches as this replica sees them, and the version they came from. */
   state(): { version: number; switches: readonly KillSwitch[]; age_ms: number } {
-    return { version: this.version, switches: this.switches, age_ms: this.ageMs() };
+    return { version: this.copy.version(), switches: this.switches, age_ms: this.ageMs() };
   }
 
   /**
@@ -112,94 +104,6 @@ export class KillSwitchSnapshot {
    * Rejects when the database cannot be read.
    */
   refresh(): Promise<void> {
-    if (this.reloading) {
-      this.reloadAgain = true;
-      return this.reloading;
-    }
-    this.reloading = this.reloadUntilSettled().finally(() => {
-      this.reloading = undefined;
-    });
-    return this.reloading;
+    return this.copy.refresh();
   }
-
-  private async reloadUntilSettled(): Promise<void> {
-    do {
-      this.reloadAgain = false;
-      const began = this.clock();
-      const { version, switches } = await this.bounded(readArmedKillSwitches(this.options.database.control));
-      // A slower read can finish after a newer one: never step back to an older version.
-      if (version >= this.version) {
-        this.version = version;
-        this.switches = switches;
-      }
-      this.confirm(began);
-    } while (this.reloadAgain && !this.stopped);
-  }
-
-  private async check(): Promise<void> {
-    if (this.stopped || this.checking || this.reloading) return;
-    this.checking = true;
-    try {
-      const began = this.clock();
-      const version = await this.bounded(readKillSwitchVersion(this.options.database.control));
-      if (version === this.version) this.confirm(began);
-      else await this.refresh();
-    } catch (error) {
-      if (!this.failing) {
-        this.failing = true;
-        this.options.logger.warn({ err: error }, 'kill-switch snapshot cannot reach the database');
-      }
-    } finally {
-      this.checking = false;
-    }
-  }
-
-  /**
-   * Gives up waiting on a read after the staleness bound. A connection whose server vanished
-   * without closing it (a network partition) can leave a query pending for minutes; waiting on it
-   * would stall every later reload and check, and the snapshot would stay stale after the
-   * database is back. A read that answers after that is ignored.
-   */
-  private bounded<T>(read: Promise<T>): Promise<T> {
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(
-        () => reject(new Error(`kill-switch read unanswered after ${this.options.maxStalenessMs} ms`)),
-        this.options.maxStalenessMs,
-      );
-      timer.unref();
-      read.then(
-        (value) => {
-          clearTimeout(timer);
-          resolve(value);
-        },
-        (error: unknown) => {
-          clearTimeout(timer);
-          reject(error);
-        },
-      );
-    });
-  }
-
-  private confirm(began: number): void {
-    if (began > this.confirmedAt) this.confirmedAt = began;
-    if (this.failing) {
-      this.failing = false;
-      this.options.logger.info('kill-switch snapshot confirmed again');
-    }
-  }
-
-  private readonly onNotification = (payload: string): void => {
-    if (this.stopped) return;
-    const announced = Number(payload);
-    if (Number.isFinite(announced) && announced <= this.version) return;
-    this.refresh().catch((error: unknown) => {
-      this.options.logger.warn({ err: error }, 'kill-switch reload after notification failed');
-    });
-  };
-
-  // Notifications sent while the listener was away are lost: reload on every (re)connect.
-  private readonly onListenerConnected = (): void => {
-    if (this.stopped) return;
-    this.refresh().catch(() => undefined);
-  };
 }

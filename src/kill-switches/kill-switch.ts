@@ -1,6 +1,6 @@
 import type { OperatorRole } from '../auth/principal.js';
 
-/** The kill-switch scopes of SPEC §4, in blame order: the broadest first. */
+/** The kill-switch scopes in blame order, the broadest first (docs/api.md#grants-and-kill-switches). */
 export const KILL_SWITCH_SCOPES = ['global', 'region', 'provider', 'tenant', 'family', 'agent', 'tool'] as const;
 export type KillSwitchScope = (typeof KILL_SWITCH_SCOPES)[number];
 

@@ -6,7 +6,7 @@ import { identifier, positiveUnits } from '../http/validation.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest, RunStatus } from '../runs/run-types.js';
 
-/** The request `_meta` key carrying the run's fields (SPEC §12). */
+/** The request `_meta` key carrying the run's fields (docs/mcp.md#connecting). */
 export const RUN_META_KEY = 'dev.toolgate/run';
 /** The result `_meta` key carrying what became of the call. */
 export const RESULT_META_KEY = 'dev.toolgate/result';

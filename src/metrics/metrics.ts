@@ -9,7 +9,7 @@ export interface Metrics {
   decisions: Counter<'outcome' | 'reason'>;
   admissionDuration: Histogram;
   backendDuration: Histogram<'tool_id' | 'outcome'>;
-  /** MCP requests (SPEC §12) by JSON-RPC method and outcome. */
+  /** MCP requests by JSON-RPC method and outcome. */
   mcpRequests: Counter<'method' | 'outcome'>;
 }
 

@@ -74,10 +74,8 @@ export async function readBucket(db: Kysely<DB>, key: BucketKey): Promise<Bucket
 }
 
 /**
- * Stores a bucket's new level only if it still holds `expected` (compare and set). One
- * statement, so a replica that knows the level decides and stores in one round trip. When anyone
- * else changed it since, nothing is stored and the answer is the level it holds now, read under
- * its lock, to decide again from (`current` is missing only for a bucket that does not exist).
+ * Stores a bucket's new level only if it still holds `expected`, in one statement; otherwise answers the level it holds
+ * now, read under its lock, to decide again from (`current` is missing only for a bucket that does not exist).
  */
 export async function storeBucketIf(
   db: Kysely<DB>,
@@ -126,12 +124,8 @@ export async function storeBuckets(
 }
 
 /**
- * Gives leased tokens back to their buckets, each up to `capacity` and never past it (a bucket
- * already that full, or fuller under a contract lowered since, is left as it is). One statement,
- * rows in one order, so that two replicas closing together queue instead of deadlocking. The
- * server cancels it after `timeoutMs` (a row held by another transaction, a slow server): a
- * closing replica's pool waits for its connections, so a statement left running would hold the
- * shutdown after the caller stopped waiting for it.
+ * Gives leased tokens back, never past `capacity`, in one statement locking rows in one order (replicas closing
+ * together queue). The server cancels it after `timeoutMs`, so it cannot hold a closing replica's pool.
  */
 export async function returnTokens(
   db: Kysely<DB>,

@@ -113,10 +113,8 @@ export class RateLimiter {
   }
 
   /**
-   * Waits for takes in flight, then gives the tokens this replica leased and did not spend back to
-   * their buckets, so that other replicas can take them. Best-effort: if the database does not
-   * answer within `CLOSE_STEP_WAIT_MS`, or fails, they are lost (the strict side), as at a crash;
-   * the server gives the statement up by then too, so it does not keep holding the pool's close.
+   * Waits for takes in flight, then gives unspent leased tokens back for other replicas. Best-effort: unanswered within
+   * `CLOSE_STEP_WAIT_MS` they are lost, the strict side (docs/design/rate-limit-buckets.md).
    */
   async close(): Promise<void> {
     await this.batches.drain();
@@ -168,10 +166,8 @@ export class RateLimiter {
   }
 
   /**
-   * One bucket's takes: decided against the level this replica knows and stored if it is still
-   * the stored one. When another replica stored first, the statement answers the level as it
-   * stands, and the takes are decided again from it and offered again; a batch that keeps losing
-   * is decided under the row lock.
+   * One bucket's takes, decided on the level this replica knows and stored if it still stands; else decided again from
+   * the level answered, under the row lock once they keep losing (docs/design/rate-limit-buckets.md).
    */
   private async commitBucket(id: string, takes: TakeRequest[], nowMs: number): Promise<RateDecision[]> {
     const key = takes[0]!;

@@ -1,7 +1,7 @@
 import { isDeprecatedAt, type ToolContract, type ToolDependency } from './tool-contract.js';
 import { pickVersion, type VersionCandidate } from './version-resolution.js';
 
-/** Why a dependency cannot be met (SPEC §2). */
+/** Why a dependency cannot be met. */
 export type DependencyReason = 'unknown_tool' | 'semver_range_no_match';
 
 /** A registered version as the dependency walk sees it. */

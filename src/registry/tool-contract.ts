@@ -4,7 +4,7 @@ import type { EgressPolicy } from '../egress/egress-policy.js';
 /** Only `TOOLGATE_SECRET_*` variables may feed backend headers, so a registrant cannot read `DATABASE_URL`. */
 export { SECRET_ENV_PATTERN };
 
-/** The five categories of SPEC §2. Agents only ever use the first two (and external calls where enabled). */
+/** The five tool categories. Agents only ever use the first two (and external calls where enabled). */
 export const TOOL_CATEGORIES = ['read_only', 'draft_write', 'final_write', 'admin', 'external_call'] as const;
 export type ToolCategory = (typeof TOOL_CATEGORIES)[number];
 
@@ -23,7 +23,7 @@ export const TOOL_ID_PATTERN = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/;
 /** A backend header value: a literal, or the name of a `TOOLGATE_SECRET_*` variable read at start-up. */
 export type HeaderValue = string | { from_env: string };
 
-/** How the gateway calls a tool's backend (SPEC §2, §6 step 12). */
+/** How the gateway calls a tool's backend (the dispatch stage). */
 export interface ToolBackend {
   url: string;
   method: string;
@@ -62,7 +62,7 @@ export interface ToolRateLimit {
 }
 
 /**
- * A registered tool version, exactly as the API speaks it (SPEC §2). Everything but
+ * A registered tool version, exactly as the API speaks it. Everything but
  * `deprecation` is immutable once registered.
  */
 export interface ToolContract {

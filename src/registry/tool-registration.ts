@@ -128,9 +128,9 @@ const egressSchema = z.strictObject({
 const nullableLabel = z.string().trim().min(1).max(200).nullable().default(null);
 
 /**
- * The body of `POST /tools`. Parsing normalises it (defaults filled in) into the content that is
- * stored and compared for idempotency; every rule of SPEC §2 that needs no other tool is checked
- * here, so a failure names its field.
+ * The body of `POST /tools`. Parsing normalises it (defaults filled in) into the content that is stored and compared
+ * for idempotency; every rule that needs no other tool is checked here, so a failure names its field
+ * (docs/api.md#the-tool-registry-tools).
  */
 export const toolRegistrationSchema = z
   .strictObject({

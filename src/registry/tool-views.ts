@@ -67,9 +67,8 @@ function redactedBackend(backend: ToolBackend | null): ToolBackend | null {
 }
 
 /**
- * An operator's view: the contract in SPEC §2 order. A tenant-operator learns whether a backend is
- * configured, not where it is; a platform-operator sees it with literal header values masked, since
- * they often hold credentials.
+ * An operator's view: the whole contract. A tenant-operator learns whether a backend is configured, not where it is;
+ * a platform-operator sees it with literal header values masked, since they often hold credentials.
  */
 export function operatorViewOf(tool: ToolContract, role: OperatorRole): OperatorToolView {
   return {

@@ -10,7 +10,7 @@ export type ApprovalKind = (typeof APPROVAL_KINDS)[number];
 export const APPROVAL_STATUSES = ['pending', 'approved', 'rejected', 'expired', 'cancelled'] as const;
 export type ApprovalStatus = (typeof APPROVAL_STATUSES)[number];
 
-/** A proposed action waiting for a human (SPEC §6 step 8), bound to the run and what it would do. */
+/** A proposed action waiting for a human, bound to the run and what it would do. */
 export interface Approval {
   id: string;
   tenant_id: string;

@@ -198,7 +198,7 @@ export class Dispatcher {
     return { ...dispatched, runEnded };
   }
 
-  /** The tool's registered backend, or for `external_call` tools the egress executor (SPEC §9). */
+  /** The tool's registered backend, or for `external_call` tools the egress executor. */
   async callBackend(
     exec: Execution,
     tool: AdmissibleTool,

@@ -41,7 +41,7 @@ export interface RunExecutorDeps {
   lease: { valid(): boolean };
 }
 
-/** Denials that are security events (SPEC §8) are recorded under their own event type. */
+/** Denials that are security events are recorded under their own event type. */
 export const SECURITY_DENIALS: Partial<Record<ErrorCode, string>> = {
   tool_category_blocked: 'security.category_blocked',
   unauthorized_tool_access: 'security.unauthorized_tool_access',

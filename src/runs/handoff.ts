@@ -11,7 +11,7 @@ export type ApprovalRequirement = (typeof APPROVAL_REQUIREMENTS)[number];
 /** How strict each requirement is: a hand-off may keep or raise its parent's, never lower it. */
 export const APPROVAL_REQUIREMENT_RANK: Readonly<Record<ApprovalRequirement, number>> = { none: 0, operator: 1 };
 
-/** The typed reasons of `403 handoff_rejected`, in the order they are checked (SPEC §6). */
+/** The typed reasons of `403 handoff_rejected`, in checking order: docs/api.md#approvals-hand-offs-and-run-controls. */
 export const HANDOFF_REJECTIONS = [
   'cycle_detected',
   'depth_cap_exceeded',

@@ -319,8 +319,8 @@ export class RunControls {
   }
 
   /**
-   * A control refused for the state of a run the caller may see, on record as every denial is
-   * (SPEC §8): `run.control_rejected`, `denied`, the answer's code, details and message, in the
+   * A control refused for the state of a run the caller may see, on record as every denial is:
+   * `run.control_rejected`, `denied`, the answer's code, details and message, in the
    * transaction that decided it — so a refusal that cannot be recorded is no answer (503).
    */
   private async reject(

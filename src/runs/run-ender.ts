@@ -63,10 +63,8 @@ export class RunEnder {
   }
 
   /**
-   * Lets go of the run with where it got to. A run that ends here takes its open sub-runs with
-   * it and closes its own hand-off; that needs the audit chain's lock before the run's, so it is
-   * done again that way when it turns out to be needed. `ending` (an overshoot that kills a
-   * sub-run) is recorded in the commit that ends the run, or not at all if the run moved on.
+   * Lets go of the run with where it got to. Ending it with sub-runs or a hand-off needs the chain head first, so
+   * that is redone in lock order when needed; `ending` commits with the end, or not at all if the run moved on.
    */
   async end(
     exec: Execution,

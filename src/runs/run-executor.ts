@@ -29,10 +29,8 @@ import { StepLoop } from './step-loop.js';
 import type { RunAnswer } from './run-types.js';
 
 /**
- * Executes runs: claims the run id, takes each step through admission, dispatches what is
- * admitted with an intent record committed first, and stores the envelope for replays. At every
- * call boundary (but the first after its claim) it re-reads the run, so a control or cascade from
- * any replica stops it there.
+ * Executes runs: claims the run id, admits each step, dispatches after an intent record commits, stores the envelope
+ * for replays. It re-reads the run at every call boundary, so a control or cascade from any replica stops it there.
  */
 export class RunExecutor {
   /** Claims of runs that happen at the same moment share one statement (group commit). */
@@ -286,9 +284,8 @@ export class RunExecutor {
   }
 
   /**
-   * A waiting run whose approval lapsed meanwhile — a throttled run's next step's, unused past its
-   * time, or a sub-run's hand-off's, undecided — is not taken up again, as a resume would not take
-   * it up: the approval is recorded as expired, the run cancelled, and the request refused with
+   * A waiting run whose approval lapsed meanwhile (a throttled run's next step's, a sub-run's hand-off's) is not
+   * taken up again, as a resume would not: the approval expires, the run is cancelled, the request is
    * `409 run_not_resumable`.
    */
   private async refuseLapsedApproval(
@@ -310,7 +307,7 @@ export class RunExecutor {
   }
 
   /**
-   * Refuses a whole request, on record as every denial is (SPEC §8): under the run id asked for
+   * Refuses a whole request, on record as every denial is: under the run id asked for
    * and the agent that asked, saying no more than the answer does. The parent_run_id the request
    * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
    */

@@ -39,7 +39,7 @@ export function isTerminal(status: RunStatus): status is TerminalStatus {
 /** The door a run request came through when it was not the REST API; its audit records name it. */
 export type Via = 'mcp';
 
-/** The body of `POST /runs/execute` (SPEC §6), after validation. */
+/** The body of `POST /runs/execute`, after validation. */
 export interface RunRequest {
   run_id: string;
   parent_run_id?: string | undefined;
@@ -104,7 +104,7 @@ export interface RunStop {
   audit_id: string | null;
 }
 
-/** One entry of a run's attribution chain (SPEC §6 hand-offs), root first. */
+/** One entry of a run's attribution chain, root first. */
 export interface Attribution {
   run_id: string;
   agent_id: string;

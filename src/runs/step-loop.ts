@@ -86,10 +86,8 @@ export class StepLoop {
   }
 
   /**
-   * How the step at `index` ends the run when its record can carry the run's end (one commit
-   * instead of two): a root run's last step, or a step that stops it in a final status. A sub-run
-   * (its end closes a hand-off, under the audit chain's lock) and a run kept open end otherwise.
-   * The envelope is the one `runFrom` would store after the step.
+   * How the step at `index` ends a root run when its record can carry the end (one commit instead of two), with the
+   * envelope `runFrom` would store: docs/design/audit-chain.md#a-runs-last-record-carries-the-runs-end.
    */
   closingAt(exec: Execution, steps: StepResult[], warnings: string[], index: number): Closing | undefined {
     const { request, run } = exec;
@@ -115,10 +113,8 @@ export class StepLoop {
   }
 
   /**
-   * The run's end `closing` gives for a step, as the audit log carries it; the answer kept in
-   * `answered`. A large envelope (outputs of megabytes) ends the run the usual way: the record that
-   * would carry it holds the audit chain's head while PostgreSQL reads it, and every replica's
-   * appends wait meanwhile.
+   * The run's end `closing` gives for a step, as the audit log carries it; the answer kept in `answered`. A large
+   * envelope ends the run the usual way: PostgreSQL would read it while holding the chain head every append waits for.
    */
   endFor(
     exec: Execution,
@@ -268,7 +264,7 @@ export class StepLoop {
     const denial = admission.denial!;
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
-    // A sub-run's call that its handed budget cannot pay for is an overshoot (SPEC §6).
+    // A sub-run's call that its handed budget cannot pay for is an overshoot.
     const overshoot =
       exec.delegation !== undefined &&
       stage === 'cost' &&

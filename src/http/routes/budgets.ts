@@ -102,7 +102,7 @@ export function budgetJson(usage: BudgetUsage): Record<string, unknown> {
 }
 
 /**
- * `/budgets`: cost-unit limits per tenant, agent or run (SPEC §5). Tenant-operators manage their
+ * `/budgets`: cost-unit limits per tenant, agent or run. Tenant-operators manage their
  * own tenant's; another tenant's budgets are 404 and a `security.cross_tenant_attempt` event.
  * A platform-operator may name any tenant with `tenant_id`.
  */

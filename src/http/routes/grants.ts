@@ -93,7 +93,7 @@ export function grantView(grant: Grant, now: Date) {
   };
 }
 
-/** `/grants`: give agents tools in a scope, take them back, renew, and explain (SPEC §3). */
+/** `/grants`: give agents tools in a scope, take them back, renew, and explain. */
 export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): Promise<void> {
   const { grants, audit, now } = deps;
 

@@ -104,7 +104,7 @@ export function killSwitchView(ks: KillSwitch) {
   };
 }
 
-/** `/kill-switches`: arm, disarm, list, read, and explain which switches stop a call (SPEC §4). */
+/** `/kill-switches`: arm, disarm, list, read, and explain which switches stop a call. */
 export async function killSwitchRoutes(app: FastifyInstance, deps: KillSwitchRouteDeps): Promise<void> {
   const { service, snapshot, audit } = deps;
 

@@ -67,7 +67,7 @@ const deprecationsQuery = z.strictObject({
 });
 
 /**
- * The tool registry (SPEC §2). Reads are answered from this replica's catalog (never more than
+ * The tool registry. Reads are answered from this replica's catalog (never more than
  * about a second behind the database); writes refresh it before answering, so an operator
  * reads its own writes.
  */
