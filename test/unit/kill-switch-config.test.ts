@@ -14,7 +14,7 @@ describe('kill-switch and grant-expiry configuration', () => {
     expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: 'soon' })).toThrow(
       /TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/,
     );
-    // SPEC §4's hard bound is 5 s: a replica may not be configured to act on an older snapshot.
+    // The hard bound is 5 s (docs/design/replica-snapshots.md): a replica may not act on an older snapshot.
     expect(() => loadConfig({ TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS: '6000' })).toThrow(
       /TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS/,
     );
