@@ -6,8 +6,8 @@
  * a budget and a rate limit in force, every call audited). Prints req/s, p50 and p99 for both and
  * their ratios, the statements sent to PostgreSQL per call, the CPU the gateways and a local
  * PostgreSQL spent per call, the gateways' garbage-collection pauses per call and full
- * collections, the gateway's peak RSS, and checks that the audit log holds exactly one outcome
- * record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
+ * collections, the gateway's peak RSS, the bytes each call leaves on disk (all tables and
+ * indexes), and checks that the audit log holds exactly one outcome record per call made. Absolute numbers drift on shared machines; the ratios are the figures.
  *
  * A closed loop at fixed concurrency runs the gateway as fast as it can go, so its latency is
  * mostly queueing once the gateway is saturated. The paced phases measure latency at moderate
@@ -329,6 +329,21 @@ async function main(): Promise<void> {
       warn_ratio: 1,
       grace_units: 0,
     });
+    // What the gateway's tables and their indexes hold on disk (the floor's own table aside).
+    const sizer = new pg.Client({ connectionString: dbUrl });
+    await sizer.connect();
+    const tableBytes = async () =>
+      new Map(
+        (
+          await sizer.query<{ name: string; bytes: string }>(
+            `select c.relname as name, pg_total_relation_size(c.oid)::text as bytes from pg_class c
+               join pg_namespace n on n.oid = c.relnamespace
+              where n.nspname = current_schema() and c.relkind in ('r', 'm') and c.relname <> 'bench_floor'`,
+          )
+        ).rows.map((row) => [row.name, Number(row.bytes)]),
+      );
+    const databaseBytes = async () => [...(await tableBytes()).values()].reduce((a, b) => a + b, 0);
+    const tablesAtStart = await tableBytes();
     // Let every replica's caches see the registration before measuring.
     await new Promise((r) => setTimeout(r, 1500));
 
@@ -362,6 +377,7 @@ async function main(): Promise<void> {
     const gatewayPools = gateways.map((_, i) => new Pool(`http://127.0.0.1:${basePort + i}`, { connections: 128 }));
     let counter = 0;
     let made = 0;
+    let refusedMade = 0;
     const callGateway = (count: number) => async () => {
       counter += 1;
       const pool = gatewayPools[counter % count]!;
@@ -399,6 +415,7 @@ async function main(): Promise<void> {
         }),
       });
       await res.body.text();
+      refusedMade += 1;
       return res.statusCode === expected[which];
     };
 
@@ -492,6 +509,7 @@ async function main(): Promise<void> {
       return summary(phase);
     };
 
+    const bytesAtStart = await databaseBytes();
     await load('warm-up', 8, 2, callDirect);
     await load('warm-up', 8, 2, callFloor);
     await load('warm-up', 8, 2, callBareProxy);
@@ -525,12 +543,14 @@ async function main(): Promise<void> {
       ...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]),
     );
     // Refusals: back-pressure must cost no more than admission.
+    const bytesBeforeRefusals = await databaseBytes();
     await load('warm-up', moderate, 2, callRefused);
     const refusedLabel = `refused calls (grant missing, rate limited, budget exceeded), concurrency ${moderate}`;
     rows.push([
       refusedLabel,
       await gatewayPhase(refusedLabel, 1, (c) => load('refused', moderate, seconds, c), callRefused),
     ]);
+    const bytesAfterRefusals = await databaseBytes();
     const d64 = summary(await load('direct', heavy, seconds, callDirect));
     rows.push([`direct, concurrency ${heavy}`, d64]);
     rows.push([
@@ -613,6 +633,19 @@ async function main(): Promise<void> {
 
     await direct.close();
     for (const pool of [...gatewayPools, ...floorPools]) await pool.close();
+    // Bytes on disk per call, all tables and indexes: admitted calls (every phase but the refusals) and refused ones.
+    const bytesAtEnd = await databaseBytes();
+    const grown = [...(await tableBytes())]
+      .map(([name, bytes]): [string, number] => [name, bytes - (tablesAtStart.get(name) ?? 0)])
+      .filter(([, bytes]) => bytes > 0)
+      .sort((a, b) => b[1] - a[1]);
+    await sizer.end();
+    const admittedBytes = bytesBeforeRefusals - bytesAtStart + (bytesAtEnd - bytesAfterRefusals);
+    console.log(
+      `bytes written per call (tables and indexes on disk): admitted ${fmt(admittedBytes / made / 1024)} KB over ${made} calls, ` +
+        `refused ${fmt((bytesAfterRefusals - bytesBeforeRefusals) / refusedMade / 1024)} KB over ${refusedMade} calls; ` +
+        `by table, per call of either kind: ${grown.map(([name, bytes]) => `${name} ${fmt(bytes / (made + refusedMade) / 1024)}`).join(', ')} KB`,
+    );
     const check = new pg.Client({ connectionString: dbUrl });
     await check.connect();
     const { rows: counted } = await check.query<{ outcomes: number; intents: number }>(
