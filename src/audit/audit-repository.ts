@@ -3,7 +3,7 @@ import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } 
 import type { AuditEventTable, DB } from '../db/schema.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
 import { GENESIS_HASH, sealRecord } from './audit-hash.js';
-import { walkChain } from './chain-walk.js';
+import { walkChain, type ArchivedRange, type WalkResult } from './chain-walk.js';
 
 export interface TimedAuditEvent<T = unknown> {
   event: AuditEventInput;
@@ -317,6 +317,22 @@ export interface ChainVerification {
   head: ChainHead | null;
   /** Present when an anchor was given: whether the chain still holds it. */
   anchor?: AnchorCheck;
+  /** Present when the walk crossed ranges detached after export: verified up to their ends, not row by row. */
+  archived?: { from_seq: number; to_seq: number; partition: string }[];
+}
+
+/** The ranges operators detached after export, keyed by their first seq. */
+export async function readArchivedRanges(db: Kysely<DB> | Transaction<DB>): Promise<Map<number, ArchivedRange>> {
+  const rows = await db
+    .selectFrom('audit_partition_archives')
+    .select(['partition', 'from_seq', 'to_seq', 'prev_hash', 'last_hash', 'event_seq'])
+    .execute();
+  return new Map(
+    rows.map((row) => [
+      Number(row.from_seq),
+      { ...row, from_seq: Number(row.from_seq), to_seq: Number(row.to_seq), event_seq: Number(row.event_seq) },
+    ]),
+  );
 }
 
 /**
@@ -362,7 +378,9 @@ export async function verifyAuditChain(
     .setAccessMode('read only')
     .execute(async (trx) => {
       const head = await readChainHead(trx);
-      if (from !== undefined && from.seq > 0) {
+      const archives = await readArchivedRanges(trx);
+      const archivedEnd = from === undefined ? undefined : [...archives.values()].find((r) => r.to_seq === from.seq);
+      if (from !== undefined && from.seq > 0 && archivedEnd?.last_hash !== from.hash) {
         const start = await trx
           .selectFrom('audit_events')
           .select('hash')
@@ -371,21 +389,34 @@ export async function verifyAuditChain(
         // The trusted row itself must still be there as trusted; which earlier row changed is a full walk's to say.
         if (start?.hash !== from.hash) return { ok: false, checked: 0, first_bad_seq: from.seq, head: null };
       }
-      const walked = await walkChain(trx, head, pageSize, from ?? { seq: 0, hash: GENESIS_HASH });
-      const verified = { ...walked, head: walked.ok && head.seq > 0 ? head : null };
+      const walked = await walkChain(trx, head, pageSize, from ?? { seq: 0, hash: GENESIS_HASH }, { archives });
+      const unreported = walked.ok ? await firstUnreportedArchive(trx, walked.archived) : undefined;
+      const { archived, through, ...rest } =
+        unreported === undefined
+          ? walked
+          : { ...walked, ok: false, first_bad_seq: unreported, through: unreported - 1 };
+      const verified: ChainVerification = {
+        ...rest,
+        head: rest.ok && head.seq > 0 ? head : null,
+        ...(archived.length > 0
+          ? { archived: archived.map(({ from_seq, to_seq, partition }) => ({ from_seq, to_seq, partition })) }
+          : {}),
+      };
       if (anchor === undefined) return verified;
       const start = from?.seq ?? 0;
-      const check = await checkAnchor(trx, anchor, start + walked.checked);
+      const check = await checkAnchor(trx, anchor, through, archived);
       if (check.ok) return { ...verified, anchor: check };
       // Where the anchor proves the log differs: the first seq missing up to it, or the anchored row
       // itself (the anchor tells that some row up to it was rewritten, not which). An earlier break
       // of the chain comes first, as it does without an anchor.
-      const provenBad = check.reason === 'missing' ? walked.checked + 1 : anchor.seq;
-      const firstBad = walked.first_bad_seq === null ? provenBad : Math.min(walked.first_bad_seq, provenBad);
+      const provenBad = check.reason === 'missing' ? through + 1 : anchor.seq;
+      const firstBad = rest.first_bad_seq === null ? provenBad : Math.min(rest.first_bad_seq, provenBad);
+      const archivedRows = archived.reduce((n, r) => n + (r.to_seq < provenBad ? r.to_seq - r.from_seq + 1 : 0), 0);
       // A head the anchor refutes is no head to anchor next.
       return {
+        ...verified,
         ok: false,
-        checked: Math.max(Math.min(walked.checked, provenBad - 1 - start), 0),
+        checked: Math.max(Math.min(rest.checked, provenBad - 1 - start - archivedRows), 0),
         first_bad_seq: firstBad,
         head: null,
         anchor: check,
@@ -394,17 +425,78 @@ export async function verifyAuditChain(
 }
 
 /**
- * Whether the chain holds `anchor`: its row is there with its hash, among the `checked` rows the
- * walk verified from seq 1 (a verified row's stored hash is the one recomputed).
+ * Walks the chain from `from` (trusted) to `to` only, from one snapshot, crossing archived ranges:
+ * what vouches for `to.hash` (a seal), or, with `onRows`, what an export streams as it verifies.
  */
-async function checkAnchor(trx: Transaction<DB>, anchor: ChainHead, checked: number): Promise<AnchorCheck> {
-  const row = await trx.selectFrom('audit_events').select('hash').where('seq', '=', anchor.seq).executeTakeFirst();
+export async function walkRange(
+  db: Kysely<DB>,
+  from: ChainHead,
+  to: ChainHead,
+  onRows?: (lines: string[]) => Promise<void>,
+  pageSize = 2000,
+): Promise<WalkResult> {
+  return db
+    .transaction()
+    .setIsolationLevel('repeatable read')
+    .setAccessMode('read only')
+    .execute(async (trx) => {
+      const archives = await readArchivedRanges(trx);
+      return walkChain(trx, to, pageSize, from, { archives, bounded: true, ...(onRows ? { onRows } : {}) });
+    });
+}
+
+/**
+ * The first seq of an archived range the walk crossed whose detachment the chain does not report
+ * as such (an `audit.partition_detached` record naming the range and its last hash), if any: a
+ * range recorded as archived without that record is rows removed.
+ */
+async function firstUnreportedArchive(trx: Transaction<DB>, crossed: ArchivedRange[]): Promise<number | undefined> {
+  if (crossed.length === 0) return undefined;
+  const rows = await trx
+    .selectFrom('audit_events')
+    .select(['seq', 'details'])
+    .where('event_type', '=', 'audit.partition_detached')
+    .where(
+      'seq',
+      'in',
+      crossed.map((range) => range.event_seq),
+    )
+    .execute();
+  const reported = new Map(rows.map((row) => [Number(row.seq), row.details as Record<string, unknown>]));
+  const bad = crossed.filter((range) => {
+    const details = reported.get(range.event_seq);
+    return (
+      details === undefined ||
+      details.partition !== range.partition ||
+      details.from_seq !== range.from_seq ||
+      details.to_seq !== range.to_seq ||
+      details.prev_hash !== range.prev_hash ||
+      details.last_hash !== range.last_hash
+    );
+  });
+  return bad.length === 0 ? undefined : Math.min(...bad.map((range) => range.from_seq));
+}
+
+/**
+ * Whether the chain holds `anchor`: its row is there with its hash, at or below `through`, the
+ * last seq the walk verified (a verified row's stored hash is the one recomputed).
+ */
+async function checkAnchor(
+  trx: Transaction<DB>,
+  anchor: ChainHead,
+  through: number,
+  archived: ArchivedRange[],
+): Promise<AnchorCheck> {
+  // An archived range's last link is known without its row.
+  const stored =
+    archived.find((range) => range.to_seq === anchor.seq)?.last_hash ??
+    (await trx.selectFrom('audit_events').select('hash').where('seq', '=', anchor.seq).executeTakeFirst())?.hash;
   const reason: AnchorFailure | null =
-    row === undefined
+    stored === undefined
       ? 'missing'
-      : row.hash !== anchor.hash
+      : stored !== anchor.hash
         ? 'hash_mismatch'
-        : anchor.seq > checked
+        : anchor.seq > through
           ? 'chain_broken'
           : null;
   return { seq: anchor.seq, ok: reason === null, reason };

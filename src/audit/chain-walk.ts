@@ -13,6 +13,30 @@ export interface WalkResult {
   ok: boolean;
   checked: number;
   first_bad_seq: number | null;
+  /** The archived ranges the walk crossed instead of rows (detached partitions). */
+  archived: ArchivedRange[];
+  /** The last seq the walk vouches for, rows and archived ranges alike. */
+  through: number;
+}
+
+/** A range of the chain detached after export: it chains from `prev_hash` and ends at `last_hash`. */
+export interface ArchivedRange {
+  partition: string;
+  from_seq: number;
+  to_seq: number;
+  prev_hash: string;
+  last_hash: string;
+  /** The seq of the record that reports the detachment. */
+  event_seq: number;
+}
+
+export interface WalkOptions {
+  /** Detached ranges the walk may cross where their rows are missing, keyed by `from_seq`. */
+  archives?: Map<number, ArchivedRange>;
+  /** Stop at `head` without reporting the rows after it (a range of the chain, not all of it). */
+  bounded?: boolean;
+  /** Each verified page as lines of an export: the canonical JSON that was hashed, and its hash. */
+  onRows?: (lines: string[]) => Promise<void>;
 }
 
 /** How a column arrives as text and becomes the value JavaScript hashed. */
@@ -179,7 +203,10 @@ export async function walkChain(
   head: ChainLink,
   pageSize: number,
   from: ChainLink,
+  options: WalkOptions = {},
 ): Promise<WalkResult> {
+  const archives = options.archives ?? new Map<number, ArchivedRange>();
+  const crossed: ArchivedRange[] = [];
   // The texts the conversion expects, whatever the session's settings were.
   await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
     set_config('extra_float_digits', '1', true)`.execute(trx);
@@ -199,8 +226,19 @@ export async function walkChain(
   const page = (after: number | undefined): Page =>
     sql<Record<string, string | boolean | null>>`
       select ${selected} from audit_events
-      ${after === undefined ? sql`` : sql`where audit_events.seq > ${after}`}
+      where true
+      ${after === undefined ? sql`` : sql`and audit_events.seq > ${after}`}
+      ${options.bounded ? sql`and audit_events.seq <= ${head.seq}` : sql``}
       order by audit_events.seq limit ${pageSize}`.execute(trx);
+  // Where rows are missing, an archived range that starts there and chains on is crossed instead.
+  const crossArchives = (before: number): void => {
+    for (let range = archives.get(expectedSeq); range !== undefined; range = archives.get(expectedSeq)) {
+      if (range.prev_hash !== prevHash || range.to_seq >= before) return;
+      crossed.push(range);
+      expectedSeq = range.to_seq + 1;
+      prevHash = range.last_hash;
+    }
+  };
 
   let expectedSeq = from.seq + 1;
   let prevHash = from.hash;
@@ -214,6 +252,8 @@ export async function walkChain(
     const lastSeq = last === undefined ? undefined : Number(last.seq);
     next = rows.length === pageSize && lastSeq !== undefined && lastSeq <= head.seq ? page(lastSeq) : undefined;
     const inexact: { seq: number; details: unknown }[] = [];
+    const pageSeqs: number[] = [];
+    const lines: string[] = [];
     let brokenAt: number | undefined;
     for (const raw of rows) {
       const seq = Number(raw.seq);
@@ -221,6 +261,7 @@ export async function walkChain(
         pastHeadSeq = seq;
         break;
       }
+      if (seq > expectedSeq) crossArchives(seq);
       const row = toWalked(raw, parts);
       if (
         !row.readExactly ||
@@ -232,6 +273,8 @@ export async function walkChain(
         break;
       }
       if (row.inexactDetails !== undefined) inexact.push({ seq, details: row.inexactDetails });
+      if (options.onRows) lines.push(`${row.canonical.slice(0, -1)},"hash":"${row.hash}"}`);
+      pageSeqs.push(seq);
       checked += 1;
       expectedSeq += 1;
       prevHash = row.hash;
@@ -245,18 +288,30 @@ export async function walkChain(
     const edited = await firstDetailsUnlikeHashed(trx, inexact);
     if (edited !== undefined) {
       await next?.catch(() => undefined);
-      return { ok: false, checked: edited - 1 - from.seq, first_bad_seq: edited };
+      const before = checked - pageSeqs.filter((seq) => seq >= edited).length;
+      return { ok: false, checked: before, first_bad_seq: edited, archived: crossed, through: edited - 1 };
     }
-    if (brokenAt !== undefined) return { ok: false, checked, first_bad_seq: brokenAt };
+    if (brokenAt !== undefined)
+      return { ok: false, checked, first_bad_seq: brokenAt, archived: crossed, through: brokenAt - 1 };
+    if (options.onRows && lines.length > 0) await options.onRows(lines);
   }
-  if (expectedSeq - 1 < head.seq) return { ok: false, checked, first_bad_seq: expectedSeq };
+  if (expectedSeq - 1 < head.seq) crossArchives(head.seq + 1);
+  if (expectedSeq - 1 < head.seq)
+    return { ok: false, checked, first_bad_seq: expectedSeq, archived: crossed, through: expectedSeq - 1 };
   if (prevHash !== head.hash) {
     // The last row is not the one the head names (an empty chain's head names seq 1's place).
     const lastSeq = Math.max(head.seq, 1);
-    return { ok: false, checked: Math.max(lastSeq - 1 - from.seq, 0), first_bad_seq: lastSeq };
+    return {
+      ok: false,
+      checked: Math.max(checked - 1, 0),
+      first_bad_seq: lastSeq,
+      archived: crossed,
+      through: lastSeq - 1,
+    };
   }
-  if (pastHeadSeq !== undefined) return { ok: false, checked, first_bad_seq: pastHeadSeq };
-  return { ok: true, checked, first_bad_seq: null };
+  if (pastHeadSeq !== undefined)
+    return { ok: false, checked, first_bad_seq: pastHeadSeq, archived: crossed, through: head.seq };
+  return { ok: true, checked, first_bad_seq: null, archived: crossed, through: head.seq };
 }
 
 /**

@@ -45,6 +45,21 @@ export interface AuditCheckpointTable {
   created_by: string;
 }
 
+/** A partition an operator detached after exporting it (append-only). */
+export interface AuditPartitionArchiveTable {
+  event_seq: ColumnType<string, number, never>;
+  partition: string;
+  from_seq: ColumnType<string, number, never>;
+  to_seq: ColumnType<string, number, never>;
+  prev_hash: string;
+  first_hash: string;
+  last_hash: string;
+  row_count: ColumnType<string, number, never>;
+  checkpoint_id: string;
+  detached_by: string;
+  detached_at: ColumnType<Date, Date, never>;
+}
+
 export interface SchemaMigrationTable {
   version: string;
   applied_at: Generated<Date>;
@@ -165,6 +180,7 @@ export interface DB {
   audit_events: AuditEventTable;
   audit_chain_head: AuditChainHeadTable;
   audit_checkpoints: AuditCheckpointTable;
+  audit_partition_archives: AuditPartitionArchiveTable;
   schema_migrations: SchemaMigrationTable;
   grants: GrantTable;
   grant_state: GrantStateTable;
