@@ -156,7 +156,12 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   await app.register(docsRoutes);
   await app.register(consoleRoutes);
   await app.register(whoamiRoutes);
-  await app.register(auditRoutes, { db: database.control, audit, checkpoints: services.auditCheckpoints });
+  await app.register(auditRoutes, {
+    db: database.control,
+    audit,
+    checkpoints: services.auditCheckpoints,
+    partitions: services.auditPartitions,
+  });
   await app.register(grantRoutes, { grants: services.grants, audit, now });
   await app.register(killSwitchRoutes, {
     service: services.killSwitchChanges,

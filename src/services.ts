@@ -29,6 +29,7 @@ import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
 import { runEndRider } from './runs/run-end-rider.js';
 import { AuditCheckpoints } from './audit/audit-checkpoints.js';
+import { AuditPartitions } from './audit/audit-partitions.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunRecovery } from './runs/run-recovery.js';
@@ -59,6 +60,8 @@ export interface Services {
   audit: AuditLog;
   /** Signed checkpoints of the audit chain, and verification from one. */
   auditCheckpoints: AuditCheckpoints;
+  /** The audit log's monthly partitions: kept ahead, sealed, exported and detached. */
+  auditPartitions: AuditPartitions;
   metrics: Metrics;
   now: () => Date;
   /** This replica's copy of the tool registry: synchronous lookups for the hot path. */
@@ -225,16 +228,18 @@ export function buildServices(options: ServiceOptions): Services {
     recovery,
     lease,
   });
+  const signer = new CheckpointSigner({
+    signingKeyPem: config.auditCheckpoints.signingKey,
+    verifyKeysPem: config.auditCheckpoints.verifyKeys,
+  });
   const auditCheckpoints = new AuditCheckpoints({
     database,
-    signer: new CheckpointSigner({
-      signingKeyPem: config.auditCheckpoints.signingKey,
-      verifyKeysPem: config.auditCheckpoints.verifyKeys,
-    }),
+    signer,
     now,
     logger,
     intervalSeconds: config.auditCheckpoints.intervalSeconds,
   });
+  const auditPartitions = new AuditPartitions({ database, signer, now, logger });
   const runControls = new RunControls({ database, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({
     database,
@@ -251,6 +256,7 @@ export function buildServices(options: ServiceOptions): Services {
     database,
     audit,
     auditCheckpoints,
+    auditPartitions,
     metrics,
     now,
     catalog,
@@ -278,12 +284,19 @@ export function buildServices(options: ServiceOptions): Services {
       recovery.start();
       retention.start();
       auditCheckpoints.start();
+      auditPartitions.start();
     },
     // Each step that needs the database waits for it at most CLOSE_STEP_WAIT_MS: in a silent
     // partition none would ever finish, and closing the database (the caller's next step) destroys
     // the connections still waiting.
     async close() {
-      await Promise.all([expirySweeper.stop(), recovery.stop(), retention.stop(), auditCheckpoints.stop()]);
+      await Promise.all([
+        expirySweeper.stop(),
+        recovery.stop(),
+        retention.stop(),
+        auditCheckpoints.stop(),
+        auditPartitions.stop(),
+      ]);
       await Promise.all([
         // Every call in flight has finished: nothing this replica held is busy any more.
         lease.stop(),

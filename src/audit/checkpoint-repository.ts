@@ -51,13 +51,25 @@ export async function listCheckpoints(
   return { items, next: rows.length > query.limit && last ? { seq: last.seq, id: last.id } : null };
 }
 
-/** The newest checkpoints first, a page at a time: where an incremental verification may start. */
-export async function* checkpointsNewestFirst(db: Kysely<DB>): AsyncGenerator<Checkpoint> {
-  let before: { seq: number; id: string } | undefined;
+/** The newest checkpoints first (at or below `atMost`), a page at a time: where an incremental verification may start. */
+export async function* checkpointsNewestFirst(db: Kysely<DB>, atMost?: number): AsyncGenerator<Checkpoint> {
+  // No id sorts below '': the first page is every checkpoint at or below `atMost`.
+  let before: { seq: number; id: string } | undefined = atMost === undefined ? undefined : { seq: atMost + 1, id: '' };
   for (;;) {
     const page = await listCheckpoints(db, { limit: 100, before });
     yield* page.items;
     if (page.next === null) return;
     before = page.next;
   }
+}
+
+/** The checkpoints recorded at exactly `seq`. */
+export async function checkpointsAt(db: Kysely<DB>, seq: number): Promise<Checkpoint[]> {
+  const rows = await db
+    .selectFrom('audit_checkpoints')
+    .selectAll()
+    .where('seq', '=', String(seq))
+    .orderBy('id')
+    .execute();
+  return rows.map(toCheckpoint);
 }

@@ -205,6 +205,109 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/audit/partitions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The audit log's monthly partitions, attached and detached (platform-operator)
+         * @description `audit_events` is partitioned by month of `occurred_at` (UTC). `state`: `open` (its month
+         *     is not over, or ended less than an hour ago), `empty`, `unsealed` (over, with no trusted
+         *     checkpoint at its last record: seal it), `sealed` (exportable and detachable), `detached`
+         *     (archived by an operator; its range is reported by `/audit/verify` as `archived`) and
+         *     `default` (rows of months without a partition of their own; never sealed). `rows` is the
+         *     planner's estimate for an attached partition, exact for a detached one.
+         */
+        get: operations["listAuditPartitions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/partitions/{name}/seal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record a checkpoint at a partition's last record (platform-operator)
+         * @description For a partition whose month is over (an hour past its end) and whose records are one run of
+         *     `seq`: verifies the chain from the newest trusted checkpoint at or below its last record up
+         *     to it, then records a checkpoint there (signed when the gateway signs), recorded as
+         *     `audit.checkpoint_created`. `201` with the new checkpoint; `200` with the one already there.
+         *     `409 partition_not_sealed` (`details.reason`: `open`, `empty`, `default`, `interleaved`,
+         *     `detached`) when it cannot be sealed; `409 audit_chain_broken` when the chain does not verify.
+         */
+        post: operations["sealAuditPartition"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/partitions/{name}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A sealed partition as JSON Lines (platform-operator)
+         * @description One line of canonical JSON each: a header (`type` `header`, `format`
+         *     `toolgate-audit-partition-v1`, `partition`, `range_start`, `range_end`, `first_seq`,
+         *     `last_seq`, `prev_hash` — the hash of the record before, which the first chains from —,
+         *     `first_hash`, `last_hash`, `rows`, `exported_at`); every record as it was hashed (its
+         *     canonical JSON with `hash` last); a trailer (`type` `trailer`, `checkpoint` — the trusted
+         *     checkpoint at `last_seq` —, `lines_sha256` of the lines before it). The records are verified
+         *     as they are read; a break ends the stream early, so a file without its trailer is incomplete.
+         *     Verify it offline with `toolgate audit verify-file FILE --key PUBLIC.pem`.
+         *     `409 partition_not_sealed` (`details.reason` as for sealing, or `unsealed`) before it is sealed.
+         */
+        get: operations["exportAuditPartition"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/partitions/{name}/detach": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Detach a sealed partition that was exported and archived (platform-operator)
+         * @description Names the last record of the exported file (`last_seq`, `last_hash`, from its header): the
+         *     partition must still end there (`409 partition_not_sealed`, `mismatch`, otherwise). Verifies
+         *     its records once more, then, in one transaction, detaches it from `audit_events`, records
+         *     `audit.partition_detached` and the archived range. The table stays in the database, detached,
+         *     for the operator to drop once the file is safe; the gateway never drops or deletes it.
+         *     Detaching waits at most 5 s for the log's lock (`503 gateway_unavailable` then: try again).
+         */
+        post: operations["detachAuditPartition"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/audit/checkpoints": {
         parameters: {
             query?: never;
@@ -1196,7 +1299,7 @@ export interface components {
          *     `egress_denied`, `handoff_rejected`;
          *     404 `not_found`, `tool_not_registered`, `tool_version_not_found`;
          *     409 `run_id_conflict`, `tool_version_conflict`, `run_not_resumable`, `budget_conflict`, `grant_conflict`,
-         *     `audit_chain_broken`;
+         *     `audit_chain_broken`, `partition_not_sealed`;
          *     413 `payload_too_large`;
          *     422 `tool_input_schema_invalid`, `idempotency_key_reused`, `checkpoint_untrusted`;
          *     429 `rate_limited`;
@@ -1206,7 +1309,7 @@ export interface components {
          *     504 `tool_backend_timeout`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "audit_chain_broken" | "idempotency_key_reused" | "checkpoint_untrusted" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout";
+        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "audit_chain_broken" | "idempotency_key_reused" | "checkpoint_untrusted" | "partition_not_sealed" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout";
         Error: {
             error: {
                 code: components["schemas"]["ErrorCode"];
@@ -1283,6 +1386,33 @@ export interface components {
             key_id: string | null;
             signature: string | null;
             created_by: string;
+        };
+        AuditPartition: {
+            name: string;
+            /** @enum {unknown} */
+            state: "open" | "empty" | "unsealed" | "sealed" | "detached" | "default";
+            /**
+             * Format: date-time
+             * @description inclusive; null when unbounded or detached
+             */
+            range_start: string | null;
+            /**
+             * Format: date-time
+             * @description exclusive; null when unbounded or detached
+             */
+            range_end: string | null;
+            first_seq: number | null;
+            last_seq: number | null;
+            rows: number;
+            /** @description the trusted checkpoint at its last record, once sealed */
+            checkpoint_id: string | null;
+            detached: null | {
+                by: string;
+                /** Format: date-time */
+                at: string;
+                /** @description the `audit.partition_detached` record */
+                event_seq: number;
+            };
         };
         TenantPolicy: {
             tenant_id: string;
@@ -2006,6 +2136,8 @@ export interface components {
          */
         IdempotencyKey: string;
         RunId: string;
+        /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
+        PartitionName: string;
         /** @description platform-operators: the run's tenant (default their own) */
         RunTenant: string;
     };
@@ -2290,6 +2422,19 @@ export interface operations {
                             /** @enum {unknown} */
                             reason: "missing" | "hash_mismatch" | "chain_broken" | null;
                         };
+                        /**
+                         * @description Present only when the walk crossed ranges an operator detached after export
+                         *     (`POST /audit/partitions/{name}/detach`): their rows are not in the database, so
+                         *     the walk goes on from each range's recorded last hash. Each range must chain from
+                         *     the row before it and be reported by its `audit.partition_detached` record, or it
+                         *     counts as rows removed. `checked` does not count archived rows; verify them from
+                         *     the exported file (`toolgate audit verify-file`).
+                         */
+                        archived?: {
+                            from_seq: number;
+                            to_seq: number;
+                            partition: string;
+                        }[];
                         /** @description Present only when verifying from a checkpoint. */
                         from_checkpoint?: {
                             id: string;
@@ -2303,6 +2448,136 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    listAuditPartitions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every partition, oldest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: components["schemas"]["AuditPartition"][];
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    sealAuditPartition: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
+                name: components["parameters"]["PartitionName"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint that already sealed it. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditCheckpoint"];
+                };
+            };
+            /** @description The new checkpoint. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditCheckpoint"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    exportAuditPartition: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
+                name: components["parameters"]["PartitionName"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The partition, streamed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    detachAuditPartition: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
+                name: components["parameters"]["PartitionName"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    last_seq: number;
+                    last_hash: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The partition, detached. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditPartition"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
     };

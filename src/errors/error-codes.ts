@@ -31,6 +31,7 @@ export const ERROR_CODES = [
   'tool_input_schema_invalid',
   'idempotency_key_reused',
   'checkpoint_untrusted',
+  'partition_not_sealed',
   'rate_limited',
   'internal',
   'tool_backend_failed',
@@ -77,6 +78,7 @@ export function statusForCode(code: ErrorCode): number {
     case 'budget_conflict':
     case 'grant_conflict':
     case 'audit_chain_broken':
+    case 'partition_not_sealed':
       return 409;
     case 'payload_too_large':
       return 413;

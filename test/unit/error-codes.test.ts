@@ -34,6 +34,7 @@ const SPEC_STATUS: Record<string, number> = {
   tool_input_schema_invalid: 422,
   idempotency_key_reused: 422,
   checkpoint_untrusted: 422,
+  partition_not_sealed: 409,
   rate_limited: 429,
   internal: 500,
   tool_backend_failed: 502,

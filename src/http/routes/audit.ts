@@ -3,6 +3,7 @@ import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import type { AuditCheckpoints } from '../../audit/audit-checkpoints.js';
 import type { AuditLog } from '../../audit/audit-log.js';
+import type { AuditPartitions } from '../../audit/audit-partitions.js';
 import { actorOf } from '../../auth/principal.js';
 import { operatorOf } from '../auth.js';
 import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.js';
@@ -15,6 +16,7 @@ export interface AuditRouteDeps {
   db: Kysely<DB>;
   audit: AuditLog;
   checkpoints: AuditCheckpoints;
+  partitions: AuditPartitions;
 }
 
 const listQuery = z.strictObject({
@@ -61,6 +63,15 @@ const checkpointListQuery = z.strictObject({
 });
 const checkpointCursor = z.strictObject({ seq: z.number().int().min(0), id: z.string() });
 
+const partitionParams = z.strictObject({
+  name: z.string().regex(/^audit_events_[a-z0-9_]{1,60}$/, 'must name a partition of audit_events'),
+});
+/** The last record of the export the operator archived: the detach proceeds only if the partition still ends there. */
+const detachBody = z.strictObject({
+  last_seq: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+  last_hash: z.string().regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits'),
+});
+
 /** `GET /audit`, `GET /audit/verify` and the checkpoints. Tenant-operators see only their own tenant. */
 export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): Promise<void> {
   app.get('/audit', { config: { access: 'operator' } }, async (request) => {
@@ -95,6 +106,31 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
   app.post('/audit/checkpoints', { config: { access: 'platform-operator' } }, async (request, reply) => {
     const checkpoint = await deps.checkpoints.create(actorOf(operatorOf(request)));
     return reply.code(201).send(checkpoint);
+  });
+
+  app.get('/audit/partitions', { config: { access: 'platform-operator' } }, async () => ({
+    items: await deps.partitions.list(),
+  }));
+
+  app.post('/audit/partitions/:name/seal', { config: { access: 'platform-operator' } }, async (request, reply) => {
+    const { name } = parseInput(partitionParams, request.params, 'params');
+    const sealed = await deps.partitions.seal(name, actorOf(operatorOf(request)));
+    return reply.code(sealed.created ? 201 : 200).send(sealed.checkpoint);
+  });
+
+  app.get('/audit/partitions/:name/export', { config: { access: 'platform-operator' } }, async (request, reply) => {
+    const { name } = parseInput(partitionParams, request.params, 'params');
+    const exported = await deps.partitions.export(name);
+    return reply
+      .type('application/x-ndjson')
+      .header('content-disposition', `attachment; filename="${exported.filename}"`)
+      .send(exported.stream);
+  });
+
+  app.post('/audit/partitions/:name/detach', { config: { access: 'platform-operator' } }, async (request) => {
+    const { name } = parseInput(partitionParams, request.params, 'params');
+    const body = parseInput(detachBody, request.body, 'body');
+    return deps.partitions.detach(name, actorOf(operatorOf(request)), { seq: body.last_seq, hash: body.last_hash });
   });
 
   app.get('/audit/checkpoints', { config: { access: 'platform-operator' } }, async (request) => {

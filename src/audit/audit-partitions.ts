@@ -1,0 +1,397 @@
+import { createHash, randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { PassThrough, type Readable } from 'node:stream';
+import type { Logger } from 'pino';
+import { BackgroundTask } from '../db/background-task.js';
+import type { Database } from '../db/database.js';
+import { CodedError } from '../errors/coded-error.js';
+import { GENESIS_HASH } from './audit-hash.js';
+import { walkRange, writeAuditEvents, type ChainHead } from './audit-repository.js';
+import { checkpointsAt, checkpointsNewestFirst, insertCheckpoint } from './checkpoint-repository.js';
+import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
+import {
+  PARTITION_FILE_FORMAT,
+  fileLine,
+  type PartitionFileHeader,
+  type PartitionFileTrailer,
+} from './partition-file.js';
+import {
+  addMonthPartition,
+  countPartitionRows,
+  detachPartition,
+  findLink,
+  insertArchive,
+  listArchives,
+  listPartitionRows,
+  type PartitionRow,
+} from './partition-repository.js';
+
+/** How many months ahead of this one each have a partition before they begin. */
+const MONTHS_AHEAD = 3;
+const MAINTENANCE_INTERVAL_MS = 6 * 60 * 60 * 1000;
+/** A month is over for sealing this long after it ends: appends carry the time they were made, a little earlier. */
+const SEAL_GRACE_MS = 60 * 60 * 1000;
+/** How long a detach waits for the log's lock before giving up, rather than stall appends behind it. */
+const DETACH_LOCK_TIMEOUT = '5s';
+
+/**
+ * Where a partition stands: `open` (its month is not over), `empty`, `unsealed` (over, with no
+ * trusted checkpoint at its last seq yet), `sealed` (exportable and detachable), `detached`, and
+ * `default` (rows of months with no partition; never sealed).
+ */
+export type PartitionState = 'open' | 'empty' | 'unsealed' | 'sealed' | 'detached' | 'default';
+
+export interface AuditPartition {
+  name: string;
+  state: PartitionState;
+  range_start: string | null;
+  range_end: string | null;
+  first_seq: number | null;
+  last_seq: number | null;
+  /** Exact once detached; otherwise the planner's estimate. */
+  rows: number;
+  /** The trusted checkpoint at its last seq, once sealed. */
+  checkpoint_id: string | null;
+  /** Who detached it and when, once detached. */
+  detached: { by: string; at: string; event_seq: number } | null;
+}
+
+export interface AuditPartitionsOptions {
+  database: Database;
+  signer: CheckpointSigner;
+  now: () => Date;
+  logger: Logger;
+}
+
+/** The export of a sealed partition, streamed as JSON Lines. */
+export interface PartitionExport {
+  filename: string;
+  stream: Readable;
+}
+
+/**
+ * The log's monthly partitions: kept ahead of time, sealed with a checkpoint at their last record,
+ * exported as a file that verifies offline, and detached by an operator who archived that file.
+ * Nothing here deletes: a detached partition stays a table of its own until an operator drops it.
+ */
+export class AuditPartitions {
+  private readonly task: BackgroundTask;
+
+  constructor(private readonly options: AuditPartitionsOptions) {
+    let rounds = 0;
+    this.task = new BackgroundTask({
+      name: 'audit partition maintenance',
+      run: () => this.addMonthsAhead(),
+      // The first round soon after start: a gateway restarted often would otherwise never run one.
+      intervalMs: (failing) => (rounds++ === 0 ? 1000 : failing ? 60_000 : MAINTENANCE_INTERVAL_MS),
+      logger: options.logger,
+    });
+  }
+
+  start(): void {
+    this.task.start();
+  }
+
+  async stop(): Promise<void> {
+    await this.task.stop();
+  }
+
+  /** Gives this month and the next few a partition each, where none holds them yet. */
+  async addMonthsAhead(): Promise<void> {
+    const now = this.options.now();
+    for (let m = 0; m <= MONTHS_AHEAD; m += 1) {
+      const month = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + m, 1));
+      const result = await addMonthPartition(this.options.database.control, month);
+      if (result === 'default_has_rows') {
+        this.options.logger.warn(
+          { month: month.toISOString().slice(0, 7) },
+          'audit partition maintenance: the default partition holds rows of this month, which gets no partition of its own',
+        );
+      }
+    }
+  }
+
+  /** Every partition, attached or detached, oldest first. */
+  async list(): Promise<AuditPartition[]> {
+    const db = this.options.database.control;
+    const [rows, archives] = await Promise.all([listPartitionRows(db), listArchives(db)]);
+    const attached = await Promise.all(rows.map((row) => this.describe(row)));
+    const detached: AuditPartition[] = archives.map((a) => ({
+      name: a.partition,
+      state: 'detached',
+      range_start: null,
+      range_end: null,
+      first_seq: Number(a.from_seq),
+      last_seq: Number(a.to_seq),
+      rows: Number(a.row_count),
+      checkpoint_id: a.checkpoint_id,
+      detached: { by: a.detached_by, at: new Date(a.detached_at).toISOString(), event_seq: Number(a.event_seq) },
+    }));
+    return [...detached, ...attached].sort((a, b) => (a.first_seq ?? Infinity) - (b.first_seq ?? Infinity));
+  }
+
+  /**
+   * Records a checkpoint at the partition's last record, signed like any other, once the chain
+   * verifies from the newest trusted checkpoint at or below it up to it. Answers the one already
+   * there when the partition is sealed (`created` false).
+   */
+  async seal(name: string, actor: string): Promise<{ checkpoint: Checkpoint; created: boolean }> {
+    const { partition, last } = await this.closed(name);
+    const existing = await this.sealOf(partition);
+    if (existing !== undefined) return { checkpoint: existing, created: false };
+    const db = this.options.database.control;
+    let base: ChainHead = { seq: 0, hash: GENESIS_HASH };
+    for await (const checkpoint of checkpointsNewestFirst(db, last.seq)) {
+      if (this.options.signer.distrust(checkpoint) === null) {
+        base = { seq: checkpoint.seq, hash: checkpoint.hash };
+        break;
+      }
+    }
+    const walked = await walkRange(db, base, last);
+    if (!walked.ok) {
+      throw new CodedError('audit_chain_broken', `the audit chain does not verify up to ${name}'s last record`, {
+        first_bad_seq: walked.first_bad_seq,
+      });
+    }
+    const checkpoint = this.options.signer.sign({
+      id: `ckpt_${randomUUID()}`,
+      seq: last.seq,
+      hash: last.hash,
+      at: this.options.now().toISOString(),
+      created_by: actor,
+    });
+    await db.transaction().execute(async (trx) => {
+      await insertCheckpoint(trx, checkpoint);
+      await writeAuditEvents(trx, [
+        {
+          event: {
+            event_type: 'audit.checkpoint_created',
+            actor,
+            details: {
+              checkpoint_id: checkpoint.id,
+              seq: checkpoint.seq,
+              hash: checkpoint.hash,
+              key_id: checkpoint.key_id,
+              partition: name,
+            },
+          },
+          occurredAt: this.options.now(),
+        },
+      ]);
+    });
+    return { checkpoint, created: true };
+  }
+
+  /**
+   * A sealed partition as JSON Lines: a header, its records as they were hashed, and a trailer
+   * with the sealing checkpoint. The records are verified as they are read; a break ends the
+   * stream with an error, so a file without its trailer was cut short.
+   */
+  async export(name: string): Promise<PartitionExport> {
+    const { partition, last, first } = await this.sealed(name);
+    const { checkpoint } = partition;
+    const header: PartitionFileHeader = {
+      type: 'header',
+      format: PARTITION_FILE_FORMAT,
+      partition: name,
+      range_start: partition.range_start,
+      range_end: partition.range_end,
+      first_seq: first.seq,
+      last_seq: last.seq,
+      prev_hash: first.prev_hash,
+      first_hash: first.hash,
+      last_hash: last.hash,
+      rows: last.seq - first.seq + 1,
+      exported_at: this.options.now().toISOString(),
+    };
+    const stream = new PassThrough();
+    const digest = createHash('sha256');
+    const write = async (lines: string[]): Promise<void> => {
+      const text = lines.map((line) => `${line}\n`).join('');
+      digest.update(text);
+      if (stream.destroyed) throw new Error('the export was abandoned');
+      if (!stream.write(text)) await Promise.race([once(stream, 'drain'), once(stream, 'close')]);
+    };
+    const produce = async (): Promise<void> => {
+      await write([fileLine(header)]);
+      const walked = await walkRange(
+        this.options.database.control,
+        { seq: first.seq - 1, hash: first.prev_hash },
+        last,
+        write,
+      );
+      if (!walked.ok) throw new Error(`the audit chain does not verify at seq ${walked.first_bad_seq}`);
+      const trailer: PartitionFileTrailer = { type: 'trailer', checkpoint, lines_sha256: digest.digest('hex') };
+      stream.end(`${fileLine(trailer)}\n`);
+    };
+    produce().catch((error: unknown) => {
+      this.options.logger.warn({ err: error, partition: name }, 'audit partition export failed');
+      stream.destroy(error instanceof Error ? error : new Error(String(error)));
+    });
+    return { filename: `${name}.jsonl`, stream };
+  }
+
+  /**
+   * Detaches a sealed partition whose last record the operator names as exported (`confirm`), and
+   * records the range as archived, with an `audit.partition_detached` record, in one transaction.
+   * The table stays in the database, detached, for the operator to drop once the file is safe.
+   */
+  async detach(name: string, actor: string, confirm: ChainHead): Promise<AuditPartition> {
+    const { partition, last, first } = await this.sealed(name);
+    if (confirm.seq !== last.seq || confirm.hash !== last.hash) {
+      throw new CodedError('partition_not_sealed', `${name} does not end at the record named as exported`, {
+        partition: name,
+        reason: 'mismatch',
+        last_seq: last.seq,
+        last_hash: last.hash,
+      });
+    }
+    const db = this.options.database.control;
+    const walked = await walkRange(db, { seq: first.seq - 1, hash: first.prev_hash }, last);
+    const before = first.seq === 1 ? GENESIS_HASH : await this.hashAt(first.seq - 1);
+    if (!walked.ok || before !== first.prev_hash) {
+      throw new CodedError('audit_chain_broken', `${name} does not verify; it stays attached`, {
+        first_bad_seq: walked.ok ? first.seq : walked.first_bad_seq,
+      });
+    }
+    const details = {
+      partition: name,
+      from_seq: first.seq,
+      to_seq: last.seq,
+      prev_hash: first.prev_hash,
+      first_hash: first.hash,
+      last_hash: last.hash,
+      rows: last.seq - first.seq + 1,
+      checkpoint_id: partition.checkpoint.id,
+    };
+    const at = this.options.now();
+    try {
+      const eventSeq = await db.transaction().execute(async (trx) => {
+        await detachPartition(trx, name, DETACH_LOCK_TIMEOUT);
+        const [record] = await writeAuditEvents(trx, [
+          { event: { event_type: 'audit.partition_detached', actor, details }, occurredAt: at },
+        ]);
+        await insertArchive(trx, {
+          event_seq: record!.seq,
+          partition: name,
+          from_seq: first.seq,
+          to_seq: last.seq,
+          prev_hash: first.prev_hash,
+          first_hash: first.hash,
+          last_hash: last.hash,
+          row_count: details.rows,
+          checkpoint_id: partition.checkpoint.id,
+          detached_by: actor,
+          detached_at: at,
+        });
+        return record!.seq;
+      });
+      const { checkpoint, ...described } = partition;
+      return {
+        ...described,
+        checkpoint_id: checkpoint.id,
+        state: 'detached',
+        rows: details.rows,
+        detached: { by: actor, at: at.toISOString(), event_seq: eventSeq },
+      };
+    } catch (error) {
+      if ((error as { code?: string }).code === '55P03') {
+        throw new CodedError(
+          'gateway_unavailable',
+          'the audit log is busy (a long read holds it); detach again later',
+          {
+            partition: name,
+          },
+        );
+      }
+      throw error;
+    }
+  }
+
+  private async hashAt(seq: number): Promise<string | undefined> {
+    const link = await findLink(this.options.database.control, seq);
+    if (link !== undefined) return link.hash;
+    const archives = await listArchives(this.options.database.control);
+    return archives.find((a) => Number(a.to_seq) === seq)?.last_hash;
+  }
+
+  private async describe(row: PartitionRow): Promise<AuditPartition> {
+    const base = {
+      name: row.name,
+      range_start: row.range_start?.toISOString() ?? null,
+      range_end: row.range_end?.toISOString() ?? null,
+      first_seq: row.first_seq,
+      last_seq: row.last_seq,
+      rows: row.rows_estimate,
+      checkpoint_id: null,
+      detached: null,
+    };
+    if (row.is_default) return { ...base, state: 'default' };
+    if (!this.isOver(row)) return { ...base, state: 'open' };
+    if (row.last_seq === null) return { ...base, state: 'empty' };
+    const seal = await this.sealOf(row);
+    return seal === undefined ? { ...base, state: 'unsealed' } : { ...base, state: 'sealed', checkpoint_id: seal.id };
+  }
+
+  private isOver(row: PartitionRow): boolean {
+    return row.range_end !== null && row.range_end.getTime() + SEAL_GRACE_MS <= this.options.now().getTime();
+  }
+
+  /** A trusted checkpoint at the partition's last record, holding that record's hash. */
+  private async sealOf(row: PartitionRow): Promise<Checkpoint | undefined> {
+    if (row.last_seq === null) return undefined;
+    const db = this.options.database.control;
+    const [link, checkpoints] = await Promise.all([findLink(db, row.last_seq), checkpointsAt(db, row.last_seq)]);
+    return checkpoints.find((c) => c.hash === link?.hash && this.options.signer.distrust(c) === null);
+  }
+
+  /** An attached partition whose month is over and whose rows are one run of seq, with its first and last links. */
+  private async closed(name: string) {
+    const db = this.options.database.control;
+    const row = (await listPartitionRows(db)).find((p) => p.name === name);
+    const refuse = (reason: string, message: string): never => {
+      throw new CodedError('partition_not_sealed', message, { partition: name, reason });
+    };
+    if (row === undefined) {
+      const archived = (await listArchives(db)).some((a) => a.partition === name);
+      if (archived) refuse('detached', `${name} is already detached`);
+      throw new CodedError('not_found', `no audit partition ${name}`);
+    }
+    if (row.is_default) refuse('default', 'the default partition holds months without their own; it is never sealed');
+    if (!this.isOver(row)) refuse('open', `${name}'s month is not over (an hour after its end)`);
+    if (row.first_seq === null || row.last_seq === null) return refuse('empty', `${name} holds no records`);
+    // Rows of neighbouring months can interleave by seq when clocks disagree at the boundary.
+    const count = await countPartitionRows(db, name);
+    if (count !== row.last_seq - row.first_seq + 1)
+      refuse(
+        'interleaved',
+        `${name}'s records are not one run of seq (${count} rows from ${row.first_seq} to ${row.last_seq})`,
+      );
+    const [first, last] = await Promise.all([findLink(db, row.first_seq), findLink(db, row.last_seq)]);
+    if (first === undefined || last === undefined) return refuse('open', `${name} changed while it was read`);
+    return {
+      partition: row,
+      first: { seq: row.first_seq, ...first },
+      last: { seq: row.last_seq, hash: last.hash },
+    };
+  }
+
+  private async sealed(name: string) {
+    const closed = await this.closed(name);
+    const checkpoint = await this.sealOf(closed.partition);
+    if (checkpoint === undefined) {
+      throw new CodedError(
+        'partition_not_sealed',
+        `${name} has no trusted checkpoint at its last record: seal it first`,
+        {
+          partition: name,
+          reason: 'unsealed',
+        },
+      );
+    }
+    return {
+      ...closed,
+      partition: { ...(await this.describe(closed.partition)), checkpoint },
+    };
+  }
+}

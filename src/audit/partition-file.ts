@@ -1,0 +1,197 @@
+import { createHash, createPublicKey } from 'node:crypto';
+import { canonicalJson } from './audit-hash.js';
+import { CheckpointSigner, keyIdOf, type Checkpoint } from './checkpoint-signer.js';
+
+/** The export format's name, in its header: a file names the rules it is verified by. */
+export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v1';
+
+/** The first line of an exported partition. */
+export interface PartitionFileHeader {
+  type: 'header';
+  format: typeof PARTITION_FILE_FORMAT;
+  partition: string;
+  /** The partition's bounds on `occurred_at`: [range_start, range_end); null where unbounded. */
+  range_start: string | null;
+  range_end: string | null;
+  first_seq: number;
+  last_seq: number;
+  /** The hash of the record before `first_seq`, which the first record chains from. */
+  prev_hash: string;
+  first_hash: string;
+  last_hash: string;
+  rows: number;
+  exported_at: string;
+}
+
+/** The last line: the checkpoint at `last_seq` that vouches for the range, and a digest of the lines before. */
+export interface PartitionFileTrailer {
+  type: 'trailer';
+  checkpoint: Checkpoint;
+  /** SHA-256 of every line before this one, each with its newline. */
+  lines_sha256: string;
+}
+
+/** One line of JSON as the file holds it: canonical, so that a byte changed anywhere shows. */
+export function fileLine(value: PartitionFileHeader | PartitionFileTrailer): string {
+  return canonicalJson(value) ?? '{}';
+}
+
+export interface PartitionFileVerification {
+  ok: boolean;
+  /** Records whose hashes were recomputed and chained. */
+  checked: number;
+  /** The first line (1-based) that does not verify, and why. */
+  first_bad_line: number | null;
+  reason: string | null;
+  header: PartitionFileHeader | null;
+  checkpoint: Pick<Checkpoint, 'id' | 'seq' | 'hash' | 'key_id'> | null;
+  /** Whether the checkpoint's signature was checked against the given key (false only when unsigned and allowed). */
+  signature_checked: boolean;
+}
+
+const HASH_SUFFIX = /,"hash":"([0-9a-f]{64})"\}$/;
+
+/**
+ * Verifies an exported partition line by line, with no database: each record's hash over its exact
+ * bytes, the links between them, the header's first and last seq and hash, and the checkpoint's
+ * Ed25519 signature against `publicKeyPem`. An unsigned checkpoint passes only with `allowUnsigned`.
+ */
+export class PartitionFileVerifier {
+  private lineNo = 0;
+  private header: PartitionFileHeader | null = null;
+  private trailer: PartitionFileTrailer | null = null;
+  private checked = 0;
+  private expectedSeq = 0;
+  private prevHash = '';
+  private firstHash: string | null = null;
+  private failure: { line: number; reason: string } | null = null;
+  private readonly digest = createHash('sha256');
+
+  constructor(private readonly options: { publicKeyPem?: string | undefined; allowUnsigned?: boolean } = {}) {}
+
+  /** Feeds the next line (without its newline). */
+  line(text: string): void {
+    if (this.failure !== null) return;
+    this.lineNo += 1;
+    if (this.trailer !== null) return this.fail('a line after the trailer');
+    if (this.lineNo === 1) return this.readHeader(text);
+    if (text.endsWith('"type":"trailer"}')) return this.readTrailer(text);
+    this.digest.update(`${text}\n`);
+    this.readRecord(text);
+  }
+
+  /** The verdict once every line was fed. */
+  end(): PartitionFileVerification {
+    if (this.failure === null && this.header === null) this.fail('an empty file');
+    if (this.failure === null && this.trailer === null) this.fail('no trailer: the file is cut short');
+    if (this.failure === null) this.checkTrailer();
+    const checkpoint = this.trailer?.checkpoint;
+    return {
+      ok: this.failure === null,
+      checked: this.checked,
+      first_bad_line: this.failure?.line ?? null,
+      reason: this.failure?.reason ?? null,
+      header: this.header,
+      checkpoint:
+        checkpoint === undefined
+          ? null
+          : { id: checkpoint.id, seq: checkpoint.seq, hash: checkpoint.hash, key_id: checkpoint.key_id },
+      signature_checked: this.failure === null && checkpoint?.signature != null,
+    };
+  }
+
+  private fail(reason: string, line = this.lineNo): void {
+    this.failure ??= { line, reason };
+  }
+
+  private parseCanonical(text: string): Record<string, unknown> | undefined {
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      this.fail('not JSON');
+      return undefined;
+    }
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+      this.fail('not a JSON object');
+      return undefined;
+    }
+    if (canonicalJson(value) !== text) {
+      this.fail('not in canonical form (edited)');
+      return undefined;
+    }
+    return value as Record<string, unknown>;
+  }
+
+  private readHeader(text: string): void {
+    this.digest.update(`${text}\n`);
+    const value = this.parseCanonical(text);
+    if (value === undefined) return;
+    if (value.type !== 'header' || value.format !== PARTITION_FILE_FORMAT)
+      return this.fail(`not a ${PARTITION_FILE_FORMAT} header`);
+    const header = value as unknown as PartitionFileHeader;
+    if (!Number.isSafeInteger(header.first_seq) || !Number.isSafeInteger(header.last_seq))
+      return this.fail('a header without first_seq and last_seq');
+    this.header = header;
+    this.expectedSeq = header.first_seq;
+    this.prevHash = header.prev_hash;
+  }
+
+  private readRecord(text: string): void {
+    const header = this.header!;
+    const suffix = HASH_SUFFIX.exec(text);
+    if (suffix === null) return this.fail('a record without its hash at the end');
+    const hash = suffix[1]!;
+    // The hash covers the record's exact bytes without the hash, as the appender serialised it.
+    const body = `${text.slice(0, suffix.index)}}`;
+    const record = this.parseCanonical(body);
+    if (record === undefined) return;
+    if (record.seq !== this.expectedSeq)
+      return this.fail(`seq ${String(record.seq)} where ${this.expectedSeq} was due`);
+    if (record.prev_hash !== this.prevHash) return this.fail(`seq ${this.expectedSeq}: prev_hash does not chain`);
+    if (createHash('sha256').update(body).digest('hex') !== hash)
+      return this.fail(`seq ${this.expectedSeq}: the hash does not match the record`);
+    const at = typeof record.occurred_at === 'string' ? record.occurred_at : '';
+    if (
+      (header.range_start !== null && at < header.range_start) ||
+      (header.range_end !== null && at >= header.range_end)
+    )
+      return this.fail(`seq ${this.expectedSeq}: occurred_at outside the partition's range`);
+    this.firstHash ??= hash;
+    this.prevHash = hash;
+    this.expectedSeq += 1;
+    this.checked += 1;
+  }
+
+  private readTrailer(text: string): void {
+    const value = this.parseCanonical(text);
+    if (value === undefined) return;
+    this.trailer = value as unknown as PartitionFileTrailer;
+  }
+
+  private checkTrailer(): void {
+    const header = this.header!;
+    const trailer = this.trailer!;
+    const at = this.lineNo;
+    if (trailer.lines_sha256 !== this.digest.digest('hex'))
+      return this.fail('the lines before the trailer are not the ones it digests', at);
+    if (this.checked !== header.rows || this.expectedSeq - 1 !== header.last_seq)
+      return this.fail(`the records end at seq ${this.expectedSeq - 1}, the header says ${header.last_seq}`, at);
+    if (this.firstHash !== header.first_hash || this.prevHash !== header.last_hash)
+      return this.fail("the records' first or last hash is not the header's", at);
+    const checkpoint = trailer.checkpoint;
+    if (checkpoint?.seq !== header.last_seq || checkpoint.hash !== header.last_hash)
+      return this.fail('the checkpoint is not at the last record', at);
+    if (checkpoint.signature === null || checkpoint.key_id === null) {
+      if (!this.options.allowUnsigned) this.fail('the checkpoint is unsigned', at);
+      return;
+    }
+    if (this.options.publicKeyPem === undefined)
+      return this.fail('the checkpoint is signed: a public key is needed', at);
+    const key = createPublicKey(this.options.publicKeyPem);
+    if (checkpoint.key_id !== keyIdOf(key))
+      return this.fail(`the checkpoint is signed by key ${checkpoint.key_id}, not this one`, at);
+    const distrust = new CheckpointSigner({ verifyKeysPem: [this.options.publicKeyPem] }).distrust(checkpoint);
+    if (distrust !== null) this.fail(`the checkpoint's signature does not verify (${distrust})`, at);
+  }
+}

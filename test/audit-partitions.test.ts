@@ -1,0 +1,364 @@
+import { generateKeyPairSync } from 'node:crypto';
+import { copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../src/audit/audit-log.js';
+import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { addMonthPartition, listPartitionRows } from '../src/audit/partition-repository.js';
+import { openDatabase, type Database } from '../src/db/database.js';
+import { migrate, migrationsDir } from '../src/db/migrate.js';
+import { AppClient } from './helpers/harness.js';
+import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+import { PartitionFileVerifier } from '../src/audit/partition-file.js';
+import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
+import { startHarness, type Harness } from './helpers/harness.js';
+import { ManualClock } from './helpers/manual-clock.js';
+import { tokens } from './helpers/tokens.js';
+
+const platform = tokens.platform();
+
+function ed25519Pem(): { privatePem: string; publicPem: string } {
+  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+  return {
+    privatePem: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
+    publicPem: publicKey.export({ type: 'spki', format: 'pem' }).toString(),
+  };
+}
+
+const key = ed25519Pem();
+const otherKey = ed25519Pem();
+
+/** The first day of the month `ahead` months after this one (UTC): the migration gave months 1–3 their own partitions. */
+function monthStart(ahead: number): Date {
+  const now = new Date();
+  return new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + ahead, 1));
+}
+const partitionOf = (month: Date) =>
+  `audit_events_${month.getUTCFullYear()}_${String(month.getUTCMonth() + 1).padStart(2, '0')}`;
+const days = (n: number) => n * 24 * 60 * 60 * 1000;
+
+function verifyFile(text: string, publicKeyPem: string | null = key.publicPem, allowUnsigned = false) {
+  const verifier = new PartitionFileVerifier({ publicKeyPem: publicKeyPem ?? undefined, allowUnsigned });
+  const lines = text.split('\n');
+  if (lines.at(-1) === '') lines.pop();
+  for (const line of lines) verifier.line(line);
+  return verifier.end();
+}
+
+describe('audit partitions: monthly, sealed, exported, verified offline and detached', () => {
+  let h: Harness;
+  const clock = new ManualClock(new Date(monthStart(1).getTime() + days(4)));
+  const [m1, m2, m3] = [monthStart(1), monthStart(2), monthStart(3)];
+
+  const append = (n: number, at: Date) => {
+    clock.set(at);
+    return h.client.app.services.audit.appendMany(
+      Array.from({ length: n }, (_, i) => ({ event_type: 'partition.test', actor: `system.${i}`, details: { i } })),
+    );
+  };
+  const partitions = async () =>
+    (await h.client.get('/audit/partitions', { token: platform })).body.items as Array<Record<string, any>>;
+
+  beforeAll(async () => {
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    await append(3, new Date(m1.getTime() + days(4)));
+    await append(4, new Date(m2.getTime() + days(4)));
+    await append(2, new Date(m3.getTime() + days(4)));
+  });
+  afterAll(() => h.close());
+
+  it('keeps each month in its own partition and verifies the chain across their boundaries', async () => {
+    const listed = await partitions();
+    const byName = new Map(listed.map((p) => [p.name, p]));
+    expect(byName.get(partitionOf(m1))).toMatchObject({ state: 'unsealed', first_seq: 1, last_seq: 3 });
+    expect(byName.get(partitionOf(m2))).toMatchObject({ state: 'unsealed', first_seq: 4, last_seq: 7 });
+    expect(byName.get(partitionOf(m3))).toMatchObject({ state: 'open', first_seq: 8, last_seq: 9 });
+    expect(byName.get('audit_events_default')).toMatchObject({ state: 'default', first_seq: null });
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({ ok: true, checked: 9, first_bad_seq: null, head: { seq: 9 } });
+    expect(verified.body.archived).toBeUndefined();
+  });
+
+  it('refuses to seal or export what is not ready, naming why', async () => {
+    const seal = (name: string) => h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
+    expect((await seal(partitionOf(m3))).body).toMatchObject({
+      error: { code: 'partition_not_sealed', details: { reason: 'open' } },
+    });
+    expect((await seal('audit_events_default')).body).toMatchObject({ error: { details: { reason: 'default' } } });
+    expect((await seal('audit_events_1999_01')).status).toBe(404);
+    expect((await seal('pg_class')).status).toBe(400);
+    const exported = await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token: platform });
+    expect(exported.status).toBe(409);
+    expect(exported.body).toMatchObject({ error: { code: 'partition_not_sealed', details: { reason: 'unsealed' } } });
+    expect((await h.client.get('/audit/partitions', { token: tokens.tenantOperator('t1') })).status).toBe(403);
+  });
+
+  it('seals a month that is over with a signed checkpoint at its last record, once', async () => {
+    clock.set(new Date(m3.getTime() + days(40)));
+    const sealed = await h.client.post(`/audit/partitions/${partitionOf(m1)}/seal`, { token: platform });
+    expect(sealed.status).toBe(201);
+    expect(sealed.body).toMatchObject({ seq: 3, key_id: expect.stringMatching(/^[0-9a-f]{16}$/) });
+    const again = await h.client.post(`/audit/partitions/${partitionOf(m1)}/seal`, { token: platform });
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(sealed.body);
+    expect((await partitions()).find((p) => p.name === partitionOf(m1))).toMatchObject({
+      state: 'sealed',
+      checkpoint_id: sealed.body.id,
+    });
+  });
+
+  it('exports a sealed month that verifies offline, and finds one byte changed in it', async () => {
+    const exported = await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token: platform });
+    expect(exported.status).toBe(200);
+    expect(exported.headers['content-type']).toContain('application/x-ndjson');
+    const lines = exported.text.trimEnd().split('\n');
+    expect(lines).toHaveLength(5);
+    expect(JSON.parse(lines[0]!)).toMatchObject({ type: 'header', first_seq: 1, last_seq: 3, rows: 3 });
+    expect(JSON.parse(lines[4]!)).toMatchObject({ type: 'trailer', checkpoint: { seq: 3 } });
+
+    const verified = verifyFile(exported.text);
+    expect(verified).toMatchObject({ ok: true, checked: 3, first_bad_line: null, signature_checked: true });
+
+    // One byte of the second record: its actor system.1 becomes system.2.
+    const edited = exported.text.replace('"actor":"system.1"', '"actor":"system.2"');
+    expect(edited).not.toBe(exported.text);
+    expect(verifyFile(edited)).toMatchObject({ ok: false, first_bad_line: 3 });
+    // A byte of the header (an informational field) is caught by the trailer's digest.
+    const header = exported.text
+      .replace('"type":"header"', '"type":"header"')
+      .replace('"exported_at":"2', '"exported_at":"3');
+    expect(verifyFile(header)).toMatchObject({ ok: false });
+    // Cut short: no trailer.
+    expect(verifyFile(lines.slice(0, 3).join('\n'))).toMatchObject({
+      ok: false,
+      reason: expect.stringMatching(/trailer/),
+    });
+  });
+
+  it('refuses an export whose checkpoint is forged, or checked against another key', async () => {
+    const exported = await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token: platform });
+    const lines = exported.text.trimEnd().split('\n');
+    const trailer = JSON.parse(lines.at(-1)!);
+    // Signed by a key that is not the gateway's, under the gateway's key id.
+    const forger = new CheckpointSigner({ signingKeyPem: otherKey.privatePem });
+    const forged = forger.sign({ ...trailer.checkpoint, key_id: undefined, signature: undefined });
+    const withForgery = { ...trailer, checkpoint: { ...forged, key_id: trailer.checkpoint.key_id } };
+    const keys = Object.keys(withForgery).sort();
+    const forgedLine = JSON.stringify(Object.fromEntries(keys.map((k) => [k, sortKeys(withForgery[k])])));
+    const result = verifyFile([...lines.slice(0, -1), forgedLine].join('\n'));
+    expect(result).toMatchObject({ ok: false, reason: expect.stringMatching(/signature/) });
+    expect(verifyFile(exported.text, otherKey.publicPem)).toMatchObject({
+      ok: false,
+      reason: expect.stringMatching(/not this one/),
+    });
+    expect(verifyFile(exported.text, null)).toMatchObject({ ok: false, reason: expect.stringMatching(/key/) });
+  });
+
+  it('detaches an exported month, and verification reports its range as archived and goes on past it', async () => {
+    const name = partitionOf(m1);
+    const exported = await h.client.get(`/audit/partitions/${name}/export`, { token: platform });
+    const header = JSON.parse(exported.text.split('\n')[0]!);
+    const wrong = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: header.last_seq, last_hash: '0'.repeat(64) },
+    });
+    expect(wrong.status).toBe(409);
+    expect(wrong.body).toMatchObject({ error: { code: 'partition_not_sealed', details: { reason: 'mismatch' } } });
+
+    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: header.last_seq, last_hash: header.last_hash },
+    });
+    expect(detached.status).toBe(200);
+    expect(detached.body).toMatchObject({ name, state: 'detached', first_seq: 1, last_seq: 3, rows: 3 });
+
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({
+      ok: true,
+      first_bad_seq: null,
+      archived: [{ from_seq: 1, to_seq: 3, partition: name }],
+    });
+    expect(verified.body.checked).toBe(verified.body.head.seq - 3);
+
+    const events = await h.client.get('/audit', { token: platform, query: { event_type: 'audit.partition_detached' } });
+    expect(events.body.items[0]).toMatchObject({
+      seq: detached.body.detached.event_seq,
+      details: { partition: name, from_seq: 1, to_seq: 3, last_hash: header.last_hash },
+    });
+    expect((await partitions()).find((p) => p.name === name)).toMatchObject({ state: 'detached' });
+    // Nothing was deleted: the table is still there, detached, for the operator to drop.
+    const kept = await sql<{ n: number }>`select count(*)::int as n from ${sql.table(name)}`.execute(
+      h.db.database.control,
+    );
+    expect(kept.rows[0]!.n).toBe(3);
+    // Detached once only.
+    const twice = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: header.last_seq, last_hash: header.last_hash },
+    });
+    expect(twice.body).toMatchObject({ error: { code: 'partition_not_sealed', details: { reason: 'detached' } } });
+  });
+
+  it('verifies from a checkpoint and with an anchor across an archived range', async () => {
+    const checkpoints = await h.client.get('/audit/checkpoints', { token: platform });
+    const sealOfM1 = checkpoints.body.items.find((c: { seq: number }) => c.seq === 3);
+    const fromSeal = await h.client.get('/audit/verify', { token: platform, query: { from_checkpoint: sealOfM1.id } });
+    expect(fromSeal.body).toMatchObject({ ok: true, from_checkpoint: { seq: 3 } });
+    const anchored = await h.client.get('/audit/verify', {
+      token: platform,
+      query: { anchor_seq: 3, anchor_hash: sealOfM1.hash },
+    });
+    expect(anchored.body).toMatchObject({ ok: true, anchor: { ok: true, reason: null } });
+  });
+
+  it('seals, exports and detaches the next month too, chaining from the archived one', async () => {
+    const name = partitionOf(m2);
+    expect((await h.client.post(`/audit/partitions/${name}/seal`, { token: platform })).status).toBe(201);
+    const exported = await h.client.get(`/audit/partitions/${name}/export`, { token: platform });
+    const file = verifyFile(exported.text);
+    expect(file).toMatchObject({ ok: true, checked: 4, header: { first_seq: 4, last_seq: 7 } });
+    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: 7, last_hash: file.header!.last_hash },
+    });
+    expect(detached.status).toBe(200);
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({
+      ok: true,
+      archived: [
+        { from_seq: 1, to_seq: 3 },
+        { from_seq: 4, to_seq: 7 },
+      ],
+    });
+  });
+
+  it('reports rows removed behind a range recorded as archived without its detachment record', async () => {
+    const name = partitionOf(m3);
+    const db = h.db.database.control;
+    const rows = await sql<{ seq: string; prev_hash: string; hash: string }>`
+      select seq, prev_hash, hash from ${sql.table(name)} order by seq`.execute(db);
+    const first = rows.rows[0]!;
+    const last = rows.rows.at(-1)!;
+    // Someone with the database's keys detaches a month and records it as archived, with no audit record of it.
+    await sql`alter table audit_events detach partition ${sql.table(name)}`.execute(db);
+    await sql`insert into audit_partition_archives values (${first.seq}, ${name}, ${first.seq}, ${last.seq},
+      ${first.prev_hash}, ${first.hash}, ${last.hash}, ${rows.rows.length}, 'ckpt_none', 'operator:mallory', now())`.execute(
+      db,
+    );
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({ ok: false, first_bad_seq: Number(first.seq), head: null });
+  });
+});
+
+const logger = pino({ level: 'silent' });
+
+/** The migrations up to `last`, in a folder of their own. */
+function migrationsUpTo(last: string): string {
+  const dir = mkdtempSync(join(tmpdir(), 'toolgate-migrations-'));
+  for (const file of readdirSync(migrationsDir))
+    if (file <= last) copyFileSync(join(migrationsDir, file), join(dir, file));
+  return dir;
+}
+
+async function appendAt(database: Database, at: string | Date, n = 1): Promise<void> {
+  const clock = new ManualClock(at);
+  await new AuditLog(database, clock.now).appendMany(
+    Array.from({ length: n }, (_, i) => ({ event_type: 'partition.test', actor: `system.${i}` })),
+  );
+}
+
+describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
+  it('turns the table into partitions in place, keeps it append-only, and the chain verifies across them', async () => {
+    const empty = await createEmptyDatabaseUrl();
+    const database = await openDatabase({ databaseUrl: empty.url, dataDir: '', poolSize: 3, logger });
+    try {
+      const dir = migrationsUpTo('0016_audit_checkpoints.sql');
+      await migrate(database.control, dir);
+      await appendAt(database, '2020-03-01T10:00:00.000Z', 2);
+      await appendAt(database, new Date(), 2);
+      // A clock far ahead: the row goes to the default partition, not into a future month's.
+      await appendAt(database, '2099-01-15T00:00:00.000Z');
+      copyFileSync(join(migrationsDir, '0017_audit_partitions.sql'), join(dir, '0017_audit_partitions.sql'));
+      expect((await migrate(database.control, dir)).applied).toEqual(['0017_audit_partitions']);
+
+      const parts = await listPartitionRows(database.control);
+      const legacy = parts.find((p) => p.name.startsWith('audit_events_before_'))!;
+      expect(legacy).toMatchObject({ first_seq: 1, last_seq: 4, range_start: null, range_end: monthStart(1) });
+      expect(parts.find((p) => p.is_default)).toMatchObject({ first_seq: 5, last_seq: 5 });
+      expect(parts.filter((p) => /^audit_events_\d{4}_\d\d$/.test(p.name)).map((p) => p.name)).toEqual(
+        [1, 2, 3].map((m) => partitionOf(monthStart(m))),
+      );
+      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 5 });
+
+      // Appends go on, into whichever partition holds their month.
+      await appendAt(database, new Date());
+      await appendAt(database, new Date(monthStart(2).getTime() + days(1)));
+      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 7 });
+
+      expect(await addMonthPartition(database.control, new Date('2099-01-20T00:00:00Z'))).toBe('default_has_rows');
+      expect(await addMonthPartition(database.control, new Date('2020-03-20T00:00:00Z'))).toBe('overlaps');
+      expect(await addMonthPartition(database.control, monthStart(5))).toBe('created');
+      expect(await addMonthPartition(database.control, monthStart(5))).toBe('exists');
+
+      for (const table of ['audit_events', legacy.name, 'audit_events_default', partitionOf(monthStart(2))]) {
+        await expect(sql`update ${sql.table(table)} set actor = 'x'`.execute(database.control)).rejects.toThrow(
+          /append-only/,
+        );
+        await expect(sql`delete from ${sql.table(table)}`.execute(database.control)).rejects.toThrow(/append-only/);
+        await expect(sql`truncate ${sql.table(table)}`.execute(database.control)).rejects.toThrow(/append-only/);
+      }
+      await expect(sql`truncate ${sql.table(partitionOf(monthStart(5)))}`.execute(database.control)).rejects.toThrow(
+        /append-only/,
+      );
+    } finally {
+      await database.close();
+      await empty.drop();
+    }
+  });
+});
+
+describe('audit partitions on the embedded database (PGlite)', () => {
+  it('migrates, appends across months, seals, exports, detaches and verifies', async () => {
+    const database = await openDatabase({ databaseUrl: undefined, dataDir: 'memory://', poolSize: 1, logger });
+    const clock = new ManualClock(new Date(monthStart(1).getTime() + days(2)));
+    let client: AppClient | undefined;
+    try {
+      await migrate(database.control);
+      client = await AppClient.start(database, { TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+      const audit = client.app.services.audit;
+      await audit.appendMany([{ event_type: 'partition.test', actor: 'system.a' }]);
+      clock.set(new Date(monthStart(2).getTime() + days(2)));
+      await audit.appendMany([{ event_type: 'partition.test', actor: 'system.b' }]);
+      clock.set(new Date(monthStart(3).getTime() + days(2)));
+      const name = partitionOf(monthStart(1));
+      expect((await client.post(`/audit/partitions/${name}/seal`, { token: platform })).status).toBe(201);
+      const exported = await client.get(`/audit/partitions/${name}/export`, { token: platform });
+      const file = verifyFile(exported.text);
+      expect(file).toMatchObject({ ok: true, checked: 1 });
+      const detached = await client.post(`/audit/partitions/${name}/detach`, {
+        token: platform,
+        body: { last_seq: 1, last_hash: file.header!.last_hash },
+      });
+      expect(detached.status).toBe(200);
+      const verified = await client.get('/audit/verify', { token: platform });
+      expect(verified.body).toMatchObject({ ok: true, archived: [{ from_seq: 1, to_seq: 1, partition: name }] });
+    } finally {
+      await client?.close();
+      await database.close();
+    }
+  });
+});
+
+/** Keys sorted at every depth: the file's canonical form. */
+function sortKeys(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(sortKeys);
+  if (value === null || typeof value !== 'object') return value;
+  return Object.fromEntries(
+    Object.keys(value)
+      .sort()
+      .map((k) => [k, sortKeys((value as Record<string, unknown>)[k])]),
+  );
+}
