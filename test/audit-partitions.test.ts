@@ -1,5 +1,6 @@
 import { generateKeyPairSync } from 'node:crypto';
-import { copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
@@ -254,6 +255,74 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
 });
 
 const logger = pino({ level: 'silent' });
+const root = new URL('..', import.meta.url).pathname;
+
+/** `toolgate …` as an operator runs it: the package's bin, against `url`. */
+function toolgate(url: string, args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [join(root, 'bin', 'toolgate.js'), ...args], {
+      cwd: root,
+      env: { PATH: process.env.PATH, HOME: process.env.HOME, TOOLGATE_URL: url, TOOLGATE_TOKEN: platform },
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    child.on('close', (status) => resolve({ status, stdout, stderr }));
+  });
+}
+
+describe('toolgate audit: partitions, seal, export, verify-file and detach', () => {
+  let h: Harness;
+  let url: string;
+  const clock = new ManualClock(new Date(monthStart(1).getTime() + days(3)));
+  const dir = mkdtempSync(join(tmpdir(), 'toolgate-archive-'));
+  const publicKey = join(dir, 'public.pem');
+  const name = partitionOf(monthStart(1));
+
+  beforeAll(async () => {
+    writeFileSync(publicKey, key.publicPem);
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    await h.client.app.services.audit.appendMany([
+      { event_type: 'partition.test', actor: 'system.a', details: { n: 1.5 } },
+      { event_type: 'partition.test', actor: 'system.b' },
+    ]);
+    // Half an hour into the next month: the last is not over yet for sealing (an hour's grace).
+    clock.set(new Date(monthStart(2).getTime() + 30 * 60 * 1000));
+    await h.client.app.services.audit.appendMany([{ event_type: 'partition.test', actor: 'system.c' }]);
+    url = await h.client.app.listen({ port: 0, host: '127.0.0.1' });
+  }, 60_000);
+  afterAll(() => h.close());
+
+  it('archives a month from the command line, refusing a file that does not verify', async () => {
+    const listed = await toolgate(url, ['--json', 'audit', 'partitions']);
+    expect(listed.status).toBe(0);
+    expect(JSON.parse(listed.stdout).items.find((p: { name: string }) => p.name === name)).toMatchObject({
+      state: 'open',
+    });
+    const early = await toolgate(url, ['audit', 'seal', name]);
+    expect(early).toMatchObject({ status: 1, stderr: expect.stringContaining('partition_not_sealed') });
+
+    clock.set(new Date(monthStart(2).getTime() + days(10)));
+    expect((await toolgate(url, ['audit', 'seal', name])).stdout).toContain(`${name} sealed by checkpoint`);
+    const file = join(dir, `${name}.jsonl`);
+    expect((await toolgate(url, ['audit', 'export', name, '--out', file])).status).toBe(0);
+
+    const verified = await toolgate(url, ['audit', 'verify-file', file, '--key', publicKey]);
+    expect(verified).toMatchObject({ status: 0, stdout: expect.stringContaining('intact, 2 records') });
+    const tampered = join(dir, 'tampered.jsonl');
+    writeFileSync(tampered, readFileSync(file, 'utf8').replace('"n":1.5', '"n":1.6'));
+    const broken = await toolgate(url, ['audit', 'verify-file', tampered, '--key', publicKey]);
+    expect(broken).toMatchObject({ status: 1, stdout: expect.stringContaining('BROKEN at line 2') });
+    expect((await toolgate(url, ['audit', 'detach', name, '--file', tampered, '--key', publicKey])).status).toBe(1);
+    expect((await h.client.get('/audit/verify', { token: platform })).body.archived).toBeUndefined();
+
+    const detached = await toolgate(url, ['audit', 'detach', name, '--file', file, '--key', publicKey]);
+    expect(detached).toMatchObject({ status: 0, stdout: expect.stringContaining(`${name} detached: seq 1-2`) });
+    const chain = await toolgate(url, ['audit', 'verify']);
+    expect(chain).toMatchObject({ status: 0, stdout: expect.stringContaining(`seq 1-2 archived (${name})`) });
+  }, 60_000);
+});
 
 /** The migrations up to `last`, in a folder of their own. */
 function migrationsUpTo(last: string): string {

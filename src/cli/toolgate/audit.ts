@@ -1,5 +1,11 @@
+import { createReadStream, createWriteStream } from 'node:fs';
 import { readFile, rename, writeFile } from 'node:fs/promises';
-import { Option } from 'commander';
+import { createInterface } from 'node:readline';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
+import { Option, type Command } from 'commander';
+import { PartitionFileVerifier, type PartitionFileVerification } from '../../audit/partition-file.js';
 import type { Schemas } from '../../client/index.js';
 import { cell, parseDuration, parseInteger, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
@@ -63,6 +69,119 @@ async function readAnchor(file: string): Promise<Anchor | undefined> {
   if (!Number.isSafeInteger(anchor.seq) || typeof anchor.hash !== 'string')
     throw new UsageError(`${file}: not an anchor ({"seq": N, "hash": "..."})`);
   return anchor as Anchor;
+}
+
+/** Verifies an exported partition file offline, line by line (no gateway, no database). */
+async function verifyFile(
+  file: string,
+  options: { key?: string; allowUnsigned?: boolean },
+): Promise<PartitionFileVerification> {
+  const publicKeyPem = options.key ? await readFile(options.key, 'utf8') : undefined;
+  const verifier = new PartitionFileVerifier({ publicKeyPem, allowUnsigned: options.allowUnsigned ?? false });
+  for await (const line of createInterface({ input: createReadStream(file), crlfDelay: Infinity })) verifier.line(line);
+  return verifier.end();
+}
+
+function fileVerdict(file: string, result: PartitionFileVerification): string {
+  if (!result.ok) return `${file}: BROKEN at line ${result.first_bad_line}: ${result.reason}`;
+  const h = result.header!;
+  const signed = result.signature_checked ? `signed by key ${result.checkpoint?.key_id}` : 'UNSIGNED checkpoint';
+  return `${file}: intact, ${result.checked} records of ${h.partition}, seq ${h.first_seq}-${h.last_seq}, last ${h.last_hash}; checkpoint ${result.checkpoint?.id} ${signed}`;
+}
+
+function partitionsCommands(): ReturnType<typeof command>[] {
+  const list = command(
+    'partitions',
+    "the audit log's monthly partitions and where each stands (platform-operator)",
+    'toolgate audit partitions',
+  ).action(async (_options: object, cmd) => {
+    const s = new Session(cmd);
+    const page = await s.call(s.api.GET('/audit/partitions'));
+    s.print(page, () =>
+      table(
+        ['NAME', 'STATE', 'FROM', 'TO', 'FIRST_SEQ', 'LAST_SEQ', 'ROWS'],
+        page.items.map((p) => [p.name, p.state, p.range_start, p.range_end, p.first_seq, p.last_seq, p.rows]),
+      ),
+    );
+  });
+
+  const seal = command(
+    'seal',
+    "record a checkpoint at a finished month's last record, so that it can be exported (platform-operator)",
+    'toolgate audit seal audit_events_2027_01',
+  )
+    .argument('<partition>')
+    .action(async (name: string, _options: object, cmd) => {
+      const s = new Session(cmd);
+      const checkpoint = await s.call(s.api.POST('/audit/partitions/{name}/seal', { params: { path: { name } } }));
+      s.print(
+        checkpoint,
+        () => `${name} sealed by checkpoint ${checkpoint.id} at seq ${checkpoint.seq} ${checkpoint.hash}`,
+      );
+    });
+
+  const exportCmd = command(
+    'export',
+    'download a sealed partition as JSON Lines (platform-operator); verify it with verify-file before detaching',
+    'toolgate audit export audit_events_2027_01 --out /archive/audit_events_2027_01.jsonl',
+  )
+    .argument('<partition>')
+    .option('--out <file>', 'where to write it (default: <partition>.jsonl)')
+    .action(async (name: string, options: { out?: string }, cmd) => {
+      const s = new Session(cmd);
+      const out = options.out ?? `${name}.jsonl`;
+      const body = await s.call(
+        s.api.GET('/audit/partitions/{name}/export', { params: { path: { name } }, parseAs: 'stream' }),
+      );
+      // Written aside, then renamed: an interrupted download never passes for the file.
+      await pipeline(Readable.fromWeb(body as unknown as WebReadableStream), createWriteStream(`${out}.part`));
+      await rename(`${out}.part`, out);
+      s.print({ partition: name, file: out }, () => `${name} written to ${out}`);
+    });
+
+  const verifyFileCmd = command(
+    'verify-file',
+    "verify an exported partition offline: its chain, its header, and its checkpoint's Ed25519 signature",
+    'toolgate audit verify-file audit_events_2027_01.jsonl --key /secure/toolgate-audit-public.pem',
+  )
+    .argument('<file>')
+    .option('--key <public.pem>', "the gateway's checkpoint public key (SPKI PEM)")
+    .option('--allow-unsigned', 'accept an unsigned checkpoint (the gateway signs none): chain-consistent only')
+    .action(async (file: string, options: { key?: string; allowUnsigned?: boolean }, cmd) => {
+      const json = Boolean((cmd as Command).optsWithGlobals<{ json?: boolean }>().json);
+      const result = await verifyFile(file, options);
+      process.stdout.write(`${json ? JSON.stringify(result, null, 2) : fileVerdict(file, result)}\n`);
+      if (!result.ok) throw new CheckFailed(`${file} does not verify`);
+    });
+
+  const detach = command(
+    'detach',
+    'detach a sealed partition once its export is archived: the file is verified first, and names its last record (platform-operator)',
+    'toolgate audit detach audit_events_2027_01 --file /archive/audit_events_2027_01.jsonl --key /secure/toolgate-audit-public.pem',
+  )
+    .argument('<partition>')
+    .requiredOption('--file <file>', 'the exported file, as archived')
+    .option('--key <public.pem>', "the gateway's checkpoint public key (SPKI PEM)")
+    .option('--allow-unsigned', 'accept an unsigned checkpoint')
+    .action(async (name: string, options: { file: string; key?: string; allowUnsigned?: boolean }, cmd) => {
+      const s = new Session(cmd);
+      const verified = await verifyFile(options.file, options);
+      if (!verified.ok) throw new CheckFailed(`${fileVerdict(options.file, verified)}; nothing detached`);
+      if (verified.header?.partition !== name)
+        throw new UsageError(`${options.file} is an export of ${verified.header?.partition}, not ${name}`);
+      const detached = await s.call(
+        s.api.POST('/audit/partitions/{name}/detach', {
+          params: { path: { name } },
+          body: { last_seq: verified.header.last_seq, last_hash: verified.header.last_hash },
+        }),
+      );
+      s.print(
+        detached,
+        () =>
+          `${name} detached: seq ${detached.first_seq}-${detached.last_seq} archived; the table stays in the database until you drop it`,
+      );
+    });
+  return [list, seal, exportCmd, verifyFileCmd, detach];
 }
 
 export function auditCommand() {
@@ -212,7 +331,10 @@ export function auditCommand() {
               ? `; from checkpoint ${result.from_checkpoint.id} at seq ${result.from_checkpoint.seq}`
               : '') + (anchor ? `; holds the anchor at seq ${anchor.seq}` : '');
           const kept = options.anchor && result.head ? `; head kept in ${options.anchor}` : '';
-          return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}`;
+          const archived = (result.archived ?? []).map(
+            (r) => `; seq ${r.from_seq}-${r.to_seq} archived (${r.partition})`,
+          );
+          return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}${archived.join('')}`;
         });
         if (!result.ok)
           throw new CheckFailed(
@@ -249,5 +371,6 @@ export function auditCommand() {
         );
       }),
   );
+  for (const sub of partitionsCommands()) audit.addCommand(sub);
   return audit;
 }
