@@ -96,8 +96,8 @@ $$;
 
 -- Gives the month holding `at` (UTC) a partition of its own, unless it has one, overlaps another,
 -- or the default partition already holds rows of it. Answers 'created', 'exists', 'overlaps' or
--- 'default_has_rows'. Created apart and then attached: attaching does not lock out the log's
--- readers and writers as creating a partition in place would.
+-- 'default_has_rows'. Created apart and then attached: attaching does not lock out appends, as
+-- creating a partition in place would.
 CREATE FUNCTION audit_events_add_partition(at timestamptz) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE

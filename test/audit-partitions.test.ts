@@ -65,6 +65,8 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
 
   beforeAll(async () => {
     h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    // What the gateway does in the background soon after start: this month and the next three.
+    await h.client.app.services.auditPartitions.addMonthsAhead();
     await append(3, new Date(m1.getTime() + days(4)));
     await append(4, new Date(m2.getTime() + days(4)));
     await append(2, new Date(m3.getTime() + days(4)));
@@ -236,6 +238,28 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     });
   });
 
+  it('detaches a month holding the records of earlier detachments, and still verifies', async () => {
+    const m4 = monthStart(4);
+    const name = partitionOf(m4);
+    clock.set(new Date(monthStart(5).getTime() + days(2)));
+    const sealed = await h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
+    expect(sealed.status).toBe(201);
+    const file = verifyFile((await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text);
+    expect(file.ok).toBe(true);
+    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
+    });
+    expect(detached.status).toBe(200);
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({ ok: true });
+    expect(verified.body.archived.map((r: { partition: string }) => r.partition)).toEqual([
+      partitionOf(m1),
+      partitionOf(m2),
+      name,
+    ]);
+  });
+
   it('reports rows removed behind a range recorded as archived without its detachment record', async () => {
     const name = partitionOf(m3);
     const db = h.db.database.control;
@@ -243,14 +267,24 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
       select seq, prev_hash, hash from ${sql.table(name)} order by seq`.execute(db);
     const first = rows.rows[0]!;
     const last = rows.rows.at(-1)!;
-    // Someone with the database's keys detaches a month and records it as archived, with no audit record of it.
+    // Someone with the database's keys detaches a month and records it as archived, with no audit
+    // record of it: first naming a record of its own range, then one in a range archived since.
     await sql`alter table audit_events detach partition ${sql.table(name)}`.execute(db);
-    await sql`insert into audit_partition_archives values (${first.seq}, ${name}, ${first.seq}, ${last.seq},
-      ${first.prev_hash}, ${first.hash}, ${last.hash}, ${rows.rows.length}, 'ckpt_none', 'operator:mallory', now())`.execute(
-      db,
-    );
+    const forge = (eventSeq: string | number) => sql`insert into audit_partition_archives values (${eventSeq}, ${name},
+      ${first.seq}, ${last.seq}, ${first.prev_hash}, ${first.hash}, ${last.hash}, ${rows.rows.length}, 'ckpt_none',
+      'operator:mallory', now())`;
+    await forge(first.seq).execute(db);
     const verified = await h.client.get('/audit/verify', { token: platform });
     expect(verified.body).toMatchObject({ ok: false, first_bad_seq: Number(first.seq), head: null });
+
+    const m4 = (await partitions()).find((p) => p.name === partitionOf(monthStart(4)))!;
+    await sql`alter table audit_partition_archives disable trigger audit_partition_archives_no_update_delete`.execute(
+      db,
+    );
+    await sql`delete from audit_partition_archives where partition = ${name}`.execute(db);
+    await forge(m4.first_seq).execute(db);
+    const again = await h.client.get('/audit/verify', { token: platform });
+    expect(again.body).toMatchObject({ ok: false, first_bad_seq: Number(first.seq), head: null });
   });
 });
 

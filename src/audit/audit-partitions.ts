@@ -6,7 +6,7 @@ import { BackgroundTask } from '../db/background-task.js';
 import type { Database } from '../db/database.js';
 import { CodedError } from '../errors/coded-error.js';
 import { GENESIS_HASH } from './audit-hash.js';
-import { walkRange, writeAuditEvents, type ChainHead } from './audit-repository.js';
+import { detachReportsBetween, walkRange, writeAuditEvents, type ChainHead } from './audit-repository.js';
 import { checkpointsAt, checkpointsNewestFirst, insertCheckpoint } from './checkpoint-repository.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 import {
@@ -263,6 +263,8 @@ export class AuditPartitions {
       last_hash: last.hash,
       rows: last.seq - first.seq + 1,
       checkpoint_id: partition.checkpoint.id,
+      // Earlier detachments reported inside this range: verification finds their reports here once it is gone.
+      archived_records: await detachReportsBetween(db, first.seq, last.seq),
     };
     const at = this.options.now();
     try {

@@ -447,8 +447,9 @@ export async function walkRange(
 
 /**
  * The first seq of an archived range the walk crossed whose detachment the chain does not report
- * as such (an `audit.partition_detached` record naming the range and its last hash), if any: a
- * range recorded as archived without that record is rows removed.
+ * as such, if any: a range recorded as archived without that report is rows removed. The report is
+ * its `audit.partition_detached` record, or, when that record was itself archived with a later
+ * range, the copy of it that range's own record carries (`archived_records`).
  */
 async function firstUnreportedArchive(trx: Transaction<DB>, crossed: ArchivedRange[]): Promise<number | undefined> {
   if (crossed.length === 0) return undefined;
@@ -462,19 +463,60 @@ async function firstUnreportedArchive(trx: Transaction<DB>, crossed: ArchivedRan
       crossed.map((range) => range.event_seq),
     )
     .execute();
-  const reported = new Map(rows.map((row) => [Number(row.seq), row.details as Record<string, unknown>]));
+  const stored = new Map(rows.map((row) => [Number(row.seq), row.details as unknown as DetachReport]));
+  // A container's record comes after the one it holds (required, so that this ends).
+  const reportOf = (range: ArchivedRange): DetachReport | undefined => {
+    const own = stored.get(range.event_seq);
+    if (own !== undefined) return own;
+    const container = crossed.find(
+      (c) => c.from_seq <= range.event_seq && range.event_seq <= c.to_seq && c.event_seq > range.event_seq,
+    );
+    if (container === undefined) return undefined;
+    return reportOf(container)?.archived_records?.find((r) => r.event_seq === range.event_seq);
+  };
   const bad = crossed.filter((range) => {
-    const details = reported.get(range.event_seq);
+    const report = reportOf(range);
     return (
-      details === undefined ||
-      details.partition !== range.partition ||
-      details.from_seq !== range.from_seq ||
-      details.to_seq !== range.to_seq ||
-      details.prev_hash !== range.prev_hash ||
-      details.last_hash !== range.last_hash
+      report === undefined ||
+      report.partition !== range.partition ||
+      report.from_seq !== range.from_seq ||
+      report.to_seq !== range.to_seq ||
+      report.prev_hash !== range.prev_hash ||
+      report.last_hash !== range.last_hash
     );
   });
   return bad.length === 0 ? undefined : Math.min(...bad.map((range) => range.from_seq));
+}
+
+/** What an `audit.partition_detached` record says (its `details`). */
+export interface DetachReport {
+  partition: string;
+  from_seq: number;
+  to_seq: number;
+  prev_hash: string;
+  last_hash: string;
+  /** The reports of earlier detachments whose records this range holds, each with its seq. */
+  archived_records?: (Omit<DetachReport, 'archived_records'> & { event_seq: number })[];
+}
+
+/** The `audit.partition_detached` records among the rows from `fromSeq` to `toSeq`, with their seq. */
+export async function detachReportsBetween(
+  db: Kysely<DB>,
+  fromSeq: number,
+  toSeq: number,
+): Promise<(Omit<DetachReport, 'archived_records'> & { event_seq: number })[]> {
+  const rows = await db
+    .selectFrom('audit_events')
+    .select(['seq', 'details'])
+    .where('event_type', '=', 'audit.partition_detached')
+    .where('seq', '>=', String(fromSeq))
+    .where('seq', '<=', String(toSeq))
+    .orderBy('seq')
+    .execute();
+  return rows.map((row) => {
+    const { partition, from_seq, to_seq, prev_hash, last_hash } = row.details as unknown as DetachReport;
+    return { event_seq: Number(row.seq), partition, from_seq, to_seq, prev_hash, last_hash };
+  });
 }
 
 /**
