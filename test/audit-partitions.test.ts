@@ -240,28 +240,29 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
 
   it('detaches a month holding the records of earlier detachments, and still verifies', async () => {
     const m4 = monthStart(4);
-    const name = partitionOf(m4);
     clock.set(new Date(monthStart(5).getTime() + days(2)));
-    const sealed = await h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
-    expect(sealed.status).toBe(201);
-    const file = verifyFile((await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text);
-    expect(file.ok).toBe(true);
-    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
-      token: platform,
-      body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
-    });
-    expect(detached.status).toBe(200);
+    await h.client.app.services.auditPartitions.addMonthsAhead();
+    for (const name of [partitionOf(m3), partitionOf(m4)]) {
+      expect((await h.client.post(`/audit/partitions/${name}/seal`, { token: platform })).status).toBe(201);
+      const file = verifyFile((await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text);
+      expect(file.ok).toBe(true);
+      const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
+        token: platform,
+        body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
+      });
+      expect(detached.status).toBe(200);
+    }
+    // The month archived last held the records of the first two detachments.
     const verified = await h.client.get('/audit/verify', { token: platform });
     expect(verified.body).toMatchObject({ ok: true });
-    expect(verified.body.archived.map((r: { partition: string }) => r.partition)).toEqual([
-      partitionOf(m1),
-      partitionOf(m2),
-      name,
-    ]);
+    expect(verified.body.archived.map((r: { partition: string }) => r.partition)).toEqual(
+      [m1, m2, m3, m4].map(partitionOf),
+    );
   });
 
   it('reports rows removed behind a range recorded as archived without its detachment record', async () => {
-    const name = partitionOf(m3);
+    const name = partitionOf(monthStart(6));
+    await append(2, new Date(monthStart(6).getTime() + days(2)));
     const db = h.db.database.control;
     const rows = await sql<{ seq: string; prev_hash: string; hash: string }>`
       select seq, prev_hash, hash from ${sql.table(name)} order by seq`.execute(db);
@@ -285,6 +286,63 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     await forge(m4.first_seq).execute(db);
     const again = await h.client.get('/audit/verify', { token: platform });
     expect(again.body).toMatchObject({ ok: false, first_bad_seq: Number(first.seq), head: null });
+  });
+});
+
+describe('audit partitions whose records interleave at a month boundary', () => {
+  let h: Harness;
+  const [m1, m2, m3] = [monthStart(1), monthStart(2), monthStart(3)];
+  const clock = new ManualClock(new Date(m1.getTime() + days(4)));
+  const append = (actor: string, at: Date) => {
+    clock.set(at);
+    return h.client.app.services.audit.append({ event_type: 'partition.test', actor });
+  };
+  const archive = async (name: string) => {
+    const sealed = await h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
+    expect(sealed.status).toBe(201);
+    const file = verifyFile((await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text);
+    expect(file.ok).toBe(true);
+    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
+    });
+    expect(detached.status).toBe(200);
+    return file;
+  };
+
+  beforeAll(async () => {
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    await h.client.app.services.auditPartitions.addMonthsAhead();
+    await append('system.1', new Date(m1.getTime() + days(4)));
+    await append('system.2', new Date(m1.getTime() + days(5)));
+    // Seq 3 is dated just after midnight, seq 4 (a replica whose clock lags) just before.
+    await append('system.3', new Date(m2.getTime() + 1000));
+    await append('system.4', new Date(m2.getTime() - 1000));
+    await append('system.5', new Date(m2.getTime() + days(2)));
+  });
+  afterAll(() => h.close());
+
+  it("archives the oldest month first, its file holding the neighbour's record inside its range", async () => {
+    clock.set(new Date(m3.getTime() + days(2)));
+    const early = await h.client.post(`/audit/partitions/${partitionOf(m2)}/seal`, { token: platform });
+    expect(early.body).toMatchObject({ error: { code: 'partition_not_sealed', details: { reason: 'not_oldest' } } });
+
+    const first = await archive(partitionOf(m1));
+    expect(first).toMatchObject({ checked: 4, header: { first_seq: 1, last_seq: 4 } });
+    // Seq 3 stays attached with its month; verification crosses the range and goes on.
+    let verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({ ok: true, archived: [{ from_seq: 1, to_seq: 4 }] });
+
+    const second = await archive(partitionOf(m2));
+    expect(second).toMatchObject({ checked: 1, header: { first_seq: 5, last_seq: 5 } });
+    verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({
+      ok: true,
+      archived: [
+        { from_seq: 1, to_seq: 4 },
+        { from_seq: 5, to_seq: 5 },
+      ],
+    });
   });
 });
 

@@ -17,7 +17,6 @@ import {
 } from './partition-file.js';
 import {
   addMonthPartition,
-  countPartitionRows,
   detachPartition,
   findLink,
   insertArchive,
@@ -347,33 +346,41 @@ export class AuditPartitions {
     return checkpoints.find((c) => c.hash === link?.hash && this.options.signer.distrust(c) === null);
   }
 
-  /** An attached partition whose month is over and whose rows are one run of seq, with its first and last links. */
+  /**
+   * An attached month that is over and the oldest holding records, with the range of the chain it
+   * archives: from the record after the last archived range (or the first) to its own last record.
+   * Records of a neighbouring month inside that range (replicas' clocks disagreed at the boundary)
+   * go in its file too, and stay attached with their month.
+   */
   private async closed(name: string) {
     const db = this.options.database.control;
-    const row = (await listPartitionRows(db)).find((p) => p.name === name);
+    const rows = await listPartitionRows(db);
+    const row = rows.find((p) => p.name === name);
     const refuse = (reason: string, message: string): never => {
       throw new CodedError('partition_not_sealed', message, { partition: name, reason });
     };
+    const archives = await listArchives(db);
     if (row === undefined) {
-      const archived = (await listArchives(db)).some((a) => a.partition === name);
-      if (archived) refuse('detached', `${name} is already detached`);
+      if (archives.some((a) => a.partition === name)) refuse('detached', `${name} is already detached`);
       throw new CodedError('not_found', `no audit partition ${name}`);
     }
     if (row.is_default) refuse('default', 'the default partition holds months without their own; it is never sealed');
     if (!this.isOver(row)) refuse('open', `${name}'s month is not over (an hour after its end)`);
-    if (row.first_seq === null || row.last_seq === null) return refuse('empty', `${name} holds no records`);
-    // Rows of neighbouring months can interleave by seq when clocks disagree at the boundary.
-    const count = await countPartitionRows(db, name);
-    if (count !== row.last_seq - row.first_seq + 1)
-      refuse(
-        'interleaved',
-        `${name}'s records are not one run of seq (${count} rows from ${row.first_seq} to ${row.last_seq})`,
-      );
-    const [first, last] = await Promise.all([findLink(db, row.first_seq), findLink(db, row.last_seq)]);
-    if (first === undefined || last === undefined) return refuse('open', `${name} changed while it was read`);
+    const start = (p: PartitionRow) => p.range_start?.getTime() ?? -Infinity;
+    const older = rows.find((p) => !p.is_default && p.first_seq !== null && start(p) < start(row));
+    if (older !== undefined) refuse('not_oldest', `${older.name} holds older records: archive it first`);
+    const from = archives.reduce((max, a) => Math.max(max, Number(a.to_seq)), 0) + 1;
+    if (row.last_seq === null || row.last_seq < from)
+      return refuse('empty', `${name} holds no records past the archived ranges`);
+    const [first, last] = await Promise.all([findLink(db, from), findLink(db, row.last_seq)]);
+    if (first === undefined || last === undefined) {
+      throw new CodedError('audit_chain_broken', `the audit chain misses records in ${name}'s range`, {
+        first_bad_seq: first === undefined ? from : row.last_seq,
+      });
+    }
     return {
       partition: row,
-      first: { seq: row.first_seq, ...first },
+      first: { seq: from, ...first },
       last: { seq: row.last_seq, hash: last.hash },
     };
   }

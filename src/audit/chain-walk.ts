@@ -230,15 +230,18 @@ export async function walkChain(
       ${after === undefined ? sql`` : sql`and audit_events.seq > ${after}`}
       ${options.bounded ? sql`and audit_events.seq <= ${head.seq}` : sql``}
       order by audit_events.seq limit ${pageSize}`.execute(trx);
-  // Where rows are missing, an archived range that starts there and chains on is crossed instead.
-  const crossArchives = (before: number): void => {
+  // An archived range that starts where the walk stands and chains on is crossed: its file holds its records.
+  const crossArchives = (): void => {
     for (let range = archives.get(expectedSeq); range !== undefined; range = archives.get(expectedSeq)) {
-      if (range.prev_hash !== prevHash || range.to_seq >= before) return;
+      if (range.prev_hash !== prevHash || range.to_seq > head.seq) return;
       crossed.push(range);
       expectedSeq = range.to_seq + 1;
       prevHash = range.last_hash;
     }
   };
+  // A record of a neighbouring month inside a crossed range (clocks disagreed at the boundary) stays
+  // attached with its month; the range's file holds it too.
+  const inCrossed = (seq: number): boolean => crossed.some((range) => range.from_seq <= seq && seq <= range.to_seq);
 
   let expectedSeq = from.seq + 1;
   let prevHash = from.hash;
@@ -246,6 +249,7 @@ export async function walkChain(
   let pastHeadSeq: number | undefined;
   // No lower bound from the genesis: a row below seq 1 is walked too, and reported as itself.
   let next: Page | undefined = page(from.seq > 0 ? from.seq : undefined);
+  crossArchives();
   while (next !== undefined) {
     const rows: Record<string, string | boolean | null>[] = (await next).rows;
     const last = rows[rows.length - 1];
@@ -261,7 +265,7 @@ export async function walkChain(
         pastHeadSeq = seq;
         break;
       }
-      if (seq > expectedSeq) crossArchives(seq);
+      if (seq < expectedSeq && inCrossed(seq)) continue;
       const row = toWalked(raw, parts);
       if (
         !row.readExactly ||
@@ -278,6 +282,7 @@ export async function walkChain(
       checked += 1;
       expectedSeq += 1;
       prevHash = row.hash;
+      crossArchives();
     }
     if (brokenAt !== undefined || pastHeadSeq !== undefined) {
       // Let a page asked for ahead finish before the transaction is used again.
@@ -295,7 +300,6 @@ export async function walkChain(
       return { ok: false, checked, first_bad_seq: brokenAt, archived: crossed, through: brokenAt - 1 };
     if (options.onRows && lines.length > 0) await options.onRows(lines);
   }
-  if (expectedSeq - 1 < head.seq) crossArchives(head.seq + 1);
   if (expectedSeq - 1 < head.seq)
     return { ok: false, checked, first_bad_seq: expectedSeq, archived: crossed, through: expectedSeq - 1 };
   if (prevHash !== head.hash) {

@@ -55,12 +55,6 @@ function parseBound(bound: string): Pick<PartitionRow, 'range_start' | 'range_en
   };
 }
 
-/** The rows a partition holds, exactly (a scan of it). */
-export async function countPartitionRows(db: Kysely<DB>, name: string): Promise<number> {
-  const { rows } = await sql<{ n: string }>`select count(*) as n from ${sql.table(name)}`.execute(db);
-  return Number(rows[0]?.n ?? 0);
-}
-
 /** The stored `prev_hash` and `hash` of the row at `seq`, if it is there. */
 export async function findLink(
   db: Kysely<DB> | Transaction<DB>,

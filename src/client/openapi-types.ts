@@ -241,12 +241,13 @@ export interface paths {
         put?: never;
         /**
          * Record a checkpoint at a partition's last record (platform-operator)
-         * @description For a partition whose month is over (an hour past its end) and whose records are one run of
-         *     `seq`: verifies the chain from the newest trusted checkpoint at or below its last record up
-         *     to it, then records a checkpoint there (signed when the gateway signs), recorded as
-         *     `audit.checkpoint_created`. `201` with the new checkpoint; `200` with the one already there.
-         *     `409 partition_not_sealed` (`details.reason`: `open`, `empty`, `default`, `interleaved`,
-         *     `detached`) when it cannot be sealed; `409 audit_chain_broken` when the chain does not verify.
+         * @description For a partition whose month is over (an hour past its end), the oldest attached one holding
+         *     records (months are archived in order): verifies the chain from the newest trusted checkpoint
+         *     at or below its last record up to it, then records a checkpoint there (signed when the
+         *     gateway signs), recorded as `audit.checkpoint_created`. `201` with the new checkpoint; `200`
+         *     with the one already there. `409 partition_not_sealed` (`details.reason`: `open`, `empty`,
+         *     `default`, `not_oldest`, `detached`) when it cannot be sealed; `409 audit_chain_broken` when
+         *     the chain does not verify.
          */
         post: operations["sealAuditPartition"];
         delete?: never;
@@ -264,7 +265,10 @@ export interface paths {
         };
         /**
          * A sealed partition as JSON Lines (platform-operator)
-         * @description One line of canonical JSON each: a header (`type` `header`, `format`
+         * @description The range of the chain the month archives, from the record after the last archived range to
+         *     the month's last record (a record of the next month inside it, appended out of date order at
+         *     the boundary, is included and stays attached with its month). One line of canonical JSON
+         *     each: a header (`type` `header`, `format`
          *     `toolgate-audit-partition-v1`, `partition`, `range_start`, `range_end`, `first_seq`,
          *     `last_seq`, `prev_hash` — the hash of the record before, which the first chains from —,
          *     `first_hash`, `last_hash`, `rows`, `exported_at`); every record as it was hashed (its
