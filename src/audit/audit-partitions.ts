@@ -287,11 +287,15 @@ export class AuditPartitions {
         });
         return record!.seq;
       });
-      const { checkpoint, ...described } = partition;
+      // As the listing shows it from then on: the range it archived.
       return {
-        ...described,
-        checkpoint_id: checkpoint.id,
+        name,
         state: 'detached',
+        range_start: null,
+        range_end: null,
+        first_seq: first.seq,
+        last_seq: last.seq,
+        checkpoint_id: partition.checkpoint.id,
         rows: details.rows,
         detached: { by: actor, at: at.toISOString(), event_seq: eventSeq },
       };

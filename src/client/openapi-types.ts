@@ -1405,7 +1405,9 @@ export interface components {
              * @description exclusive; null when unbounded or detached
              */
             range_end: string | null;
+            /** @description its first record; once detached, the first of the range it archived */
             first_seq: number | null;
+            /** @description its last record (null when empty) */
             last_seq: number | null;
             rows: number;
             /** @description the trusted checkpoint at its last record, once sealed */
