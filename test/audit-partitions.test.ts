@@ -1,21 +1,21 @@
-import { generateKeyPairSync } from 'node:crypto';
 import { spawn } from 'node:child_process';
+import { generateKeyPairSync } from 'node:crypto';
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
+import { PartitionFileVerifier } from '../src/audit/partition-file.js';
 import { addMonthPartition, listPartitionRows } from '../src/audit/partition-repository.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { migrate, migrationsDir } from '../src/db/migrate.js';
-import { AppClient } from './helpers/harness.js';
 import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
-import { PartitionFileVerifier } from '../src/audit/partition-file.js';
-import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
-import { startHarness, type Harness } from './helpers/harness.js';
+import { AppClient, startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { tokens } from './helpers/tokens.js';
 
@@ -297,17 +297,35 @@ describe('audit partitions whose records interleave at a month boundary', () => 
     clock.set(at);
     return h.client.app.services.audit.append({ event_type: 'partition.test', actor });
   };
-  const archive = async (name: string) => {
+  const archive = async (name: string, before?: (detach: () => Promise<TestResponse>) => Promise<void>) => {
     const sealed = await h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
     expect(sealed.status).toBe(201);
     const file = verifyFile((await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text);
     expect(file.ok).toBe(true);
-    const detached = await h.client.post(`/audit/partitions/${name}/detach`, {
-      token: platform,
-      body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
-    });
-    expect(detached.status).toBe(200);
+    const detach = () =>
+      h.client.post(`/audit/partitions/${name}/detach`, {
+        token: platform,
+        body: { last_seq: file.header!.last_seq, last_hash: file.header!.last_hash },
+      });
+    await before?.(detach);
+    expect((await detach()).status).toBe(200);
     return file;
+  };
+  // A long read of the log (a verification) holds it: the detach gives up after its lock timeout.
+  const holdingARead = async (detach: () => Promise<TestResponse>) => {
+    if (!h.db.url) return;
+    const reader = new pg.Client({ connectionString: h.db.url });
+    await reader.connect();
+    try {
+      await reader.query('begin');
+      await reader.query('select 1 from audit_events limit 1');
+      const busy = await detach();
+      expect(busy.status).toBe(503);
+      expect(busy.body).toMatchObject({ error: { code: 'gateway_unavailable' } });
+      await reader.query('rollback');
+    } finally {
+      await reader.end();
+    }
   };
 
   beforeAll(async () => {
@@ -333,7 +351,7 @@ describe('audit partitions whose records interleave at a month boundary', () => 
     let verified = await h.client.get('/audit/verify', { token: platform });
     expect(verified.body).toMatchObject({ ok: true, archived: [{ from_seq: 1, to_seq: 4 }] });
 
-    const second = await archive(partitionOf(m2));
+    const second = await archive(partitionOf(m2), holdingARead);
     expect(second).toMatchObject({ checked: 1, header: { first_seq: 5, last_seq: 5 } });
     verified = await h.client.get('/audit/verify', { token: platform });
     expect(verified.body).toMatchObject({
