@@ -17,6 +17,7 @@ import { migrate, migrationsDir } from '../src/db/migrate.js';
 import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 
 const platform = tokens.platform();
@@ -541,3 +542,35 @@ function sortKeys(value: unknown): unknown {
       .map((k) => [k, sortKeys((value as Record<string, unknown>)[k])]),
   );
 }
+
+describe.skipIf(!hasPostgresServer)('audit partitions when the database goes away (needs a PostgreSQL server)', () => {
+  it('answers 503 gateway_unavailable on every partition route', async () => {
+    const h = await startHarness();
+    const server = new URL(h.db.url!);
+    const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
+    const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 2, logger });
+    const client = await AppClient.start(database);
+    try {
+      const name = partitionOf(monthStart(1));
+      proxy.cutConnections();
+      const answers = [
+        await client.get('/audit/partitions', { token: platform }),
+        await client.post(`/audit/partitions/${name}/seal`, { token: platform }),
+        await client.get(`/audit/partitions/${name}/export`, { token: platform }),
+        await client.post(`/audit/partitions/${name}/detach`, {
+          token: platform,
+          body: { last_seq: 1, last_hash: '0'.repeat(64) },
+        }),
+      ];
+      for (const answer of answers) {
+        expect(answer.status).toBe(503);
+        expect(answer.body).toMatchObject({ error: { code: 'gateway_unavailable' } });
+      }
+    } finally {
+      await client.close();
+      await database.close();
+      await proxy.close();
+      await h.close();
+    }
+  });
+});
