@@ -97,7 +97,24 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     const exported = await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token: platform });
     expect(exported.status).toBe(409);
     expect(exported.body).toMatchObject({ error: { code: 'partition_not_sealed', details: { reason: 'unsealed' } } });
-    expect((await h.client.get('/audit/partitions', { token: tokens.tenantOperator('t1') })).status).toBe(403);
+    // Only a platform-operator sees or moves the log's partitions.
+    for (const token of [tokens.tenantOperator('t1'), tokens.agent('a.one', { tenant: 't1' })]) {
+      expect((await h.client.get('/audit/partitions', { token })).status).toBe(403);
+      expect((await h.client.post(`/audit/partitions/${partitionOf(m1)}/seal`, { token })).status).toBe(403);
+      expect((await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token })).status).toBe(403);
+    }
+    expect((await h.client.get('/audit/partitions')).status).toBe(401);
+    // A detach names the exported file's last record, exactly.
+    for (const body of [
+      {},
+      { last_seq: 0, last_hash: '0'.repeat(64) },
+      { last_seq: 3, last_hash: 'x' },
+      { last_seq: 3, last_hash: '0'.repeat(64), extra: 1 },
+    ]) {
+      const refused = await h.client.post(`/audit/partitions/${partitionOf(m1)}/detach`, { token: platform, body });
+      expect(refused.status).toBe(400);
+      expect(refused.body).toMatchObject({ error: { code: 'invalid_request' } });
+    }
   });
 
   it('seals a month that is over with a signed checkpoint at its last record, once', async () => {
