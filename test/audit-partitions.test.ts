@@ -430,6 +430,8 @@ describe('toolgate audit: partitions, seal, export, verify-file and detach', () 
     });
     const early = await toolgate(url, ['audit', 'seal', name]);
     expect(early).toMatchObject({ status: 1, stderr: expect.stringContaining('partition_not_sealed') });
+    const unsealed = await toolgate(url, ['audit', 'export', name, '--out', join(dir, 'early.jsonl')]);
+    expect(unsealed).toMatchObject({ status: 1, stderr: expect.stringContaining('partition_not_sealed') });
 
     clock.set(new Date(monthStart(2).getTime() + days(10)));
     expect((await toolgate(url, ['audit', 'seal', name])).stdout).toContain(`${name} sealed by checkpoint`);
