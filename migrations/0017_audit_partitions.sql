@@ -2,15 +2,18 @@
 -- exported, and detached by an operator (docs/design/audit-chain.md, "Partitions").
 
 -- The table as it stands becomes the first partition, attached in place rather than copied: it
--- holds everything before next month. Its primary key (seq) cannot stay: a partitioned table's
--- key must include the partition key. seq stays unique because only the chain head hands it out,
--- under its lock, and verification reports any row whose seq is not the one expected.
+-- holds everything before next month (or the month after, when a clock a little ahead already
+-- wrote rows of next month). Its primary key (seq) cannot stay: a partitioned table's key must
+-- include the partition key. seq stays unique because only the chain head hands it out, under its
+-- lock, and verification reports any row whose seq is not the one expected.
 DO $$
 DECLARE
-  upper_bound timestamptz := date_trunc('month', now(), 'UTC') + interval '1 month';
+  newest timestamptz := (SELECT max(occurred_at) FROM audit_events WHERE occurred_at < now() + interval '1 month');
+  upper_bound timestamptz := date_trunc('month', greatest(now(), newest), 'UTC') + interval '1 month';
   legacy text := 'audit_events_before_' || to_char(upper_bound AT TIME ZONE 'UTC', 'YYYY_MM');
   idx text;
 BEGIN
+  PERFORM set_config('toolgate.audit_legacy_upper', upper_bound::text, true);
   ALTER TABLE audit_events RENAME TO audit_events_unpartitioned;
   ALTER TABLE audit_events_unpartitioned DROP CONSTRAINT audit_events_pkey;
   ALTER TABLE audit_events_unpartitioned DROP CONSTRAINT audit_events_event_id_key;
@@ -19,8 +22,7 @@ BEGIN
   FOREACH idx IN ARRAY ARRAY['tenant_seq', 'run_seq', 'tool_seq', 'agent_seq', 'type_seq', 'occurred_at'] LOOP
     EXECUTE format('ALTER INDEX %I RENAME TO %I', 'audit_events_' || idx, legacy || '_' || idx);
   END LOOP;
-  ALTER TABLE audit_events_unpartitioned RENAME TO audit_events_legacy_pending;
-  EXECUTE format('ALTER TABLE audit_events_legacy_pending RENAME TO %I', legacy);
+  EXECUTE format('ALTER TABLE audit_events_unpartitioned RENAME TO %I', legacy);
 END;
 $$;
 
@@ -82,7 +84,7 @@ CREATE TRIGGER audit_events_no_truncate
 
 DO $$
 DECLARE
-  upper_bound timestamptz := date_trunc('month', now(), 'UTC') + interval '1 month';
+  upper_bound timestamptz := current_setting('toolgate.audit_legacy_upper')::timestamptz;
   legacy text := 'audit_events_before_' || to_char(upper_bound AT TIME ZONE 'UTC', 'YYYY_MM');
 BEGIN
   -- Rows dated past the bound (a clock far ahead, or an edit) move to the default partition.
@@ -132,7 +134,7 @@ BEGIN
 END;
 $$;
 
--- This month's rows go to the first partition; the next three months get their own now.
+-- The next three months get their own now, but those the first partition covers.
 SELECT audit_events_add_partition(date_trunc('month', now(), 'UTC') + make_interval(months => m))
 FROM generate_series(1, 3) AS m;
 

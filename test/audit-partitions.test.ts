@@ -478,6 +478,8 @@ describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
       await migrate(database.control, dir);
       await appendAt(database, '2020-03-01T10:00:00.000Z', 2);
       await appendAt(database, new Date(), 2);
+      // A clock a little ahead has written a row of next month: the first partition holds that month too.
+      await appendAt(database, new Date(monthStart(1).getTime() + 60 * 60 * 1000));
       // A clock far ahead: the row goes to the default partition, not into a future month's.
       await appendAt(database, '2099-01-15T00:00:00.000Z');
       copyFileSync(join(migrationsDir, '0017_audit_partitions.sql'), join(dir, '0017_audit_partitions.sql'));
@@ -485,20 +487,21 @@ describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
 
       const parts = await listPartitionRows(database.control);
       const legacy = parts.find((p) => p.name.startsWith('audit_events_before_'))!;
-      expect(legacy).toMatchObject({ first_seq: 1, last_seq: 4, range_start: null, range_end: monthStart(1) });
-      expect(parts.find((p) => p.is_default)).toMatchObject({ first_seq: 5, last_seq: 5 });
+      expect(legacy).toMatchObject({ first_seq: 1, last_seq: 5, range_start: null, range_end: monthStart(2) });
+      expect(parts.find((p) => p.is_default)).toMatchObject({ first_seq: 6, last_seq: 6 });
       expect(parts.filter((p) => /^audit_events_\d{4}_\d\d$/.test(p.name)).map((p) => p.name)).toEqual(
-        [1, 2, 3].map((m) => partitionOf(monthStart(m))),
+        [2, 3].map((m) => partitionOf(monthStart(m))),
       );
-      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 5 });
+      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 6 });
 
       // Appends go on, into whichever partition holds their month.
       await appendAt(database, new Date());
       await appendAt(database, new Date(monthStart(2).getTime() + days(1)));
-      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 7 });
+      expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 8 });
 
       expect(await addMonthPartition(database.control, new Date('2099-01-20T00:00:00Z'))).toBe('default_has_rows');
       expect(await addMonthPartition(database.control, new Date('2020-03-20T00:00:00Z'))).toBe('overlaps');
+      expect(await addMonthPartition(database.control, monthStart(1))).toBe('overlaps');
       expect(await addMonthPartition(database.control, monthStart(5))).toBe('created');
       expect(await addMonthPartition(database.control, monthStart(5))).toBe('exists');
 
