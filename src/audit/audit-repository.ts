@@ -433,7 +433,7 @@ export async function walkRange(
   from: ChainHead,
   to: ChainHead,
   onRows?: (lines: string[]) => Promise<void>,
-  pageSize = 2000,
+  pageSize = 10000,
 ): Promise<WalkResult> {
   return db
     .transaction()
