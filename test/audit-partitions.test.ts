@@ -8,7 +8,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { readChainHead, verifyAuditChain, walkRange } from '../src/audit/audit-repository.js';
 import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
 import { PartitionFileVerifier } from '../src/audit/partition-file.js';
 import { addMonthPartition, listPartitionRows } from '../src/audit/partition-repository.js';
@@ -592,6 +592,41 @@ describe.skipIf(!hasPostgresServer)('audit partitions when the database goes awa
       await client.close();
       await database.close();
       await proxy.close();
+      await h.close();
+    }
+  });
+});
+
+describe('a long range walked in chunks, one snapshot each', () => {
+  it('verifies across chunk ends, streams every record once, and still finds an edit in a later chunk', async () => {
+    const h = await startHarness();
+    try {
+      const db = h.db.database.control;
+      await h.client.app.services.audit.appendMany(
+        Array.from({ length: 7 }, (_, i) => ({ event_type: 'partition.test', actor: `system.${i}` })),
+      );
+      const head = await readChainHead(db);
+      const lines: string[] = [];
+      const genesis = { seq: 0, hash: '0'.repeat(64) };
+      const collect = async (page: string[]) => void lines.push(...page);
+      const walked = await walkRange(db, genesis, head, collect, 3, 2);
+      expect(walked).toMatchObject({ ok: true, checked: head.seq, through: head.seq });
+      expect(lines.map((line) => (JSON.parse(line) as { seq: number }).seq)).toEqual(
+        Array.from({ length: head.seq }, (_, i) => i + 1),
+      );
+
+      await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
+      try {
+        await sql`update audit_events set actor = 'operator:mallory' where seq = 6`.execute(db);
+      } finally {
+        await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
+      }
+      expect(await walkRange(db, genesis, head, undefined, 3, 2)).toMatchObject({
+        ok: false,
+        first_bad_seq: 6,
+        checked: 5,
+      });
+    } finally {
       await h.close();
     }
   });

@@ -425,8 +425,11 @@ export async function verifyAuditChain(
 }
 
 /**
- * Walks the chain from `from` (trusted) to `to` only, from one snapshot, crossing archived ranges:
- * what vouches for `to.hash` (a seal), or, with `onRows`, what an export streams as it verifies.
+ * Walks the chain from `from` (trusted) to `to` only, crossing archived ranges: what vouches for
+ * `to.hash` (a seal), or, with `onRows`, what an export streams as it verifies. A long range is
+ * walked in chunks of `chunkRows`, one snapshot each, each ending at a stored record the next starts
+ * from: the rows are below the head and never change, and a snapshot held for a month's export
+ * (hours, or days) would keep vacuum from every table meanwhile.
  */
 export async function walkRange(
   db: Kysely<DB>,
@@ -434,15 +437,35 @@ export async function walkRange(
   to: ChainHead,
   onRows?: (lines: string[]) => Promise<void>,
   pageSize = 10000,
+  chunkRows = 1_000_000,
 ): Promise<WalkResult> {
-  return db
-    .transaction()
-    .setIsolationLevel('repeatable read')
-    .setAccessMode('read only')
-    .execute(async (trx) => {
-      const archives = await readArchivedRanges(trx);
-      return walkChain(trx, to, pageSize, from, { archives, bounded: true, ...(onRows ? { onRows } : {}) });
-    });
+  let start = from;
+  let checked = 0;
+  const archived: ArchivedRange[] = [];
+  for (;;) {
+    // A chunk ends at a record that is there; where it is not (an archived range), the rest goes in one.
+    const stored =
+      start.seq + chunkRows < to.seq
+        ? await db
+            .selectFrom('audit_events')
+            .select('hash')
+            .where('seq', '=', String(start.seq + chunkRows))
+            .executeTakeFirst()
+        : undefined;
+    const end: ChainHead = stored === undefined ? to : { seq: start.seq + chunkRows, hash: stored.hash };
+    const walked = await db
+      .transaction()
+      .setIsolationLevel('repeatable read')
+      .setAccessMode('read only')
+      .execute(async (trx) => {
+        const archives = await readArchivedRanges(trx);
+        return walkChain(trx, end, pageSize, start, { archives, bounded: true, ...(onRows ? { onRows } : {}) });
+      });
+    checked += walked.checked;
+    archived.push(...walked.archived);
+    if (!walked.ok || end.seq === to.seq) return { ...walked, checked, archived };
+    start = end;
+  }
 }
 
 /**
