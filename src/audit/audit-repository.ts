@@ -442,10 +442,12 @@ export async function walkRange(
   let start = from;
   let checked = 0;
   const archived: ArchivedRange[] = [];
+  const ranges = [...(await readArchivedRanges(db)).values()];
+  const inArchived = (seq: number) => ranges.some((range) => range.from_seq <= seq && seq <= range.to_seq);
   for (;;) {
-    // A chunk ends at a record that is there; where it is not (an archived range), the rest goes in one.
+    // A chunk ends at a record of the live chain; where there is none (an archived range), the rest goes in one.
     const stored =
-      start.seq + chunkRows < to.seq
+      start.seq + chunkRows < to.seq && !inArchived(start.seq + chunkRows)
         ? await db
             .selectFrom('audit_events')
             .select('hash')
