@@ -31,7 +31,7 @@ export interface ArchivedRange {
 }
 
 export interface WalkOptions {
-  /** Detached ranges the walk may cross where their rows are missing, keyed by `from_seq`. */
+  /** Detached ranges, keyed by `from_seq`: the walk crosses each where it starts, if it chains on. */
   archives?: Map<number, ArchivedRange>;
   /** Stop at `head` without reporting the rows after it (a range of the chain, not all of it). */
   bounded?: boolean;
