@@ -34,7 +34,6 @@ const KEYED: Record<string, string[]> = {
   rate_buckets_pkey: ['tenant_id', 'agent_id', 'tool_id'],
   run_grant_uses_pkey: ['grant_id', 'tenant_id', 'run_id'],
   audit_chain_head_pkey: ['id'],
-  audit_events_pkey: ['seq'],
   kill_switch_state_pkey: ['id'],
   registry_revision_pkey: ['id'],
 };

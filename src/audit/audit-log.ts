@@ -44,11 +44,9 @@ export class AuditLog {
   }
 
   /**
-   * Appends against the head this replica last wrote, in one statement. When another writer
-   * moved the head meanwhile, that statement answers the head as it stands, and the batch is
-   * hashed against it and offered again: replicas appending at the same time each lose a round
-   * trip now and then, never a transaction holding the chain across round trips. A batch that
-   * keeps losing (many writers) appends under the chain's lock, where it waits its turn.
+   * Appends against the head this replica last wrote (compare and set), hashing again after the head
+   * another writer moved; a batch that keeps losing appends under the chain's lock.
+   * docs/design/audit-chain.md#appending-group-commit-and-compare-and-set
    */
   private async commit(
     db: Kysely<DB>,
@@ -75,10 +73,8 @@ export class AuditLog {
   }
 
   /**
-   * Appends a record together with a change (a call's last record and its run's end), in one
-   * commit: the change is applied only if the record is appended, and not at all (`applied:
-   * false`) when the rider declines it — the caller then makes it the usual way. The record's id
-   * is the caller's (the change may name it).
+   * Appends a record with a change (a run's end) in one commit; `applied: false` when the rider
+   * declined the change, which the caller then makes the usual way. The id is the caller's (the change may name it).
    */
   appendCarrying(
     event: AuditEventInput,

@@ -351,10 +351,8 @@ export class AuditPartitions {
   }
 
   /**
-   * An attached month that is over and the oldest holding records, with the range of the chain it
-   * archives: from the record after the last archived range (or the first) to its own last record.
-   * Records of a neighbouring month inside that range (replicas' clocks disagreed at the boundary)
-   * go in its file too, and stay attached with their month.
+   * An attached, finished month, the oldest holding records, and the range of the chain it archives
+   * (after the last archived range to its own last record): docs/design/audit-chain.md#partitions.
    */
   private async closed(name: string) {
     const db = this.options.database.control;

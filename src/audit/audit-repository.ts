@@ -136,12 +136,9 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
 export type AppendedIfHead = (Appended & { ok: true; last: ChainHead }) | { ok: false; head: ChainHead };
 
 /**
- * Appends events in one statement, provided `expected` is still the head of the chain: the head
- * moves and the rows go in together, or (another writer moved the head first) nothing happens
- * and the answer is the head as it stands, read under its lock, for the caller to hash against
- * and try again. One round trip instead of a locking transaction's four, and the head's lock
- * is held for one statement only. The changes the events carry are applied in the same statement,
- * only if the rows go in, and only those whose rows are free: this statement holds the chain's head.
+ * Appends events in one statement if `expected` is still the chain's head; else nothing happens and the
+ * answer is the head as it stands, to hash against and try again. The changes the events carry go in the
+ * same statement, only with the rows and only where their rows are free (it holds the chain's head).
  */
 export async function appendIfHeadCarrying<T>(
   db: Kysely<DB>,
@@ -283,10 +280,8 @@ export interface RecordedCost {
 }
 
 /**
- * For reservations still open, what their calls' outcome records say they cost: a call whose
- * outcome was recorded reached its backend and was charged that, even if its settlement was lost
- * with its replica. Reservations with no outcome record are absent. Reached through each run's
- * records (`audit_events_run_seq`).
+ * For open reservations, the cost their calls' outcome records name (absent without one): such a
+ * call reached its backend even if its settlement was lost with its replica. Through `audit_events_run_seq`.
  */
 export async function findRecordedCosts(
   db: Kysely<DB> | Transaction<DB>,
@@ -349,20 +344,9 @@ export interface AnchorCheck {
 }
 
 /**
- * Walks the whole chain in order, from one snapshot of the rows and the head, and recomputes
- * every hash. `first_bad_seq` is the lowest seq at which the log departs from an intact chain:
- * an edited row; an inserted row (one below seq 1, or past the head); the last row when the head
- * names another hash; or, for rows removed, the first missing seq (the seq after the tail if rows
- * were cut off).
- *
- * The hash is recomputed from the rows as JavaScript reads them, so what it cannot read exactly is
- * checked apart: a part of a millisecond, a time RFC 3339 cannot write, a NaN or infinite number,
- * and numbers in `details` (jsonb keeps them as exact decimals, a double does not), which the
- * database compares with what was hashed, once per page.
- *
- * The chain head is its own anchor, so whoever can move it can rewrite the tail unseen. `anchor`,
- * a head an earlier verification answered and the operator kept outside the database, closes
- * that: the chain must still hold that row, with that hash, verified (one more lookup).
+ * Walks the chain from one snapshot of the rows and the head, recomputing every hash; `first_bad_seq`
+ * is where the log first departs from an intact chain, and `anchor` (a head kept outside the database)
+ * must still be held: docs/design/audit-chain.md#the-chain-and-its-verification and #anchors.
  */
 export async function verifyAuditChain(
   db: Kysely<DB>,
@@ -425,11 +409,9 @@ export async function verifyAuditChain(
 }
 
 /**
- * Walks the chain from `from` (trusted) to `to` only, crossing archived ranges: what vouches for
- * `to.hash` (a seal), or, with `onRows`, what an export streams as it verifies. A long range is
- * walked in chunks of `chunkRows`, one snapshot each, each ending at a stored record the next starts
- * from: the rows are below the head and never change, and a snapshot held for a month's export
- * (hours, or days) would keep vacuum from every table meanwhile.
+ * Walks the chain from `from` (trusted) to `to` only, crossing archived ranges: what vouches for a seal,
+ * or, with `onRows`, what an export streams. In chunks of `chunkRows`, a snapshot each: one held for a
+ * month's export would keep vacuum from every table for hours.
  */
 export async function walkRange(
   db: Kysely<DB>,
@@ -471,10 +453,8 @@ export async function walkRange(
 }
 
 /**
- * The first seq of an archived range the walk crossed whose detachment the chain does not report
- * as such, if any: a range recorded as archived without that report is rows removed. The report is
- * its `audit.partition_detached` record, or, when that record was itself archived with a later
- * range, the copy of it that range's own record carries (`archived_records`).
+ * The first archived range crossed that the chain does not report (its `audit.partition_detached`
+ * record, or the copy a later range's record carries): such a range is rows removed.
  */
 async function firstUnreportedArchive(trx: Transaction<DB>, crossed: ArchivedRange[]): Promise<number | undefined> {
   if (crossed.length === 0) return undefined;

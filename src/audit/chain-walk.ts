@@ -130,10 +130,11 @@ function partsOf(columns: Column[]): Part[] {
 function runSql(columns: Column[]): RawBuilder<unknown> {
   return sql`concat(${sql.join(
     columns.map((column, i) => {
+      const ref = sql.ref(`audit_events.${column.name}`);
       const value =
         column.kind === 'bool'
-          ? sql`case when ${sql.ref(`audit_events.${column.name}`)} then 'true' when not ${sql.ref(`audit_events.${column.name}`)} then 'false' else 'null' end`
-          : sql`coalesce(to_json(${sql.ref(`audit_events.${column.name}`)}::text)::text, 'null')`;
+          ? sql`case when ${ref} then 'true' when not ${ref} then 'false' else 'null' end`
+          : sql`coalesce(to_json(${ref}::text)::text, 'null')`;
       return sql`${sql.lit(`${i === 0 ? '' : ','}${column.key}`)}, ${value}`;
     }),
   )})`;
@@ -319,10 +320,8 @@ export async function walkChain(
 }
 
 /**
- * The first of these rows whose stored `details` differ from the details that were hashed, in
- * one statement: jsonb equality compares numbers as exact decimals, so an edit below a double's
- * precision (1 to 1.0000000000000000001), or a number past its range read as null, shows here.
- * It queues behind the page asked for ahead, on the same connection.
+ * The first of these rows whose stored `details` differ from those hashed, in one statement: jsonb
+ * compares numbers as exact decimals, so an edit below a double's precision shows here.
  */
 async function firstDetailsUnlikeHashed(
   trx: Transaction<DB>,
