@@ -545,6 +545,49 @@ async function revoke(id: string): Promise<void> {
   expect(revoked).toBeDefined();
 }
 
+describe('claimRuns with the use of the first call grant', () => {
+  const versionOf = async (id: string) =>
+    Number((await db.selectFrom('grants').select('version').where('id', '=', id).executeTakeFirstOrThrow()).version);
+  const usesOf = async (tenant: string) =>
+    (
+      await db
+        .selectFrom('run_grant_uses')
+        .select(['grant_id', 'run_id'])
+        .where('tenant_id', '=', tenant)
+        .orderBy('run_id')
+        .execute()
+    ).map((u) => `${u.grant_id}/${u.run_id}`);
+
+  it('records the use with each run it claims, only where the decision still stands', async () => {
+    const tenant = fresh('claim-use-t');
+    await claimOne(tenant, 'taken-before');
+    const live = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    const before = await versionOf(live.id);
+    // A newer grant of the same subject: a decision from a copy that had not seen it is stale.
+    const newer = await grant({ tenant, scope: 'per-run', ref: 'run-stale' });
+    const now = await versionOf(newer.id);
+    const pulled = await grant({ tenant, tool: 'search', scope: 'per-tenant', ref: tenant });
+    await revoke(pulled.id);
+    const decided = (runId: string, grantId: string, since: number, tool = 'echo') => ({
+      tenant_id: tenant,
+      run_id: runId,
+      grant_id: grantId,
+      assumed: { agent_id: 'agent.batch', tool_id: tool, since, decided_at: clock.now() },
+    });
+    const claimed = await claimRuns(db, [
+      newRun(tenant, 'run-live', { reliance: decided('run-live', live.id, now) }),
+      newRun(tenant, 'run-stale', { reliance: decided('run-stale', live.id, before) }),
+      newRun(tenant, 'run-pulled', { reliance: decided('run-pulled', pulled.id, now, 'search') }),
+      newRun(tenant, 'taken-before', { reliance: decided('taken-before', live.id, now) }),
+      newRun(tenant, 'run-plain'),
+    ]);
+    expect(claimed.map((run) => run?.relied)).toEqual([true, false, false, undefined, false]);
+    expect(claimed.slice(0, 3).every((run) => run?.status === 'running')).toBe(true);
+    // Only the standing decision left a row; none for a run this batch did not claim.
+    expect(await usesOf(tenant)).toEqual([`${live.id}/run-live`]);
+  });
+});
+
 describe('recordGrantUsesIf, for uses decided from the database', () => {
   const usesOf = async (tenant: string) =>
     (

@@ -116,6 +116,17 @@ export interface GrantsPort {
    * one never used costs a read and nothing else.
    */
   prefetch?(query: GrantQuery): GrantPrefetch;
+  /**
+   * What this replica's copy decides for a query now, when it holds a live grant for it (the first
+   * call's, for the run's claim to record the use with): undefined when only the database can say.
+   */
+  assume?(query: GrantQuery): GrantAssumed | undefined;
+}
+
+/** A grant decided from the copy, and what the decision assumed. */
+export interface GrantAssumed {
+  grant: GrantView;
+  assumed: GrantAssumption;
 }
 
 /** Grants being read ahead for one query (opaque to the pipeline). */

@@ -1,6 +1,14 @@
 import type { Principal } from '../auth/principal.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
-import type { AdmissibleTool, AdmissionPorts, GrantPrefetch, GrantView, Reservation, StageDecision } from './ports.js';
+import type {
+  AdmissibleTool,
+  AdmissionPorts,
+  GrantAssumed,
+  GrantPrefetch,
+  GrantView,
+  Reservation,
+  StageDecision,
+} from './ports.js';
 
 export type AgentPrincipal = Extract<Principal, { kind: 'agent' }>;
 
@@ -22,6 +30,8 @@ export interface StepRequest {
   dryRun: boolean;
   /** The grants of this step, read ahead while its run was claimed (the first step only). */
   prefetchedGrants?: GrantPrefetch | undefined;
+  /** The grant this step was decided on before its run was claimed, its use recorded with the claim (the first step only). */
+  reliedOn?: GrantAssumed | undefined;
 }
 
 /** What earlier stages learned, for later stages and for dispatch. */

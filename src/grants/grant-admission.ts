@@ -73,6 +73,18 @@ export class GrantAdmission {
     return this.exact.resolve(query, prefetched);
   }
 
+  /** The snapshot's decision for a query now, when it holds a live grant for it; else undefined. */
+  assume(query: GrantResolveQuery): { grant: Grant; assumed: GrantAssumption } | undefined {
+    const now = this.now();
+    const seen = this.snapshot.resolve(query, contextOf(query), now);
+    if (!seen.ok) return undefined;
+    this.decisions.inc({ source: 'snapshot' });
+    return {
+      grant: seen.grant,
+      assumed: { agentId: query.agentId, toolId: query.toolId, version: seen.version, decidedAt: now },
+    };
+  }
+
   /** Reads ahead only for a call the snapshot cannot answer now. */
   prefetch(query: GrantResolveQuery): GrantPrefetch {
     if (this.snapshot.resolve(query, contextOf(query), this.now()).ok) {

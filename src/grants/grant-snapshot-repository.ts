@@ -1,4 +1,4 @@
-import { sql, type Kysely, type Selectable } from 'kysely';
+import { sql, type Kysely, type RawBuilder, type Selectable } from 'kysely';
 import type { DB, GrantTable } from '../db/schema.js';
 import type { Grant } from './grant.js';
 import { toGrant } from './grant-repository.js';
@@ -60,8 +60,23 @@ export interface GrantUseIf {
  */
 export async function recordGrantUsesIf(db: Kysely<DB>, uses: GrantUseIf[]): Promise<boolean[]> {
   if (uses.length === 0) return [];
-  const result = await sql<{ ord: number | string }>`
-    with wanted as (
+  const result = await sql<{
+    ord: number | string;
+  }>`with ${grantUseSteps(uses)} select ord from grant_uses_standing`.execute(db);
+  const recorded = new Set(result.rows.map((row) => Number(row.ord)));
+  return uses.map((_, index) => recorded.has(index + 1));
+}
+
+/**
+ * `recordGrantUsesIf` as common table expressions another statement joins (a run's claim records
+ * the use its first call was decided on): `grant_uses_standing` holds the uses recorded, by `ord`
+ * (1-based), `tenant_id` and `run_id`. `runs`, when given, names the CTE of the runs they may be for.
+ */
+export function grantUseSteps(uses: GrantUseIf[], runs?: string): RawBuilder<unknown> {
+  const forRuns = runs
+    ? sql`where exists (select 1 from ${sql.table(runs)} r where r.tenant_id = w.tenant_id and r.run_id = w.run_id)`
+    : sql``;
+  return sql`grant_uses_wanted as (
       select * from unnest(
         ${uses.map((u) => u.grant_id)}::text[],
         ${uses.map((u) => u.tenant_id)}::text[],
@@ -71,26 +86,24 @@ export async function recordGrantUsesIf(db: Kysely<DB>, uses: GrantUseIf[]): Pro
         ${uses.map((u) => u.assumed?.since ?? null)}::bigint[],
         ${uses.map((u) => u.assumed?.decided_at.toISOString() ?? null)}::timestamptz[]
       ) with ordinality as w(grant_id, tenant_id, run_id, agent_id, tool_id, since, decided_at, ord)
-    ), live as (
+      ${forRuns}
+    ), grant_uses_live as (
       select id, expires_at from grants
       where id = any(${[...new Set(uses.map((u) => u.grant_id))]}::text[]) and revoked_at is null
       order by id for share
-    ), standing as (
-      select w.ord, w.grant_id, w.tenant_id, w.run_id from wanted w join live l on l.id = w.grant_id
+    ), grant_uses_standing as (
+      select w.ord, w.grant_id, w.tenant_id, w.run_id from grant_uses_wanted w join grant_uses_live l on l.id = w.grant_id
       where w.since is null or (
         l.expires_at > w.decided_at
         and not exists (
           select 1 from grants c
           where c.tenant_id = w.tenant_id and c.agent_id = w.agent_id and c.tool_id = w.tool_id
             and c.version > w.since))
-    ), used as (
+    ), grant_uses_written as (
       insert into run_grant_uses (grant_id, tenant_id, run_id)
-      select distinct grant_id, tenant_id, run_id from standing
+      select distinct grant_id, tenant_id, run_id from grant_uses_standing
       order by 1, 2, 3
       on conflict do nothing
       returning 1
-    )
-    select ord from standing`.execute(db);
-  const recorded = new Set(result.rows.map((row) => Number(row.ord)));
-  return uses.map((_, index) => recorded.has(index + 1));
+    )`;
 }

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { AdmissibleTool, AdmissionPorts, Denial, GrantPrefetch, Hold } from '../admission/ports.js';
+import type { AdmissibleTool, AdmissionPorts, Denial, GrantAssumed, GrantPrefetch, Hold } from '../admission/ports.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import type { AuditLog } from '../audit/audit-log.js';
@@ -64,6 +64,8 @@ export interface Execution {
   actor: string;
   /** The first step's grants, read while the run was claimed; taken by that step. */
   prefetchedGrants?: GrantPrefetch | undefined;
+  /** The first step's grant, its use recorded with the run's claim; taken by that step. */
+  reliedOn?: GrantAssumed | undefined;
 }
 
 export interface StepOutcome {

@@ -16,6 +16,7 @@ import {
   lockRun,
   resumeThrottledRun,
   startQueuedRun,
+  type ClaimedRun,
   type NewRun,
   type RunRecord,
   type RunStart,
@@ -34,7 +35,7 @@ import type { RunAnswer } from './run-types.js';
  */
 export class RunExecutor {
   /** Claims of runs that happen at the same moment share one statement (group commit). */
-  private readonly claims: GroupCommit<NewRun, RunRecord | undefined>;
+  private readonly claims: GroupCommit<NewRun, ClaimedRun | undefined>;
   private readonly loop: StepLoop;
 
   constructor(private readonly deps: RunExecutorDeps) {
@@ -100,11 +101,16 @@ export class RunExecutor {
       }
       run = existing;
     } else {
-      // The first step's grants are read while the run is claimed, instead of after.
-      const prefetched = this.deps.ports.grants.prefetch?.(
-        grantQueryOf(principal, stepRequest(principal, request, 0, false, undefined).run, request.plan[0]!.tool_id),
+      const firstGrants = grantQueryOf(
+        principal,
+        stepRequest(principal, request, 0, false, undefined).run,
+        request.plan[0]!.tool_id,
       );
-      const claim = {
+      // The first call's grant, decided from this replica's copy, is recorded with the claim; failing
+      // that, the first step's grants are read while the run is claimed, instead of after.
+      const assumed = this.deps.ports.grants.assume?.(firstGrants);
+      const prefetched = assumed ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
+      const claim: NewRun = {
         ...start,
         tenant_id: principal.tenantId,
         run_id: request.run_id,
@@ -116,6 +122,17 @@ export class RunExecutor {
         budget_units: request.budget_units,
         created_at: this.deps.now(),
         executor_id: this.deps.replicaId,
+        reliance: assumed && {
+          tenant_id: principal.tenantId,
+          run_id: request.run_id,
+          grant_id: assumed.grant.id,
+          assumed: {
+            agent_id: assumed.assumed.agentId,
+            tool_id: assumed.assumed.toolId,
+            since: assumed.assumed.version,
+            decided_at: assumed.assumed.decidedAt,
+          },
+        },
       };
       // A run id taken at the claim can be gone when it is read (the retention sweep deletes
       // finished runs): it is free again then, and claimed once more.
@@ -127,6 +144,7 @@ export class RunExecutor {
             {
               ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)),
               prefetchedGrants: prefetched,
+              reliedOn: claimed.relied ? assumed : undefined,
             },
             [],
             true,

@@ -1,5 +1,6 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
+import { grantUseSteps, type GrantUseIf } from '../grants/grant-snapshot-repository.js';
 import {
   OPEN_STATUSES,
   type Attribution,
@@ -71,7 +72,12 @@ export interface NewRun extends RunStart {
   created_at: Date;
   /** The replica claiming it. */
   executor_id: string;
+  /** The grant its first call was decided on from this replica's copy: recorded with the claim, if it still stands. */
+  reliance?: GrantUseIf | undefined;
 }
+
+/** A run just claimed, and whether the grant use it carried was recorded with it. */
+export type ClaimedRun = RunRecord & { relied: boolean };
 
 type Db = Kysely<DB> | Transaction<DB>;
 
@@ -83,7 +89,7 @@ const unitsText = (units: number | null | undefined) =>
  * at once in one statement: for each new run, in order, its claimed record, or undefined when
  * its id was already taken (also by an earlier run of the same batch). Rows go in key order, so two replicas' batches wait for each other in one order.
  */
-export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<RunRecord | undefined>> {
+export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<ClaimedRun | undefined>> {
   if (runs.length === 0) return [];
   const rows = [...runs]
     .sort((a, b) => (a.tenant_id === b.tenant_id ? compare(a.run_id, b.run_id) : compare(a.tenant_id, b.tenant_id)))
@@ -106,7 +112,9 @@ export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<R
       keep_open: run.keep_open,
       executor_id: run.executor_id,
     }));
-  const inserted = await sql<Selectable<RunTable>>`
+  const uses = runs.flatMap((run) => (run.reliance ? [run.reliance] : []));
+  const inserted = await sql<Selectable<RunTable> & { relied: boolean }>`
+    with claimed as (
     insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
                       request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
                       budget_units, keep_open, epoch, busy, executor_id)
@@ -119,14 +127,21 @@ export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<R
       agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text)
     order by ord
     on conflict (tenant_id, run_id) do nothing
-    returning *`.execute(db);
+    returning *
+    )${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}
+    select c.*, ${
+      uses.length > 0
+        ? sql`exists (select 1 from grant_uses_standing s where s.tenant_id = c.tenant_id and s.run_id = c.run_id)`
+        : sql`false`
+    } as relied
+    from claimed c`.execute(db);
   const claimed = new Map(inserted.rows.map((row) => [`${row.tenant_id}\u0000${row.run_id}`, row]));
   return runs.map((run) => {
     const key = `${run.tenant_id}\u0000${run.run_id}`;
     const row = claimed.get(key);
     // One claim per id: a second request for the same id in this batch finds it taken.
     claimed.delete(key);
-    return row ? toRecord(row) : undefined;
+    return row ? { ...toRecord(row), relied: row.relied === true } : undefined;
   });
 }
 

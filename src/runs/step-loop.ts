@@ -171,7 +171,9 @@ export class StepLoop {
     const started = performance.now();
     const asked = stepRequest(exec.principal, request, index, false, exec);
     if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
+    if (index === 0 && exec.reliedOn) asked.reliedOn = exec.reliedOn;
     delete exec.prefetchedGrants;
+    delete exec.reliedOn;
     const admission = await admitStep(asked, this.deps.ports);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;

@@ -1,5 +1,5 @@
 import { narrowestModifiers } from '../../grants/authority-envelope.js';
-import type { GrantQuery } from '../ports.js';
+import type { GrantQuery, GrantResolution } from '../ports.js';
 import { toolOf, type AgentPrincipal, type Stage, type StepRequest } from '../step.js';
 
 const MESSAGES = {
@@ -30,12 +30,18 @@ export function grantQueryOf(principal: AgentPrincipal, run: StepRequest['run'],
  */
 export const grantStage: Stage = {
   name: 'grant',
-  async check({ principal, run, dryRun, prefetchedGrants }, state, { grants, grantUses }) {
+  async check({ principal, run, dryRun, prefetchedGrants, reliedOn }, state, { grants, grantUses }) {
     const query = grantQueryOf(principal, run, toolOf(state).id);
     const fresh = () => (grants.resolveFresh ? grants.resolveFresh(query) : grants.resolve(query));
-    let resolved = dryRun ? await fresh() : await grants.resolve(query, prefetchedGrants);
+    let resolved: GrantResolution =
+      reliedOn && !dryRun
+        ? { ok: true, ...reliedOn }
+        : dryRun
+          ? await fresh()
+          : await grants.resolve(query, prefetchedGrants);
     if (!resolved.ok) return { ok: false, code: resolved.code, message: MESSAGES[resolved.code] };
-    if (!dryRun) {
+    // Decided before the run's claim, whose statement recorded the use under the same guard.
+    if (!dryRun && !reliedOn) {
       const use = { tenantId: principal.tenantId, runId: run.run_id };
       if (!(await grantUses.record({ ...use, grantId: resolved.grant.id, assumed: resolved.assumed }))) {
         // Exact: a revocation that landed after the grant resolved; the run must not rely on it.
