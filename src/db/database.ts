@@ -187,6 +187,9 @@ async function openPGlite(dataDir: string): Promise<Database> {
 }
 
 /** A dedicated pg connection for LISTEN that reconnects by itself with backoff. */
+/** Apps sharing one Database (tests build several) each add their copies' listeners. */
+const LISTENERS_PER_DATABASE = 64;
+
 class PgNotificationListener extends EventEmitter implements NotificationListener {
   private client: pg.Client | undefined;
   /** The connection being established, until it is (or fails). */
@@ -203,6 +206,8 @@ class PgNotificationListener extends EventEmitter implements NotificationListene
     private readonly logger: Logger,
   ) {
     super();
+    // Every copy kept in memory (registry, kill switches, grants) listens for reconnects, per app on this Database.
+    this.setMaxListeners(LISTENERS_PER_DATABASE);
   }
 
   async subscribe(channel: string, handler: NotificationHandler): Promise<void> {
@@ -311,6 +316,8 @@ class PGliteNotificationListener extends EventEmitter implements NotificationLis
 
   constructor(private readonly pglite: PGlite) {
     super();
+    // Every copy kept in memory (registry, kill switches, grants) listens for reconnects, per app on this Database.
+    this.setMaxListeners(LISTENERS_PER_DATABASE);
   }
 
   async subscribe(channel: string, handler: NotificationHandler): Promise<void> {
