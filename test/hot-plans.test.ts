@@ -11,9 +11,8 @@ import { createBudget, grantTool, newRunId, registerTool } from './helpers/world
 // The statements every call sends are planned once per hot connection and the plan is kept
 // (src/db/database.ts). On a new deployment that plan is made while the tables are empty, and
 // a plan that reads a range of a table — a tenant's runs, its grants, every live budget, every
-// open reservation — instead of probing keys costs more with every call made since: a run's end
-// once read the tenant's runs whole, and cost 0.65 ms of PostgreSQL per call after 6,000 calls.
-// Here the gateway answers calls on an empty database, then every plan its hot connections kept
+// open reservation — instead of probing keys costs more with every call made since (a run's end
+// once read the tenant's runs whole). Here the gateway answers calls on an empty database, then every plan its hot connections kept
 // must reach each table only through a key it knows in full.
 const T = 'tenant-hot-plans';
 const AGENT = 'veritas.planned';
