@@ -286,6 +286,8 @@ describe.skipIf(!hasChromium)(
       const runId = newRunId('controls');
       expect((await run('draft.publish', 'held', agent, runId)).status).toBe(202);
       await signIn(alice);
+      // A link to the run, followed while the Runs page already shows.
+      await open('Runs');
       await page.goto(`${url}/console#/runs?run=${runId}`);
       const detail = page.getByRole('region', { name: `Run ${runId}` });
       await button('Pause run', detail).click();
@@ -312,12 +314,13 @@ describe.skipIf(!hasChromium)(
       const table = page.getByRole('region', { name: 'Events table' });
       const firstSeq = async () => Number(await table.locator('tbody tr td').first().innerText());
       const newest = await firstSeq();
+      // The page number moves at the click, the rows when they arrive.
       await button('Next page').click();
       await page.getByText('Page 2').waitFor();
-      expect(await firstSeq()).toBe(newest - 50);
+      await until('the second page listed', async () => (await firstSeq()) === newest - 50);
       await button('Previous page').click();
       await page.getByText('Page 1').waitFor();
-      expect(await firstSeq()).toBe(newest);
+      await until('the first page listed again', async () => (await firstSeq()) === newest);
 
       await field('Event type').fill('grant.created');
       await button('Filter').click();
@@ -353,8 +356,12 @@ describe.skipIf(!hasChromium)(
       }
       await page.keyboard.press('Enter');
       await page.getByRole('heading', { level: 1, name: 'Runs' }).waitFor();
+      // The focus moves to the new page's heading once it has rendered.
+      await until(
+        'the heading to have the focus',
+        async () => (await inPage('document.activeElement?.tagName')) === 'H1',
+      );
       expect(await inPage('document.activeElement?.textContent')).toBe('Runs');
-      expect(await inPage('document.activeElement?.tagName')).toBe('H1');
       const overflow = await inPage<number>('document.documentElement.scrollWidth - window.innerWidth');
       expect(overflow).toBeLessThanOrEqual(0);
       await shot('runs-narrow');

@@ -37,6 +37,15 @@ export function RunsPage() {
     const run = linkedRun();
     return run ? { run_id: run, tenant_id: principal.tenant_id } : null;
   });
+  // A link to a run followed while this page is already showing opens that run too.
+  useEffect(() => {
+    const follow = () => {
+      const run = linkedRun();
+      if (run) setOpen({ run_id: run, tenant_id: principal.tenant_id });
+    };
+    addEventListener('hashchange', follow);
+    return () => removeEventListener('hashchange', follow);
+  }, [principal.tenant_id]);
   const paged = usePaged(
     (cursor) => attempt(client.GET('/runs', { params: { query: { limit: 25, cursor, ...filter } } })),
     [filter],
