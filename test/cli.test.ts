@@ -361,7 +361,7 @@ describe('toolgate, run as an operator runs it', () => {
     const verified = await toolgate(['audit', 'verify', '--from-checkpoint', checkpoint.id]);
     expect(verified.status).toBe(0);
     expect(verified.stdout).toMatch(
-      new RegExp(`^audit chain intact: 1 rows, .*; from checkpoint ${checkpoint.id} at seq ${checkpoint.seq}`),
+      new RegExp(`^audit chain intact: 1 row, .*; from checkpoint ${checkpoint.id} at seq ${checkpoint.seq}`),
     );
   }, 120_000);
 

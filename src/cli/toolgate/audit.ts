@@ -324,7 +324,7 @@ export function auditCommand() {
               result.anchor && !result.anchor.ok
                 ? ` (anchor at seq ${result.anchor.seq}: ${result.anchor.reason})`
                 : '';
-            return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${result.checked} rows verified before it`;
+            return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${rows(result.checked)} verified before it`;
           }
           const held =
             (result.from_checkpoint
@@ -334,7 +334,7 @@ export function auditCommand() {
           const archived = (result.archived ?? []).map(
             (r) => `; seq ${r.from_seq}-${r.to_seq} archived (${r.partition})`,
           );
-          return `audit chain intact: ${result.checked} rows${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}${archived.join('')}`;
+          return `audit chain intact: ${rows(result.checked)}${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}${archived.join('')}`;
         });
         if (!result.ok)
           throw new CheckFailed(
@@ -373,4 +373,9 @@ export function auditCommand() {
   );
   for (const sub of partitionsCommands()) audit.addCommand(sub);
   return audit;
+}
+
+/** `1 row`, `2 rows`. */
+function rows(count: number): string {
+  return `${count} ${count === 1 ? 'row' : 'rows'}`;
 }
