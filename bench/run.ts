@@ -244,38 +244,54 @@ async function main(): Promise<void> {
       });
       if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
     };
-    await api('POST', '/tools', {
-      id: 'bench.echo',
-      version: '1.0.0',
-      display_name: 'Echo',
-      description: 'benchmark echo',
-      category: 'read_only',
-      risk_level: 'low',
-      input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
-      output_schema: { type: 'object', required: ['echo'] },
-      allowed_agents: [agentId],
-      required_context: [],
-      required_scopes: [],
-      requires_approval: false,
-      side_effects: [],
-      reads_from: [],
-      writes_to: [],
-      dependencies: [],
-      backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 5000, max_response_bytes: 65536, headers: {} },
-      target: { family: 'bench', provider: 'loopback', region: 'local' },
-      cost_units: 1,
-      rate_limit: { capacity: 1_000_000, refill_per_second: 1_000_000 },
-    });
-    await api('POST', '/grants', {
-      tenant_id: tenant,
-      agent_id: agentId,
-      tool_id: 'bench.echo',
-      scope: 'per-tenant',
-      scope_ref: tenant,
-      capability_modifiers: {},
-      expires_at: new Date(Date.now() + 3600_000).toISOString(),
-      rationale: 'benchmark',
-    });
+    /** An echo tool on the loopback backend, granted tenant-wide to `granted`. */
+    const registerEcho = async (
+      id: string,
+      allowed: string[],
+      granted: string[],
+      rateLimit: { capacity: number; refill_per_second: number },
+    ) => {
+      await api('POST', '/tools', {
+        id,
+        version: '1.0.0',
+        display_name: id,
+        description: 'benchmark echo',
+        category: 'read_only',
+        risk_level: 'low',
+        input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
+        output_schema: { type: 'object', required: ['echo'] },
+        allowed_agents: allowed,
+        required_context: [],
+        required_scopes: [],
+        requires_approval: false,
+        side_effects: [],
+        reads_from: [],
+        writes_to: [],
+        dependencies: [],
+        backend: {
+          url: `${backend.url}/echo`,
+          method: 'POST',
+          timeout_ms: 5000,
+          max_response_bytes: 65536,
+          headers: {},
+        },
+        target: { family: 'bench', provider: 'loopback', region: 'local' },
+        cost_units: 1,
+        rate_limit: rateLimit,
+      });
+      for (const agent of granted)
+        await api('POST', '/grants', {
+          tenant_id: tenant,
+          agent_id: agent,
+          tool_id: id,
+          scope: 'per-tenant',
+          scope_ref: tenant,
+          capability_modifiers: {},
+          expires_at: new Date(Date.now() + 3600_000).toISOString(),
+          rationale: 'benchmark',
+        });
+    };
+    await registerEcho('bench.echo', [agentId], [agentId], { capacity: 1_000_000, refill_per_second: 1_000_000 });
     await api('POST', '/budgets', {
       tenant_id: tenant,
       scope: 'tenant',
@@ -287,39 +303,10 @@ async function main(): Promise<void> {
     // Refused calls (the refusal phase): one agent without a grant, one whose bucket is empty after
     // its first call, one whose budget cannot pay for any call.
     const refused = { nogrant: 'bench.nogrant', limited: 'bench.limited', broke: 'bench.broke' };
-    await api('POST', '/tools', {
-      id: 'bench.refuse',
-      version: '1.0.0',
-      display_name: 'Refuse',
-      description: 'benchmark refusals',
-      category: 'read_only',
-      risk_level: 'low',
-      input_schema: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] },
-      output_schema: { type: 'object', required: ['echo'] },
-      allowed_agents: Object.values(refused),
-      required_context: [],
-      required_scopes: [],
-      requires_approval: false,
-      side_effects: [],
-      reads_from: [],
-      writes_to: [],
-      dependencies: [],
-      backend: { url: `${backend.url}/echo`, method: 'POST', timeout_ms: 5000, max_response_bytes: 65536, headers: {} },
-      target: { family: 'bench', provider: 'loopback', region: 'local' },
-      cost_units: 1,
-      rate_limit: { capacity: 1, refill_per_second: 0.001 },
+    await registerEcho('bench.refuse', Object.values(refused), [refused.limited, refused.broke], {
+      capacity: 1,
+      refill_per_second: 0.001,
     });
-    for (const agent of [refused.limited, refused.broke])
-      await api('POST', '/grants', {
-        tenant_id: tenant,
-        agent_id: agent,
-        tool_id: 'bench.refuse',
-        scope: 'per-tenant',
-        scope_ref: tenant,
-        capability_modifiers: {},
-        expires_at: new Date(Date.now() + 3600_000).toISOString(),
-        rationale: 'benchmark',
-      });
     await api('POST', '/budgets', {
       tenant_id: tenant,
       scope: 'agent',

@@ -1,8 +1,9 @@
 import { randomUUID } from 'node:crypto';
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import type { Logger } from 'pino';
 import { BackgroundTask } from '../db/background-task.js';
 import type { Database } from '../db/database.js';
+import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import { GENESIS_HASH } from './audit-hash.js';
 import { verifyAuditChain, writeAuditEvents, type ChainHead, type ChainVerification } from './audit-repository.js';
@@ -85,21 +86,7 @@ export class AuditCheckpoints {
       await insertCheckpoint(trx, checkpoint);
       // A periodic checkpoint records no event of its own: it would move the head it just checkpointed.
       if (options.onlyIfMoved) return true;
-      await writeAuditEvents(trx, [
-        {
-          event: {
-            event_type: 'audit.checkpoint_created',
-            actor,
-            details: {
-              checkpoint_id: checkpoint.id,
-              seq: checkpoint.seq,
-              hash: checkpoint.hash,
-              key_id: checkpoint.key_id,
-            },
-          },
-          occurredAt: now(),
-        },
-      ]);
+      await recordCheckpointCreated(trx, checkpoint, actor, now());
       return true;
     });
     return recorded ? checkpoint : null;
@@ -133,4 +120,30 @@ export class AuditCheckpoints {
     }
     return undefined;
   }
+}
+
+/** The `audit.checkpoint_created` record of a checkpoint, in the transaction that inserts it. */
+export async function recordCheckpointCreated(
+  trx: Transaction<DB>,
+  checkpoint: Checkpoint,
+  actor: string,
+  at: Date,
+  details: Record<string, unknown> = {},
+): Promise<void> {
+  await writeAuditEvents(trx, [
+    {
+      event: {
+        event_type: 'audit.checkpoint_created',
+        actor,
+        details: {
+          checkpoint_id: checkpoint.id,
+          seq: checkpoint.seq,
+          hash: checkpoint.hash,
+          key_id: checkpoint.key_id,
+          ...details,
+        },
+      },
+      occurredAt: at,
+    },
+  ]);
 }

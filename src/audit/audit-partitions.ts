@@ -8,6 +8,7 @@ import { CodedError } from '../errors/coded-error.js';
 import { GENESIS_HASH } from './audit-hash.js';
 import { detachReportsBetween, walkRange, writeAuditEvents, type ChainHead } from './audit-repository.js';
 import { checkpointsAt, checkpointsNewestFirst, insertCheckpoint } from './checkpoint-repository.js';
+import { recordCheckpointCreated } from './audit-checkpoints.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 import {
   PARTITION_FILE_FORMAT,
@@ -161,22 +162,7 @@ export class AuditPartitions {
     });
     await db.transaction().execute(async (trx) => {
       await insertCheckpoint(trx, checkpoint);
-      await writeAuditEvents(trx, [
-        {
-          event: {
-            event_type: 'audit.checkpoint_created',
-            actor,
-            details: {
-              checkpoint_id: checkpoint.id,
-              seq: checkpoint.seq,
-              hash: checkpoint.hash,
-              key_id: checkpoint.key_id,
-              partition: name,
-            },
-          },
-          occurredAt: this.options.now(),
-        },
-      ]);
+      await recordCheckpointCreated(trx, checkpoint, actor, this.options.now(), { partition: name });
     });
     return { checkpoint, created: true };
   }

@@ -34,7 +34,8 @@ export class Dispatcher {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
     const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
-    if (!tool.backend && tool.category !== 'external_call') {
+    // Nothing can be sent: refused on record, its reservation given back.
+    const notConfigured = async (message: string): Promise<Dispatched> => {
       if (reservation) await budgets.release(reservation);
       const record = await this.deps.audit.append({
         ...base,
@@ -47,34 +48,20 @@ export class Dispatcher {
       return {
         ok: false,
         code: 'tool_backend_not_configured',
-        message: `tool ${tool.id}@${tool.version} has no backend configured`,
+        message,
         details: {},
         costUnits: 0,
         auditId: record.event_id,
       };
-    }
+    };
+    if (!tool.backend && tool.category !== 'external_call')
+      return notConfigured(`tool ${tool.id}@${tool.version} has no backend configured`);
     let headers: Record<string, string> = {};
     try {
       if (tool.backend) headers = this.deps.ports.catalog.backendHeaders(tool);
     } catch (error) {
-      // A secret the backend needs is not set on this replica: nothing can be sent.
-      if (reservation) await budgets.release(reservation);
-      const record = await this.deps.audit.append({
-        ...base,
-        event_type: 'run.step.failed',
-        status: 'failed',
-        reason_code: 'tool_backend_not_configured',
-        input_sha256: inputSha256,
-        details,
-      });
-      return {
-        ok: false,
-        code: 'tool_backend_not_configured',
-        message: (error as Error).message,
-        details: {},
-        costUnits: 0,
-        auditId: record.event_id,
-      };
+      // A secret the backend needs is not set on this replica.
+      return notConfigured((error as Error).message);
     }
     try {
       if (!this.deps.lease.valid()) {
