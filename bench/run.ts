@@ -18,6 +18,9 @@
  * Beside the gateway, the same phases measure the floor (bench/floor-proxy.ts): a proxy that
  * commits two rows durably per call and does nothing else, and a bare proxy hop.
  *
+ * A gateway logging at `info` (a line per request) makes the same calls in a phase of its own, so
+ * that logging's cost shows beside the `warn` gateways'.
+ *
  * The refusal phase sends calls refused for a missing grant, a rate limit and a budget in turn: back-pressure
  * must cost no more than admission.
  *
@@ -365,9 +368,10 @@ async function main(): Promise<void> {
     let counter = 0;
     let made = 0;
     let refusedMade = 0;
-    const callGateway = (count: number) => async () => {
+    /** A granted call through the pool `pick` chooses. */
+    const callGatewayThrough = (pick: () => Pool) => async () => {
       counter += 1;
-      const pool = gatewayPools[counter % count]!;
+      const pool = pick();
       const res = await pool.request({
         path: '/runs/execute',
         method: 'POST',
@@ -382,6 +386,7 @@ async function main(): Promise<void> {
       made += 1;
       return res.statusCode === 200;
     };
+    const callGateway = (count: number) => callGatewayThrough(() => gatewayPools[counter % count]!);
 
     // Refused calls in turn: grant missing (403), rate limited (429), budget exceeded (402).
     const refusedTokens = Object.values(refused).map((sub) =>
@@ -455,10 +460,10 @@ async function main(): Promise<void> {
     // collections (prom-client's nodejs_gc_duration_seconds: how many full, mark-compact ones,
     // and the time paused in all of them: a full one, with the marking before it, delays the calls
     // around it).
-    const gatewayCounters = async (count: number) => {
+    const gatewayCounters = async (count: number, ports = Array.from({ length: count }, (_, i) => basePort + i)) => {
       const counters = { statements: 0, majorGcs: 0, gcSeconds: 0 };
-      for (let i = 0; i < count; i += 1) {
-        const text = await (await fetch(`http://127.0.0.1:${basePort + i}/metrics`)).text();
+      for (const port of ports) {
+        const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
         counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
         for (const match of text.matchAll(/^nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} ([\d.e+-]+)/gm))
@@ -529,6 +534,30 @@ async function main(): Promise<void> {
     rows.push(
       ...mcpRows.map(([label, s]): [string, ReturnType<typeof summary>] => [`${label}, concurrency ${moderate}`, s]),
     );
+    // The same calls through a gateway that logs at `info` (a line per request): what logging costs.
+    const infoPort = floorPort + 2;
+    const infoGateway = await startGateway({ databaseUrl: dbUrl, port: infoPort, secret, env: { LOG_LEVEL: 'info' } });
+    floors.push(infoGateway);
+    const infoPool = new Pool(`http://127.0.0.1:${infoPort}`, { connections: 128 });
+    floorPools.push(infoPool);
+    const callInfo = callGatewayThrough(() => infoPool);
+    await load('warm-up', moderate, warmupSeconds, callInfo);
+    const infoBefore = await gatewayCounters(1, [infoPort]);
+    const infoCpu = await cpuDuring([infoGateway.pid!], () => load('info', moderate, seconds, callInfo));
+    const infoAfter = await gatewayCounters(1, [infoPort]);
+    const infoLabel = `gateway x1 at LOG_LEVEL=info, concurrency ${moderate}`;
+    const infoCalls = infoCpu.result.requests;
+    rows.push([infoLabel, summary(infoCpu.result)]);
+    perCall.push([
+      infoLabel,
+      {
+        statements: (infoAfter.statements - infoBefore.statements) / infoCalls,
+        gatewayCpuMs: (infoCpu.gateways * TICK_MS) / infoCalls,
+        postgresCpuMs: (infoCpu.postgres * TICK_MS) / infoCalls,
+        majorGcs: infoAfter.majorGcs - infoBefore.majorGcs,
+        gcPauseMs: ((infoAfter.gcSeconds - infoBefore.gcSeconds) * 1000) / infoCalls,
+      },
+    ]);
     // Refusals: back-pressure must cost no more than admission.
     const bytesBeforeRefusals = await databaseBytes();
     await load('warm-up', moderate, 2, callRefused);
@@ -616,6 +645,11 @@ async function main(): Promise<void> {
           `gateway CPU per call ${fmt(cpu / restCpu)} (${fmt(cpu)} ms vs ${fmt(restCpu)} ms)`,
       );
     }
+    const infoCpuMs =
+      perCall.find(([label]) => label.startsWith('gateway x1 at LOG_LEVEL=info'))?.[1].gatewayCpuMs ?? NaN;
+    console.log(
+      `LOG_LEVEL=info vs warn at concurrency ${moderate}: gateway CPU per call ${fmt(infoCpuMs / restCpu)} (${fmt(infoCpuMs)} ms vs ${fmt(restCpu)} ms)`,
+    );
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
 
     await direct.close();
