@@ -5,16 +5,9 @@ import { ConfigError } from '../src/config/config.js';
 import type { DB } from '../src/db/schema.js';
 import { AppClient, startHarness, testConfig, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
+import { ed25519Pem } from './helpers/signing-keys.js';
 
 const platform = tokens.platform();
-
-function ed25519Pem(): { privatePem: string; publicPem: string } {
-  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-  return {
-    privatePem: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
-    publicPem: publicKey.export({ type: 'spki', format: 'pem' }).toString(),
-  };
-}
 
 const keyA = ed25519Pem();
 const keyB = ed25519Pem();

@@ -1,5 +1,4 @@
 import { spawn } from 'node:child_process';
-import { generateKeyPairSync } from 'node:crypto';
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,16 +18,9 @@ import { AppClient, startHarness, type Harness, type TestResponse } from './help
 import { ManualClock } from './helpers/manual-clock.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
+import { ed25519Pem } from './helpers/signing-keys.js';
 
 const platform = tokens.platform();
-
-function ed25519Pem(): { privatePem: string; publicPem: string } {
-  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-  return {
-    privatePem: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
-    publicPem: publicKey.export({ type: 'spki', format: 'pem' }).toString(),
-  };
-}
 
 const key = ed25519Pem();
 const otherKey = ed25519Pem();

@@ -4,10 +4,9 @@ import { sealRecord } from '../../src/audit/audit-hash.js';
 import type { AuditRecord } from '../../src/audit/audit-event.js';
 import { CheckpointSigner } from '../../src/audit/checkpoint-signer.js';
 import { PARTITION_FILE_FORMAT, PartitionFileVerifier, fileLine } from '../../src/audit/partition-file.js';
+import { ed25519Pem } from '../helpers/signing-keys.js';
 
-const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-const privatePem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
-const publicPem = publicKey.export({ type: 'spki', format: 'pem' }).toString();
+const { privatePem, publicPem } = ed25519Pem();
 
 function record(seq: number, prevHash: string): Omit<AuditRecord, 'hash'> {
   return {
