@@ -1,6 +1,7 @@
 import { useEffect, useMemo, useState } from 'preact/hooks';
 import { attempt, clientFor, session, type Principal, type Refusal } from './api.js';
 import { RefusalNote } from './components.js';
+import { useHash } from './hooks.js';
 import { ApprovalsPage } from './pages/approvals.js';
 import { AuditPage } from './pages/audit.js';
 import { GrantsPage } from './pages/grants.js';
@@ -20,14 +21,7 @@ const PAGES = [
 
 /** The page the URL's fragment names (`#/runs`); the console is one document, so reloads keep it. */
 function useRoute(): string {
-  const read = () => location.hash.replace(/^#\/?/, '').split('?')[0] || 'approvals';
-  const [route, setRoute] = useState(read);
-  useEffect(() => {
-    const onChange = () => setRoute(read());
-    window.addEventListener('hashchange', onChange);
-    return () => window.removeEventListener('hashchange', onChange);
-  }, []);
-  return route;
+  return useHash().replace(/^#\/?/, '').split('?')[0] || 'approvals';
 }
 
 export function App() {

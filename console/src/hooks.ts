@@ -89,3 +89,18 @@ export function useAction<T>() {
   };
   return { busy, refusal, result, run, setResult };
 }
+
+/**
+ * The URL's fragment, kept current. It is read again once subscribed: effects run after paint, and
+ * a link followed in between would otherwise be missed.
+ */
+export function useHash(): string {
+  const [hash, setHash] = useState(() => location.hash);
+  useEffect(() => {
+    const onChange = () => setHash(location.hash);
+    addEventListener('hashchange', onChange);
+    onChange();
+    return () => removeEventListener('hashchange', onChange);
+  }, []);
+  return hash;
+}

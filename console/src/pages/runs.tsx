@@ -1,7 +1,7 @@
 import { useEffect, useState } from 'preact/hooks';
 import { attempt, type Schemas } from '../api.js';
 import { Facts, formValues, Listing, PageFrame, RefusalNote, When } from '../components.js';
-import { useAction, usePaged } from '../hooks.js';
+import { useAction, useHash, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
 
 type Run = Schemas['Run'];
@@ -26,26 +26,20 @@ interface Filter {
 }
 
 /** The run a link asked to open (`#/runs?run=<id>`). */
-function linkedRun(): string | null {
-  return new URLSearchParams(location.hash.split('?')[1] ?? '').get('run');
+function linkedRun(hash: string): string | null {
+  return new URLSearchParams(hash.split('?')[1] ?? '').get('run');
 }
 
 export function RunsPage() {
   const { client, principal } = useSession();
   const [filter, setFilter] = useState<Filter>({});
-  const [open, setOpen] = useState<{ run_id: string; tenant_id: string } | null>(() => {
-    const run = linkedRun();
-    return run ? { run_id: run, tenant_id: principal.tenant_id } : null;
-  });
-  // A link to a run followed while this page is already showing opens that run too.
+  const [open, setOpen] = useState<{ run_id: string; tenant_id: string } | null>(null);
+  // A link to a run opens it, also when followed while this page is already showing.
+  const hash = useHash();
   useEffect(() => {
-    const follow = () => {
-      const run = linkedRun();
-      if (run) setOpen({ run_id: run, tenant_id: principal.tenant_id });
-    };
-    addEventListener('hashchange', follow);
-    return () => removeEventListener('hashchange', follow);
-  }, [principal.tenant_id]);
+    const run = linkedRun(hash);
+    if (run) setOpen({ run_id: run, tenant_id: principal.tenant_id });
+  }, [hash, principal.tenant_id]);
   const paged = usePaged(
     (cursor) => attempt(client.GET('/runs', { params: { query: { limit: 25, cursor, ...filter } } })),
     [filter],
