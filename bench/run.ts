@@ -33,7 +33,8 @@
  * BENCH_PACED_RATES (calls/s of the paced phases, comma-separated; default 100 and a quarter of one
  * gateway's throughput at concurrency 64), BENCH_WARMUP_SECONDS (calls through the gateway
  * before measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2";
- * empty: the moderate phases only), BENCH_HEAVY (the concurrency of the heavy phases, default 64).
+ * empty: the moderate phases only), BENCH_HEAVY (the concurrency of the heavy phases, default 64),
+ * BENCH_KEEP_DATABASE (set: leave the bench's database in place and print its URL).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -685,7 +686,8 @@ async function main(): Promise<void> {
     for (const g of [...gateways, ...floors]) g.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));
     await backend.close();
-    await database.drop();
+    if (process.env.BENCH_KEEP_DATABASE) console.log(`database kept for inspection: ${database.url}`);
+    else await database.drop();
   }
 }
 

@@ -359,7 +359,15 @@ describe.skipIf(!hasPostgresServer)(
       expect((await h.client.post('/runs/execute', { token: agent, body })).status).toBe(200);
       await h.db.database.control
         .updateTable('runs')
-        .set({ status: 'running', busy: true, executor_id: 'rep_gone', envelope: null, http_status: null })
+        // An ended run's request is dropped; a run cut off before its end still has it.
+        .set({
+          status: 'running',
+          busy: true,
+          executor_id: 'rep_gone',
+          envelope: null,
+          http_status: null,
+          request: JSON.stringify(body),
+        })
         .where('tenant_id', '=', T)
         .where('run_id', '=', runId)
         .execute();

@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { runCounterKey } from '../src/budgets/budget.js';
 import { closeLostRunReservations } from '../src/budgets/budget-ledger-repository.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
@@ -243,6 +244,60 @@ describe('POST /runs/execute: a run that completes', () => {
     const runId = newRunId();
     const res = await execute(h.client, agent, { run_id: runId, plan: [step('costly')] });
     expect(res.body.steps[0].cost_units).toBe(3);
+  });
+
+  it("keeps a run's own total only where a limit can be checked against it: its budget_units", async () => {
+    const total = async (runId: string) =>
+      (
+        await h.db.database.control
+          .selectFrom('budget_counters')
+          .select('spent_units')
+          .where('counter_key', '=', runCounterKey(T, runId))
+          .execute()
+      ).map((row) => Number(row.spent_units));
+    const charged = async (runId: string) =>
+      (
+        await h.db.database.control
+          .selectFrom('budget_reservations')
+          .select('charges')
+          .where('tenant_id', '=', T)
+          .where('run_id', '=', runId)
+          .execute()
+      ).flatMap((row) => (row.charges as Array<{ counter_key: string }>).map((charge) => charge.counter_key));
+    const plain = newRunId();
+    expect((await execute(h.client, agent, { run_id: plain, plan: [step('costly')] })).status).toBe(200);
+    expect(await total(plain)).toEqual([]);
+    expect(await charged(plain)).not.toContain(runCounterKey(T, plain));
+    const limited = newRunId();
+    const res = await execute(h.client, agent, {
+      run_id: limited,
+      plan: [step('costly'), step('costly')],
+      budget_units: 7,
+    });
+    expect(res.status, JSON.stringify(res.body)).toBe(402);
+    // 3 spent by the first call; the second reserves 5, past the run's 7.
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    expect(await total(limited)).toEqual([3]);
+  });
+
+  it('drops the stored request of a run it ended, and still replays it or refuses another request under its id', async () => {
+    const stored = async (runId: string) =>
+      (
+        await h.db.database.control
+          .selectFrom('runs')
+          .select(['request', 'request_sha256'])
+          .where('tenant_id', '=', T)
+          .where('run_id', '=', runId)
+          .executeTakeFirstOrThrow()
+      ).request;
+    const done = newRunId();
+    const body = { run_id: done, plan: [step('echo')] };
+    expect((await execute(h.client, agent, body)).status).toBe(200);
+    expect(await stored(done)).toBeNull();
+    const replay = await execute(h.client, agent, body);
+    expect(replay.status).toBe(200);
+    expect(replay.headers['x-toolgate-replayed']).toBe('true');
+    expect((await execute(h.client, agent, { ...body, plan: [step('echo'), step('echo')] })).status).toBe(409);
   });
 });
 

@@ -23,6 +23,8 @@ export interface StepRequest {
     user_id?: string | undefined;
     context: Record<string, unknown>;
     budget_units?: number | undefined;
+    /** The run stays open for later requests (`keep_open`). */
+    keep_open?: boolean | undefined;
     /** A sub-run's authority envelope: it acts within it and its own grants. */
     delegation?: { delegable_tool_ids: readonly string[]; capability_modifiers: CapabilityModifiers } | undefined;
   };

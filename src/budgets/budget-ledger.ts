@@ -27,7 +27,7 @@ import {
   type Windows,
 } from './budget-ledger-repository.js';
 import { periodStart } from './budget-period.js';
-import { KnownLedger, runTotalCounter } from './known-ledger.js';
+import { keptRunTotals, KnownLedger, runTotalCounter } from './known-ledger.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';
 import {
   decideReservation,
@@ -291,7 +291,7 @@ export class BudgetLedger {
       let guessed = seen !== undefined;
       for (let attempt = 0; attempt < RESERVE_ATTEMPTS; attempt += 1) {
         if (!seen) {
-          seen = await readBudgetCounters(this.db, subjects, windowsAt(now), subjects.map(runTotalCounter));
+          seen = await readBudgetCounters(this.db, subjects, windowsAt(now), keptRunTotals(subjects));
           guessed = false;
         }
         const expected = new Map(seen.levels);
@@ -337,12 +337,7 @@ export class BudgetLedger {
       this.db.transaction().execute(async (trx) => {
         // Before the budgets are read: a budget change in progress commits first, and is seen.
         await lockLedgerForReservations(trx);
-        const { budgets, levels } = await lockBudgetCounters(
-          trx,
-          subjects,
-          windowsAt(now),
-          subjects.map(runTotalCounter),
-        );
+        const { budgets, levels } = await lockBudgetCounters(trx, subjects, windowsAt(now), keptRunTotals(subjects));
         const plan = decideBatch(reserves, budgets, levels, now);
         await writeLedger(trx, plan.deltas, plan.created, now, expiresAt);
         // Freeze the answers only once every write of the batch has succeeded.
@@ -486,7 +481,7 @@ function okCeiling(limit: Limit): Micros {
 
 /**
  * The limits a call is checked against and the counters it is charged to: each applicable
- * budget's current window, and the run's own running total (always charged, so a later
+ * budget's current window, and the run's own running total where it is kept (so a later
  * request's `budget_units` counts what the run spent before it).
  */
 function limitsFor(
@@ -510,6 +505,7 @@ function limitsFor(
       label: { source: 'budget', budgetId: budget.id, scope: budget.scope, period: budget.period },
     });
   }
+  if (subject.keepsRunTotal === false && requestLimitMicros === undefined) return { limits, charges };
   const runTotal = runTotalCounter(subject);
   charges.push(runTotal);
   if (requestLimitMicros !== undefined) {

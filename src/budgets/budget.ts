@@ -40,6 +40,11 @@ export interface ChargeSubject {
   tenantId: string;
   agentId: string;
   runId: string;
+  /**
+   * Whether the run's own total is kept (default yes): only a run with a budget of its own, a sub-run or one kept
+   * open can ever be checked against it, and a total nobody reads costs a counter row per run.
+   */
+  keepsRunTotal?: boolean | undefined;
 }
 
 /** Whether a live budget applies to a call by this subject. */

@@ -11,6 +11,11 @@ export function runTotalCounter(subject: ChargeSubject): CounterRef {
   return { key: runCounterKey(subject.tenantId, subject.runId), periodStart: periodStart('total', new Date(0)) };
 }
 
+/** The run totals these subjects keep. */
+export function keptRunTotals(subjects: ChargeSubject[]): CounterRef[] {
+  return subjects.filter((subject) => subject.keepsRunTotal !== false).map(runTotalCounter);
+}
+
 /**
  * What this replica last saw of the live budgets and counter levels it charges: guesses that spare a batch its read,
  * never facts — `writeLedgerIf` checks them, so a stale guess costs a read, never a wrong decision.
@@ -45,8 +50,8 @@ export class KnownLedger {
       if (!level) return undefined;
       levels.set(id, level);
     }
-    for (const subject of subjects) {
-      const id = counterId(runTotalCounter(subject));
+    for (const total of keptRunTotals(subjects)) {
+      const id = counterId(total);
       const level = this.runLevels.get(id);
       if (level) levels.set(id, level);
     }

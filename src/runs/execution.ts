@@ -124,6 +124,7 @@ export function stepRequest(
       user_id: request.user_id,
       context: request.context,
       budget_units: exec?.run.budget_units ?? request.budget_units,
+      keep_open: exec?.run.keep_open ?? request.keep_open,
       delegation: delegation
         ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers }
         : undefined,

@@ -2,6 +2,7 @@ import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } 
 import type { DB, RunTable } from '../db/schema.js';
 import { grantUseSteps, type GrantUseIf } from '../grants/grant-snapshot-repository.js';
 import {
+  isTerminal,
   OPEN_STATUSES,
   type Attribution,
   type RunEnvelope,
@@ -27,6 +28,7 @@ export interface RunRecord {
   envelope: RunEnvelope | null;
   created_at: string;
   updated_at: string;
+  /** Kept while the run may go on (resume, recovery and cascades read it); dropped when its executor ends it. */
   request: RunRequest | null;
   agent_family: string | null;
   agent_scopes: string[];
@@ -321,6 +323,7 @@ export async function releaseRun(
     .updateTable('runs')
     .set({
       ...(change.status !== undefined ? { status: change.status } : {}),
+      ...(change.status !== undefined && isTerminal(change.status) ? { request: null } : {}),
       http_status: change.httpStatus,
       envelope: JSON.stringify(change.envelope),
       busy: false,
@@ -411,7 +414,8 @@ export function runEndSteps(
       where not exists (select 1 from runs sub where sub.tenant_id = v.tenant_id and sub.parent_run_id = v.run_id)
     ), run_ends_done as (
       update runs r
-      set status = l.status, http_status = l.http_status, envelope = l.envelope, busy = false, updated_at = now()
+      set status = l.status, http_status = l.http_status, envelope = l.envelope, busy = false, updated_at = now(),
+          request = case when l.status in ('completed', 'failed', 'cancelled', 'killed') then null else r.request end
       from run_ends_locked l
       where r.ctid = l.row_version and r.status = 'running' and r.epoch = l.epoch
       returning r.tenant_id, r.run_id, l.epoch

@@ -21,6 +21,7 @@ export const costStage: Stage = {
       runId: run.run_id,
       units: tool.cost_units,
       requestLimitUnits: run.budget_units,
+      keepsRunTotal: run.budget_units !== undefined || run.keep_open === true || run.parent_run_id !== undefined,
     };
     const result = dryRun ? await budgets.check(query) : await budgets.reserve(query);
     if (!result.ok)
