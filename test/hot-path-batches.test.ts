@@ -545,18 +545,22 @@ async function revoke(id: string): Promise<void> {
   expect(revoked).toBeDefined();
 }
 
+/** A tenant's grant uses as `grant/run`, in key order. */
+async function usesOf(tenant: string): Promise<string[]> {
+  return (
+    await db
+      .selectFrom('run_grant_uses')
+      .select(['grant_id', 'run_id'])
+      .where('tenant_id', '=', tenant)
+      .orderBy('grant_id')
+      .orderBy('run_id')
+      .execute()
+  ).map((u) => `${u.grant_id}/${u.run_id}`);
+}
+
 describe('claimRuns with the use of the first call grant', () => {
   const versionOf = async (id: string) =>
     Number((await db.selectFrom('grants').select('version').where('id', '=', id).executeTakeFirstOrThrow()).version);
-  const usesOf = async (tenant: string) =>
-    (
-      await db
-        .selectFrom('run_grant_uses')
-        .select(['grant_id', 'run_id'])
-        .where('tenant_id', '=', tenant)
-        .orderBy('run_id')
-        .execute()
-    ).map((u) => `${u.grant_id}/${u.run_id}`);
 
   it('records the use with each run it claims, only where the decision still stands', async () => {
     const tenant = fresh('claim-use-t');
@@ -589,17 +593,6 @@ describe('claimRuns with the use of the first call grant', () => {
 });
 
 describe('recordGrantUsesIf, for uses decided from the database', () => {
-  const usesOf = async (tenant: string) =>
-    (
-      await db
-        .selectFrom('run_grant_uses')
-        .select(['grant_id', 'run_id'])
-        .where('tenant_id', '=', tenant)
-        .orderBy('grant_id')
-        .orderBy('run_id')
-        .execute()
-    ).map((u) => `${u.grant_id}/${u.run_id}`);
-
   it('records uses of live grants, refuses revoked ones without recording them, and takes repeats', async () => {
     const tenant = fresh('uses-t');
     await claimOne(tenant, 'run-a');

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from 'kysely';
+import { agentMayUse } from '../src/registry/tool-access.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
 import { toolBody, type ToolOptions } from './helpers/world.js';
@@ -766,13 +767,13 @@ describe('the catalog on the hot path', () => {
     expect(input({ due: '2026-05-01' })).toBe(false);
   });
 
-  it('lists what an agent may use with agentMayUse and versions()', () => {
+  it("lists a tool's versions, newest first, for agentMayUse to tell who may use each", () => {
     const { catalog } = h.client.app.services;
     expect(catalog.versions('versioned.tool').map((t) => t.version)).toEqual(['2.0.0', '1.2.0', '1.1.0', '1.0.0']);
     expect(catalog.versions('no.such.tool')).toEqual([]);
     const tool = catalog.versions('versioned.tool')[0]!;
-    expect(catalog.agentMayUse(tool, { agentId: 'scf.analyst', family: undefined })).toBe(true);
-    expect(catalog.agentMayUse(tool, { agentId: 'gap.analyst', family: undefined })).toBe(false);
+    expect(agentMayUse(tool, { agentId: 'scf.analyst', family: undefined })).toBe(true);
+    expect(agentMayUse(tool, { agentId: 'gap.analyst', family: undefined })).toBe(false);
   });
 
   it('reports ready while fresh', async () => {

@@ -164,11 +164,6 @@ export class ToolCatalog {
     return this.sortedIds;
   }
 
-  /** Whether the registry lets this agent use this tool (allowlist; never `final_write`/`admin`). */
-  agentMayUse(tool: Pick<ToolContract, 'category' | 'allowed_agents'>, agent: AgentIdentity): boolean {
-    return agentMayUse(tool, agent);
-  }
-
   /**
    * What an agent is offered: per tool, the newest non-deprecated version it may use. External
    * call tools only when the tenant enabled them.
