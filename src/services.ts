@@ -227,6 +227,7 @@ export function buildServices(options: ServiceOptions): Services {
     replicaId,
     recovery,
     lease,
+    charges: budgets,
   });
   const signer = new CheckpointSigner({
     signingKeyPem: config.auditCheckpoints.signingKey,

@@ -592,6 +592,133 @@ describe('claimRuns with the use of the first call grant', () => {
   });
 });
 
+describe("claimRuns with its first calls' reservations", () => {
+  let ledger: BudgetLedger;
+  beforeAll(() => {
+    ledger = new BudgetLedger(testDb.database, {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 900_000,
+      sweepIntervalMs: 0,
+    });
+  });
+  afterAll(async () => {
+    await ledger.close();
+  });
+
+  async function world(limitUnits: number) {
+    const tenant = fresh('claim-charge-t');
+    const created = await createBudget(
+      db,
+      {
+        tenant_id: tenant,
+        scope: 'tenant',
+        agent_id: null,
+        run_id: null,
+        period: 'month',
+        limit_units: limitUnits,
+        warn_ratio: 1,
+        grace_units: 0,
+      },
+      { actor: 'operator:test', traceId: null, now: clock.now() },
+    );
+    if (!created.ok) throw new Error('budget conflict');
+    const live = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    const version = Number(
+      (await db.selectFrom('grants').select('version').where('id', '=', live.id).executeTakeFirstOrThrow()).version,
+    );
+    // What the ledger last saw of this tenant: a call before.
+    const warm = await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'warm', units: 1 });
+    expect(warm.ok).toBe(true);
+    const charge = (runId: string, units: number) => ({
+      tenantId: tenant,
+      agentId: 'agent.batch',
+      runId,
+      units,
+      keepsRunTotal: false,
+    });
+    const relying = (runId: string, since = version) => ({
+      reliance: {
+        tenant_id: tenant,
+        run_id: runId,
+        grant_id: live.id,
+        assumed: { agent_id: 'agent.batch', tool_id: 'echo', since, decided_at: clock.now() },
+      },
+    });
+    const reserved = async () => (await getBudget(db, created.usage.budget.id, clock.now()))!.reserved_units;
+    const rows = async (runId: string) =>
+      (
+        await db
+          .selectFrom('budget_reservations')
+          .select(['id', 'status', 'units'])
+          .where('tenant_id', '=', tenant)
+          .where('run_id', '=', runId)
+          .execute()
+      ).map((row) => ({ id: row.id, status: row.status, units: Number(row.units) }));
+    return { tenant, version, charge, relying, reserved, rows };
+  }
+
+  it('reserves each first call in the claim, with its grant use', async () => {
+    const w = await world(100);
+    const runs = [
+      newRun(w.tenant, 'one', { ...w.relying('one'), charge: w.charge('one', 2) }),
+      newRun(w.tenant, 'two', { ...w.relying('two'), charge: w.charge('two', 3) }),
+    ];
+    const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
+    expect(prepared).toBeDefined();
+    const claimed = await claimRuns(db, runs, { runs, prepared });
+    expect(claimed.map((run) => run?.relied)).toEqual([true, true]);
+    expect(claimed.map((run) => run?.reservation?.units)).toEqual([2, 3]);
+    expect(await w.rows('one')).toEqual([{ id: claimed[0]!.reservation!.id, status: 'reserved', units: 2 }]);
+    expect(await w.rows('two')).toEqual([{ id: claimed[1]!.reservation!.id, status: 'reserved', units: 3 }]);
+    expect(await w.reserved()).toBe(1 + 5);
+    // Settled as any reservation is.
+    expect(await ledger.settle(claimed[0]!.reservation!, 2)).toBe('settled');
+  });
+
+  it('reserves nothing when a grant use in the batch no longer stands, and claims the runs all the same', async () => {
+    const w = await world(100);
+    // A newer grant of the subject: a decision from a copy that had not seen it no longer stands.
+    const newer = await grant({ tenant: w.tenant, scope: 'per-run', ref: 'stale' });
+    const now = Number(
+      (await db.selectFrom('grants').select('version').where('id', '=', newer.id).executeTakeFirstOrThrow()).version,
+    );
+    const runs = [
+      newRun(w.tenant, 'fresh', { ...w.relying('fresh', now), charge: w.charge('fresh', 2) }),
+      newRun(w.tenant, 'stale', { ...w.relying('stale'), charge: w.charge('stale', 2) }),
+    ];
+    const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
+    const claimed = await claimRuns(db, runs, { runs, prepared });
+    expect(claimed.map((run) => [run?.status, run?.relied, run?.reservation])).toEqual([
+      ['running', true, undefined],
+      ['running', false, undefined],
+    ]);
+    expect([...(await w.rows('fresh')), ...(await w.rows('stale'))]).toEqual([]);
+    expect(await w.reserved()).toBe(1);
+  });
+
+  it('reserves nothing when the budget moved past what the decision allowed', async () => {
+    const w = await world(5);
+    const runs = [newRun(w.tenant, 'late', { ...w.relying('late'), charge: w.charge('late', 3) })];
+    const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
+    // Another replica takes the room meanwhile: 1 + 2 reserved, 3 more would reach the warning at 5.
+    const other = new BudgetLedger(testDb.database, {
+      now: clock.now,
+      registry: new Registry(),
+      reservationTtlMs: 900_000,
+      sweepIntervalMs: 0,
+    });
+    expect((await other.reserve(w.charge('elsewhere', 2))).ok).toBe(true);
+    await other.close();
+    const [claimed] = await claimRuns(db, runs, { runs, prepared });
+    expect(claimed).toMatchObject({ status: 'running', relied: true, reservation: undefined });
+    expect(await w.rows('late')).toEqual([]);
+    expect(await w.reserved()).toBe(3);
+    // What the ledger learned: the same call, asked again, is refused.
+    expect((await ledger.reserve(w.charge('late', 3))).ok).toBe(false);
+  });
+});
+
 describe('recordGrantUsesIf, for uses decided from the database', () => {
   it('records uses of live grants, refuses revoked ones without recording them, and takes repeats', async () => {
     const tenant = fresh('uses-t');

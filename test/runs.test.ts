@@ -301,6 +301,46 @@ describe('POST /runs/execute: a run that completes', () => {
   });
 });
 
+describe("a first call's reservation made with its run's claim", () => {
+  const T7 = 'tenant-runs-claim-charge';
+  const chargedAgent = tokens.agent(AGENT, { tenant: T7, family: 'veritas', scope: 'scf:read' });
+
+  it('is given back when a later stage refuses the call, and settled when it completes', async () => {
+    await grantTool(h.client, { tenant: T7, agent: AGENT, tool: 'echo' });
+    const budget = await createBudget(h.client, { tenant: T7, limit_units: 100 });
+    const shown = async () =>
+      (await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T7) })).body as {
+        spent_units: number;
+        reserved_units: number;
+      };
+    const statuses = async (runId: string) =>
+      (
+        await h.db.database.control
+          .selectFrom('budget_reservations')
+          .select('status')
+          .where('tenant_id', '=', T7)
+          .where('run_id', '=', runId)
+          .execute()
+      ).map((row) => row.status);
+    // The gateway learns the budget with a first call; later claims reserve with it.
+    for (let i = 0; i < 3; i += 1) {
+      const done = newRunId();
+      expect((await execute(h.client, chargedAgent, { run_id: done, plan: [step('echo')] })).status).toBe(200);
+      expect(await statuses(done)).toEqual(['settled']);
+    }
+    const refused = newRunId();
+    const res = await execute(h.client, chargedAgent, {
+      run_id: refused,
+      plan: [{ tool_id: 'echo', input: { q: 'x', extra: true } }],
+    });
+    expect(res.status, JSON.stringify(res.body)).toBe(422);
+    expect(res.body.steps[0].error.code).toBe('tool_input_schema_invalid');
+    expect(await statuses(refused)).not.toContain('reserved');
+    // Three calls of echo@2.0.0 at 2 units each.
+    expect(await shown()).toMatchObject({ spent_units: 6, reserved_units: 0 });
+  });
+});
+
 describe('reported costs and the bound on units', () => {
   const T2 = 'tenant-runs-cap';
   const capAgent = tokens.agent(AGENT, { tenant: T2, family: 'veritas', scope: 'scf:read' });

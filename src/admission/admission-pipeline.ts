@@ -51,7 +51,8 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
     if (!decision.ok) {
       verdicts.push({ stage: stage.name, ok: false, code: 'hold' in decision ? 'awaiting_approval' : decision.code });
       // A later stage refused after the budget was reserved: give the reservation back.
-      if (state.reservation) await ports.budgets.release(state.reservation);
+      for (const reserved of new Set([state.reservation, request.reserved]))
+        if (reserved) await ports.budgets.release(reserved);
       delete state.reservation;
       return 'hold' in decision
         ? { ok: false, held: decision, state, verdicts }
@@ -59,5 +60,7 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
     }
     verdicts.push({ stage: stage.name, ok: true });
   }
+  // Reserved with the run's claim for a price the call no longer has: given back.
+  if (request.reserved && state.reservation !== request.reserved) await ports.budgets.release(request.reserved);
   return { ok: true, state, verdicts };
 }

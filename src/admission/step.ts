@@ -34,6 +34,8 @@ export interface StepRequest {
   prefetchedGrants?: GrantPrefetch | undefined;
   /** The grant this step was decided on before its run was claimed, its use recorded with the claim (the first step only). */
   reliedOn?: GrantAssumed | undefined;
+  /** Its budget reservation, written with its run's claim (the first step only): the cost stage's, if the price holds. */
+  reserved?: Reservation | undefined;
 }
 
 /** What earlier stages learned, for later stages and for dispatch. */

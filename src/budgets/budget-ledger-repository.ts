@@ -183,11 +183,58 @@ export async function writeLedgerIf(
   budgets?: ExpectedBudgets,
   bounds?: ReadonlyMap<string, Micros | null>,
 ): Promise<LedgerWrite> {
+  const write: LedgerWriteIf = { expected, deltas, reservations, reservedAt, expiresAt, budgets, bounds };
+  if (!ledgerWriteChanges(write)) return { ok: true, levels: new Map(expected), budgetsHeld: true };
+  let row: LedgerWriteRow | undefined;
+  try {
+    const result = await sql<{ outcome: LedgerWriteRow }>`
+      with ${ledgerWriteSteps(write)}
+      select ${ledgerWriteOutcome} as outcome
+    `.execute(db);
+    row = result.rows[0]?.outcome;
+  } catch (error) {
+    if (isCounterCreatedMeanwhile(error)) return { ok: false, levels: new Map(), budgetsHeld: false };
+    throw error;
+  }
+  return ledgerWriteResult(write, row);
+}
+
+/** What `writeLedgerIf` writes, and what it checks first. */
+export interface LedgerWriteIf {
+  expected: ReadonlyMap<string, CounterLevel>;
+  deltas: CounterDelta[];
+  reservations: NewReservation[];
+  reservedAt: Date;
+  expiresAt: Date;
+  budgets?: ExpectedBudgets | undefined;
+  bounds?: ReadonlyMap<string, Micros | null> | undefined;
+}
+
+/** The outcome row `ledgerWriteOutcome` answers. */
+export interface LedgerWriteRow {
+  ok: boolean;
+  budgets_held: boolean;
+  current: CounterRow[] | null;
+}
+
+/** Whether the write changes anything at all. */
+export function ledgerWriteChanges(write: LedgerWriteIf): boolean {
+  return write.reservations.length > 0 || write.deltas.some((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
+}
+
+/**
+ * The CTEs of a guarded ledger write, `expected` through `ledger`, for a statement of its own or another room's. `when`
+ * adds a condition of that statement's to the guard; `lockedFirst`, rows it must lock before the counters (in the
+ * global lock order).
+ */
+export function ledgerWriteSteps(
+  write: LedgerWriteIf,
+  options: { when?: RawBuilder<unknown>; lockedFirst?: RawBuilder<unknown> } = {},
+): RawBuilder<unknown> {
+  const { expected, deltas, reservations, reservedAt, expiresAt, budgets, bounds } = write;
   const changed = new Map(
     deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]),
   );
-  if (changed.size === 0 && reservations.length === 0)
-    return { ok: true, levels: new Map(expected), budgetsHeld: true };
   // Every counter decided against is compared; those it changes are changed by their delta.
   const known = [...expected].map(([id, level]) => ({
     ref: counterRefOf(id),
@@ -197,10 +244,7 @@ export async function writeLedgerIf(
   }));
   const created = [...changed].filter(([id]) => !expected.has(id)).map(([, d]) => d);
   const keys = known.map((c) => c.ref.key);
-  let row: { ok: boolean; budgets_held: boolean; current: CounterRow[] | null } | undefined;
-  try {
-    const result = await sql<{ ok: boolean; budgets_held: boolean; current: CounterRow[] | null }>`
-      with expected as (
+  return sql`expected as (
         select * from unnest(
           ${keys}::text[],
           ${known.map((c) => c.ref.periodStart)}::timestamptz[],
@@ -214,12 +258,12 @@ export async function writeLedgerIf(
       current as materialized (
         select c.counter_key, c.period_start, c.spent_units, c.reserved_units
         from budget_counters c join expected e on c.counter_key = e.k and c.period_start = e.p
-        where c.counter_key = any(${keys}::text[])
+        where c.counter_key = any(${keys}::text[])${options.lockedFirst ? sql` and (select count(*) from ${options.lockedFirst}) >= 0` : sql``}
         order by c.counter_key, c.period_start
         for no key update of c
       ),${budgets ? applicableBudgets(budgets) : sql``}
       unchanged as materialized (
-        select levels_held and budgets_held as ok, budgets_held
+        select levels_held and budgets_held and ${options.when ?? sql`true`} as ok, budgets_held
         from (
           select count(*) = ${known.length} as levels_held, ${budgets ? sameBudgets(budgets) : sql`true`} as budgets_held
           from current c join expected e on c.counter_key = e.k and c.period_start = e.p
@@ -253,21 +297,24 @@ export async function writeLedgerIf(
         from ${reservationRows(reservations)}, unchanged u
         where u.ok
         returning 1
-      )
-      select u.ok, u.budgets_held, (select count(*) from counters) as counters, (select count(*) from created) as created,
-             (select count(*) from ledger) as reservations,
-             (select json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
-                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c) as current
-      from unchanged u
-    `.execute(db);
-    row = result.rows[0];
-  } catch (error) {
-    if (isCounterCreatedMeanwhile(error)) return { ok: false, levels: new Map(), budgetsHeld: false };
-    throw error;
-  }
+      )`;
+}
+
+/** A scalar of the statement `ledgerWriteSteps` joins: the write's outcome (a `LedgerWriteRow`), for `ledgerWriteResult`. */
+export const ledgerWriteOutcome = sql`(
+      select json_build_object('ok', u.ok, 'budgets_held', u.budgets_held,
+        'current', (select json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
+                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c),
+        'written', (select count(*) from counters) + (select count(*) from created) + (select count(*) from ledger))
+      from unchanged u)`;
+
+/** What a write's outcome row says: written, with the levels it left; or not, with the levels it found. */
+export function ledgerWriteResult(write: LedgerWriteIf, row: LedgerWriteRow | undefined | null): LedgerWrite {
   const levels = levelsOf(row?.current ?? []);
   if (row?.ok !== true) return { ok: false, levels, budgetsHeld: row?.budgets_held === true };
-  for (const [id, delta] of changed) {
+  for (const delta of write.deltas) {
+    if (delta.spentMicros === 0 && delta.reservedMicros === 0) continue;
+    const id = counterId(delta);
     const level = levels.get(id);
     levels.set(id, {
       spentMicros: (level?.spentMicros ?? 0) + delta.spentMicros,

@@ -1,5 +1,5 @@
 import { nanoid } from 'nanoid';
-import type { Kysely } from 'kysely';
+import type { Kysely, RawBuilder } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { findRecordedCosts, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
@@ -16,9 +16,14 @@ import {
   lockLedgerForReservations,
   readBudgetCounters,
   readCounters,
+  ledgerWriteOutcome,
+  ledgerWriteResult,
+  ledgerWriteSteps,
   writeLedger,
   writeLedgerIf,
   type ClosedStatus,
+  type LedgerWriteIf,
+  type LedgerWriteRow,
   type CounterDelta,
   type CounterRef,
   type ExpiredReservation,
@@ -50,6 +55,16 @@ export interface ReserveRequest {
   units: number;
   /** The request's own `budget_units` for this run: an extra limit on the run's total, never a loosening. */
   requestLimitUnits?: number | undefined;
+}
+
+/** Reservations `prepare` decided, for a statement of another room to write. */
+export interface PreparedReservations {
+  /** The CTEs that write them; `when`, a condition of that statement's; `lockedFirst`, rows it locks before the counters. */
+  steps(options: { when?: RawBuilder<unknown>; lockedFirst?: RawBuilder<unknown> }): RawBuilder<unknown>;
+  /** The scalar that statement answers the outcome with. */
+  outcome: RawBuilder<unknown>;
+  /** After it ran, given that scalar: each request's reservation, in order; undefined when nothing was written. */
+  written(outcome: unknown): BudgetReservation[] | undefined;
 }
 
 /** Units held against every budget that applies to a call, until it is settled or released. */
@@ -158,6 +173,56 @@ export class BudgetLedger {
     })) as ReserveResult;
     this.reservations.inc({ verdict: result.ok ? result.verdict : 'exceeded' });
     return result;
+  }
+
+  /**
+   * Reservations decided from what this replica last saw, for another room's statement to write with its own rows (a
+   * run's claim): only a batch of plain admissions on counters that exist, else undefined (each is then reserved as
+   * `reserve` reserves). The statement's guard is the one `reserve` writes with.
+   */
+  prepare(requests: ReserveRequest[]): PreparedReservations | undefined {
+    if (requests.length === 0) return undefined;
+    const now = this.options.now();
+    const seen = this.known.guess(requests, now);
+    if (!seen) return undefined;
+    const expected = new Map(seen.levels);
+    const ops: ReserveOp[] = requests.map((request) => ({
+      kind: 'reserve',
+      request,
+      unitsMicros: checkedMicros(request.units, 'units'),
+      requestLimitMicros:
+        request.requestLimitUnits === undefined
+          ? undefined
+          : checkedMicros(request.requestLimitUnits, 'requestLimitUnits'),
+    }));
+    const plan = decideBatch(ops, seen.budgets, seen.levels, now);
+    if (!plan.bounds || plan.deltas.some((delta) => !expected.has(counterId(delta)))) return undefined;
+    const write: LedgerWriteIf = {
+      expected,
+      deltas: plan.deltas,
+      reservations: plan.created,
+      reservedAt: now,
+      expiresAt: new Date(now.getTime() + this.options.reservationTtlMs),
+      budgets: { subjects: requests, budgets: seen.budgets },
+      bounds: plan.bounds,
+    };
+    return {
+      steps: (options) => ledgerWriteSteps(write, options),
+      outcome: ledgerWriteOutcome,
+      written: (row) => {
+        const result = ledgerWriteResult(write, row as LedgerWriteRow | null);
+        if (!result.ok) {
+          if (result.budgetsHeld) this.known.rememberLevels(result.levels);
+          else this.known.forget(requests, expected.keys());
+          return undefined;
+        }
+        this.known.rememberLevels(result.levels);
+        return plan.results.map((answer) => {
+          this.reservations.inc({ verdict: 'ok' });
+          return (answer as Extract<ReserveResult, { ok: true }>).reservation;
+        });
+      },
+    };
   }
 
   /** What `reserve` would decide now, holding nothing (for dry runs). */

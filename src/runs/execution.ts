@@ -1,8 +1,17 @@
 import { randomUUID } from 'node:crypto';
-import type { AdmissibleTool, AdmissionPorts, Denial, GrantAssumed, GrantPrefetch, Hold } from '../admission/ports.js';
+import type {
+  AdmissibleTool,
+  AdmissionPorts,
+  Denial,
+  GrantAssumed,
+  GrantPrefetch,
+  Hold,
+  Reservation,
+} from '../admission/ports.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import type { AuditLog } from '../audit/audit-log.js';
+import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
 import { actorOf } from '../auth/principal.js';
 import type { Handoff } from './handoff.js';
 import type { ErrorCode } from '../errors/error-codes.js';
@@ -39,6 +48,8 @@ export interface RunExecutorDeps {
   recovery: RunRecovery;
   /** This replica's lease: while it may have lapsed, nothing is dispatched. */
   lease: { valid(): boolean };
+  /** Reservations decided before a batch of runs is claimed, for the claim's statement to write. */
+  charges?: { prepare(requests: ReserveRequest[]): PreparedReservations | undefined };
 }
 
 /** Denials that are security events are recorded under their own event type. */
@@ -66,6 +77,8 @@ export interface Execution {
   prefetchedGrants?: GrantPrefetch | undefined;
   /** The first step's grant, its use recorded with the run's claim; taken by that step. */
   reliedOn?: GrantAssumed | undefined;
+  /** The first step's budget reservation, written with the run's claim; taken by that step. */
+  reserved?: Reservation | undefined;
 }
 
 export interface StepOutcome {

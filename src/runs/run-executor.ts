@@ -1,6 +1,9 @@
 import type { Kysely } from 'kysely';
 import { admitStep } from '../admission/admission-pipeline.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
+import { chargeOf } from '../admission/stages/10-cost.js';
+import type { GrantAssumed } from '../admission/ports.js';
+import type { ReserveRequest } from '../budgets/budget-ledger.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
@@ -40,7 +43,7 @@ export class RunExecutor {
 
   constructor(private readonly deps: RunExecutorDeps) {
     // A claim is made durable by the call's intent record, committed synchronously before dispatch.
-    this.claims = new GroupCommit((runs) => retryOnConflict(() => claimRuns(deps.database.hotDeferred, runs)));
+    this.claims = new GroupCommit((runs) => retryOnConflict(() => this.claim(runs)));
     this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps));
   }
 
@@ -110,6 +113,7 @@ export class RunExecutor {
       // that, the first step's grants are read while the run is claimed, instead of after.
       const assumed = this.deps.ports.grants.assume?.(firstGrants);
       const prefetched = assumed ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
+      const charge = assumed && this.deps.charges ? await this.firstCharge(principal, request, assumed) : undefined;
       const claim: NewRun = {
         ...start,
         tenant_id: principal.tenantId,
@@ -122,6 +126,7 @@ export class RunExecutor {
         budget_units: request.budget_units,
         created_at: this.deps.now(),
         executor_id: this.deps.replicaId,
+        charge,
         reliance: assumed && {
           tenant_id: principal.tenantId,
           run_id: request.run_id,
@@ -145,6 +150,7 @@ export class RunExecutor {
               ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)),
               prefetchedGrants: prefetched,
               reliedOn: claimed.relied ? assumed : undefined,
+              reserved: claimed.reservation,
             },
             [],
             true,
@@ -168,6 +174,39 @@ export class RunExecutor {
       await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
       completedSteps(prior.run),
     );
+  }
+
+  /** Claims a batch of runs, with the reservations of the first calls decided before it where the budgets allow. */
+  private claim(runs: NewRun[]): Promise<Array<ClaimedRun | undefined>> {
+    const keys = new Set<string>();
+    const charged = runs.filter((run) => {
+      const key = `${run.tenant_id}\u0000${run.run_id}`;
+      if (!run.charge || !run.reliance || keys.has(key)) return false;
+      keys.add(key);
+      return true;
+    });
+    const prepared = charged.length > 0 ? this.deps.charges?.prepare(charged.map((run) => run.charge!)) : undefined;
+    return claimRuns(this.deps.database.hotDeferred, runs, prepared && { runs: charged, prepared });
+  }
+
+  /**
+   * What the first call of a run about to be claimed is to be charged, from this replica's copies: its tool's price
+   * under the grant it was decided on; undefined when only its admission can say (or it waits for an approval).
+   */
+  private async firstCharge(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    assumed: GrantAssumed,
+  ): Promise<ReserveRequest | undefined> {
+    const planned = request.plan[0]!;
+    const { catalog, tenantPolicy } = this.deps.ports;
+    const resolved = await catalog.resolve(planned.tool_id, planned.version, {
+      as: 'caller',
+      agent: { agentId: principal.id, family: principal.family },
+      externalCallEnabled: () => tenantPolicy.externalCallEnabled(principal.tenantId),
+    });
+    if (!resolved.ok || resolved.tool.requires_approval) return undefined;
+    return chargeOf(stepRequest(principal, request, 0, false, undefined), resolved.tool, assumed.grant).query;
   }
 
   /**

@@ -11,6 +11,7 @@ import {
   type RunStop,
 } from './run-types.js';
 import type { ChainHeld } from '../db/lock-order.js';
+import type { BudgetReservation, PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
 
 /** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
@@ -76,10 +77,18 @@ export interface NewRun extends RunStart {
   executor_id: string;
   /** The grant its first call was decided on from this replica's copy: recorded with the claim, if it still stands. */
   reliance?: GrantUseIf | undefined;
+  /** What its first call is to be charged, for the claim to reserve with its grant use (see `ClaimCharges`). */
+  charge?: ReserveRequest | undefined;
 }
 
-/** A run just claimed, and whether the grant use it carried was recorded with it. */
-export type ClaimedRun = RunRecord & { relied: boolean };
+/** A run just claimed, whether the grant use it carried was recorded with it, and its first call's reservation if one was. */
+export type ClaimedRun = RunRecord & { relied: boolean; reservation?: BudgetReservation | undefined };
+
+/** First calls' reservations a batch of claims writes too: only if every one of these runs is claimed relying on its grant. */
+export interface ClaimCharges {
+  runs: RunKey[];
+  prepared: PreparedReservations;
+}
 
 type Db = Kysely<DB> | Transaction<DB>;
 
@@ -91,7 +100,11 @@ const unitsText = (units: number | null | undefined) =>
  * at once in one statement: for each new run, in order, its claimed record, or undefined when
  * its id was already taken (also by an earlier run of the same batch). Rows go in key order, so two replicas' batches wait for each other in one order.
  */
-export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<ClaimedRun | undefined>> {
+export async function claimRuns(
+  db: Kysely<DB>,
+  runs: NewRun[],
+  charges?: ClaimCharges,
+): Promise<Array<ClaimedRun | undefined>> {
   if (runs.length === 0) return [];
   const rows = [...runs]
     .sort((a, b) => (a.tenant_id === b.tenant_id ? compare(a.run_id, b.run_id) : compare(a.tenant_id, b.tenant_id)))
@@ -115,7 +128,17 @@ export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<C
       executor_id: run.executor_id,
     }));
   const uses = runs.flatMap((run) => (run.reliance ? [run.reliance] : []));
-  const inserted = await sql<Selectable<RunTable> & { relied: boolean }>`
+  const charged = uses.length > 0 ? charges : undefined;
+  // The grants are share-locked before the counters, as every writer locks them.
+  const ledger = charged
+    ? sql`, ${charged.prepared.steps({
+        when: sql`not exists (
+            select 1 from unnest(${charged.runs.map((r) => r.tenant_id)}::text[], ${charged.runs.map((r) => r.run_id)}::text[]) as w(t, r)
+            where not exists (select 1 from grant_uses_standing s where s.tenant_id = w.t and s.run_id = w.r))`,
+        lockedFirst: sql`grant_uses_live`,
+      })}`
+    : sql``;
+  const inserted = await sql<Selectable<RunTable> & { relied: boolean; charged: unknown }>`
     with claimed as (
     insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
                       request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
@@ -130,20 +153,28 @@ export async function claimRuns(db: Kysely<DB>, runs: NewRun[]): Promise<Array<C
     order by ord
     on conflict (tenant_id, run_id) do nothing
     returning *
-    )${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}
-    select c.*, ${
+    )${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
+    select c.*, ${charged ? charged.prepared.outcome : sql`null`} as charged, ${
       uses.length > 0
         ? sql`exists (select 1 from grant_uses_standing s where s.tenant_id = c.tenant_id and s.run_id = c.run_id)`
         : sql`false`
     } as relied
     from claimed c`.execute(db);
   const claimed = new Map(inserted.rows.map((row) => [`${row.tenant_id}\u0000${row.run_id}`, row]));
+  const reservations = new Map(
+    (charged?.prepared.written(inserted.rows[0]?.charged ?? null) ?? []).map((r) => [
+      `${r.tenantId}\u0000${r.runId}`,
+      r,
+    ]),
+  );
   return runs.map((run) => {
     const key = `${run.tenant_id}\u0000${run.run_id}`;
     const row = claimed.get(key);
     // One claim per id: a second request for the same id in this batch finds it taken.
     claimed.delete(key);
-    return row ? { ...toRecord(row), relied: row.relied === true } : undefined;
+    const reservation = reservations.get(key);
+    reservations.delete(key);
+    return row ? { ...toRecord(row), relied: row.relied === true, reservation } : undefined;
   });
 }
 

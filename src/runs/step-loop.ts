@@ -172,8 +172,10 @@ export class StepLoop {
     const asked = stepRequest(exec.principal, request, index, false, exec);
     if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
     if (index === 0 && exec.reliedOn) asked.reliedOn = exec.reliedOn;
+    if (index === 0 && exec.reserved) asked.reserved = exec.reserved;
     delete exec.prefetchedGrants;
     delete exec.reliedOn;
+    delete exec.reserved;
     const admission = await admitStep(asked, this.deps.ports);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
