@@ -220,10 +220,8 @@ describe.skipIf(!hasPostgresServer)(
       try {
         // A run whose call completed, put back as a crash after the outcome record leaves it.
         const runId = newRunId('cut');
-        const answer = other.post('/runs/execute', {
-          token: agent,
-          body: { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'cut' } }] },
-        });
+        const body = { run_id: runId, context: {}, plan: [{ tool_id: 'gated', input: { q: 'cut' } }] };
+        const answer = other.post('/runs/execute', { token: agent, body });
         await waitForHit(runId);
         backend.openGate();
         expect((await answer).status).toBe(200);
@@ -236,8 +234,16 @@ describe.skipIf(!hasPostgresServer)(
             .where('tenant_id', '=', T)
             .where('run_id', '=', runId)
             .executeTakeFirstOrThrow();
+        // (An ended run's request is dropped; a run cut off before its end still has it.)
         await run()
-          .set({ status: 'running', busy: true, executor_id: 'rep_gone', envelope: null, http_status: null })
+          .set({
+            status: 'running',
+            busy: true,
+            executor_id: 'rep_gone',
+            envelope: null,
+            http_status: null,
+            request: JSON.stringify(body),
+          })
           .execute();
         await holder.query('begin');
         await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [T, runId]);
