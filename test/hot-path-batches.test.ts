@@ -545,6 +545,43 @@ async function revoke(id: string): Promise<void> {
   expect(revoked).toBeDefined();
 }
 
+/** A grant's version (its place in the order of grant changes). */
+async function versionOf(id: string): Promise<number> {
+  return Number(
+    (await db.selectFrom('grants').select('version').where('id', '=', id).executeTakeFirstOrThrow()).version,
+  );
+}
+
+/** A ledger of its own, as a replica has, on the test's clock. */
+function newLedger(): BudgetLedger {
+  return new BudgetLedger(testDb.database, {
+    now: clock.now,
+    registry: new Registry(),
+    reservationTtlMs: 900_000,
+    sweepIntervalMs: 0,
+  });
+}
+
+/** A tenant's monthly budget, warning only at its limit. */
+async function monthly(tenant: string, limitUnits: number): Promise<string> {
+  const result = await createBudget(
+    db,
+    {
+      tenant_id: tenant,
+      scope: 'tenant',
+      agent_id: null,
+      run_id: null,
+      period: 'month',
+      limit_units: limitUnits,
+      warn_ratio: 1,
+      grace_units: 0,
+    },
+    { actor: 'operator:test', traceId: null, now: clock.now() },
+  );
+  if (!result.ok) throw new Error('budget conflict');
+  return result.usage.budget.id;
+}
+
 /** A tenant's grant uses as `grant/run`, in key order. */
 async function usesOf(tenant: string): Promise<string[]> {
   return (
@@ -559,9 +596,6 @@ async function usesOf(tenant: string): Promise<string[]> {
 }
 
 describe('claimRuns with the use of the first call grant', () => {
-  const versionOf = async (id: string) =>
-    Number((await db.selectFrom('grants').select('version').where('id', '=', id).executeTakeFirstOrThrow()).version);
-
   it('records the use with each run it claims, only where the decision still stands', async () => {
     const tenant = fresh('claim-use-t');
     await claimOne(tenant, 'taken-before');
@@ -595,12 +629,7 @@ describe('claimRuns with the use of the first call grant', () => {
 describe("claimRuns with its first calls' reservations", () => {
   let ledger: BudgetLedger;
   beforeAll(() => {
-    ledger = new BudgetLedger(testDb.database, {
-      now: clock.now,
-      registry: new Registry(),
-      reservationTtlMs: 900_000,
-      sweepIntervalMs: 0,
-    });
+    ledger = newLedger();
   });
   afterAll(async () => {
     await ledger.close();
@@ -608,25 +637,9 @@ describe("claimRuns with its first calls' reservations", () => {
 
   async function world(limitUnits: number) {
     const tenant = fresh('claim-charge-t');
-    const created = await createBudget(
-      db,
-      {
-        tenant_id: tenant,
-        scope: 'tenant',
-        agent_id: null,
-        run_id: null,
-        period: 'month',
-        limit_units: limitUnits,
-        warn_ratio: 1,
-        grace_units: 0,
-      },
-      { actor: 'operator:test', traceId: null, now: clock.now() },
-    );
-    if (!created.ok) throw new Error('budget conflict');
+    const budgetId = await monthly(tenant, limitUnits);
     const live = await grant({ tenant, scope: 'per-tenant', ref: tenant });
-    const version = Number(
-      (await db.selectFrom('grants').select('version').where('id', '=', live.id).executeTakeFirstOrThrow()).version,
-    );
+    const version = await versionOf(live.id);
     // What the ledger last saw of this tenant: a call before.
     const warm = await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'warm', units: 1 });
     expect(warm.ok).toBe(true);
@@ -645,7 +658,7 @@ describe("claimRuns with its first calls' reservations", () => {
         assumed: { agent_id: 'agent.batch', tool_id: 'echo', since, decided_at: clock.now() },
       },
     });
-    const reserved = async () => (await getBudget(db, created.usage.budget.id, clock.now()))!.reserved_units;
+    const reserved = async () => (await getBudget(db, budgetId, clock.now()))!.reserved_units;
     const rows = async (runId: string) =>
       (
         await db
@@ -680,9 +693,7 @@ describe("claimRuns with its first calls' reservations", () => {
     const w = await world(100);
     // A newer grant of the subject: a decision from a copy that had not seen it no longer stands.
     const newer = await grant({ tenant: w.tenant, scope: 'per-run', ref: 'stale' });
-    const now = Number(
-      (await db.selectFrom('grants').select('version').where('id', '=', newer.id).executeTakeFirstOrThrow()).version,
-    );
+    const now = await versionOf(newer.id);
     const runs = [
       newRun(w.tenant, 'fresh', { ...w.relying('fresh', now), charge: w.charge('fresh', 2) }),
       newRun(w.tenant, 'stale', { ...w.relying('stale'), charge: w.charge('stale', 2) }),
@@ -702,12 +713,7 @@ describe("claimRuns with its first calls' reservations", () => {
     const runs = [newRun(w.tenant, 'late', { ...w.relying('late'), charge: w.charge('late', 3) })];
     const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
     // Another replica takes the room meanwhile: 1 + 2 reserved, 3 more would reach the warning at 5.
-    const other = new BudgetLedger(testDb.database, {
-      now: clock.now,
-      registry: new Registry(),
-      reservationTtlMs: 900_000,
-      sweepIntervalMs: 0,
-    });
+    const other = newLedger();
     expect((await other.reserve(w.charge('elsewhere', 2))).ok).toBe(true);
     await other.close();
     const [claimed] = await claimRuns(db, runs, { runs, prepared });
@@ -833,35 +839,11 @@ describe('findGrantCandidates', () => {
 describe('closeAndUncharge', () => {
   let ledger: BudgetLedger;
   beforeAll(() => {
-    ledger = new BudgetLedger(testDb.database, {
-      now: clock.now,
-      registry: new Registry(),
-      reservationTtlMs: 900_000,
-      sweepIntervalMs: 0,
-    });
+    ledger = newLedger();
   });
   afterAll(async () => {
     await ledger.close();
   });
-
-  async function monthly(tenant: string, limitUnits: number): Promise<string> {
-    const result = await createBudget(
-      db,
-      {
-        tenant_id: tenant,
-        scope: 'tenant',
-        agent_id: null,
-        run_id: null,
-        period: 'month',
-        limit_units: limitUnits,
-        warn_ratio: 1,
-        grace_units: 0,
-      },
-      { actor: 'operator:test', traceId: null, now: clock.now() },
-    );
-    if (!result.ok) throw new Error('budget conflict');
-    return result.usage.budget.id;
-  }
 
   const usage = async (id: string) => {
     const u = (await getBudget(db, id, clock.now()))!;
