@@ -218,7 +218,7 @@ export interface LedgerWriteRow {
 }
 
 /** Whether the write changes anything at all. */
-export function ledgerWriteChanges(write: LedgerWriteIf): boolean {
+function ledgerWriteChanges(write: LedgerWriteIf): boolean {
   return write.reservations.length > 0 || write.deltas.some((d) => d.spentMicros !== 0 || d.reservedMicros !== 0);
 }
 
@@ -304,8 +304,7 @@ export function ledgerWriteSteps(
 export const ledgerWriteOutcome = sql`(
       select json_build_object('ok', u.ok, 'budgets_held', u.budgets_held,
         'current', (select json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
-                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c),
-        'written', (select count(*) from counters) + (select count(*) from created) + (select count(*) from ledger))
+                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c))
       from unchanged u)`;
 
 /** What a write's outcome row says: written, with the levels it left; or not, with the levels it found. */
