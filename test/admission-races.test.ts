@@ -95,4 +95,50 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
     expect(next.status, JSON.stringify(next.body)).toBe(200);
     expect(backend.hitsOn('/echo')).toHaveLength(1);
   });
+
+  it("reserves nothing with the run's claim either, once the gateway knows the budget", async () => {
+    const warmAgent = 'raced.warm';
+    await registerTool(h.client, {
+      id: 'raced.warm',
+      backendUrl: `${backend.url}/echo`,
+      cost_units: 2,
+      allowed_agents: [warmAgent],
+    });
+    const revoked = await grantTool(h.client, { tenant: T, agent: warmAgent, tool: 'raced.warm' });
+    const budget = await createBudget(h.client, {
+      tenant: T,
+      scope: 'agent',
+      agent_id: warmAgent,
+      limit_units: 100,
+      warn_ratio: 1,
+    });
+    const callWarm = (runId: string) =>
+      h.client.post('/runs/execute', {
+        token: tokens.agent(warmAgent, { tenant: T }),
+        body: { run_id: runId, context: {}, plan: [{ tool_id: 'raced.warm', input: { q: 'x' } }] },
+      });
+    // Calls before it teach the gateway the budget, so the next claim reserves its first call itself.
+    for (let i = 0; i < 3; i += 1) expect((await callWarm(newRunId('warm'))).status).toBe(200);
+    const runId = newRunId('raced-warm');
+    const revoker = new pg.Client({ connectionString: h.db.url });
+    await revoker.connect();
+    try {
+      await revoker.query('begin');
+      await revoker.query(
+        "update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1",
+        [revoked.id],
+      );
+      const answer = callWarm(runId);
+      await until('the claim to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
+      await revoker.query('commit');
+      const res = await answer;
+      expect(res.status, JSON.stringify(res.body)).toBe(403);
+      expect(res.body.steps).toMatchObject([{ status: 'denied', error: { code: 'grant_revoked' } }]);
+    } finally {
+      await revoker.end();
+    }
+    expect(await reservationsOf(runId)).toEqual([]);
+    const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T) });
+    expect(shown.body).toMatchObject({ spent_units: 6, reserved_units: 0 });
+  });
 });
