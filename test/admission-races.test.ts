@@ -49,6 +49,30 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
       await watcher.query('select status from budget_reservations where tenant_id = $1 and run_id = $2', [T, runId])
     ).rows.map((row) => row.status as string);
 
+  /**
+   * Sends a call while a revocation of its grant holds the grant's row, uncommitted: the call still reads the grant as
+   * live, and its grant-use record waits for the revocation to commit. The call is refused as revoked.
+   */
+  async function refusedForRevocationLandingMeanwhile(grantId: string, send: () => ReturnType<typeof call>) {
+    const revoker = new pg.Client({ connectionString: h.db.url });
+    await revoker.connect();
+    try {
+      await revoker.query('begin');
+      await revoker.query(
+        "update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1",
+        [grantId],
+      );
+      const answer = send();
+      await until('the grant-use record to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
+      await revoker.query('commit');
+      const res = await answer;
+      expect(res.status, JSON.stringify(res.body)).toBe(403);
+      expect(res.body.steps).toMatchObject([{ status: 'denied', error: { code: 'grant_revoked' } }]);
+    } finally {
+      await revoker.end();
+    }
+  }
+
   it('is refused at the grant stage, with nothing reserved and no token taken', async () => {
     const revoked = await grantTool(h.client, { tenant: T, agent, tool: 'raced' });
     const budget = await createBudget(h.client, {
@@ -59,25 +83,7 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
       warn_ratio: 1,
     });
     const runId = newRunId('raced');
-    const revoker = new pg.Client({ connectionString: h.db.url });
-    await revoker.connect();
-    try {
-      // The revocation holds the grant's row, uncommitted: the call still reads the grant as live,
-      // and its grant-use record waits for the revocation to commit or roll back.
-      await revoker.query('begin');
-      await revoker.query(
-        "update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1",
-        [revoked.id],
-      );
-      const answer = call(runId);
-      await until('the grant-use record to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
-      await revoker.query('commit');
-      const res = await answer;
-      expect(res.status, JSON.stringify(res.body)).toBe(403);
-      expect(res.body.steps).toMatchObject([{ status: 'denied', error: { code: 'grant_revoked' } }]);
-    } finally {
-      await revoker.end();
-    }
+    await refusedForRevocationLandingMeanwhile(revoked.id, () => call(runId));
     expect(backend.hitsOn('/echo')).toHaveLength(0);
     expect(await reservationsOf(runId)).toEqual([]);
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T) });
@@ -120,23 +126,7 @@ describe.skipIf(!hasPostgresServer)('a revocation landing while a call is admitt
     // Calls before it teach the gateway the budget, so the next claim reserves its first call itself.
     for (let i = 0; i < 3; i += 1) expect((await callWarm(newRunId('warm'))).status).toBe(200);
     const runId = newRunId('raced-warm');
-    const revoker = new pg.Client({ connectionString: h.db.url });
-    await revoker.connect();
-    try {
-      await revoker.query('begin');
-      await revoker.query(
-        "update grants set revoked_at = now(), revoked_by_actor_id = 'ops', revoked_by_actor_role = 'tenant-operator', revocation_reason = 'raced' where id = $1",
-        [revoked.id],
-      );
-      const answer = callWarm(runId);
-      await until('the claim to wait for the revocation', async () => (await lockWaits(watcher)) === 1);
-      await revoker.query('commit');
-      const res = await answer;
-      expect(res.status, JSON.stringify(res.body)).toBe(403);
-      expect(res.body.steps).toMatchObject([{ status: 'denied', error: { code: 'grant_revoked' } }]);
-    } finally {
-      await revoker.end();
-    }
+    await refusedForRevocationLandingMeanwhile(revoked.id, () => callWarm(runId));
     expect(await reservationsOf(runId)).toEqual([]);
     const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T) });
     expect(shown.body).toMatchObject({ spent_units: 6, reserved_units: 0 });
