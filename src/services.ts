@@ -27,7 +27,7 @@ import { ReplicaLease } from './replicas/replica-lease.js';
 import { RetentionSweeper } from './retention/retention-sweeper.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
-import { runEndRider } from './runs/run-end-rider.js';
+import { callEndRider, type CallEnd, type CallEndAnswer } from './runs/run-end-rider.js';
 import { AuditCheckpoints } from './audit/audit-checkpoints.js';
 import { AuditPartitions } from './audit/audit-partitions.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';
@@ -57,7 +57,7 @@ export type CallTarget = (
 export interface Services {
   config: Config;
   database: Database;
-  audit: AuditLog;
+  audit: AuditLog<CallEnd, CallEndAnswer>;
   /** Signed checkpoints of the audit chain, and verification from one. */
   auditCheckpoints: AuditCheckpoints;
   /** The audit log's monthly partitions: kept ahead, sealed, exported and detached. */
@@ -105,14 +105,21 @@ export function buildServices(options: ServiceOptions): Services {
   const { config, database, logger } = options;
   const now = options.now ?? (() => new Date());
   const metrics = createMetrics();
-  const audit = new AuditLog(
+  const budgets = new BudgetLedger(database, {
+    now,
+    registry: metrics.registry,
+    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
+    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
+    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
+  });
+  const audit = new AuditLog<CallEnd, CallEndAnswer>(
     database,
     now,
     (batchSize) => {
       metrics.auditEventsCommitted.inc(batchSize);
       metrics.auditCommitBatchSize.observe(batchSize);
     },
-    runEndRider,
+    callEndRider(budgets.settlements),
   );
   const catalog = new ToolCatalog({
     database,
@@ -122,13 +129,6 @@ export function buildServices(options: ServiceOptions): Services {
     refreshIntervalMs: config.registryRefreshMs,
   });
   watchCatalogAge(metrics, () => catalog.ageMs());
-  const budgets = new BudgetLedger(database, {
-    now,
-    registry: metrics.registry,
-    reservationTtlMs: config.budgetReservationTtlSeconds * 1000,
-    sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
-    onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
-  });
   countStatementsSent(metrics, () => database.statementsSent());
   const rateLimiter = new RateLimiter(database, { now, registry: metrics.registry });
   const externalCallEnabled = async (tenantId: string) =>

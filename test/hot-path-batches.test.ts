@@ -3,7 +3,12 @@ import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCounterKey } from '../src/budgets/budget.js';
-import { BudgetLedger, type BudgetReservation, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import {
+  BudgetLedger,
+  settlementOf,
+  type BudgetReservation,
+  type ReserveResult,
+} from '../src/budgets/budget-ledger.js';
 import {
   closeAndUncharge,
   counterId,
@@ -23,8 +28,21 @@ import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
 import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { readChainHead, verifyAuditChain, writeAuditEvents } from '../src/audit/audit-repository.js';
-import { appendIfHead, writeAuditEventsEndingRuns } from '../src/runs/run-end-rider.js';
+import {
+  appendIfHeadCarrying,
+  readChainHead,
+  verifyAuditChain,
+  writeAuditEvents,
+  writeAuditEventsCarrying,
+  type AppendRider,
+} from '../src/audit/audit-repository.js';
+import {
+  appendIfHead,
+  callEndRider,
+  writeAuditEventsEndingRuns,
+  type CallEnd,
+  type CallEndAnswer,
+} from '../src/runs/run-end-rider.js';
 import { lockWaits, until } from './helpers/waits.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { GrantUses } from '../src/grants/grant-admission.js';
@@ -1283,4 +1301,178 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
       code: 'grant_missing',
     });
   });
+});
+
+describe('an outcome record carrying its settlement and its run’s end', () => {
+  let ledger: BudgetLedger;
+  let rider: AppendRider<CallEnd, CallEndAnswer>;
+  beforeAll(() => {
+    ledger = newLedger();
+    rider = callEndRider(ledger.settlements);
+  });
+  afterAll(async () => {
+    await ledger.close();
+  });
+
+  const leave = (tenant: string, runId: string): RunEnding => ({
+    tenant_id: tenant,
+    run_id: runId,
+    epoch: 1,
+    status: 'completed',
+    httpStatus: 200,
+    envelope: envelope(runId, 'completed'),
+  });
+  const carrying = (tenant: string, runId: string, change: CallEnd, eventId?: string) => ({
+    occurredAt: clock.now(),
+    event: { event_type: 'run.step.completed', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId },
+    ...(eventId ? { eventId } : {}),
+    rides: change,
+  });
+  const reserve = async (tenant: string, runId: string, units: number) => {
+    const result = await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId, units });
+    if (!result.ok) throw new Error(`expected an admission, got ${JSON.stringify(result)}`);
+    return result.reservation;
+  };
+  const usage = async (id: string) => {
+    const u = (await getBudget(db, id, clock.now()))!;
+    return { spent: u.spent_units, reserved: u.reserved_units };
+  };
+  const statusOf = async (id: string) =>
+    (await db.selectFrom('budget_reservations').select('status').where('id', '=', id).executeTakeFirstOrThrow()).status;
+
+  it('settles, ends the run and appends the record in one commit, and answers each', async () => {
+    const tenant = fresh('ride-t');
+    const budget = await monthly(tenant, 100);
+    await claimOne(tenant, 'both');
+    await claimOne(tenant, 'ends-only');
+    const both = await reserve(tenant, 'both', 10);
+    const settleOnly = await reserve(tenant, 'settle-only', 5);
+    const closedBefore = await reserve(tenant, 'closed-before', 7);
+    expect(await ledger.release(closedBefore)).toBe('released');
+    const eventId = '00000000-0000-4000-8000-00000000ca11';
+    const appended = await appendIfHeadCarrying(
+      db,
+      await readChainHead(db),
+      [
+        carrying(tenant, 'both', { end: leave(tenant, 'both'), settle: settlementOf(both, 4) }, eventId),
+        carrying(tenant, 'settle-only', { settle: settlementOf(settleOnly, 5) }),
+        carrying(tenant, 'ends-only', { end: leave(tenant, 'ends-only') }),
+        carrying(tenant, 'closed-before', { settle: settlementOf(closedBefore, 7) }),
+      ],
+      rider,
+    );
+    expect(appended.ok && appended.answers).toEqual([
+      { ended: true, settled: 'settled' },
+      { ended: false, settled: 'settled' },
+      { ended: true, settled: undefined },
+      { ended: false, settled: 'already_closed' },
+    ]);
+    // Charged what the calls cost, nothing held: the released one is not charged again.
+    expect(await usage(budget)).toEqual({ spent: 9, reserved: 0 });
+    expect(await statusOf(closedBefore.id)).toBe('released');
+    const xids = await sql<{ xid: string }>`
+      select xmin::text as xid from audit_events where event_id = ${eventId}
+      union all select xmin::text from runs where tenant_id = ${tenant} and run_id = 'both'
+      union all select xmin::text from budget_reservations where id = ${both.id}
+      union all select xmin::text from budget_counters where counter_key = ${budget}`.execute(db);
+    expect(xids.rows).toHaveLength(4);
+    expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
+    // The ledger learned the level it left, so that its next reservation needs no read.
+    const next = await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'next', units: 91 });
+    expect(next.ok).toBe(true);
+    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'next', units: 1 })).ok).toBe(
+      false,
+    );
+  });
+
+  it('settles an expired reservation late, charged once, and nothing when the head moved', async () => {
+    const tenant = fresh('ride-t');
+    const budget = await monthly(tenant, 100);
+    const expired = await reserve(tenant, 'expired', 10);
+    await closeAndUncharge(db, [{ id: expired.id, status: 'expired', actualMicros: null }], clock.now());
+    expect(await usage(budget)).toEqual({ spent: 0, reserved: 0 });
+    const open = await reserve(tenant, 'open', 3);
+
+    const stale = await readChainHead(db);
+    const mover = await appendIfHeadCarrying(db, stale, [carrying(tenant, 'mover', {})], rider);
+    expect(mover.ok).toBe(true);
+    const lost = await appendIfHeadCarrying(
+      db,
+      stale,
+      [carrying(tenant, 'open', { settle: settlementOf(open, 3) })],
+      rider,
+    );
+    expect(lost.ok).toBe(false);
+    expect(await statusOf(open.id)).toBe('reserved');
+    expect(await usage(budget)).toEqual({ spent: 0, reserved: 3 });
+
+    const appended = await appendIfHeadCarrying(
+      db,
+      await readChainHead(db),
+      [
+        carrying(tenant, 'expired', { settle: settlementOf(expired, 2) }),
+        carrying(tenant, 'open', { settle: settlementOf(open, 3) }),
+      ],
+      rider,
+    );
+    expect(appended.ok && appended.answers).toEqual([
+      { ended: false, settled: 'settled_after_expiry' },
+      { ended: false, settled: 'settled' },
+    ]);
+    expect(await usage(budget)).toEqual({ spent: 5, reserved: 0 });
+  });
+
+  it('settles under the chain’s lock as well, when the append falls back to it', async () => {
+    const tenant = fresh('ride-t');
+    const budget = await monthly(tenant, 100);
+    await claimOne(tenant, 'locked');
+    const reservation = await reserve(tenant, 'locked', 6);
+    const appended = await db
+      .transaction()
+      .execute((trx) =>
+        writeAuditEventsCarrying(
+          trx,
+          [carrying(tenant, 'locked', { end: leave(tenant, 'locked'), settle: settlementOf(reservation, 1.5) })],
+          rider,
+        ),
+      );
+    expect(appended.answers).toEqual([{ ended: true, settled: 'settled' }]);
+    expect(await usage(budget)).toEqual({ spent: 1.5, reserved: 0 });
+    expect((await findRun(db, tenant, 'locked'))!.status).toBe('completed');
+    expect((await verifyAuditChain(db)).ok).toBe(true);
+  });
+
+  it.skipIf(!hasPostgresServer)(
+    'leaves a reservation changed while it waited to be settled apart, and still appends the record (needs a PostgreSQL server)',
+    async () => {
+      const tenant = fresh('ride-t');
+      const budget = await monthly(tenant, 100);
+      const reservation = await reserve(tenant, 'changed', 8);
+      const holder = new pg.Client({ connectionString: testDb.url! });
+      const watcher = new pg.Client({ connectionString: testDb.url! });
+      await holder.connect();
+      await watcher.connect();
+      try {
+        // Another writer (a hand-off recharging it) holds the reservation and changes it.
+        await holder.query('begin');
+        await holder.query('update budget_reservations set charges = charges where id = $1', [reservation.id]);
+        const appended = appendIfHeadCarrying(
+          db,
+          await readChainHead(db),
+          [carrying(tenant, 'changed', { settle: settlementOf(reservation, 8) })],
+          rider,
+        );
+        await until('the settlement to wait for the reservation', async () => (await lockWaits(watcher)) === 1);
+        await holder.query('commit');
+        const answer = await appended;
+        expect(answer.ok && answer.answers).toEqual([{ ended: false, settled: undefined }]);
+        expect(await statusOf(reservation.id)).toBe('reserved');
+        expect(await ledger.settle(reservation, 8)).toBe('settled');
+        expect(await usage(budget)).toEqual({ spent: 8, reserved: 0 });
+      } finally {
+        await holder.end();
+        await watcher.end();
+      }
+    },
+  );
 });

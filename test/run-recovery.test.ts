@@ -568,7 +568,8 @@ describe.skipIf(!hasPostgresServer)(
         await ghost.app.services.lease.stop();
 
         // Recovery is held at a counter (the tenant budget's, or the sub-run's run total) after it
-        // locked the parent's reservation; the settlement then waits for that reservation.
+        // locked the chain head and the parent's reservation; the settlement, riding the outcome
+        // record, then waits for the chain head.
         const sub = runTotalRef(TL, subRunId);
         await subCounterHolder.query('begin');
         await subCounterHolder.query(
@@ -588,19 +589,20 @@ describe.skipIf(!hasPostgresServer)(
           patiently,
         );
         backend.openGate();
+        // (The outcome record's statement: its start, since pg_stat_activity keeps only a statement's first kilobyte.)
         await until(
           'the settlement to wait',
-          async () => (await lockWaits(watcher, '%with seen as materialized%')) === 1,
+          async () => (await lockWaits(watcher, '%with current as materialized%')) === 1,
           patiently,
         );
         await subCounterHolder.query('commit');
         // Recovery still waits for the tenant budget's counter (it locks every counter it changes
-        // in one statement, in key order), the settlement for the reservation recovery holds.
+        // in one statement, in key order), the settlement for what recovery holds.
         await until(
           'both to wait on the ledger',
           async () =>
             (await lockWaits(watcher, '%with applicable as%')) === 1 &&
-            (await lockWaits(watcher, '%with seen as materialized%')) === 1,
+            (await lockWaits(watcher, '%with current as materialized%')) === 1,
           patiently,
         );
         await budgetCounterHolder.query('commit');
@@ -818,7 +820,7 @@ describe.skipIf(!hasPostgresServer)(
         await bucketHolder!.query('commit');
         await until(
           'the release to wait',
-          async () => (await lockWaits(watcher, '%with seen as materialized%')) === 1,
+          async () => (await lockWaits(watcher, '%settle_seen as materialized%')) === 1,
           patiently,
         );
         // Recovery takes its counters (the sub-run's run total among them), then meets the reservation.

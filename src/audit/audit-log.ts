@@ -23,8 +23,10 @@ const APPEND_ATTEMPTS = 4;
  * are committed together in the next one (group commit); `append` resolves only once its
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
-export class AuditLog {
-  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; applied: boolean }>;
+export class AuditLog<Change = unknown, Answer = unknown> {
+  // Typed by `unknown` inside, so that a log is usable wherever any log is; the rider is the one given.
+  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; answer: unknown }>;
+  private readonly rider: AppendRider<unknown, unknown> | undefined;
   private head: ChainHead | undefined;
 
   constructor(
@@ -32,14 +34,15 @@ export class AuditLog {
     private readonly now: () => Date = () => new Date(),
     onCommit: (batchSize: number) => void = () => undefined,
     /** What commits with the events that carry a change (`appendCarrying`); given by the composition root. */
-    private readonly rider?: AppendRider<unknown>,
+    rider?: AppendRider<Change, Answer>,
   ) {
+    this.rider = rider;
     // Appends are per-call statements that must be durable before the call goes on.
     const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
-      const { records, applied } = await this.commit(db, batch);
+      const { records, answers } = await this.commit(db, batch);
       onCommit(batch.length);
-      return records.map((record, i) => ({ record, applied: applied[i]! }));
+      return records.map((record, i) => ({ record, answer: answers[i] }));
     });
   }
 
@@ -51,7 +54,7 @@ export class AuditLog {
   private async commit(
     db: Kysely<DB>,
     batch: TimedAuditEvent[],
-  ): Promise<{ records: AuditRecord[]; applied: boolean[] }> {
+  ): Promise<{ records: AuditRecord[]; answers: unknown[] }> {
     let head = this.head ?? (await readChainHead(db));
     for (let attempt = 0; attempt < APPEND_ATTEMPTS; attempt += 1) {
       const appended = await appendIfHeadCarrying(db, head, batch, this.rider);
@@ -73,20 +76,21 @@ export class AuditLog {
   }
 
   /**
-   * Appends a record with a change (a run's end) in one commit; `applied: false` when the rider
-   * declined the change, which the caller then makes the usual way. The id is the caller's (the change may name it).
+   * Appends a record with a change (a run's end, a settlement) in one commit, answered as the rider
+   * answers it (undefined with no change). The id is the caller's (the change may name it).
    */
   appendCarrying(
     event: AuditEventInput,
     eventId: string,
-    change: unknown,
-  ): Promise<{ record: AuditRecord; applied: boolean }> {
+    change: Change | undefined,
+  ): Promise<{ record: AuditRecord; answer: Answer | undefined }> {
+    // The answer is the rider's, whose type is `Answer`.
     return this.batches.submit({
       event,
       occurredAt: this.now(),
       eventId,
       ...(change !== undefined ? { rides: change } : {}),
-    });
+    }) as Promise<{ record: AuditRecord; answer: Answer | undefined }>;
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {

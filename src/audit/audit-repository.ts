@@ -16,24 +16,25 @@ export interface TimedAuditEvent<T = unknown> {
 
 /**
  * A change to other rows that commits with an append, and only if the append does (a run's end,
- * written by `runs/`): audit carries its SQL without knowing what it changes, so it depends on
- * no room above it. A change whose rows are held elsewhere is skipped, never waited for.
+ * a reservation's settlement): audit carries its SQL without knowing what it changes, so it
+ * depends on no room above it. `R` is what each change answers (whether it was applied, how).
  */
-export interface AppendRider<T> {
-  /** Common table expressions joined to the append statement, changing nothing unless `when`. */
-  steps(items: T[], when: RawBuilder<unknown>): RawBuilder<unknown>;
-  /** A JSON array of the rows the steps changed, as `applied` reads them. */
-  changed: RawBuilder<unknown>;
-  /** For each item, whether the changed rows include it. */
-  applied(items: T[], rows: unknown[]): boolean[];
+export interface AppendRider<T, R = boolean> {
+  /**
+   * Common table expressions joined to the append statement, changing nothing unless `when`, and a
+   * JSON value of what they changed, as `answers` reads it.
+   */
+  steps(items: T[], when: RawBuilder<unknown>): { ctes: RawBuilder<unknown>; changed: RawBuilder<unknown> };
+  /** For each item, its answer from what the steps changed. */
+  answers(items: T[], changed: unknown): R[];
   /** The change as a statement of its own, in a transaction that holds the chain's lock. */
-  applyHoldingChain(trx: Transaction<DB>, items: T[]): Promise<boolean[]>;
+  applyHoldingChain(trx: Transaction<DB>, items: T[]): Promise<R[]>;
 }
 
-/** Appended records, and for each event that carried a change, whether it was applied with it. */
-export interface Appended {
+/** Appended records, and for each event that carried a change, its answer (undefined for the others). */
+export interface Appended<R = unknown> {
   records: AuditRecord[];
-  applied: boolean[];
+  answers: Array<R | undefined>;
 }
 
 /** The last link of the chain: what the next event's `prev_hash` and `seq` follow. */
@@ -100,27 +101,27 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
  * `writeAuditEvents`, and the changes the events carry (`rides`) applied in the same transaction,
  * each only if its rows are free: the chain's lock is held meanwhile.
  */
-export async function writeAuditEventsCarrying<T>(
+export async function writeAuditEventsCarrying<T, R>(
   trx: Transaction<DB>,
   events: TimedAuditEvent<T>[],
-  rider?: AppendRider<T>,
-): Promise<Appended> {
+  rider?: AppendRider<T, R>,
+): Promise<Appended<R>> {
   const records = await writeAuditEvents(trx, events);
   const items = ridersOf(events, rider);
-  const applied = items.length > 0 ? await rider!.applyHoldingChain(trx, items) : [];
-  return { records, applied: spreadOver(events, applied) };
+  const answers = items.length > 0 ? await rider!.applyHoldingChain(trx, items) : [];
+  return { records, answers: spreadOver(events, answers) };
 }
 
-function ridersOf<T>(events: TimedAuditEvent<T>[], rider: AppendRider<T> | undefined): T[] {
+function ridersOf<T, R>(events: TimedAuditEvent<T>[], rider: AppendRider<T, R> | undefined): T[] {
   const items = events.flatMap((e) => (e.rides !== undefined ? [e.rides] : []));
   if (items.length > 0 && !rider) throw new Error('an audit event carries a change but the log has no rider for it');
   return items;
 }
 
 /** Each event's answer from the answers of those that carried a change, in order. */
-function spreadOver<T>(events: TimedAuditEvent<T>[], applied: boolean[]): boolean[] {
+function spreadOver<T, R>(events: TimedAuditEvent<T>[], answers: R[]): Array<R | undefined> {
   let next = 0;
-  return events.map((e) => (e.rides !== undefined ? applied[next++]! : false));
+  return events.map((e) => (e.rides !== undefined ? answers[next++] : undefined));
 }
 
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
@@ -133,27 +134,29 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
 }
 
 /** `appendIfHead`'s answer: the events appended, or the head they were not appended after. */
-export type AppendedIfHead = (Appended & { ok: true; last: ChainHead }) | { ok: false; head: ChainHead };
+export type AppendedIfHead<R = unknown> =
+  (Appended<R> & { ok: true; last: ChainHead }) | { ok: false; head: ChainHead };
 
 /**
  * Appends events in one statement if `expected` is still the chain's head; else nothing happens and the
  * answer is the head as it stands, to hash against and try again. The changes the events carry go in the
  * same statement, only with the rows and only where their rows are free (it holds the chain's head).
  */
-export async function appendIfHeadCarrying<T>(
+export async function appendIfHeadCarrying<T, R>(
   db: Kysely<DB>,
   expected: ChainHead,
   events: TimedAuditEvent<T>[],
-  rider?: AppendRider<T>,
-): Promise<AppendedIfHead> {
+  rider?: AppendRider<T, R>,
+): Promise<AppendedIfHead<R>> {
   const { records, last, json } = chainAfter(expected, events);
   const items = ridersOf(events, rider);
-  const ends = items.length > 0 ? sql`, ${rider!.steps(items, sql`exists (select 1 from moved)`)}` : sql``;
-  const endedRows = items.length > 0 ? rider!.changed : sql`'[]'::json`;
+  const riding = items.length > 0 ? rider!.steps(items, sql`exists (select 1 from moved)`) : undefined;
+  const ctes = riding ? sql`, ${riding.ctes}` : sql``;
+  const changed = riding ? riding.changed : sql`null::json`;
   // `current` locks the head and reads it as it stands (a plain read would see it as it stood
   // when the statement began), for the answer when the head moved; joining it makes the update
   // come after it. The update compares the head's own columns, rechecked on its newest version.
-  const result = await sql<{ n: number; ended: unknown[]; seq: string; hash: string }>`
+  const result = await sql<{ n: number; changed: unknown; seq: string; hash: string }>`
     with current as materialized (
       select seq, hash from audit_chain_head where id = 1 for no key update
     ), moved as (
@@ -166,8 +169,8 @@ export async function appendIfHeadCarrying<T>(
       select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)
       where exists (select 1 from moved)
       returning 1
-    )${ends}
-    select (select count(*)::int from appended) as n, ${endedRows} as ended, c.seq, c.hash from current c`.execute(db);
+    )${ctes}
+    select (select count(*)::int from appended) as n, ${changed} as changed, c.seq, c.hash from current c`.execute(db);
   const row = result.rows[0];
   if (!row) throw new Error('the audit chain has no head row');
   if (Number(row.n) !== records.length) return { ok: false, head: { seq: Number(row.seq), hash: row.hash } };
@@ -175,7 +178,7 @@ export async function appendIfHeadCarrying<T>(
     ok: true,
     records,
     last,
-    applied: spreadOver(events, items.length > 0 ? rider!.applied(items, row.ended) : []),
+    answers: spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []),
   };
 }
 

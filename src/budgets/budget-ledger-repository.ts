@@ -401,17 +401,28 @@ export async function closeAndUncharge(
 const CLOSE_PASSES = 8;
 
 /** One statement of `closeAndUncharge`; `changed`: the ids it missed because they had changed since its snapshot. */
-async function closeOnce(
-  db: Kysely<DB>,
-  unique: ReservationClose[],
-  at: Date,
-): Promise<{ closed: Set<string>; late: Set<string>; changed: Set<string>; levels: Map<string, CounterLevel> }> {
-  const result = await sql<
-    { id: string | null; was: string | null; changed: boolean | null } & {
-      [K in keyof CounterRow]: CounterRow[K] | null;
-    }
-  >`
-    with seen as materialized (
+export async function closeOnce(db: Kysely<DB>, unique: ReservationClose[], at: Date): Promise<Closed> {
+  const result = await sql<{ closes: ClosesRow }>`
+    with ${closeSteps(unique, at)}
+    select ${closesChanged} as closes`.execute(db);
+  return closedOf(result.rows[0]?.closes);
+}
+
+/** What one statement closing reservations did: see `closeOnce`. */
+export interface Closed {
+  closed: Set<string>;
+  late: Set<string>;
+  changed: Set<string>;
+  levels: Map<string, CounterLevel>;
+}
+
+/**
+ * The CTEs that close `unique` (one close per id, in id order), for a statement of their own or another room's (a
+ * call's outcome record, which the settlement rides): they lock each reservation, then its counters in key order.
+ * `when` is a condition of that statement's; unless it holds, nothing is closed.
+ */
+export function closeSteps(unique: ReservationClose[], at: Date, when?: RawBuilder<unknown>): RawBuilder<unknown> {
+  return sql`settle_seen as materialized (
       select v.id, v.status, v.actual, open.row_version, open.was
       from unnest(
         ${unique.map((c) => c.id)}::text[],
@@ -419,58 +430,65 @@ async function closeOnce(
         ${unique.map((c) => (c.actualMicros === null ? null : microsText(c.actualMicros)))}::numeric[]
       ) as v(id, status, actual)
       cross join lateral (select b.ctid as row_version, b.status as was from budget_reservations b where b.id = v.id limit 1) open
+      where ${when ?? sql`true`}
     ),
-    closed as (
+    settle_closed as (
       update budget_reservations r
       set status = s.status, actual_units = s.actual, closed_at = ${at}
-      from seen s
+      from settle_seen s
       where r.ctid = s.row_version and (r.status = 'reserved' or (r.status = 'expired' and s.status = 'settled'))
       returning r.id, r.units, r.charges, s.actual, s.was
     ),
-    given_back as (
+    settle_given_back as (
       select c ->> 'counter_key' as k, (c ->> 'period_start')::timestamptz as p,
              sum(coalesce(closed.actual, 0)) as add_spent,
              -sum(case closed.was when 'reserved' then closed.units else 0 end) as add_reserved
-      from closed cross join lateral jsonb_array_elements(closed.charges) as c
+      from settle_closed closed cross join lateral jsonb_array_elements(closed.charges) as c
       group by 1, 2
     ),
-    locked as materialized (
+    settle_locked as materialized (
       select c.counter_key, c.period_start
-      from budget_counters c join given_back g on c.counter_key = g.k and c.period_start = g.p
-      where c.counter_key = any(array(select k from given_back))
+      from budget_counters c join settle_given_back g on c.counter_key = g.k and c.period_start = g.p
+      where c.counter_key = any(array(select k from settle_given_back))
       order by c.counter_key, c.period_start
       for no key update of c
     ),
-    counters as (
+    settle_counters as (
       update budget_counters c
       set spent_units = c.spent_units + g.add_spent, reserved_units = c.reserved_units + g.add_reserved
-      from given_back g join locked l on l.counter_key = g.k and l.period_start = g.p
-      where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from given_back))
+      from settle_given_back g join settle_locked l on l.counter_key = g.k and l.period_start = g.p
+      where c.counter_key = g.k and c.period_start = g.p and c.counter_key = any(array(select k from settle_given_back))
       returning c.counter_key, c.period_start, c.spent_units, c.reserved_units
-    )
-    select id, was, false as changed, null::text as counter_key, null::timestamptz as period_start, null::numeric as spent_units, null::numeric as reserved_units
-    from closed
-    union all
-    -- Open (or, to settle, expired) in this statement's snapshot, yet not closed: changed since.
-    select s.id, s.was, true, null, null, null, null
-    from seen s
-    where (s.was = 'reserved' or (s.was = 'expired' and s.status = 'settled')) and s.id not in (select id from closed)
-    union all
-    select null, null, null, counter_key, period_start, spent_units, reserved_units from counters
-  `.execute(db);
+    )`;
+}
+
+/** A scalar of the statement `closeSteps` joins: what it closed (a `ClosesRow`), for `closedOf`. */
+export const closesChanged = sql`json_build_object(
+      'closed', (select coalesce(json_agg(json_build_array(id, was)), '[]') from settle_closed),
+      -- Open (or, to settle, expired) in this statement's snapshot, yet not closed: changed since.
+      'changed', (select coalesce(json_agg(s.id), '[]') from settle_seen s
+                  where (s.was = 'reserved' or (s.was = 'expired' and s.status = 'settled'))
+                    and s.id not in (select id from settle_closed)),
+      'levels', (select coalesce(json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
+                   'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)), '[]')
+                 from settle_counters c))`;
+
+/** The JSON `closesChanged` answers. */
+export interface ClosesRow {
+  closed: Array<[string, string]>;
+  changed: string[];
+  levels: CounterRow[];
+}
+
+/** What a statement joining `closeSteps` closed, from its `closesChanged`. */
+export function closedOf(row: ClosesRow | null | undefined): Closed {
   const closed = new Set<string>();
   const late = new Set<string>();
-  const changed = new Set<string>();
-  const levels: CounterRow[] = [];
-  for (const row of result.rows) {
-    if (row.id === null) levels.push(row as CounterRow);
-    else if (row.changed) changed.add(row.id);
-    else {
-      closed.add(row.id);
-      if (row.was === 'expired') late.add(row.id);
-    }
+  for (const [id, was] of row?.closed ?? []) {
+    closed.add(id);
+    if (was === 'expired') late.add(id);
   }
-  return { closed, late, changed, levels: levelsOf(levels) };
+  return { closed, late, changed: new Set(row?.changed ?? []), levels: levelsOf(row?.levels ?? []) };
 }
 
 /**
@@ -598,7 +616,7 @@ function chargesOf(value: unknown): CounterRef[] {
 }
 
 /** The first close of each id, in id order (the order rows are locked in). */
-function firstCloses(closes: ReservationClose[]): ReservationClose[] {
+export function firstCloses(closes: ReservationClose[]): ReservationClose[] {
   const first = new Map<string, ReservationClose>();
   for (const close of closes) if (!first.has(close.id)) first.set(close.id, close);
   return [...first.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));

@@ -2,7 +2,7 @@ import { nanoid } from 'nanoid';
 import type { Kysely, RawBuilder } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { findRecordedCosts, writeAuditEvents, type RecordedCost } from '../audit/audit-repository.js';
+import { findRecordedCosts, writeAuditEvents, type AppendRider, type RecordedCost } from '../audit/audit-repository.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
@@ -22,6 +22,13 @@ import {
   writeLedger,
   writeLedgerIf,
   type ClosedStatus,
+  closedOf,
+  closeOnce,
+  closesChanged,
+  closeSteps,
+  firstCloses,
+  type Closed,
+  type ClosesRow,
   type LedgerWriteIf,
   type LedgerWriteRow,
   type CounterDelta,
@@ -244,13 +251,36 @@ export class BudgetLedger {
 
   /** Records what the call actually cost and turns its reserved units into spent ones. */
   async settle(reservation: BudgetReservation, actualUnits: number): Promise<CloseOutcome> {
-    const actualMicros = checkedMicros(actualUnits, 'actualUnits');
     // (A sweep expiring the reservation at the same moment is met by `closeAndUncharge`: it looks
     // again, finds it expired, and settles it late.)
     return (await this.batches.submit({
       kind: 'close',
-      close: { id: reservation.id, status: 'settled', actualMicros },
+      close: settlementOf(reservation, actualUnits),
     })) as CloseOutcome;
+  }
+
+  /**
+   * Settlements riding a call's outcome record (see `AppendRider`), closed in its statement after the chain head, as the
+   * lock order has it. Each answers as `settle` would; undefined for one changed meanwhile, which `settle` then closes.
+   */
+  readonly settlements: AppendRider<ReservationClose, CloseOutcome | undefined> = {
+    steps: (closes, when) => ({
+      ctes: closeSteps(firstCloses(closes), this.options.now(), when),
+      changed: closesChanged,
+    }),
+    answers: (closes, changed) => this.answered(closes, closedOf(changed as ClosesRow | null)),
+    applyHoldingChain: async (trx, closes) =>
+      this.answered(closes, await closeOnce(trx, firstCloses(closes), this.options.now())),
+  };
+
+  private answered(closes: ReservationClose[], result: Closed): Array<CloseOutcome | undefined> {
+    this.known.rememberLevels(result.levels);
+    return closes.map((close) => {
+      if (result.changed.delete(close.id)) return undefined;
+      // The first close of an id is the one that happened; later ones were too late.
+      if (!result.closed.delete(close.id)) return 'already_closed';
+      return result.late.has(close.id) ? 'settled_after_expiry' : close.status;
+    });
   }
 
   /** Returns a reservation's units untouched: nothing was dispatched. */
@@ -598,6 +628,11 @@ function broadestFirst(a: Budget, b: Budget): number {
     PERIOD_ORDER.indexOf(a.period) - PERIOD_ORDER.indexOf(b.period) ||
     (a.id < b.id ? -1 : a.id > b.id ? 1 : 0)
   );
+}
+
+/** What `settle` writes for a call that cost `actualUnits`: for a record to carry (`settlements`). */
+export function settlementOf(reservation: { id: string }, actualUnits: number): ReservationClose {
+  return { id: reservation.id, status: 'settled', actualMicros: checkedMicros(actualUnits, 'actualUnits') };
 }
 
 function checkedMicros(units: number, name: string): Micros {

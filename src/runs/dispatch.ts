@@ -2,10 +2,13 @@ import { randomUUID } from 'node:crypto';
 import type { AdmissibleTool, Reservation } from '../admission/ports.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
+import { settlementOf } from '../budgets/budget-ledger.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
 import { jsonProblem } from '../db/json-limits.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { ErrorCode } from '../errors/error-codes.js';
+import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
+import type { CallEnd } from './run-end-rider.js';
 import type { RunEnding } from './run-repository.js';
 import { SECURITY_DENIALS, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
 
@@ -103,16 +106,14 @@ export class Dispatcher {
 
     // The backend was contacted: the call costs what it reported, else the contract's price —
     // at most the grant's `max_cost_units` (the most one call may be charged; the cost stage
-    // refused a price above it) and MAX_UNITS (what any one amount may be). Settling runs
-    // alongside the outcome record: until it lands, the reservation still holds the units, so
-    // budgets only err on the strict side meanwhile.
+    // refused a price above it) and MAX_UNITS (what any one amount may be). The settlement
+    // rides the outcome record: until it lands, the reservation still holds the units.
     const reported = result.ok ? result.reportedCostUnits : undefined;
     const cap = Math.min(
       typeof grantModifiers.max_cost_units === 'number' ? grantModifiers.max_cost_units : MAX_UNITS,
       MAX_UNITS,
     );
     const costUnits = reported === undefined ? tool.cost_units : Math.min(reported, cap);
-    const settled = reservation ? budgets.settle(reservation, costUnits) : Promise.resolve(undefined);
 
     let outcome:
       | { ok: true; output: unknown }
@@ -137,8 +138,8 @@ export class Dispatcher {
     const dispatched: Dispatched = outcome.ok
       ? { ok: true, output: outcome.output, costUnits, auditId: eventId }
       : { ...outcome, costUnits, auditId: eventId };
-    // The call's last record: when it ends the run, the run's end goes in the same commit.
-    const outcomeRecord = this.deps.audit.appendCarrying(
+    // The call's last record: the settlement, and the run's end when it ends the run, go in the same commit.
+    const { answer } = await this.deps.audit.appendCarrying(
       {
         ...base,
         // Egress refused at a redirect hop is the same security event as at the input stage.
@@ -159,9 +160,11 @@ export class Dispatcher {
           : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
       },
       eventId,
-      end?.(dispatched),
+      callEnd(end?.(dispatched), reservation && settlementOf(reservation, costUnits)),
     );
-    const [{ applied: runEnded }, settlement] = await Promise.all([outcomeRecord, settled]);
+    // A settlement the record could not carry (its reservation changed meanwhile) is made apart.
+    const settlement =
+      reservation && answer?.settled === undefined ? await budgets.settle(reservation, costUnits) : answer?.settled;
     if (settlement === 'settled_after_expiry') {
       // Its units had been given back as abandoned meanwhile: the call is charged all the same.
       // (Recorded after the outcome, and after the run's end when that went with the outcome.)
@@ -182,7 +185,7 @@ export class Dispatcher {
       outcome: outcome.ok ? 'completed' : 'failed',
       reason: outcome.ok ? 'ok' : outcome.code,
     });
-    return { ...dispatched, runEnded };
+    return { ...dispatched, runEnded: answer?.ended === true };
   }
 
   /** The tool's registered backend, or for `external_call` tools the egress executor. */
@@ -231,6 +234,11 @@ export class Dispatcher {
       },
     );
   }
+}
+
+/** What a call's outcome record carries, if anything. */
+function callEnd(end: RunEnding | undefined, settle: ReservationClose | undefined): CallEnd | undefined {
+  return end || settle ? { end, settle } : undefined;
 }
 
 /** A call's record details naming the budget reservation it holds, if it holds one. */

@@ -20,6 +20,7 @@ import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf } from './run-lifecycle.js';
 import type { RunRecovery } from './run-recovery.js';
 import type { RunRecord } from './run-repository.js';
+import type { CallEnd, CallEndAnswer } from './run-end-rider.js';
 import {
   newToolCallId,
   type LapsedApprovals,
@@ -33,7 +34,8 @@ import type { Database } from '../db/database.js';
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
   database: Database;
-  audit: AuditLog;
+  /** The call's last record carries its run's end and its settlement (`callEndRider`). */
+  audit: AuditLog<CallEnd, CallEndAnswer>;
   ports: AdmissionPorts;
   backend: BackendClient;
   metrics: Metrics;

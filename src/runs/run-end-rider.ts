@@ -7,6 +7,8 @@ import {
   type TimedAuditEvent,
 } from '../audit/audit-repository.js';
 import type { AuditRecord } from '../audit/audit-event.js';
+import type { CloseOutcome } from '../budgets/budget-ledger.js';
+import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
 import type { DB } from '../db/schema.js';
 import { endedOf, endRunsSkippingLocked, runEndSteps, type EndedRunRow, type RunEnding } from './run-repository.js';
 
@@ -16,11 +18,75 @@ import { endedOf, endRunsSkippingLocked, runEndSteps, type EndedRunRow, type Run
  * root hands it to the audit log, which knows nothing of runs.
  */
 export const runEndRider: AppendRider<RunEnding> = {
-  steps: (endings, when) => runEndSteps(endings, { waitForLocks: false, when }),
-  changed: sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)`,
-  applied: (endings, rows) => endedOf(endings, rows as EndedRunRow[]),
+  steps: (endings, when) => ({
+    ctes: runEndSteps(endings, { waitForLocks: false, when }),
+    changed: sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)`,
+  }),
+  answers: (endings, rows) => endedOf(endings, rows as EndedRunRow[]),
   applyHoldingChain: endRunsSkippingLocked,
 };
+
+/** What a call's last record carries: its run's end, when it is the run's last word, and its reservation's settlement. */
+export interface CallEnd {
+  end?: RunEnding | undefined;
+  settle?: ReservationClose | undefined;
+}
+
+/** Whether the run ended with the record, and how the settlement went (undefined: not made, to be made apart). */
+export interface CallEndAnswer {
+  ended: boolean;
+  settled: CloseOutcome | undefined;
+}
+
+/**
+ * A run's end and a settlement riding the same record, in one statement: the run first (it is
+ * skipped if held), then the reservation and its counters, the lock order's way after the chain head.
+ */
+export function callEndRider(
+  settlements: AppendRider<ReservationClose, CloseOutcome | undefined>,
+): AppendRider<CallEnd, CallEndAnswer> {
+  const split = (items: CallEnd[]) => ({
+    endings: items.flatMap((item) => (item.end ? [item.end] : [])),
+    closes: items.flatMap((item) => (item.settle ? [item.settle] : [])),
+  });
+  const spread = (items: CallEnd[], ended: boolean[], settled: Array<CloseOutcome | undefined>): CallEndAnswer[] => {
+    let e = 0;
+    let s = 0;
+    return items.map((item) => ({
+      ended: item.end ? ended[e++]! : false,
+      settled: item.settle ? settled[s++] : undefined,
+    }));
+  };
+  return {
+    steps: (items, when) => {
+      const { endings, closes } = split(items);
+      const ends = endings.length > 0 ? runEndRider.steps(endings, when) : undefined;
+      const settles = closes.length > 0 ? settlements.steps(closes, when) : undefined;
+      return {
+        ctes:
+          ends && settles
+            ? sql`${ends.ctes}, ${settles.ctes}`
+            : ((ends ?? settles)?.ctes ?? sql`call_end_nothing as (select 1)`),
+        changed: sql`json_build_array(${ends?.changed ?? sql`null`}, ${settles?.changed ?? sql`null`})`,
+      };
+    },
+    answers: (items, changed) => {
+      const { endings, closes } = split(items);
+      const [ends, settles] = changed as [unknown, unknown];
+      return spread(
+        items,
+        endings.length > 0 ? runEndRider.answers(endings, ends) : [],
+        closes.length > 0 ? settlements.answers(closes, settles) : [],
+      );
+    },
+    applyHoldingChain: async (trx, items) => {
+      const { endings, closes } = split(items);
+      const ended = endings.length > 0 ? await runEndRider.applyHoldingChain(trx, endings) : [];
+      const settled = closes.length > 0 ? await settlements.applyHoldingChain(trx, closes) : [];
+      return spread(items, ended, settled);
+    },
+  };
+}
 
 /** An audit event, and the run it ends if it is that run's last word. */
 export type RunEndingEvent = Omit<TimedAuditEvent, 'rides'> & { endRun?: RunEnding };
@@ -39,7 +105,7 @@ export async function appendIfHead(
 > {
   const appended = await appendIfHeadCarrying(db, expected, riding(events), runEndRider);
   return appended.ok
-    ? { ok: true, records: appended.records, last: appended.last, runsEnded: appended.applied }
+    ? { ok: true, records: appended.records, last: appended.last, runsEnded: appended.answers.map((a) => a === true) }
     : appended;
 }
 
@@ -49,5 +115,5 @@ export async function writeAuditEventsEndingRuns(
   events: RunEndingEvent[],
 ): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
   const appended = await writeAuditEventsCarrying(trx, riding(events), runEndRider);
-  return { records: appended.records, runsEnded: appended.applied };
+  return { records: appended.records, runsEnded: appended.answers.map((a) => a === true) };
 }

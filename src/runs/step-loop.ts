@@ -87,7 +87,7 @@ export class StepLoop {
 
   /**
    * How the step at `index` ends a root run when its record can carry the end (one commit instead of two), with the
-   * envelope `runFrom` would store: docs/design/audit-chain.md#a-runs-last-record-carries-the-runs-end.
+   * envelope `runFrom` would store: docs/design/audit-chain.md#a-calls-last-record-carries-its-settlement-and-its-runs-end.
    */
   closingAt(exec: Execution, steps: StepResult[], warnings: string[], index: number): Closing | undefined {
     const { request, run } = exec;
@@ -299,8 +299,8 @@ export class StepLoop {
     };
     const answered: { answer?: RunAnswer } = {};
     const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
-    const { applied: runEnded } = await this.deps.audit.appendCarrying(event, eventId, leave);
-    if (runEnded) return { step, ended: answered.answer! };
+    const { answer } = await this.deps.audit.appendCarrying(event, eventId, leave && { end: leave });
+    if (answer?.ended) return { step, ended: answered.answer! };
     return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
   }
 
