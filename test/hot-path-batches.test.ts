@@ -1354,18 +1354,18 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
       db,
       await readChainHead(db),
       [
-        carrying(tenant, 'both', { end: leave(tenant, 'both'), settle: settlementOf(both, 4) }, eventId),
-        carrying(tenant, 'settle-only', { settle: settlementOf(settleOnly, 5) }),
+        carrying(tenant, 'both', { end: leave(tenant, 'both'), closes: [settlementOf(both, 4)] }, eventId),
+        carrying(tenant, 'settle-only', { closes: [settlementOf(settleOnly, 5)] }),
         carrying(tenant, 'ends-only', { end: leave(tenant, 'ends-only') }),
-        carrying(tenant, 'closed-before', { settle: settlementOf(closedBefore, 7) }),
+        carrying(tenant, 'closed-before', { closes: [settlementOf(closedBefore, 7)] }),
       ],
       rider,
     );
     expect(appended.ok && appended.answers).toEqual([
-      { ended: true, settled: 'settled' },
-      { ended: false, settled: 'settled' },
-      { ended: true, settled: undefined },
-      { ended: false, settled: 'already_closed' },
+      { ended: true, closed: ['settled'] },
+      { ended: false, closed: ['settled'] },
+      { ended: true, closed: [] },
+      { ended: false, closed: ['already_closed'] },
     ]);
     // Charged what the calls cost, nothing held: the released one is not charged again.
     expect(await usage(budget)).toEqual({ spent: 9, reserved: 0 });
@@ -1399,7 +1399,7 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
     const lost = await appendIfHeadCarrying(
       db,
       stale,
-      [carrying(tenant, 'open', { settle: settlementOf(open, 3) })],
+      [carrying(tenant, 'open', { closes: [settlementOf(open, 3)] })],
       rider,
     );
     expect(lost.ok).toBe(false);
@@ -1410,14 +1410,14 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
       db,
       await readChainHead(db),
       [
-        carrying(tenant, 'expired', { settle: settlementOf(expired, 2) }),
-        carrying(tenant, 'open', { settle: settlementOf(open, 3) }),
+        carrying(tenant, 'expired', { closes: [settlementOf(expired, 2)] }),
+        carrying(tenant, 'open', { closes: [settlementOf(open, 3)] }),
       ],
       rider,
     );
     expect(appended.ok && appended.answers).toEqual([
-      { ended: false, settled: 'settled_after_expiry' },
-      { ended: false, settled: 'settled' },
+      { ended: false, closed: ['settled_after_expiry'] },
+      { ended: false, closed: ['settled'] },
     ]);
     expect(await usage(budget)).toEqual({ spent: 5, reserved: 0 });
   });
@@ -1432,11 +1432,11 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
       .execute((trx) =>
         writeAuditEventsCarrying(
           trx,
-          [carrying(tenant, 'locked', { end: leave(tenant, 'locked'), settle: settlementOf(reservation, 1.5) })],
+          [carrying(tenant, 'locked', { end: leave(tenant, 'locked'), closes: [settlementOf(reservation, 1.5)] })],
           rider,
         ),
       );
-    expect(appended.answers).toEqual([{ ended: true, settled: 'settled' }]);
+    expect(appended.answers).toEqual([{ ended: true, closed: ['settled'] }]);
     expect(await usage(budget)).toEqual({ spent: 1.5, reserved: 0 });
     expect((await findRun(db, tenant, 'locked'))!.status).toBe('completed');
     expect((await verifyAuditChain(db)).ok).toBe(true);
@@ -1459,13 +1459,13 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
         const appended = appendIfHeadCarrying(
           db,
           await readChainHead(db),
-          [carrying(tenant, 'changed', { settle: settlementOf(reservation, 8) })],
+          [carrying(tenant, 'changed', { closes: [settlementOf(reservation, 8)] })],
           rider,
         );
         await until('the settlement to wait for the reservation', async () => (await lockWaits(watcher)) === 1);
         await holder.query('commit');
         const answer = await appended;
-        expect(answer.ok && answer.answers).toEqual([{ ended: false, settled: undefined }]);
+        expect(answer.ok && answer.answers).toEqual([{ ended: false, closed: [undefined] }]);
         expect(await statusOf(reservation.id)).toBe('reserved');
         expect(await ledger.settle(reservation, 8)).toBe('settled');
         expect(await usage(budget)).toEqual({ spent: 8, reserved: 0 });

@@ -322,11 +322,25 @@ describe("a first call's reservation made with its run's claim", () => {
           .where('run_id', '=', runId)
           .execute()
       ).map((row) => row.status);
+    // The transaction that last wrote a run's reservation, and the one that appended its record of `eventType`.
+    const commitsOf = async (runId: string, eventType: string) => {
+      const { rows } = await sql<{ xid: string }>`
+        select xmin::text as xid from budget_reservations where tenant_id = ${T7} and run_id = ${runId}
+        union all
+        select xmin::text from audit_events where tenant_id = ${T7} and run_id = ${runId} and event_type = ${eventType}`.execute(
+        h.db.database.control,
+      );
+      return rows.map((row) => row.xid);
+    };
     // The gateway learns the budget with a first call; later claims reserve with it.
     for (let i = 0; i < 3; i += 1) {
       const done = newRunId();
       expect((await execute(h.client, chargedAgent, { run_id: done, plan: [step('echo')] })).status).toBe(200);
       expect(await statuses(done)).toEqual(['settled']);
+      // Settled by the outcome record's own commit.
+      const commits = await commitsOf(done, 'run.step.completed');
+      expect(commits).toHaveLength(2);
+      expect(new Set(commits).size).toBe(1);
     }
     const refused = newRunId();
     const res = await execute(h.client, chargedAgent, {
@@ -335,7 +349,11 @@ describe("a first call's reservation made with its run's claim", () => {
     });
     expect(res.status, JSON.stringify(res.body)).toBe(422);
     expect(res.body.steps[0].error.code).toBe('tool_input_schema_invalid');
-    expect(await statuses(refused)).not.toContain('reserved');
+    expect(await statuses(refused)).toEqual(['released']);
+    // Given back by the denial record's own commit.
+    const commits = await commitsOf(refused, 'run.step.denied');
+    expect(commits).toHaveLength(2);
+    expect(new Set(commits).size).toBe(1);
     // Three calls of echo@2.0.0 at 2 units each.
     expect(await shown()).toMatchObject({ spent_units: 6, reserved_units: 0 });
   });

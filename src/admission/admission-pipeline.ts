@@ -1,4 +1,4 @@
-import type { AdmissionPorts, Denial, Hold } from './ports.js';
+import type { AdmissionPorts, Denial, Hold, Reservation } from './ports.js';
 import { registryStage } from './stages/01-registry.js';
 import { categoryStage } from './stages/02-category.js';
 import { allowlistStage } from './stages/03-allowlist.js';
@@ -39,10 +39,21 @@ export interface StageVerdict {
 
 export type Admission =
   | { ok: true; held?: undefined; denial?: undefined; state: StepState; verdicts: StageVerdict[] }
-  | { ok: false; denial: Denial; held?: undefined; state: StepState; verdicts: StageVerdict[] }
+  | {
+      ok: false;
+      denial: Denial;
+      held?: undefined;
+      state: StepState;
+      verdicts: StageVerdict[];
+      /** Reserved for the call before it was refused: the caller gives them back (with the denial's record). */
+      unspent: Reservation[];
+    }
   | { ok: false; held: Hold; denial?: undefined; state: StepState; verdicts: StageVerdict[] };
 
-/** Runs one step through every stage in order; the first denial (or hold) stops it. */
+/**
+ * Runs one step through every stage in order; the first denial (or hold) stops it. What a refused
+ * call had reserved is the caller's to give back; a held call's is given back here.
+ */
 export async function admitStep(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
   const state: StepState = { warnings: [] };
   const verdicts: StageVerdict[] = [];
@@ -50,13 +61,14 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
     const decision = await stage.check(request, state, ports);
     if (!decision.ok) {
       verdicts.push({ stage: stage.name, ok: false, code: 'hold' in decision ? 'awaiting_approval' : decision.code });
-      // A later stage refused after the budget was reserved: give the reservation back.
-      for (const reserved of new Set([state.reservation, request.reserved]))
-        if (reserved) await ports.budgets.release(reserved);
+      // A later stage refused after the budget was reserved: the reservation is given back.
+      const unspent = [...new Set([state.reservation, request.reserved])].filter((r) => r !== undefined);
       delete state.reservation;
-      return 'hold' in decision
-        ? { ok: false, held: decision, state, verdicts }
-        : { ok: false, denial: decision, state, verdicts };
+      if ('hold' in decision) {
+        for (const reserved of unspent) await ports.budgets.release(reserved);
+        return { ok: false, held: decision, state, verdicts };
+      }
+      return { ok: false, denial: decision, state, verdicts, unspent };
     }
     verdicts.push({ stage: stage.name, ok: true });
   }

@@ -285,10 +285,7 @@ export class BudgetLedger {
 
   /** Returns a reservation's units untouched: nothing was dispatched. */
   async release(reservation: BudgetReservation): Promise<CloseOutcome> {
-    return (await this.batches.submit({
-      kind: 'close',
-      close: { id: reservation.id, status: 'released', actualMicros: null },
-    })) as CloseOutcome;
+    return (await this.batches.submit({ kind: 'close', close: releaseOf(reservation) })) as CloseOutcome;
   }
 
   /**
@@ -628,6 +625,11 @@ function broadestFirst(a: Budget, b: Budget): number {
     PERIOD_ORDER.indexOf(a.period) - PERIOD_ORDER.indexOf(b.period) ||
     (a.id < b.id ? -1 : a.id > b.id ? 1 : 0)
   );
+}
+
+/** What `release` writes: for a refused call's record to carry (`settlements`). */
+export function releaseOf(reservation: { id: string }): ReservationClose {
+  return { id: reservation.id, status: 'released', actualMicros: null };
 }
 
 /** What `settle` writes for a call that cost `actualUnits`: for a record to carry (`settlements`). */

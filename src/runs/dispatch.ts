@@ -7,8 +7,7 @@ import { MAX_UNITS } from '../budgets/budget-units.js';
 import { jsonProblem } from '../db/json-limits.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { ErrorCode } from '../errors/error-codes.js';
-import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
-import type { CallEnd } from './run-end-rider.js';
+import { callEnd } from './run-end-rider.js';
 import type { RunEnding } from './run-repository.js';
 import { SECURITY_DENIALS, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
 
@@ -160,11 +159,11 @@ export class Dispatcher {
           : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
       },
       eventId,
-      callEnd(end?.(dispatched), reservation && settlementOf(reservation, costUnits)),
+      callEnd(end?.(dispatched), reservation ? [settlementOf(reservation, costUnits)] : []),
     );
     // A settlement the record could not carry (its reservation changed meanwhile) is made apart.
     const settlement =
-      reservation && answer?.settled === undefined ? await budgets.settle(reservation, costUnits) : answer?.settled;
+      reservation && answer?.closed[0] === undefined ? await budgets.settle(reservation, costUnits) : answer?.closed[0];
     if (settlement === 'settled_after_expiry') {
       // Its units had been given back as abandoned meanwhile: the call is charged all the same.
       // (Recorded after the outcome, and after the run's end when that went with the outcome.)
@@ -234,11 +233,6 @@ export class Dispatcher {
       },
     );
   }
-}
-
-/** What a call's outcome record carries, if anything. */
-function callEnd(end: RunEnding | undefined, settle: ReservationClose | undefined): CallEnd | undefined {
-  return end || settle ? { end, settle } : undefined;
 }
 
 /** A call's record details naming the budget reservation it holds, if it holds one. */

@@ -26,35 +26,43 @@ export const runEndRider: AppendRider<RunEnding> = {
   applyHoldingChain: endRunsSkippingLocked,
 };
 
-/** What a call's last record carries: its run's end, when it is the run's last word, and its reservation's settlement. */
+/**
+ * What a call's last record carries: its run's end, when it is the run's last word, and the
+ * closes of its reservations (an admitted call's settlement, a refused call's releases).
+ */
 export interface CallEnd {
   end?: RunEnding | undefined;
-  settle?: ReservationClose | undefined;
+  closes?: ReservationClose[] | undefined;
 }
 
-/** Whether the run ended with the record, and how the settlement went (undefined: not made, to be made apart). */
+/** Whether the run ended with the record, and how each close went (undefined: not made, to be made apart). */
 export interface CallEndAnswer {
   ended: boolean;
-  settled: CloseOutcome | undefined;
+  closed: Array<CloseOutcome | undefined>;
+}
+
+/** What a call's last record carries, if anything. */
+export function callEnd(end: RunEnding | undefined, closes: ReservationClose[]): CallEnd | undefined {
+  return end || closes.length > 0 ? { end, closes } : undefined;
 }
 
 /**
- * A run's end and a settlement riding the same record, in one statement: the run first (it is
- * skipped if held), then the reservation and its counters, the lock order's way after the chain head.
+ * A run's end and reservations' closes riding the same record, in one statement: the run first (it
+ * is skipped if held), then the reservations and their counters, the lock order's way after the chain head.
  */
 export function callEndRider(
   settlements: AppendRider<ReservationClose, CloseOutcome | undefined>,
 ): AppendRider<CallEnd, CallEndAnswer> {
   const split = (items: CallEnd[]) => ({
     endings: items.flatMap((item) => (item.end ? [item.end] : [])),
-    closes: items.flatMap((item) => (item.settle ? [item.settle] : [])),
+    closes: items.flatMap((item) => item.closes ?? []),
   });
-  const spread = (items: CallEnd[], ended: boolean[], settled: Array<CloseOutcome | undefined>): CallEndAnswer[] => {
+  const spread = (items: CallEnd[], ended: boolean[], closed: Array<CloseOutcome | undefined>): CallEndAnswer[] => {
     let e = 0;
-    let s = 0;
+    let c = 0;
     return items.map((item) => ({
       ended: item.end ? ended[e++]! : false,
-      settled: item.settle ? settled[s++] : undefined,
+      closed: (item.closes ?? []).map(() => closed[c++]),
     }));
   };
   return {
@@ -82,8 +90,8 @@ export function callEndRider(
     applyHoldingChain: async (trx, items) => {
       const { endings, closes } = split(items);
       const ended = endings.length > 0 ? await runEndRider.applyHoldingChain(trx, endings) : [];
-      const settled = closes.length > 0 ? await settlements.applyHoldingChain(trx, closes) : [];
-      return spread(items, ended, settled);
+      const closed = closes.length > 0 ? await settlements.applyHoldingChain(trx, closes) : [];
+      return spread(items, ended, closed);
     },
   };
 }

@@ -1,10 +1,11 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { admitStep, type Admission } from '../admission/admission-pipeline.js';
-import type { AdmissibleTool, Hold } from '../admission/ports.js';
+import type { AdmissibleTool, Denial, Hold } from '../admission/ports.js';
 import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
+import { releaseOf } from '../budgets/budget-ledger.js';
 import { statusForCode } from '../errors/error-codes.js';
 import { releaseRun, readRunStanding, readRunStandingSettled, type RunEnding } from './run-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunStatus, type StepResult } from './run-types.js';
@@ -27,6 +28,7 @@ import {
 } from './execution.js';
 import type { Dispatcher } from './dispatch.js';
 import type { RunEnder } from './run-ender.js';
+import { callEnd } from './run-end-rider.js';
 import type { RunAnswer } from './run-types.js';
 
 /** Takes a run through its steps: admission, then a hold, a denial or a dispatch, until it stops or ends. */
@@ -259,7 +261,7 @@ export class StepLoop {
 
   async denied(
     exec: Execution,
-    admission: Admission & { ok: false },
+    admission: Extract<Admission, { denial: Denial }>,
     base: AuditEventInput,
     index: number,
     started: number,
@@ -299,7 +301,14 @@ export class StepLoop {
     };
     const answered: { answer?: RunAnswer } = {};
     const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
-    const { answer } = await this.deps.audit.appendCarrying(event, eventId, leave && { end: leave });
+    // Its record gives back what the call had reserved, and ends the run when it is the run's last word.
+    const { answer } = await this.deps.audit.appendCarrying(
+      event,
+      eventId,
+      callEnd(leave, admission.unspent.map(releaseOf)),
+    );
+    const releasedApart = admission.unspent.filter((_, i) => answer?.closed[i] === undefined);
+    for (const reservation of releasedApart) await this.deps.ports.budgets.release(reservation);
     if (answer?.ended) return { step, ended: answered.answer! };
     return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
   }
