@@ -37,7 +37,7 @@ export class RunCascades {
     at: Date,
   ): Promise<void> => {
     for (const grant of ended) {
-      const roots = await findOpenRunsUsingGrants(trx, [grant.id]);
+      const roots = await findOpenRunsUsingGrants(trx, grant.tenant_id, [grant.id]);
       if (roots.length === 0) continue;
       await endRunTrees(
         trx,
