@@ -462,10 +462,14 @@ async function main(): Promise<void> {
     // and the time paused in all of them: a full one, with the marking before it, delays the calls
     // around it).
     const gatewayCounters = async (count: number, ports = Array.from({ length: count }, (_, i) => basePort + i)) => {
-      const counters = { statements: 0, majorGcs: 0, gcSeconds: 0 };
+      const counters = { statements: 0, lost: { audit: 0, budget: 0, rate: 0 }, majorGcs: 0, gcSeconds: 0 };
       for (const port of ports) {
         const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
         counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
+        // Compare-and-sets lost to another writer: each costs a statement more.
+        counters.lost.audit += Number(/^toolgate_audit_append_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
+        counters.lost.budget += Number(/^toolgate_budget_write_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
+        counters.lost.rate += Number(/^toolgate_rate_limit_write_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
         for (const match of text.matchAll(/^nodejs_gc_duration_seconds_sum\{kind="[a-z]+"\} ([\d.e+-]+)/gm))
           counters.gcSeconds += Number(match[1]);
@@ -473,7 +477,17 @@ async function main(): Promise<void> {
       return counters;
     };
     const perCall: Array<
-      [string, { statements: number; gatewayCpuMs: number; postgresCpuMs: number; majorGcs: number; gcPauseMs: number }]
+      [
+        string,
+        {
+          statements: number;
+          lost: { audit: number; budget: number; rate: number };
+          gatewayCpuMs: number;
+          postgresCpuMs: number;
+          majorGcs: number;
+          gcPauseMs: number;
+        },
+      ]
     > = [];
     /** Calls through `count` gateways, driven by `drive` (a closed or an open loop); `POST /runs/execute` unless `call` says otherwise. */
     const gatewayPhase = async (
@@ -493,6 +507,7 @@ async function main(): Promise<void> {
         label,
         {
           statements: (after.statements - before.statements) / phase.requests,
+          lost: lostPerCall(before.lost, after.lost, phase.requests),
           gatewayCpuMs: (cpu.gateways * TICK_MS) / phase.requests,
           postgresCpuMs: (cpu.postgres * TICK_MS) / phase.requests,
           majorGcs: after.majorGcs - before.majorGcs,
@@ -553,6 +568,7 @@ async function main(): Promise<void> {
       infoLabel,
       {
         statements: (infoAfter.statements - infoBefore.statements) / infoCalls,
+        lost: lostPerCall(infoBefore.lost, infoAfter.lost, infoCalls),
         gatewayCpuMs: (infoCpu.gateways * TICK_MS) / infoCalls,
         postgresCpuMs: (infoCpu.postgres * TICK_MS) / infoCalls,
         majorGcs: infoAfter.majorGcs - infoBefore.majorGcs,
@@ -633,7 +649,7 @@ async function main(): Promise<void> {
     }
     for (const [label, n] of perCall) {
       console.log(
-        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
+        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared; lost compare-and-sets: audit ${fmt(n.lost.audit)}, budget ${fmt(n.lost.budget)}, rate ${fmt(n.lost.rate)}), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
           `GC ${fmt(n.gcPauseMs)} ms paused per call, ${n.majorGcs} full (mark-compact) collections in the phase`,
       );
     }
@@ -695,3 +711,16 @@ main().catch((error: unknown) => {
   console.error(error);
   process.exit(1);
 });
+
+/** Compare-and-sets lost per call between two readings of the gateways' counters. */
+function lostPerCall(
+  before: { audit: number; budget: number; rate: number },
+  after: { audit: number; budget: number; rate: number },
+  calls: number,
+): { audit: number; budget: number; rate: number } {
+  return {
+    audit: (after.audit - before.audit) / calls,
+    budget: (after.budget - before.budget) / calls,
+    rate: (after.rate - before.rate) / calls,
+  };
+}

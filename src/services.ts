@@ -112,15 +112,15 @@ export function buildServices(options: ServiceOptions): Services {
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
   });
-  const audit = new AuditLog<CallEnd, CallEndAnswer>(
-    database,
+  const audit = new AuditLog<CallEnd, CallEndAnswer>(database, {
     now,
-    (batchSize) => {
+    onCommit: (batchSize) => {
       metrics.auditEventsCommitted.inc(batchSize);
       metrics.auditCommitBatchSize.observe(batchSize);
     },
-    callEndRider(budgets.settlements),
-  );
+    onHeadMoved: () => metrics.auditHeadMoved.inc(),
+    rider: callEndRider(budgets.settlements),
+  });
   const catalog = new ToolCatalog({
     database,
     secrets: config.secrets,

@@ -456,7 +456,7 @@ function migrationsUpTo(last: string): string {
 
 async function appendAt(database: Database, at: string | Date, n = 1): Promise<void> {
   const clock = new ManualClock(at);
-  await new AuditLog(database, clock.now).appendMany(
+  await new AuditLog(database, { now: clock.now }).appendMany(
     Array.from({ length: n }, (_, i) => ({ event_type: 'partition.test', actor: `system.${i}` })),
   );
 }

@@ -244,15 +244,18 @@ describe('the append-only, hash-chained log', () => {
     }
   });
 
-  it('keeps one chain when two writers take turns, each holding a stale head', async () => {
-    const first = new AuditLog(h.db.database);
-    const second = new AuditLog(h.db.database);
+  it('keeps one chain when two writers take turns, each holding a stale head, and counts each head it found moved', async () => {
+    const moved = { first: 0, second: 0 };
+    const first = new AuditLog(h.db.database, { onHeadMoved: () => (moved.first += 1) });
+    const second = new AuditLog(h.db.database, { onHeadMoved: () => (moved.second += 1) });
     for (let i = 0; i < 5; i += 1) {
       const a = await first.append({ event_type: 'turns.test', actor: 'system.first' });
       const b = await second.append({ event_type: 'turns.test', actor: 'system.second' });
       expect(b.seq).toBe(a.seq + 1);
       expect(b.prev_hash).toBe(a.hash);
     }
+    // Each writer's head is stale at every turn but its first (it reads the head then).
+    expect(moved).toEqual({ first: 4, second: 4 });
     expect((await verifyAuditChain(h.db.database.control)).ok).toBe(true);
   });
 

@@ -1237,7 +1237,7 @@ describe('grants read ahead (the first step’s, while its run is claimed)', () 
   const grants = () =>
     new GrantService({
       database: testDb.database,
-      audit: new AuditLog(testDb.database, () => clock.now()),
+      audit: new AuditLog(testDb.database, { now: () => clock.now() }),
       tools: {
         versions: () => [],
         resolve: () => ({ ok: false, code: 'tool_not_registered' }),

@@ -18,6 +18,17 @@ import {
  */
 const APPEND_ATTEMPTS = 4;
 
+/** What the composition root gives the log; tests may give nothing. */
+export interface AuditLogOptions<Change, Answer> {
+  now?: () => Date;
+  /** Told the size of every batch committed. */
+  onCommit?: (batchSize: number) => void;
+  /** Told each time a batch found the head moved by another writer and was hashed again. */
+  onHeadMoved?: () => void;
+  /** What commits with the events that carry a change (`appendCarrying`). */
+  rider?: AppendRider<Change, Answer>;
+}
+
 /**
  * The append API the rest of toolgate uses. Events that arrive while a commit is in flight
  * are committed together in the next one (group commit); `append` resolves only once its
@@ -27,16 +38,15 @@ export class AuditLog<Change = unknown, Answer = unknown> {
   // Typed by `unknown` inside, so that a log is usable wherever any log is; the rider is the one given.
   private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; answer: unknown }>;
   private readonly rider: AppendRider<unknown, unknown> | undefined;
+  private readonly now: () => Date;
+  private readonly onHeadMoved: () => void;
   private head: ChainHead | undefined;
 
-  constructor(
-    database: Database,
-    private readonly now: () => Date = () => new Date(),
-    onCommit: (batchSize: number) => void = () => undefined,
-    /** What commits with the events that carry a change (`appendCarrying`); given by the composition root. */
-    rider?: AppendRider<Change, Answer>,
-  ) {
-    this.rider = rider;
+  constructor(database: Database, options: AuditLogOptions<Change, Answer> = {}) {
+    this.now = options.now ?? (() => new Date());
+    this.rider = options.rider;
+    this.onHeadMoved = options.onHeadMoved ?? (() => undefined);
+    const onCommit = options.onCommit ?? (() => undefined);
     // Appends are per-call statements that must be durable before the call goes on.
     const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
@@ -62,6 +72,7 @@ export class AuditLog<Change = unknown, Answer = unknown> {
         this.head = appended.last;
         return appended;
       }
+      this.onHeadMoved();
       head = appended.head;
     }
     this.head = undefined;
