@@ -18,6 +18,15 @@ const operator = tokens.tenantOperator(T);
 let h: Harness;
 let backend: TestBackend;
 
+/** A run's budget reservations, as stored. */
+const reservationsOf = (tenant: string, runId: string) =>
+  h.db.database.control
+    .selectFrom('budget_reservations')
+    .selectAll()
+    .where('tenant_id', '=', tenant)
+    .where('run_id', '=', runId)
+    .execute();
+
 beforeAll(async () => {
   h = await startHarness({ TOOLGATE_SECRET_ECHO_KEY: 'k-123-secret' });
   backend = await new TestBackend().start();
@@ -256,14 +265,9 @@ describe('POST /runs/execute: a run that completes', () => {
           .execute()
       ).map((row) => Number(row.spent_units));
     const charged = async (runId: string) =>
-      (
-        await h.db.database.control
-          .selectFrom('budget_reservations')
-          .select('charges')
-          .where('tenant_id', '=', T)
-          .where('run_id', '=', runId)
-          .execute()
-      ).flatMap((row) => (row.charges as Array<{ counter_key: string }>).map((charge) => charge.counter_key));
+      (await reservationsOf(T, runId)).flatMap((row) =>
+        (row.charges as Array<{ counter_key: string }>).map((charge) => charge.counter_key),
+      );
     const plain = newRunId();
     expect((await execute(h.client, agent, { run_id: plain, plan: [step('costly')] })).status).toBe(200);
     expect(await total(plain)).toEqual([]);
@@ -313,15 +317,7 @@ describe("a first call's reservation made with its run's claim", () => {
         spent_units: number;
         reserved_units: number;
       };
-    const statuses = async (runId: string) =>
-      (
-        await h.db.database.control
-          .selectFrom('budget_reservations')
-          .select('status')
-          .where('tenant_id', '=', T7)
-          .where('run_id', '=', runId)
-          .execute()
-      ).map((row) => row.status);
+    const statuses = async (runId: string) => (await reservationsOf(T7, runId)).map((row) => row.status);
     // The transaction that last wrote a run's reservation, and the one that appended its record of `eventType`.
     const commitsOf = async (runId: string, eventType: string) => {
       const { rows } = await sql<{ xid: string }>`
