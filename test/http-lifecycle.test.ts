@@ -11,6 +11,7 @@ import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { grantTool, newRunId, registerTool } from './helpers/world.js';
 import { lockWaits, until } from './helpers/waits.js';
+import { asCutOff } from './helpers/runs.js';
 
 // What happens on real connections around a call in flight: its client going away, and the
 // replica shutting down (a rolling deploy sends SIGTERM, which closes the app: src/server.ts).
@@ -234,17 +235,7 @@ describe.skipIf(!hasPostgresServer)(
             .where('tenant_id', '=', T)
             .where('run_id', '=', runId)
             .executeTakeFirstOrThrow();
-        // (An ended run's request is dropped; a run cut off before its end still has it.)
-        await run()
-          .set({
-            status: 'running',
-            busy: true,
-            executor_id: 'rep_gone',
-            envelope: null,
-            http_status: null,
-            request: JSON.stringify(body),
-          })
-          .execute();
+        await run().set(asCutOff(body)).execute();
         await holder.query('begin');
         await holder.query('select 1 from runs where tenant_id = $1 and run_id = $2 for update', [T, runId]);
         // The closing replica's recovery round waits on the lock (its sweep runs every 450 ms).

@@ -13,6 +13,7 @@ import { TcpProxy } from './helpers/tcp-proxy.js';
 import { TEST_JWT_SECRET, tokens } from './helpers/tokens.js';
 import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 import { lockWaits, until } from './helpers/waits.js';
+import { asCutOff } from './helpers/runs.js';
 
 // A run is busy while an executor holds it. When that executor is gone — its replica died, or
 // its execution broke off because the database went away mid-call — the run must not stay busy
@@ -359,15 +360,7 @@ describe.skipIf(!hasPostgresServer)(
       expect((await h.client.post('/runs/execute', { token: agent, body })).status).toBe(200);
       await h.db.database.control
         .updateTable('runs')
-        // An ended run's request is dropped; a run cut off before its end still has it.
-        .set({
-          status: 'running',
-          busy: true,
-          executor_id: 'rep_gone',
-          envelope: null,
-          http_status: null,
-          request: JSON.stringify(body),
-        })
+        .set(asCutOff(body))
         .where('tenant_id', '=', T)
         .where('run_id', '=', runId)
         .execute();

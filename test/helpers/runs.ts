@@ -13,3 +13,18 @@ export function step(
 export function execute(client: AppClient, token: string, body: Record<string, unknown>): Promise<TestResponse> {
   return client.post('/runs/execute', { token, body: { context: {}, ...body } });
 }
+
+/**
+ * The columns of an ended run put back as a run cut off mid-call by `executor` looks: running, busy, no envelope yet,
+ * and still its request (an ended run's request is dropped; recovery rebuilds from it).
+ */
+export function asCutOff(request: unknown, executor = 'rep_gone') {
+  return {
+    status: 'running',
+    busy: true,
+    executor_id: executor,
+    envelope: null,
+    http_status: null,
+    request: JSON.stringify(request),
+  } as const;
+}
