@@ -9,7 +9,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import { GENESIS_HASH, payloadHash, sealRecord } from '../src/audit/audit-hash.js';
+import { GENESIS_HASH, payloadHash, sealLinked } from '../src/audit/audit-hash.js';
 import type { AuditRecord } from '../src/audit/audit-event.js';
 import { verifyAuditChain } from '../src/audit/audit-repository.js';
 import { openDatabase } from '../src/db/database.js';
@@ -22,7 +22,7 @@ const rows = Number(process.env.BENCH_AUDIT_ROWS ?? 1_000_000);
 const PAGE = 2000;
 const INSERT_BATCH = 5000;
 
-function recordAt(seq: number, prevHash: string, start: number): Omit<AuditRecord, 'hash'> {
+function recordAt(seq: number, prevHash: string, start: number): Omit<AuditRecord, 'hash' | 'hash_scheme'> {
   const call = Math.floor(seq / 2);
   const outcome = seq % 2 === 1;
   return {
@@ -60,7 +60,7 @@ async function fill(db: Kysely<DB>): Promise<{ seq: number; hash: string }[]> {
   for (let first = 1; first <= rows; first += INSERT_BATCH) {
     const json: string[] = [];
     for (let seq = first; seq < Math.min(first + INSERT_BATCH, rows + 1); seq += 1) {
-      const sealed = sealRecord(recordAt(seq, prevHash, start));
+      const sealed = sealLinked(recordAt(seq, prevHash, start));
       json.push(sealed.json);
       prevHash = sealed.hash;
       heads.push({ seq, hash: sealed.hash });

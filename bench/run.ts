@@ -462,12 +462,11 @@ async function main(): Promise<void> {
     // and the time paused in all of them: a full one, with the marking before it, delays the calls
     // around it).
     const gatewayCounters = async (count: number, ports = Array.from({ length: count }, (_, i) => basePort + i)) => {
-      const counters = { statements: 0, lost: { audit: 0, budget: 0, rate: 0 }, majorGcs: 0, gcSeconds: 0 };
+      const counters = { statements: 0, lost: { budget: 0, rate: 0 }, majorGcs: 0, gcSeconds: 0 };
       for (const port of ports) {
         const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
         counters.statements += Number(/^toolgate_db_statements_total (\d+)/m.exec(text)?.[1] ?? NaN);
         // Compare-and-sets lost to another writer: each costs a statement more.
-        counters.lost.audit += Number(/^toolgate_audit_append_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.lost.budget += Number(/^toolgate_budget_write_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.lost.rate += Number(/^toolgate_rate_limit_write_conflicts_total (\d+)/m.exec(text)?.[1] ?? NaN);
         counters.majorGcs += Number(/^nodejs_gc_duration_seconds_count\{kind="major"\} (\d+)/m.exec(text)?.[1] ?? 0);
@@ -481,7 +480,7 @@ async function main(): Promise<void> {
         string,
         {
           statements: number;
-          lost: { audit: number; budget: number; rate: number };
+          lost: { budget: number; rate: number };
           gatewayCpuMs: number;
           postgresCpuMs: number;
           majorGcs: number;
@@ -649,7 +648,7 @@ async function main(): Promise<void> {
     }
     for (const [label, n] of perCall) {
       console.log(
-        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared; lost compare-and-sets: audit ${fmt(n.lost.audit)}, budget ${fmt(n.lost.budget)}, rate ${fmt(n.lost.rate)}), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
+        `${label}: per call ${fmt(n.statements)} PostgreSQL statements (group commit shared; lost compare-and-sets: budget ${fmt(n.lost.budget)}, rate ${fmt(n.lost.rate)}), CPU ${fmt(n.gatewayCpuMs)} ms gateway + ${fmt(n.postgresCpuMs)} ms PostgreSQL (local server; /proc, tick-sampled); ` +
           `GC ${fmt(n.gcPauseMs)} ms paused per call, ${n.majorGcs} full (mark-compact) collections in the phase`,
       );
     }
@@ -714,12 +713,11 @@ main().catch((error: unknown) => {
 
 /** Compare-and-sets lost per call between two readings of the gateways' counters. */
 function lostPerCall(
-  before: { audit: number; budget: number; rate: number },
-  after: { audit: number; budget: number; rate: number },
+  before: { budget: number; rate: number },
+  after: { budget: number; rate: number },
   calls: number,
-): { audit: number; budget: number; rate: number } {
+): { budget: number; rate: number } {
   return {
-    audit: (after.audit - before.audit) / calls,
     budget: (after.budget - before.budget) / calls,
     rate: (after.rate - before.rate) / calls,
   };

@@ -118,7 +118,6 @@ export function buildServices(options: ServiceOptions): Services {
       metrics.auditEventsCommitted.inc(batchSize);
       metrics.auditCommitBatchSize.observe(batchSize);
     },
-    onHeadMoved: () => metrics.auditHeadMoved.inc(),
     rider: callEndRider(budgets.settlements),
   });
   const catalog = new ToolCatalog({

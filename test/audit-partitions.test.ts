@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -6,6 +7,8 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { OPTIONAL_FIELDS } from '../src/audit/audit-event.js';
+import { sealRecord } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { readChainHead, verifyAuditChain, walkRange } from '../src/audit/audit-repository.js';
 import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
@@ -461,6 +464,35 @@ async function appendAt(database: Database, at: string | Date, n = 1): Promise<v
   );
 }
 
+/** Appends as gateways did before migration 0019: each record hashed whole (scheme 1), after the head it locks. */
+async function appendWholeHashedAt(database: Database, at: string | Date, n = 1): Promise<void> {
+  await database.control.transaction().execute(async (trx) => {
+    const head = await readChainHead(trx);
+    let { seq, hash } = head;
+    for (let i = 0; i < n; i += 1) {
+      seq += 1;
+      const sealed = sealRecord({
+        ...(Object.fromEntries(OPTIONAL_FIELDS.map((field) => [field, null])) as Record<
+          (typeof OPTIONAL_FIELDS)[number],
+          null
+        >),
+        seq,
+        event_id: randomUUID(),
+        occurred_at: new Date(at).toISOString(),
+        actor: `system.${i}`,
+        event_type: 'partition.test',
+        details: {},
+        prev_hash: hash,
+      });
+      await sql`insert into audit_events select * from jsonb_populate_record(null::audit_events, ${sealed.json}::jsonb)`.execute(
+        trx,
+      );
+      hash = sealed.hash;
+    }
+    await trx.updateTable('audit_chain_head').set({ seq, hash }).where('id', '=', 1).execute();
+  });
+}
+
 describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
   it('turns the table into partitions in place, keeps it append-only, and the chain verifies across them', async () => {
     const empty = await createEmptyDatabaseUrl();
@@ -468,12 +500,12 @@ describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
     try {
       const dir = migrationsUpTo('0016_audit_checkpoints.sql');
       await migrate(database.control, dir);
-      await appendAt(database, '2020-03-01T10:00:00.000Z', 2);
-      await appendAt(database, new Date(), 2);
+      await appendWholeHashedAt(database, '2020-03-01T10:00:00.000Z', 2);
+      await appendWholeHashedAt(database, new Date(), 2);
       // A clock a little ahead has written a row of next month: the first partition holds that month too.
-      await appendAt(database, new Date(monthStart(1).getTime() + 60 * 60 * 1000));
+      await appendWholeHashedAt(database, new Date(monthStart(1).getTime() + 60 * 60 * 1000));
       // A clock far ahead: the row goes to the default partition, not into a future month's.
-      await appendAt(database, '2099-01-15T00:00:00.000Z');
+      await appendWholeHashedAt(database, '2099-01-15T00:00:00.000Z');
       copyFileSync(join(migrationsDir, '0017_audit_partitions.sql'), join(dir, '0017_audit_partitions.sql'));
       expect((await migrate(database.control, dir)).applied).toEqual(['0017_audit_partitions']);
 
@@ -486,10 +518,19 @@ describe.skipIf(!hasPostgresServer)('migration 0017 on a populated log', () => {
       );
       expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 6 });
 
-      // Appends go on, into whichever partition holds their month.
+      // Appends go on, into whichever partition holds their month, linked in the database after the
+      // later migrations: the chain verifies across records of both schemes.
+      expect((await migrate(database.control)).applied).toEqual(
+        readdirSync(migrationsDir)
+          .filter((file) => file > '0017_audit_partitions.sql' && file.endsWith('.sql'))
+          .map((file) => file.replace(/\.sql$/, '')),
+      );
       await appendAt(database, new Date());
       await appendAt(database, new Date(monthStart(2).getTime() + days(1)));
       expect(await verifyAuditChain(database.control)).toMatchObject({ ok: true, checked: 8 });
+      const schemes = await sql<{ seq: string; hash_scheme: number }>`
+        select seq, hash_scheme from audit_events order by seq`.execute(database.control);
+      expect(schemes.rows.map((row) => row.hash_scheme)).toEqual([1, 1, 1, 1, 1, 1, 2, 2]);
 
       expect(await addMonthPartition(database.control, new Date('2099-01-20T00:00:00Z'))).toBe('default_has_rows');
       expect(await addMonthPartition(database.control, new Date('2020-03-20T00:00:00Z'))).toBe('overlaps');

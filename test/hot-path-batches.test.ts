@@ -29,20 +29,17 @@ import { grantQueryOf, grantStage } from '../src/admission/stages/04-grant.js';
 import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/step.js';
 import { AuditLog } from '../src/audit/audit-log.js';
 import {
-  appendIfHeadCarrying,
+  appendCarrying,
+  linkSql,
   readChainHead,
   verifyAuditChain,
   writeAuditEvents,
   writeAuditEventsCarrying,
   type AppendRider,
+  type TimedAuditEvent,
 } from '../src/audit/audit-repository.js';
-import {
-  appendIfHead,
-  callEndRider,
-  writeAuditEventsEndingRuns,
-  type CallEnd,
-  type CallEndAnswer,
-} from '../src/runs/run-end-rider.js';
+import { linkHash, sealLinked } from '../src/audit/audit-hash.js';
+import { callEndRider, runEndRider, type CallEnd, type CallEndAnswer } from '../src/runs/run-end-rider.js';
 import { lockWaits, until } from './helpers/waits.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { GrantUses } from '../src/grants/grant-admission.js';
@@ -377,7 +374,7 @@ describe('endRuns', () => {
   });
 });
 
-describe('appendIfHead carrying run ends', () => {
+describe('an append linked in the database, carrying run ends', () => {
   const leave = (tenant: string, runId: string, epoch = 1): RunEnding => ({
     tenant_id: tenant,
     run_id: runId,
@@ -386,25 +383,61 @@ describe('appendIfHead carrying run ends', () => {
     httpStatus: 200,
     envelope: envelope(runId, 'completed'),
   });
-  const event = (tenant: string, runId: string) => ({
+  const event = (tenant: string, runId: string, endRun?: RunEnding): TimedAuditEvent<RunEnding> => ({
     occurredAt: clock.now(),
     event: { event_type: 'run.step.completed', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId },
+    ...(endRun ? { rides: endRun } : {}),
   });
   const statusOf = async (tenant: string, runId: string) => (await findRun(db, tenant, runId))!.status;
+
+  it('links each record as linkHash does: the SQL and the TypeScript rule agree', async () => {
+    const cases: [number, string, string][] = [
+      [1, '0'.repeat(64), 'a'.repeat(64)],
+      [9_007_199_254_740_991, 'f'.repeat(64), '0123456789abcdef'.repeat(4)],
+    ];
+    for (const [seq, prev, content] of cases) {
+      const linked = await sql<{
+        hash: string;
+      }>`select ${linkSql(sql`${seq}::bigint`, sql`${prev}::text`, sql`${content}::text`)} as hash`.execute(db);
+      expect(linked.rows[0]!.hash).toBe(linkHash(seq, prev, content));
+    }
+    const tenant = fresh('append-link-t');
+    const before = await readChainHead(db);
+    const { records } = await appendCarrying(db, [event(tenant, 'a'), event(tenant, 'b'), event(tenant, 'c')]);
+    expect(records.map((r) => r.seq)).toEqual([before.seq + 1, before.seq + 2, before.seq + 3]);
+    expect(records[0]!.prev_hash).toBe(before.hash);
+    const stored = await db
+      .selectFrom('audit_events')
+      .selectAll()
+      .where('tenant_id', '=', tenant)
+      .orderBy('seq')
+      .execute();
+    expect(stored.map((row) => [Number(row.seq), row.prev_hash, row.hash, row.hash_scheme])).toEqual(
+      records.map((r) => [r.seq, r.prev_hash, r.hash, 2]),
+    );
+    for (const record of records) {
+      const { hash, hash_scheme: _scheme, ...unhashed } = record;
+      expect(sealLinked(unhashed).hash).toBe(hash);
+    }
+    expect(await readChainHead(db)).toEqual({ seq: records[2]!.seq, hash: records[2]!.hash });
+  });
 
   it('ends the runs its events carry, in the statement that appends them, and answers which ended', async () => {
     const tenant = fresh('append-end-t');
     await claimOne(tenant, 'ends');
     await claimOne(tenant, 'other-epoch');
     await claimOne(tenant, 'carried-none');
-    const head = await readChainHead(db);
-    const appended = await appendIfHead(db, head, [
-      { ...event(tenant, 'ends'), eventId: '00000000-0000-4000-8000-00000000e0d1', endRun: leave(tenant, 'ends') },
-      event(tenant, 'carried-none'),
-      { ...event(tenant, 'other-epoch'), endRun: leave(tenant, 'other-epoch', 2) },
-    ]);
-    expect(appended.ok && appended.runsEnded).toEqual([true, false, false]);
-    expect(appended.ok && appended.records[0]!.event_id).toBe('00000000-0000-4000-8000-00000000e0d1');
+    const appended = await appendCarrying(
+      db,
+      [
+        { ...event(tenant, 'ends', leave(tenant, 'ends')), eventId: '00000000-0000-4000-8000-00000000e0d1' },
+        event(tenant, 'carried-none'),
+        event(tenant, 'other-epoch', leave(tenant, 'other-epoch', 2)),
+      ],
+      runEndRider,
+    );
+    expect(appended.answers).toEqual([true, undefined, false]);
+    expect(appended.records[0]!.event_id).toBe('00000000-0000-4000-8000-00000000e0d1');
     expect(await statusOf(tenant, 'ends')).toBe('completed');
     expect((await findRun(db, tenant, 'ends'))!.envelope).toEqual(envelope('ends', 'completed'));
     expect(await statusOf(tenant, 'other-epoch')).toBe('running');
@@ -416,30 +449,10 @@ describe('appendIfHead carrying run ends', () => {
     expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
   });
 
-  it('ends nothing when the head moved: the events are not appended either, and the head as it stands is the answer', async () => {
-    const tenant = fresh('append-end-t');
-    await claimOne(tenant, 'stale');
-    const head = await readChainHead(db);
-    const mover = await appendIfHead(db, head, [event(tenant, 'mover')]);
-    expect(mover.ok).toBe(true);
-    const stale = await appendIfHead(db, head, [{ ...event(tenant, 'stale'), endRun: leave(tenant, 'stale') }]);
-    expect(stale).toEqual({ ok: false, head: mover.ok && mover.last });
-    expect(await readChainHead(db)).toEqual(mover.ok && mover.last);
-    expect(await statusOf(tenant, 'stale')).toBe('running');
-    const rows = await db
-      .selectFrom('audit_events')
-      .select('seq')
-      .where('tenant_id', '=', tenant)
-      .where('run_id', '=', 'stale')
-      .execute();
-    expect(rows).toEqual([]);
-  });
-
   it.skipIf(!hasPostgresServer)(
-    'answers the head another writer committed while it waited for the lock, which the next try appends after (needs a PostgreSQL server)',
+    'links its batch after the record another writer committed while it waited for the head (needs a PostgreSQL server)',
     async () => {
       const tenant = fresh('append-fresh-t');
-      const stale = await readChainHead(db);
       const watcher = new pg.Client({ connectionString: testDb.url! });
       await watcher.connect();
       let letGo!: () => void;
@@ -447,7 +460,7 @@ describe('appendIfHead carrying run ends', () => {
       let wrote!: () => void;
       const written = new Promise<void>((resolve) => (wrote = resolve));
       try {
-        // Another writer holds the head, uncommitted, having appended a record after `stale`.
+        // Another writer holds the head, uncommitted, having appended a record.
         const holder = db.transaction().execute(async (trx) => {
           const [record] = await writeAuditEvents(trx, [event(tenant, 'holder')]);
           wrote();
@@ -455,14 +468,16 @@ describe('appendIfHead carrying run ends', () => {
           return record!;
         });
         await written;
-        const attempt = appendIfHead(db, stale, [event(tenant, 'waiter')]);
+        const attempt = appendCarrying(db, [event(tenant, 'waiter'), event(tenant, 'waiter')]);
         await until('the append to wait for the head', async () => (await lockWaits(watcher)) > 0);
         letGo();
         const held = await holder;
-        // Read as it stood when the statement began, the head would still be `stale`.
-        expect(await attempt).toEqual({ ok: false, head: { seq: held.seq, hash: held.hash } });
-        const again = await appendIfHead(db, { seq: held.seq, hash: held.hash }, [event(tenant, 'waiter')]);
-        expect(again.ok && again.records[0]!.prev_hash).toBe(held.hash);
+        // Read as it stood when the statement began, the head would be the one before `held`.
+        const { records } = await attempt;
+        expect(records.map((r) => [r.seq, r.prev_hash])).toEqual([
+          [held.seq + 1, held.hash],
+          [held.seq + 2, records[0]!.hash],
+        ]);
       } finally {
         letGo();
         await watcher.end();
@@ -472,7 +487,7 @@ describe('appendIfHead carrying run ends', () => {
   );
 
   it.skipIf(!hasPostgresServer)(
-    'under the chain’s lock, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)',
+    'inside a transaction, ends the free runs and skips a held one without waiting for it (needs a PostgreSQL server)',
     async () => {
       const tenant = fresh('append-end-t');
       await claimOne(tenant, 'free');
@@ -482,13 +497,16 @@ describe('appendIfHead carrying run ends', () => {
       try {
         await holder.query('begin');
         await holder.query("select 1 from runs where tenant_id = $1 and run_id = 'held' for no key update", [tenant]);
-        const appended = await db.transaction().execute((trx) =>
-          writeAuditEventsEndingRuns(trx, [
-            { ...event(tenant, 'held'), endRun: leave(tenant, 'held') },
-            { ...event(tenant, 'free'), endRun: leave(tenant, 'free') },
-          ]),
-        );
-        expect(appended.runsEnded).toEqual([false, true]);
+        const appended = await db
+          .transaction()
+          .execute((trx) =>
+            writeAuditEventsCarrying(
+              trx,
+              [event(tenant, 'held', leave(tenant, 'held')), event(tenant, 'free', leave(tenant, 'free'))],
+              runEndRider,
+            ),
+          );
+        expect(appended.answers).toEqual([false, true]);
         expect(appended.records).toHaveLength(2);
       } finally {
         await holder.query('rollback');
@@ -516,10 +534,8 @@ describe('appendIfHead carrying run ends', () => {
         created_at: clock.now(),
       }),
     );
-    const appended = await appendIfHead(db, await readChainHead(db), [
-      { ...event(tenant, 'parent'), endRun: leave(tenant, 'parent') },
-    ]);
-    expect(appended.ok && appended.runsEnded).toEqual([false]);
+    const appended = await appendCarrying(db, [event(tenant, 'parent', leave(tenant, 'parent'))], runEndRider);
+    expect(appended.answers).toEqual([false]);
     expect(await statusOf(tenant, 'parent')).toBe('running');
   });
 });
@@ -1350,9 +1366,8 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
     const closedBefore = await reserve(tenant, 'closed-before', 7);
     expect(await ledger.release(closedBefore)).toBe('released');
     const eventId = '00000000-0000-4000-8000-00000000ca11';
-    const appended = await appendIfHeadCarrying(
+    const appended = await appendCarrying(
       db,
-      await readChainHead(db),
       [
         carrying(tenant, 'both', { end: leave(tenant, 'both'), closes: [settlementOf(both, 4)] }, eventId),
         carrying(tenant, 'settle-only', { closes: [settlementOf(settleOnly, 5)] }),
@@ -1361,7 +1376,7 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
       ],
       rider,
     );
-    expect(appended.ok && appended.answers).toEqual([
+    expect(appended.answers).toEqual([
       { ended: true, closed: ['settled'] },
       { ended: false, closed: ['settled'] },
       { ended: true, closed: [] },
@@ -1385,44 +1400,29 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
     );
   });
 
-  it('settles an expired reservation late, charged once, and nothing when the head moved', async () => {
+  it('settles an expired reservation late, charged once', async () => {
     const tenant = fresh('ride-t');
     const budget = await monthly(tenant, 100);
     const expired = await reserve(tenant, 'expired', 10);
     await closeAndUncharge(db, [{ id: expired.id, status: 'expired', actualMicros: null }], clock.now());
     expect(await usage(budget)).toEqual({ spent: 0, reserved: 0 });
     const open = await reserve(tenant, 'open', 3);
-
-    const stale = await readChainHead(db);
-    const mover = await appendIfHeadCarrying(db, stale, [carrying(tenant, 'mover', {})], rider);
-    expect(mover.ok).toBe(true);
-    const lost = await appendIfHeadCarrying(
+    const appended = await appendCarrying(
       db,
-      stale,
-      [carrying(tenant, 'open', { closes: [settlementOf(open, 3)] })],
-      rider,
-    );
-    expect(lost.ok).toBe(false);
-    expect(await statusOf(open.id)).toBe('reserved');
-    expect(await usage(budget)).toEqual({ spent: 0, reserved: 3 });
-
-    const appended = await appendIfHeadCarrying(
-      db,
-      await readChainHead(db),
       [
         carrying(tenant, 'expired', { closes: [settlementOf(expired, 2)] }),
         carrying(tenant, 'open', { closes: [settlementOf(open, 3)] }),
       ],
       rider,
     );
-    expect(appended.ok && appended.answers).toEqual([
+    expect(appended.answers).toEqual([
       { ended: false, closed: ['settled_after_expiry'] },
       { ended: false, closed: ['settled'] },
     ]);
     expect(await usage(budget)).toEqual({ spent: 5, reserved: 0 });
   });
 
-  it('settles under the chain’s lock as well, when the append falls back to it', async () => {
+  it('settles and ends inside a caller’s transaction as well', async () => {
     const tenant = fresh('ride-t');
     const budget = await monthly(tenant, 100);
     await claimOne(tenant, 'locked');
@@ -1456,16 +1456,15 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
         // Another writer (a hand-off recharging it) holds the reservation and changes it.
         await holder.query('begin');
         await holder.query('update budget_reservations set charges = charges where id = $1', [reservation.id]);
-        const appended = appendIfHeadCarrying(
+        const appended = appendCarrying(
           db,
-          await readChainHead(db),
           [carrying(tenant, 'changed', { closes: [settlementOf(reservation, 8)] })],
           rider,
         );
         await until('the settlement to wait for the reservation', async () => (await lockWaits(watcher)) === 1);
         await holder.query('commit');
         const answer = await appended;
-        expect(answer.ok && answer.answers).toEqual([{ ended: false, closed: [undefined] }]);
+        expect(answer.answers).toEqual([{ ended: false, closed: [undefined] }]);
         expect(await statusOf(reservation.id)).toBe('reserved');
         expect(await ledger.settle(reservation, 8)).toBe('settled');
         expect(await usage(budget)).toEqual({ spent: 8, reserved: 0 });

@@ -585,7 +585,7 @@ describe.skipIf(!hasPostgresServer)(
         // (The outcome record's statement: its start, since pg_stat_activity keeps only a statement's first kilobyte.)
         await until(
           'the settlement to wait',
-          async () => (await lockWaits(watcher, '%with current as materialized%')) === 1,
+          async () => (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
           patiently,
         );
         await subCounterHolder.query('commit');
@@ -595,7 +595,7 @@ describe.skipIf(!hasPostgresServer)(
           'both to wait on the ledger',
           async () =>
             (await lockWaits(watcher, '%with applicable as%')) === 1 &&
-            (await lockWaits(watcher, '%with current as materialized%')) === 1,
+            (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
           patiently,
         );
         await budgetCounterHolder.query('commit');

@@ -50,6 +50,8 @@ export interface AuditRecord {
   details: Record<string, unknown>;
   prev_hash: string;
   hash: string;
+  /** How `hash` was made: 1, over the whole record; 2, linking its content's hash (see audit-hash.ts). */
+  hash_scheme: 1 | 2;
 }
 
 export const OPTIONAL_FIELDS = [

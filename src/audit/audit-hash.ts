@@ -8,22 +8,61 @@ export const GENESIS_HASH = '0'.repeat(64);
 export const canonicalJson = configure({ deterministic: true, bigint: false, circularValue: Error });
 
 /**
- * The chain hash of a record: SHA-256 over the canonical JSON of every field but `hash`,
- * `prev_hash` included, so editing, removing or inserting any row breaks the chain after it.
+ * How a row's `hash` is made (its `hash_scheme`). `record`: over the canonical JSON of the whole
+ * row. `linked`: over its seq, its predecessor's hash and its content's hash, so that the database
+ * can link a record the gateway hashed without knowing where it would fall.
  */
-export function chainHash(record: Omit<AuditRecord, 'hash'>): string {
+export const HASH_SCHEME = { record: 1, linked: 2 } as const;
+export type HashScheme = AuditRecord['hash_scheme'];
+
+/** The fields a `linked` record's content hash leaves out: where it falls in the chain, and how. */
+export const LINK_FIELDS = ['seq', 'prev_hash', 'hash', 'hash_scheme'] as const;
+
+/** A record without the fields `linked` hashing leaves to the database. */
+export type AuditContent = Omit<AuditRecord, (typeof LINK_FIELDS)[number]>;
+
+/**
+ * The `record` scheme's hash: SHA-256 over the canonical JSON of every field but `hash` (and
+ * `hash_scheme`, which came later), `prev_hash` included.
+ */
+export function chainHash(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): string {
   return createHash('sha256')
     .update(canonicalJson(record) ?? '')
     .digest('hex');
 }
 
 /**
- * A record's chain hash and its JSON with the hash added, from one serialisation: the canonical
- * JSON that is hashed is also what is stored (keys sorted, which the database does not mind).
+ * A `record`-scheme record's hash and its JSON with the hash added, from one serialisation (rows
+ * of this scheme predate linking in the database; tests and benches still make them).
  */
-export function sealRecord(record: Omit<AuditRecord, 'hash'>): { hash: string; json: string } {
+export function sealRecord(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): { hash: string; json: string } {
   const canonical = canonicalJson(record) ?? '{}';
   const hash = createHash('sha256').update(canonical).digest('hex');
+  return { hash, json: `${canonical.slice(0, -1)},"hash":"${hash}"}` };
+}
+
+/** A record's content as canonical JSON, and its SHA-256: what the gateway hashes before the append. */
+export function sealContent(content: AuditContent): { contentHash: string; json: string } {
+  const json = canonicalJson(content) ?? '{}';
+  return { contentHash: createHash('sha256').update(json).digest('hex'), json };
+}
+
+/**
+ * The `linked` scheme's link: SHA-256 of `seq:prev_hash:content_hash` (decimal seq, hex hashes).
+ * The append statement computes the same in SQL (`linkSql`); a test pins the two together.
+ */
+export function linkHash(seq: number, prevHash: string, contentHash: string): string {
+  return createHash('sha256').update(`${seq}:${prevHash}:${contentHash}`).digest('hex');
+}
+
+/**
+ * A `linked` record's hash and its JSON, `hash` last as an export writes it: what a verifier
+ * outside toolgate recomputes, and how tests and benches make rows without the gateway.
+ */
+export function sealLinked(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): { hash: string; json: string } {
+  const { seq, prev_hash, ...content } = record;
+  const hash = linkHash(seq, prev_hash, sealContent(content).contentHash);
+  const canonical = canonicalJson({ ...record, hash_scheme: HASH_SCHEME.linked }) ?? '{}';
   return { hash, json: `${canonical.slice(0, -1)},"hash":"${hash}"}` };
 }
 

@@ -1,30 +1,13 @@
-import type { Kysely } from 'kysely';
 import type { Database } from '../db/database.js';
 import { GroupCommit } from '../db/group-commit.js';
-import type { DB } from '../db/schema.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import {
-  appendIfHeadCarrying,
-  readChainHead,
-  writeAuditEventsCarrying,
-  type AppendRider,
-  type ChainHead,
-  type TimedAuditEvent,
-} from './audit-repository.js';
-
-/**
- * How many times a batch is hashed against the head as it stands and offered again, after
- * another writer moved the head first, before it waits for the chain's lock instead.
- */
-const APPEND_ATTEMPTS = 4;
+import { appendCarrying, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
 
 /** What the composition root gives the log; tests may give nothing. */
 export interface AuditLogOptions<Change, Answer> {
   now?: () => Date;
   /** Told the size of every batch committed. */
   onCommit?: (batchSize: number) => void;
-  /** Told each time a batch found the head moved by another writer and was hashed again. */
-  onHeadMoved?: () => void;
   /** What commits with the events that carry a change (`appendCarrying`). */
   rider?: AppendRider<Change, Answer>;
 }
@@ -39,47 +22,19 @@ export class AuditLog<Change = unknown, Answer = unknown> {
   private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; answer: unknown }>;
   private readonly rider: AppendRider<unknown, unknown> | undefined;
   private readonly now: () => Date;
-  private readonly onHeadMoved: () => void;
-  private head: ChainHead | undefined;
 
   constructor(database: Database, options: AuditLogOptions<Change, Answer> = {}) {
     this.now = options.now ?? (() => new Date());
     this.rider = options.rider;
-    this.onHeadMoved = options.onHeadMoved ?? (() => undefined);
     const onCommit = options.onCommit ?? (() => undefined);
     // Appends are per-call statements that must be durable before the call goes on.
     const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
-      const { records, answers } = await this.commit(db, batch);
+      // One statement whatever other replicas do: the database links the batch after the head it finds.
+      const { records, answers } = await appendCarrying(db, batch, this.rider);
       onCommit(batch.length);
       return records.map((record, i) => ({ record, answer: answers[i] }));
     });
-  }
-
-  /**
-   * Appends against the head this replica last wrote (compare and set), hashing again after the head
-   * another writer moved; a batch that keeps losing appends under the chain's lock.
-   * docs/design/audit-chain.md#appending-group-commit-and-compare-and-set
-   */
-  private async commit(
-    db: Kysely<DB>,
-    batch: TimedAuditEvent[],
-  ): Promise<{ records: AuditRecord[]; answers: unknown[] }> {
-    let head = this.head ?? (await readChainHead(db));
-    for (let attempt = 0; attempt < APPEND_ATTEMPTS; attempt += 1) {
-      const appended = await appendIfHeadCarrying(db, head, batch, this.rider);
-      if (appended.ok) {
-        this.head = appended.last;
-        return appended;
-      }
-      this.onHeadMoved();
-      head = appended.head;
-    }
-    this.head = undefined;
-    const appended = await db.transaction().execute((trx) => writeAuditEventsCarrying(trx, batch, this.rider));
-    const last = appended.records[appended.records.length - 1];
-    this.head = last ? { seq: last.seq, hash: last.hash } : undefined;
-    return appended;
   }
 
   async append(event: AuditEventInput): Promise<AuditRecord> {

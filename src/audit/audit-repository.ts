@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { AuditEventTable, DB } from '../db/schema.js';
 import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit-event.js';
-import { GENESIS_HASH, sealRecord } from './audit-hash.js';
+import { GENESIS_HASH, HASH_SCHEME, sealContent, type AuditContent } from './audit-hash.js';
 import { walkChain, type ArchivedRange, type WalkResult } from './chain-walk.js';
 
 export interface TimedAuditEvent<T = unknown> {
@@ -27,8 +27,6 @@ export interface AppendRider<T, R = boolean> {
   steps(items: T[], when: RawBuilder<unknown>): { ctes: RawBuilder<unknown>; changed: RawBuilder<unknown> };
   /** For each item, its answer from what the steps changed. */
   answers(items: T[], changed: unknown): R[];
-  /** The change as a statement of its own, in a transaction that holds the chain's lock. */
-  applyHoldingChain(trx: Transaction<DB>, items: T[]): Promise<R[]>;
 }
 
 /** Appended records, and for each event that carried a change, its answer (undefined for the others). */
@@ -43,73 +41,115 @@ export interface ChainHead {
   hash: string;
 }
 
-/**
- * The records that follow `head`, hashed in order, the head they leave behind, and the records
- * as one JSON array for the insert.
- */
-function chainAfter(
-  head: ChainHead,
-  events: TimedAuditEvent[],
-): { records: AuditRecord[]; last: ChainHead; json: string } {
-  let seq = head.seq;
-  let prevHash = head.hash;
-  const records: AuditRecord[] = [];
+/** Each event's content (without its place in the chain), hashed, and the contents as one JSON array. */
+function contentsOf(events: TimedAuditEvent[]): { contents: AuditContent[]; hashes: string[]; json: string } {
+  const contents: AuditContent[] = [];
+  const hashes: string[] = [];
   const rows: string[] = [];
   for (const { event, occurredAt, eventId } of events) {
-    seq += 1;
-    const unhashed: Omit<AuditRecord, 'hash'> = {
-      seq,
+    const content: AuditContent = {
       event_id: eventId ?? randomUUID(),
       occurred_at: occurredAt.toISOString(),
       actor: event.actor,
       event_type: event.event_type,
       ...optionalFields(event),
       details: event.details ?? {},
-      prev_hash: prevHash,
     };
-    const sealed = sealRecord(unhashed);
-    records.push({ ...unhashed, hash: sealed.hash });
+    const sealed = sealContent(content);
+    contents.push(content);
+    hashes.push(sealed.contentHash);
     rows.push(sealed.json);
-    prevHash = sealed.hash;
   }
-  return { records, last: { seq, hash: prevHash }, json: `[${rows.join(',')}]` };
+  return { contents, hashes, json: `[${rows.join(',')}]` };
+}
+
+/** `linkHash` in SQL, over the same text: `seq:prev_hash:content_hash`. */
+export function linkSql(
+  seq: RawBuilder<unknown>,
+  prevHash: RawBuilder<unknown>,
+  contentHash: RawBuilder<unknown>,
+): RawBuilder<string> {
+  return sql<string>`encode(sha256(convert_to(${seq}::text || ':' || ${prevHash} || ':' || ${contentHash}, 'UTF8')), 'hex')`;
 }
 
 /**
- * Appends events to the chain inside the caller's transaction. Locks the chain head, so it
- * takes a `Transaction`: the events become durable exactly when the caller's change does.
+ * Appends events in one statement, linked in order after the chain head it locks: the database
+ * numbers them and hashes each link (`linkHash`) from the content hashes the gateway made, so no
+ * writer needs to know the head beforehand. The changes the events carry go in the same statement,
+ * after the head's lock (the lock order's first), and commit with the rows.
+ * docs/design/audit-chain.md#appending-linked-in-the-database
+ */
+export async function appendCarrying<T, R>(
+  db: Kysely<DB>,
+  events: TimedAuditEvent<T>[],
+  rider?: AppendRider<T, R>,
+): Promise<Appended<R>> {
+  if (events.length === 0) return { records: [], answers: [] };
+  const { contents, hashes, json } = contentsOf(events);
+  const items = ridersOf(events, rider);
+  const riding = items.length > 0 ? rider!.steps(items, sql`exists (select 1 from moved)`) : undefined;
+  const ctes = riding ? sql`, ${riding.ctes}` : sql``;
+  const changed = riding ? riding.changed : sql`null::json`;
+  // `current` locks the head and reads it as it stands (a plain read would see it as it stood when
+  // the statement began); everything after it follows from it, so it is the statement's first lock.
+  const result = await sql<{ seq: string; hash: string; hashes: string[]; n: number; changed: unknown }>`
+    with recursive current as materialized (
+      select seq, hash from audit_chain_head where id = 1 for no key update
+    ), linked (n, seq, hash) as (
+      select 0::bigint, seq, hash from current
+      union all
+      select l.n + 1, l.seq + 1, ${linkSql(sql`(l.seq + 1)`, sql`l.hash`, sql`(${hashes}::text[])[l.n + 1]`)}
+      from linked l where l.n < ${events.length}
+    ), moved as (
+      update audit_chain_head h set seq = l.seq, hash = l.hash
+      from linked l
+      where h.id = 1 and l.n = ${events.length}
+      returning 1
+    ), appended as (
+      insert into audit_events
+      select e.* from jsonb_array_elements(${json}::jsonb) with ordinality r(content, n)
+      join linked l on l.n = r.n
+      join linked p on p.n = r.n - 1
+      cross join lateral jsonb_populate_record(null::audit_events, r.content || jsonb_build_object(
+        'seq', l.seq, 'prev_hash', p.hash, 'hash', l.hash, 'hash_scheme', ${HASH_SCHEME.linked}::int)) e
+      returning 1
+    )${ctes}
+    select c.seq, c.hash, (select array_agg(hash order by n) from linked where n > 0) as hashes,
+      (select count(*)::int from appended) as n, ${changed} as changed
+    from current c`.execute(db);
+  const row = result.rows[0];
+  if (!row) throw new Error('the audit chain has no head row');
+  if (Number(row.n) !== events.length || row.hashes.length !== events.length)
+    throw new Error(`the audit append wrote ${row.n} of ${events.length} records`);
+  let seq = Number(row.seq);
+  let prevHash = row.hash;
+  const records = contents.map((content, i): AuditRecord => {
+    seq += 1;
+    const record = { ...content, seq, prev_hash: prevHash, hash: row.hashes[i]!, hash_scheme: HASH_SCHEME.linked };
+    prevHash = record.hash;
+    return record;
+  });
+  return {
+    records,
+    answers: spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []),
+  };
+}
+
+/**
+ * Appends events to the chain inside the caller's transaction: they become durable exactly when
+ * the caller's change does (the head stays locked until then).
  */
 export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditEvent[]): Promise<AuditRecord[]> {
-  if (events.length === 0) return [];
-  const head = await trx
-    .selectFrom('audit_chain_head')
-    .select(['seq', 'hash'])
-    .where('id', '=', 1)
-    .forUpdate()
-    .executeTakeFirstOrThrow();
-  const { records, last, json } = chainAfter({ seq: Number(head.seq), hash: head.hash }, events);
-  // The rows and the new head in one statement (one round trip while the head is locked).
-  await sql`
-    with moved as (
-      update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1
-    )
-    insert into audit_events select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)`.execute(trx);
-  return records;
+  return (await appendCarrying(trx, events)).records;
 }
 
-/**
- * `writeAuditEvents`, and the changes the events carry (`rides`) applied in the same transaction,
- * each only if its rows are free: the chain's lock is held meanwhile.
- */
-export async function writeAuditEventsCarrying<T, R>(
+/** `writeAuditEvents`, and the changes the events carry (`rides`) in the same statement. */
+export function writeAuditEventsCarrying<T, R>(
   trx: Transaction<DB>,
   events: TimedAuditEvent<T>[],
   rider?: AppendRider<T, R>,
 ): Promise<Appended<R>> {
-  const records = await writeAuditEvents(trx, events);
-  const items = ridersOf(events, rider);
-  const answers = items.length > 0 ? await rider!.applyHoldingChain(trx, items) : [];
-  return { records, answers: spreadOver(events, answers) };
+  return appendCarrying(trx, events, rider);
 }
 
 function ridersOf<T, R>(events: TimedAuditEvent<T>[], rider: AppendRider<T, R> | undefined): T[] {
@@ -131,55 +171,6 @@ export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
     .where('id', '=', 1)
     .executeTakeFirstOrThrow();
   return { seq: Number(head.seq), hash: head.hash };
-}
-
-/** `appendIfHead`'s answer: the events appended, or the head they were not appended after. */
-export type AppendedIfHead<R = unknown> =
-  (Appended<R> & { ok: true; last: ChainHead }) | { ok: false; head: ChainHead };
-
-/**
- * Appends events in one statement if `expected` is still the chain's head; else nothing happens and the
- * answer is the head as it stands, to hash against and try again. The changes the events carry go in the
- * same statement, only with the rows and only where their rows are free (it holds the chain's head).
- */
-export async function appendIfHeadCarrying<T, R>(
-  db: Kysely<DB>,
-  expected: ChainHead,
-  events: TimedAuditEvent<T>[],
-  rider?: AppendRider<T, R>,
-): Promise<AppendedIfHead<R>> {
-  const { records, last, json } = chainAfter(expected, events);
-  const items = ridersOf(events, rider);
-  const riding = items.length > 0 ? rider!.steps(items, sql`exists (select 1 from moved)`) : undefined;
-  const ctes = riding ? sql`, ${riding.ctes}` : sql``;
-  const changed = riding ? riding.changed : sql`null::json`;
-  // `current` locks the head and reads it as it stands (a plain read would see it as it stood
-  // when the statement began), for the answer when the head moved; joining it makes the update
-  // come after it. The update compares the head's own columns, rechecked on its newest version.
-  const result = await sql<{ n: number; changed: unknown; seq: string; hash: string }>`
-    with current as materialized (
-      select seq, hash from audit_chain_head where id = 1 for no key update
-    ), moved as (
-      update audit_chain_head h set seq = ${last.seq}, hash = ${last.hash}
-      from current c
-      where h.id = 1 and h.seq = ${expected.seq} and h.hash = ${expected.hash}
-      returning 1
-    ), appended as (
-      insert into audit_events
-      select * from jsonb_populate_recordset(null::audit_events, ${json}::jsonb)
-      where exists (select 1 from moved)
-      returning 1
-    )${ctes}
-    select (select count(*)::int from appended) as n, ${changed} as changed, c.seq, c.hash from current c`.execute(db);
-  const row = result.rows[0];
-  if (!row) throw new Error('the audit chain has no head row');
-  if (Number(row.n) !== records.length) return { ok: false, head: { seq: Number(row.seq), hash: row.hash } };
-  return {
-    ok: true,
-    records,
-    last,
-    answers: spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []),
-  };
 }
 
 function optionalFields(event: AuditEventInput): Pick<AuditRecord, (typeof OPTIONAL_FIELDS)[number]> {

@@ -1,7 +1,7 @@
 import { hash as digest } from 'node:crypto';
 import { sql, type RawBuilder, type Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
-import { canonicalJson } from './audit-hash.js';
+import { canonicalJson, HASH_SCHEME, linkHash } from './audit-hash.js';
 
 /** The last link of the chain: what the next event's `prev_hash` and `seq` follow. */
 export interface ChainLink {
@@ -61,19 +61,26 @@ const KINDS: Record<string, Kind> = {
   boolean: 'bool',
 };
 
-/** Every column of `audit_events` but `hash`, in the order canonical JSON sorts keys. */
-async function hashedColumns(trx: Transaction<DB>): Promise<Column[]> {
+/** Columns a `linked` record's content leaves out: they are in its link instead. */
+const LINK_COLUMNS = new Set(['seq', 'prev_hash']);
+
+/**
+ * Every column of `audit_events` but `hash` and `hash_scheme`, in the order canonical JSON sorts
+ * keys, and whether the table has `hash_scheme` yet (a log before migration 0019 has none: scheme 1).
+ */
+async function hashedColumns(trx: Transaction<DB>): Promise<{ columns: Column[]; schemed: boolean }> {
   const { rows } = await sql<{ column_name: string; data_type: string }>`
     select column_name, data_type from information_schema.columns
     where table_schema = current_schema() and table_name = 'audit_events'`.execute(trx);
-  return rows
-    .filter((row) => row.column_name !== 'hash')
+  const columns = rows
+    .filter((row) => row.column_name !== 'hash' && row.column_name !== 'hash_scheme')
     .map((row) => ({
       name: row.column_name,
       kind: KINDS[row.data_type] ?? 'text',
       key: `${JSON.stringify(row.column_name)}:`,
     }))
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  return { columns, schemed: rows.some((row) => row.column_name === 'hash_scheme') };
 }
 
 const ISO_UTC = /^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?\+00$/;
@@ -106,20 +113,21 @@ function numbersExact(json: string): boolean {
  * that PostgreSQL writes as JSON itself (`to_json` escapes a string as JSON.stringify does), or
  * one column converted here. Fewer, longer fields per row are what make the walk fast.
  */
-type Part = { first: boolean } & ({ run: string; columns: Column[] } | { column: Column });
+type Part = { run: string; columns: Column[] } | { column: Column };
 
 function partsOf(columns: Column[]): Part[] {
   const parts: Part[] = [];
   let run: Column[] = [];
   const flush = () => {
-    if (run.length > 0) parts.push({ first: parts.length === 0, run: `$run${parts.length}`, columns: run });
+    if (run.length > 0) parts.push({ run: `$run${parts.length}`, columns: run });
     run = [];
   };
   for (const column of columns) {
-    if (column.kind === 'text' || column.kind === 'bool') run.push(column);
+    // A link column stands alone, so that a `linked` record's content can leave it out.
+    if ((column.kind === 'text' || column.kind === 'bool') && !LINK_COLUMNS.has(column.name)) run.push(column);
     else {
       flush();
-      parts.push({ first: parts.length === 0, column });
+      parts.push({ column });
     }
   }
   flush();
@@ -145,8 +153,11 @@ interface WalkedRow {
   seq: number;
   hash: string;
   prevHash: string;
-  /** The canonical JSON the row's hash covers, as the appender serialised it. */
+  /** The hash the row's fields make under its scheme (undefined for a scheme none knows: an edit). */
+  computed: string | undefined;
+  /** The canonical JSON that was hashed: the whole record, or a `linked` record's content. */
   canonical: string;
+  linked: boolean;
   /** Whether JavaScript reads the row exactly (no part of a millisecond, no NaN, a writable time). */
   readExactly: boolean;
   /** Its `details` when they hold a number JavaScript may read inexactly: the database compares them. */
@@ -154,16 +165,18 @@ interface WalkedRow {
 }
 
 function toWalked(row: Record<string, string | boolean | null>, parts: Part[]): WalkedRow {
+  const scheme = row['$scheme'];
+  const linked = scheme === String(HASH_SCHEME.linked);
   let canonical = '{';
   let readExactly = row['$whole_ms'] === true;
   let inexactDetails: unknown;
   for (const part of parts) {
-    if (!part.first) canonical += ',';
     if ('run' in part) {
-      canonical += row[part.run] as string;
+      canonical += (canonical.length > 1 ? ',' : '') + (row[part.run] as string);
       continue;
     }
     const { name, kind, key } = part.column;
+    if (linked && LINK_COLUMNS.has(name)) continue;
     const text = row[name] as string | null;
     let json: string;
     if (text === null) json = 'null';
@@ -177,21 +190,35 @@ function toWalked(row: Record<string, string | boolean | null>, parts: Part[]): 
       const time = rfc3339(text);
       if (time === null) readExactly = false;
       json = time === null ? 'null' : `"${time}"`;
-    } else {
+    } else if (kind === 'json') {
       const value: unknown = JSON.parse(text);
       json = canonicalJson(value) ?? 'null';
       if (!numbersExact(text)) inexactDetails = value;
-    }
-    canonical += key + json;
+    } else json = JSON.stringify(text);
+    canonical += (canonical.length > 1 ? ',' : '') + key + json;
   }
-  return {
-    seq: Number(row.seq),
-    hash: row.hash as string,
-    prevHash: row.prev_hash as string,
-    canonical: `${canonical}}`,
-    readExactly,
-    inexactDetails,
-  };
+  canonical += '}';
+  const seq = Number(row.seq);
+  const prevHash = row.prev_hash as string;
+  const computed = linked
+    ? linkHash(seq, prevHash, digest('sha256', canonical, 'hex'))
+    : scheme === String(HASH_SCHEME.record)
+      ? digest('sha256', canonical, 'hex')
+      : undefined;
+  return { seq, hash: row.hash as string, prevHash, computed, canonical, linked, readExactly, inexactDetails };
+}
+
+/** A verified row as a line of an export: the whole record in canonical JSON, `hash` last. */
+function exportLine(row: WalkedRow): string {
+  const record = row.linked
+    ? (canonicalJson({
+        ...(JSON.parse(row.canonical) as Record<string, unknown>),
+        hash_scheme: HASH_SCHEME.linked,
+        prev_hash: row.prevHash,
+        seq: row.seq,
+      }) ?? '{}')
+    : row.canonical;
+  return `${record.slice(0, -1)},"hash":"${row.hash}"}`;
 }
 
 /**
@@ -211,7 +238,8 @@ export async function walkChain(
   // The texts the conversion expects, whatever the session's settings were.
   await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
     set_config('extra_float_digits', '1', true)`.execute(trx);
-  const parts = partsOf(await hashedColumns(trx));
+  const { columns, schemed } = await hashedColumns(trx);
+  const parts = partsOf(columns);
   const selected = sql.join([
     // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
     ...parts.map((part) =>
@@ -219,7 +247,7 @@ export async function walkChain(
         ? sql`${runSql(part.columns)} as ${sql.ref(part.run)}`
         : sql`${sql.ref(`audit_events.${part.column.name}`)}::text as ${sql.ref(part.column.name)}`,
     ),
-    sql`audit_events.prev_hash as prev_hash`,
+    schemed ? sql`audit_events.hash_scheme::text as "$scheme"` : sql`${String(HASH_SCHEME.record)} as "$scheme"`,
     sql`hash`,
     sql`occurred_at = date_trunc('milliseconds', occurred_at) as "$whole_ms"`,
   ]);
@@ -268,17 +296,12 @@ export async function walkChain(
       }
       if (seq < expectedSeq && inCrossed(seq)) continue;
       const row = toWalked(raw, parts);
-      if (
-        !row.readExactly ||
-        seq !== expectedSeq ||
-        row.prevHash !== prevHash ||
-        digest('sha256', row.canonical, 'hex') !== row.hash
-      ) {
+      if (!row.readExactly || seq !== expectedSeq || row.prevHash !== prevHash || row.computed !== row.hash) {
         brokenAt = Math.min(seq, expectedSeq);
         break;
       }
       if (row.inexactDetails !== undefined) inexact.push({ seq, details: row.inexactDetails });
-      if (options.onRows) lines.push(`${row.canonical.slice(0, -1)},"hash":"${row.hash}"}`);
+      if (options.onRows) lines.push(exportLine(row));
       pageSeqs.push(seq);
       checked += 1;
       expectedSeq += 1;

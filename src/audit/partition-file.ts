@@ -1,14 +1,18 @@
 import { createHash, createPublicKey } from 'node:crypto';
-import { canonicalJson } from './audit-hash.js';
+import { canonicalJson, HASH_SCHEME, linkHash } from './audit-hash.js';
 import { CheckpointSigner, keyIdOf, type Checkpoint } from './checkpoint-signer.js';
 
-/** The export format's name, in its header: a file names the rules it is verified by. */
-export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v1';
+/**
+ * The export format's name, in its header: a file names the rules it is verified by. Version 2 adds
+ * records linked in the database (`hash_scheme` 2); a version 1 file verifies by the same rules.
+ */
+export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v2';
+const READABLE_FORMATS: readonly string[] = ['toolgate-audit-partition-v1', PARTITION_FILE_FORMAT];
 
 /** The first line of an exported partition. */
 export interface PartitionFileHeader {
   type: 'header';
-  format: typeof PARTITION_FILE_FORMAT;
+  format: string;
   partition: string;
   /**
    * The partition's bounds on `occurred_at`, [range_start, range_end), null where unbounded: for
@@ -130,8 +134,8 @@ export class PartitionFileVerifier {
     this.digest.update(`${text}\n`);
     const value = this.parseCanonical(text);
     if (value === undefined) return;
-    if (value.type !== 'header' || value.format !== PARTITION_FILE_FORMAT)
-      return this.fail(`not a ${PARTITION_FILE_FORMAT} header`);
+    if (value.type !== 'header' || !READABLE_FORMATS.includes(value.format as string))
+      return this.fail(`not a ${READABLE_FORMATS.join(' or ')} header`);
     const header = value as unknown as PartitionFileHeader;
     if (!Number.isSafeInteger(header.first_seq) || !Number.isSafeInteger(header.last_seq))
       return this.fail('a header without first_seq and last_seq');
@@ -144,14 +148,15 @@ export class PartitionFileVerifier {
     const suffix = HASH_SUFFIX.exec(text);
     if (suffix === null) return this.fail('a record without its hash at the end');
     const hash = suffix[1]!;
-    // The hash covers the record's exact bytes without the hash, as the appender serialised it.
+    // The hash covers the record's exact bytes without the hash, as the appender serialised it, or
+    // (a linked record) its place in the chain and the exact bytes of the rest.
     const body = `${text.slice(0, suffix.index)}}`;
     const record = this.parseCanonical(body);
     if (record === undefined) return;
     if (record.seq !== this.expectedSeq)
       return this.fail(`seq ${String(record.seq)} where ${this.expectedSeq} was due`);
     if (record.prev_hash !== this.prevHash) return this.fail(`seq ${this.expectedSeq}: prev_hash does not chain`);
-    if (createHash('sha256').update(body).digest('hex') !== hash)
+    if (recordHash(record, body) !== hash)
       return this.fail(`seq ${this.expectedSeq}: the hash does not match the record`);
     this.firstHash ??= hash;
     this.prevHash = hash;
@@ -190,4 +195,15 @@ export class PartitionFileVerifier {
     const distrust = new CheckpointSigner({ verifyKeysPem: [this.options.publicKeyPem] }).distrust(checkpoint);
     if (distrust !== null) this.fail(`the checkpoint's signature does not verify (${distrust})`, at);
   }
+}
+
+/** A record's hash by its scheme, from its parsed fields and its canonical bytes without the hash. */
+function recordHash(record: Record<string, unknown>, body: string): string | undefined {
+  if (record.hash_scheme === undefined) return createHash('sha256').update(body).digest('hex');
+  if (record.hash_scheme !== HASH_SCHEME.linked) return undefined;
+  const { seq, prev_hash, hash_scheme: _scheme, ...content } = record;
+  const contentHash = createHash('sha256')
+    .update(canonicalJson(content) ?? '')
+    .digest('hex');
+  return linkHash(seq as number, prev_hash as string, contentHash);
 }

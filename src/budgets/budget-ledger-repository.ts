@@ -401,7 +401,7 @@ export async function closeAndUncharge(
 const CLOSE_PASSES = 8;
 
 /** One statement of `closeAndUncharge`; `changed`: the ids it missed because they had changed since its snapshot. */
-export async function closeOnce(db: Kysely<DB>, unique: ReservationClose[], at: Date): Promise<Closed> {
+async function closeOnce(db: Kysely<DB>, unique: ReservationClose[], at: Date): Promise<Closed> {
   const result = await sql<{ closes: ClosesRow }>`
     with ${closeSteps(unique, at)}
     select ${closesChanged} as closes`.execute(db);

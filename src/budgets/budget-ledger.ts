@@ -23,7 +23,6 @@ import {
   writeLedgerIf,
   type ClosedStatus,
   closedOf,
-  closeOnce,
   closesChanged,
   closeSteps,
   firstCloses,
@@ -269,8 +268,6 @@ export class BudgetLedger {
       changed: closesChanged,
     }),
     answers: (closes, changed) => this.answered(closes, closedOf(changed as ClosesRow | null)),
-    applyHoldingChain: async (trx, closes) =>
-      this.answered(closes, await closeOnce(trx, firstCloses(closes), this.options.now())),
   };
 
   private answered(closes: ReservationClose[], result: Closed): Array<CloseOutcome | undefined> {

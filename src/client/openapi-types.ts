@@ -269,10 +269,11 @@ export interface paths {
          *     the month's last record (a record of the next month inside it, appended out of date order at
          *     the boundary, is included and stays attached with its month). One line of canonical JSON
          *     each: a header (`type` `header`, `format`
-         *     `toolgate-audit-partition-v1`, `partition`, `range_start`, `range_end`, `first_seq`,
+         *     `toolgate-audit-partition-v2`, `partition`, `range_start`, `range_end`, `first_seq`,
          *     `last_seq`, `prev_hash` — the hash of the record before, which the first chains from —,
-         *     `first_hash`, `last_hash`, `rows`, `exported_at`); every record as it was hashed (its
-         *     canonical JSON with `hash` last); a trailer (`type` `trailer`, `checkpoint` — the trusted
+         *     `first_hash`, `last_hash`, `rows`, `exported_at`); every record in canonical JSON with
+         *     `hash` last, hashed as its `hash_scheme` says (see `AuditEvent`; a record without one is
+         *     scheme 1, as every record of a `v1` file is); a trailer (`type` `trailer`, `checkpoint` — the trusted
          *     checkpoint at `last_seq` —, `lines_sha256` of the lines before it). The records are verified
          *     as they are read; a break ends the stream early, so a file without its trailer is incomplete.
          *     Verify it offline with `toolgate audit verify-file FILE --key PUBLIC.pem`.
@@ -1374,6 +1375,15 @@ export interface components {
             details: Record<string, unknown>;
             prev_hash: string;
             hash: string;
+            /**
+             * @description How `hash` was made. `2` (records appended since migration 0019): SHA-256 of the
+             *     UTF-8 text `<seq>:<prev_hash>:<content_hash>`, where `content_hash` is the SHA-256 of the
+             *     canonical JSON (keys sorted, no spaces) of the record without `seq`, `prev_hash`, `hash`
+             *     and `hash_scheme`. `1` (earlier records): SHA-256 of the canonical JSON of the record
+             *     without `hash` and `hash_scheme`.
+             * @enum {unknown}
+             */
+            hash_scheme: 1 | 2;
         };
         /**
          * @description The chain held row `seq` with `hash` at `at`. `signature` is Ed25519 (base64url) over the

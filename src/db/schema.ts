@@ -27,6 +27,7 @@ export interface AuditEventTable {
   details: ColumnType<Record<string, unknown>, string, never>;
   prev_hash: string;
   hash: string;
+  hash_scheme: ColumnType<1 | 2, 1 | 2, never>;
 }
 
 export interface AuditChainHeadTable {

@@ -6,7 +6,6 @@ export interface Metrics {
   httpDuration: Histogram<'method' | 'route' | 'status_code'>;
   auditEventsCommitted: Counter;
   auditCommitBatchSize: Histogram;
-  auditHeadMoved: Counter;
   decisions: Counter<'outcome' | 'reason'>;
   admissionDuration: Histogram;
   backendDuration: Histogram<'tool_id' | 'outcome'>;
@@ -35,11 +34,6 @@ export function createMetrics(): Metrics {
       name: 'toolgate_audit_commit_batch_size',
       help: 'Events per audit group commit',
       buckets: [1, 2, 5, 10, 25, 50, 100, 250, 500],
-      registers: [registry],
-    }),
-    auditHeadMoved: new Counter({
-      name: 'toolgate_audit_append_conflicts_total',
-      help: 'Audit appends (compare and set) that found the chain head moved by another writer, and were hashed again',
       registers: [registry],
     }),
     decisions: new Counter({

@@ -1,20 +1,12 @@
-import { sql, type Kysely, type Transaction } from 'kysely';
-import {
-  appendIfHeadCarrying,
-  writeAuditEventsCarrying,
-  type AppendRider,
-  type ChainHead,
-  type TimedAuditEvent,
-} from '../audit/audit-repository.js';
-import type { AuditRecord } from '../audit/audit-event.js';
+import { sql } from 'kysely';
+import type { AppendRider } from '../audit/audit-repository.js';
 import type { CloseOutcome } from '../budgets/budget-ledger.js';
 import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
-import type { DB } from '../db/schema.js';
-import { endedOf, endRunsSkippingLocked, runEndSteps, type EndedRunRow, type RunEnding } from './run-repository.js';
+import { endedOf, runEndSteps, type EndedRunRow, type RunEnding } from './run-repository.js';
 
 /**
  * A run's end riding on its call's last audit record: ended in the same commit, only if the
- * record is appended and the run's row is free (see `endRunsSkippingLocked`). The composition
+ * record is appended and the run's row is free (`runEndSteps` without waiting for locks). The composition
  * root hands it to the audit log, which knows nothing of runs.
  */
 export const runEndRider: AppendRider<RunEnding> = {
@@ -23,7 +15,6 @@ export const runEndRider: AppendRider<RunEnding> = {
     changed: sql`(select coalesce(json_agg(run_ends_done), '[]') from run_ends_done)`,
   }),
   answers: (endings, rows) => endedOf(endings, rows as EndedRunRow[]),
-  applyHoldingChain: endRunsSkippingLocked,
 };
 
 /**
@@ -87,41 +78,5 @@ export function callEndRider(
         closes.length > 0 ? settlements.answers(closes, settles) : [],
       );
     },
-    applyHoldingChain: async (trx, items) => {
-      const { endings, closes } = split(items);
-      const ended = endings.length > 0 ? await runEndRider.applyHoldingChain(trx, endings) : [];
-      const closed = closes.length > 0 ? await settlements.applyHoldingChain(trx, closes) : [];
-      return spread(items, ended, closed);
-    },
   };
-}
-
-/** An audit event, and the run it ends if it is that run's last word. */
-export type RunEndingEvent = Omit<TimedAuditEvent, 'rides'> & { endRun?: RunEnding };
-
-function riding(events: RunEndingEvent[]): TimedAuditEvent<RunEnding>[] {
-  return events.map(({ endRun, ...event }) => (endRun ? { ...event, rides: endRun } : event));
-}
-
-/** `appendIfHeadCarrying` with run ends: for each event, whether its run ended with it. */
-export async function appendIfHead(
-  db: Kysely<DB>,
-  expected: ChainHead,
-  events: RunEndingEvent[],
-): Promise<
-  { ok: true; records: AuditRecord[]; last: ChainHead; runsEnded: boolean[] } | { ok: false; head: ChainHead }
-> {
-  const appended = await appendIfHeadCarrying(db, expected, riding(events), runEndRider);
-  return appended.ok
-    ? { ok: true, records: appended.records, last: appended.last, runsEnded: appended.answers.map((a) => a === true) }
-    : appended;
-}
-
-/** `writeAuditEventsCarrying` with run ends, under the chain's lock the caller's transaction takes. */
-export async function writeAuditEventsEndingRuns(
-  trx: Transaction<DB>,
-  events: RunEndingEvent[],
-): Promise<{ records: AuditRecord[]; runsEnded: boolean[] }> {
-  const appended = await writeAuditEventsCarrying(trx, riding(events), runEndRider);
-  return { records: appended.records, runsEnded: appended.answers.map((a) => a === true) };
 }

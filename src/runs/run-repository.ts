@@ -390,19 +390,6 @@ export async function endRuns(db: Kysely<DB>, endings: RunEnding[]): Promise<boo
   return endedOf(endings, result.rows);
 }
 
-/**
- * `endRuns` under the audit chain's lock: a run another transaction holds is skipped, not waited for, and its executor
- * ends it (docs/design/lock-order.md#where-the-order-bends-and-why-that-is-safe).
- */
-export async function endRunsSkippingLocked(trx: Transaction<DB>, endings: RunEnding[]): Promise<boolean[]> {
-  if (endings.length === 0) return [];
-  const result =
-    await sql<EndedRunRow>`with ${runEndSteps(endings, { waitForLocks: false })} select * from run_ends_done`.execute(
-      trx,
-    );
-  return endedOf(endings, result.rows);
-}
-
 /** A run a run-end statement ended. */
 export interface EndedRunRow {
   tenant_id: string;

@@ -1,8 +1,17 @@
 import { describe, expect, it } from 'vitest';
-import { chainHash, GENESIS_HASH, sealRecord } from '../../src/audit/audit-hash.js';
+import { createHash } from 'node:crypto';
+import {
+  canonicalJson,
+  chainHash,
+  GENESIS_HASH,
+  linkHash,
+  sealContent,
+  sealLinked,
+  sealRecord,
+} from '../../src/audit/audit-hash.js';
 import type { AuditRecord } from '../../src/audit/audit-event.js';
 
-const unhashed: Omit<AuditRecord, 'hash'> = {
+const unhashed: Omit<AuditRecord, 'hash' | 'hash_scheme'> = {
   seq: 7,
   event_id: '3f1c2d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f',
   occurred_at: '2026-11-30T12:00:00.000Z',
@@ -44,5 +53,31 @@ describe('sealRecord', () => {
       sealRecord(unhashed).hash,
     );
     expect(sealRecord({ ...unhashed, prev_hash: 'f'.repeat(64) }).hash).not.toBe(sealRecord(unhashed).hash);
+  });
+});
+
+describe('sealLinked', () => {
+  it('links seq, prev_hash and the hash of the rest, as the append statement does', () => {
+    const { seq, prev_hash, ...content } = unhashed;
+    const contentHash = createHash('sha256').update(sealContent(content).json).digest('hex');
+    expect(sealContent(content).contentHash).toBe(contentHash);
+    expect(linkHash(seq, prev_hash, contentHash)).toBe(
+      createHash('sha256').update(`7:${GENESIS_HASH}:${contentHash}`).digest('hex'),
+    );
+    expect(sealLinked(unhashed).hash).toBe(linkHash(seq, prev_hash, contentHash));
+  });
+
+  it('gives the record with its scheme as canonical JSON, its hash last', () => {
+    const { hash, json } = sealLinked(unhashed);
+    expect(JSON.parse(json)).toEqual({ ...unhashed, hash_scheme: 2, hash });
+    expect(json).toBe(`${canonicalJson({ ...unhashed, hash_scheme: 2 })!.slice(0, -1)},"hash":"${hash}"}`);
+  });
+
+  it('changes the hash when any field changes, its place in the chain included', () => {
+    const base = sealLinked(unhashed).hash;
+    expect(sealLinked({ ...unhashed, details: { ...unhashed.details, zeta: 2 } }).hash).not.toBe(base);
+    expect(sealLinked({ ...unhashed, prev_hash: 'f'.repeat(64) }).hash).not.toBe(base);
+    expect(sealLinked({ ...unhashed, seq: 8 }).hash).not.toBe(base);
+    expect(sealLinked(unhashed).hash).not.toBe(sealRecord(unhashed).hash);
   });
 });

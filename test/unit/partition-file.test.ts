@@ -1,6 +1,6 @@
 import { createHash, generateKeyPairSync } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { sealRecord } from '../../src/audit/audit-hash.js';
+import { sealLinked, sealRecord } from '../../src/audit/audit-hash.js';
 import type { AuditRecord } from '../../src/audit/audit-event.js';
 import { CheckpointSigner } from '../../src/audit/checkpoint-signer.js';
 import { PARTITION_FILE_FORMAT, PartitionFileVerifier, fileLine } from '../../src/audit/partition-file.js';
@@ -8,7 +8,7 @@ import { ed25519Pem } from '../helpers/signing-keys.js';
 
 const { privatePem, publicPem } = ed25519Pem();
 
-function record(seq: number, prevHash: string): Omit<AuditRecord, 'hash'> {
+function record(seq: number, prevHash: string): Omit<AuditRecord, 'hash' | 'hash_scheme'> {
   return {
     seq,
     event_id: `00000000-0000-4000-8000-${String(seq).padStart(12, '0')}`,
@@ -37,21 +37,28 @@ function record(seq: number, prevHash: string): Omit<AuditRecord, 'hash'> {
   };
 }
 
-/** An export of records 11 to 13, chained from a made-up hash of record 10. */
-function exportFile(signer = new CheckpointSigner({ signingKeyPem: privatePem })): string[] {
+/**
+ * An export of records 11 to 13, chained from a made-up hash of record 10: by default record 11
+ * hashed whole, as before linking in the database, and 12 and 13 linked.
+ */
+function exportFile(
+  signer = new CheckpointSigner({ signingKeyPem: privatePem }),
+  seals = [sealRecord, sealLinked, sealLinked],
+  format: string = PARTITION_FILE_FORMAT,
+): string[] {
   const prevHash = 'a'.repeat(64);
   const lines: string[] = [];
   const hashes: string[] = [];
   let prev = prevHash;
   for (let seq = 11; seq <= 13; seq += 1) {
-    const sealed = sealRecord(record(seq, prev));
+    const sealed = seals[seq - 11]!(record(seq, prev));
     lines.push(sealed.json);
     hashes.push(sealed.hash);
     prev = sealed.hash;
   }
   const header = fileLine({
     type: 'header',
-    format: PARTITION_FILE_FORMAT,
+    format,
     partition: 'audit_events_2027_01',
     range_start: '2027-01-01T00:00:00.000Z',
     range_end: '2027-02-01T00:00:00.000Z',
@@ -90,10 +97,28 @@ describe('an exported partition, verified offline', () => {
     expect(verify(exportFile())).toMatchObject({ ok: true, checked: 3, first_bad_line: null, signature_checked: true });
   });
 
-  it('finds a record edited, even below what a double can tell apart', () => {
-    const lines = exportFile();
-    lines[2] = lines[2]!.replace('"n":1.2', '"n":1.2000000000000000001');
-    expect(verify(lines)).toMatchObject({ ok: false, first_bad_line: 3 });
+  it('verifies a file of the first format, every record hashed whole', () => {
+    expect(
+      verify(exportFile(undefined, [sealRecord, sealRecord, sealRecord], 'toolgate-audit-partition-v1')),
+    ).toMatchObject({ ok: true, checked: 3 });
+  });
+
+  it('finds a record edited, even below what a double can tell apart, whichever its scheme', () => {
+    const linked = exportFile();
+    linked[2] = linked[2]!.replace('"n":1.2', '"n":1.2000000000000000001');
+    expect(verify(linked)).toMatchObject({ ok: false, first_bad_line: 3 });
+    const whole = exportFile();
+    whole[1] = whole[1]!.replace('"n":1.1', '"n":1.1000000000000000001');
+    expect(verify(whole)).toMatchObject({ ok: false, first_bad_line: 2 });
+  });
+
+  it('finds a linked record passed off as hashed whole, and a scheme it does not know', () => {
+    const relabelled = exportFile();
+    relabelled[2] = relabelled[2]!.replace('"hash_scheme":2,', '');
+    expect(verify(relabelled)).toMatchObject({ ok: false, first_bad_line: 3 });
+    const unknown = exportFile();
+    unknown[2] = unknown[2]!.replace('"hash_scheme":2,', '"hash_scheme":3,');
+    expect(verify(unknown)).toMatchObject({ ok: false, first_bad_line: 3 });
   });
 
   it('finds a record removed, repeated or moved', () => {
