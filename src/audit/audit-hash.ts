@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, hash as digest } from 'node:crypto';
 import { configure } from 'safe-stable-stringify';
 import type { AuditRecord } from './audit-event.js';
 
@@ -44,7 +44,7 @@ export function sealRecord(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): {
 /** A record's content as canonical JSON, and its SHA-256: what the gateway hashes before the append. */
 export function sealContent(content: AuditContent): { contentHash: string; json: string } {
   const json = canonicalJson(content) ?? '{}';
-  return { contentHash: createHash('sha256').update(json).digest('hex'), json };
+  return { contentHash: digest('sha256', json, 'hex'), json };
 }
 
 /**
@@ -52,7 +52,7 @@ export function sealContent(content: AuditContent): { contentHash: string; json:
  * The append statement computes the same in SQL (`linkSql`); a test pins the two together.
  */
 export function linkHash(seq: number, prevHash: string, contentHash: string): string {
-  return createHash('sha256').update(`${seq}:${prevHash}:${contentHash}`).digest('hex');
+  return digest('sha256', `${seq}:${prevHash}:${contentHash}`, 'hex');
 }
 
 /**

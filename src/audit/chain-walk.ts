@@ -164,20 +164,29 @@ interface WalkedRow {
   inexactDetails: unknown;
 }
 
-function toWalked(row: Record<string, string | boolean | null>, parts: Part[]): WalkedRow {
+/** The parts of a row's canonical JSON under each scheme: a `linked` record's content leaves its link out. */
+interface SchemeParts {
+  record: Part[];
+  linked: Part[];
+}
+
+function schemePartsOf(parts: Part[]): SchemeParts {
+  return { record: parts, linked: parts.filter((part) => 'run' in part || !LINK_COLUMNS.has(part.column.name)) };
+}
+
+function toWalked(row: Record<string, string | boolean | null>, schemes: SchemeParts): WalkedRow {
   const scheme = row['$scheme'];
-  const linked = scheme === String(HASH_SCHEME.linked);
-  let canonical = '{';
+  const linked = scheme === LINKED;
+  let canonical = '';
   let readExactly = row['$whole_ms'] === true;
   let inexactDetails: unknown;
-  for (const part of parts) {
+  for (const part of linked ? schemes.linked : schemes.record) {
     if ('run' in part) {
-      canonical += (canonical.length > 1 ? ',' : '') + (row[part.run] as string);
+      canonical += `,${row[part.run] as string}`;
       continue;
     }
-    const { name, kind, key } = part.column;
-    if (linked && LINK_COLUMNS.has(name)) continue;
-    const text = row[name] as string | null;
+    const { kind, key } = part.column;
+    const text = row[part.column.name] as string | null;
     let json: string;
     if (text === null) json = 'null';
     else if (kind === 'int') json = String(Number(text));
@@ -195,18 +204,22 @@ function toWalked(row: Record<string, string | boolean | null>, parts: Part[]): 
       json = canonicalJson(value) ?? 'null';
       if (!numbersExact(text)) inexactDetails = value;
     } else json = JSON.stringify(text);
-    canonical += (canonical.length > 1 ? ',' : '') + key + json;
+    canonical += `,${key}${json}`;
   }
-  canonical += '}';
+  // Every part was written after a comma: the first becomes the brace.
+  canonical = `{${canonical.slice(1)}}`;
   const seq = Number(row.seq);
   const prevHash = row.prev_hash as string;
   const computed = linked
     ? linkHash(seq, prevHash, digest('sha256', canonical, 'hex'))
-    : scheme === String(HASH_SCHEME.record)
+    : scheme === RECORD
       ? digest('sha256', canonical, 'hex')
       : undefined;
   return { seq, hash: row.hash as string, prevHash, computed, canonical, linked, readExactly, inexactDetails };
 }
+
+const LINKED = String(HASH_SCHEME.linked);
+const RECORD = String(HASH_SCHEME.record);
 
 /** A verified row as a line of an export: the whole record in canonical JSON, `hash` last. */
 function exportLine(row: WalkedRow): string {
@@ -240,6 +253,7 @@ export async function walkChain(
     set_config('extra_float_digits', '1', true)`.execute(trx);
   const { columns, schemed } = await hashedColumns(trx);
   const parts = partsOf(columns);
+  const schemes = schemePartsOf(parts);
   const selected = sql.join([
     // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
     ...parts.map((part) =>
@@ -295,7 +309,7 @@ export async function walkChain(
         break;
       }
       if (seq < expectedSeq && inCrossed(seq)) continue;
-      const row = toWalked(raw, parts);
+      const row = toWalked(raw, schemes);
       if (!row.readExactly || seq !== expectedSeq || row.prevHash !== prevHash || row.computed !== row.hash) {
         brokenAt = Math.min(seq, expectedSeq);
         break;
