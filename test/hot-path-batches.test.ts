@@ -21,7 +21,15 @@ import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { DB } from '../src/db/schema.js';
 import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
-import { claimRuns, findRun, insertSubRun, endRuns, type NewRun, type RunEnding } from '../src/runs/run-repository.js';
+import {
+  claimRuns,
+  findRun,
+  insertSubRun,
+  endRuns,
+  type EndedRunStart,
+  type NewRun,
+  type RunEnding,
+} from '../src/runs/run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';
@@ -39,7 +47,13 @@ import {
   type TimedAuditEvent,
 } from '../src/audit/audit-repository.js';
 import { linkHash, sealLinked } from '../src/audit/audit-hash.js';
-import { callEndRider, runEndRider, type CallEnd, type CallEndAnswer } from '../src/runs/run-end-rider.js';
+import {
+  callEndRider,
+  runEndRider,
+  runStartGuard,
+  type CallEnd,
+  type CallEndAnswer,
+} from '../src/runs/run-end-rider.js';
 import { lockWaits, until } from './helpers/waits.js';
 import { GrantService } from '../src/grants/grant-service.js';
 import { GrantUses } from '../src/grants/grant-admission.js';
@@ -420,6 +434,59 @@ describe('an append linked in the database, carrying run ends', () => {
       expect(sealLinked(unhashed).hash).toBe(hash);
     }
     expect(await readChainHead(db)).toEqual({ seq: records[2]!.seq, hash: records[2]!.hash });
+  });
+
+  it('drops a guarded event whose change cannot be made, and links the rest without a gap', async () => {
+    const tenant = fresh('append-guard-t');
+    await claimOne(tenant, 'taken');
+    const granted = await grant({ tenant, scope: 'per-tenant', ref: tenant, tool: 'granted.tool' });
+    expect(granted.id).toBeDefined();
+    const plain = (runId: string): TimedAuditEvent<never, EndedRunStart> => ({
+      occurredAt: clock.now(),
+      event: { event_type: 'run.step.denied', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId },
+    });
+    const start = (runId: string, tool = 'no.grant'): TimedAuditEvent<never, EndedRunStart> => ({
+      ...plain(runId),
+      onlyIf: {
+        run: newRun(tenant, runId),
+        end: { status: 'failed', httpStatus: 403, envelope: envelope(runId, 'failed') },
+        grantAbsent: { agent_id: 'agent.batch', tool_id: tool },
+      },
+    });
+    const before = await readChainHead(db);
+    const appended = await appendCarrying(
+      db,
+      [
+        plain('plain-1'),
+        start('fresh'),
+        start('taken'),
+        start('fresh'),
+        start('with-grant', 'granted.tool'),
+        plain('plain-2'),
+      ],
+      undefined,
+      runStartGuard,
+    );
+    expect(appended.appended).toEqual([true, true, false, false, false, true]);
+    expect(appended.records.map((r) => [r.run_id, r.seq])).toEqual([
+      ['plain-1', before.seq + 1],
+      ['fresh', before.seq + 2],
+      ['plain-2', before.seq + 3],
+    ]);
+    expect(await readChainHead(db)).toEqual({ seq: before.seq + 3, hash: appended.records[2]!.hash });
+    expect(await findRun(db, tenant, 'fresh')).toMatchObject({ status: 'failed', http_status: 403, busy: false });
+    expect(await findRun(db, tenant, 'taken')).toMatchObject({ status: 'running', busy: true });
+    expect(await findRun(db, tenant, 'with-grant')).toBeUndefined();
+    // The run and its record are one commit.
+    const xids = await sql<{ xid: string }>`
+      select xmin::text as xid from audit_events where event_id = ${appended.records[1]!.event_id}
+      union all select xmin::text from runs where tenant_id = ${tenant} and run_id = 'fresh'`.execute(db);
+    expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
+    expect((await verifyAuditChain(db)).ok).toBe(true);
+    // Nothing made, nothing appended: the head stays.
+    const none = await appendCarrying(db, [start('taken')], undefined, runStartGuard);
+    expect(none).toMatchObject({ records: [], appended: [false] });
+    expect(await readChainHead(db)).toEqual({ seq: before.seq + 3, hash: appended.records[2]!.hash });
   });
 
   it('ends the runs its events carry, in the statement that appends them, and answers which ended', async () => {

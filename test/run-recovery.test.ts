@@ -807,13 +807,14 @@ describe.skipIf(!hasPostgresServer)(
           async () => (await lockWaits(watcher, '%rate_buckets%')) === 1,
           patiently,
         );
-        // Refused, its reservation's release locks it and waits for the sub-run budget's counter.
+        // Refused, its reservation's release locks it and waits for the sub-run budget's counter (the release
+        // rides the denial record: its statement's start, as pg_stat_activity keeps only the first kilobyte).
         await subBudgetHolder!.query('begin');
         await subBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [counter.key]);
         await bucketHolder!.query('commit');
         await until(
           'the release to wait',
-          async () => (await lockWaits(watcher, '%settle_seen as materialized%')) === 1,
+          async () => (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
           patiently,
         );
         // Recovery takes its counters (the sub-run's run total among them), then meets the reservation.

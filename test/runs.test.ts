@@ -355,6 +355,88 @@ describe("a first call's reservation made with its run's claim", () => {
   });
 });
 
+describe('a first call refused before its run is claimed', () => {
+  const T8 = 'tenant-runs-refused-first';
+  const agent = tokens.agent(AGENT, { tenant: T8, family: 'veritas', scope: 'scf:read' });
+  const records = async (runId: string) =>
+    (
+      await sql<{ event_type: string; reason_code: string | null; xid: string }>`
+        select event_type, reason_code, xmin::text as xid from audit_events
+        where tenant_id = ${T8} and run_id = ${runId} order by seq`.execute(h.db.database.control)
+    ).rows;
+  const runRow = async (runId: string) =>
+    (
+      await sql<{ status: string; http_status: number; busy: boolean; request: unknown; epoch: number; xid: string }>`
+        select status, http_status, busy, request, epoch, xmin::text as xid from runs
+        where tenant_id = ${T8} and run_id = ${runId}`.execute(h.db.database.control)
+    ).rows[0];
+
+  it('is one statement: the refusal’s record creates the run already ended, and a replay answers it', async () => {
+    // The fewest statements any of three calls took: other work of the gateway only adds to a count.
+    let fewest = Infinity;
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId();
+      const before = h.db.database.statementsSent();
+      const res = await execute(h.client, agent, { run_id: runId, plan: [step('ungranted'), step('echo')] });
+      fewest = Math.min(fewest, h.db.database.statementsSent() - before);
+      expect(res.status, JSON.stringify(res.body)).toBe(403);
+      expect(res.body).toMatchObject({ run_id: runId, status: 'failed' });
+      expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['denied', 'skipped']);
+      expect(res.body.steps[0].error.code).toBe('grant_missing');
+      const [record] = await records(runId);
+      expect(record).toMatchObject({ event_type: 'run.step.denied', reason_code: 'grant_missing' });
+      expect(await runRow(runId)).toEqual({
+        status: 'failed',
+        http_status: 403,
+        busy: false,
+        request: null,
+        epoch: 1,
+        xid: record!.xid,
+      });
+      const replay = await execute(h.client, agent, { run_id: runId, plan: [step('ungranted'), step('echo')] });
+      expect(replay.status).toBe(403);
+      expect(replay.headers['x-toolgate-replayed']).toBe('true');
+      expect(replay.body).toEqual(res.body);
+      expect(await records(runId)).toHaveLength(1);
+    }
+    expect(fewest).toBe(1);
+  });
+
+  it('is decided again from the database when a grant for the call exists after all', async () => {
+    // A revoked grant: the copy holds no live grant, but the database knows why there is none.
+    const granted = await grantTool(h.client, { tenant: T8, agent: AGENT, tool: 'ungranted' });
+    const revoked = await h.client.post(`/grants/${granted.id}/revoke`, {
+      token: tokens.tenantOperator(T8),
+      body: { reason: 'pulled' },
+    });
+    expect(revoked.status, JSON.stringify(revoked.body)).toBe(200);
+    const snapshot = h.client.app.services.grantSnapshot;
+    const subject = { tenantId: T8, agentId: AGENT, toolId: 'ungranted' };
+    await until(
+      'the copy of the grants to drop it',
+      () => !snapshot.resolve(subject, { tenant_id: T8 }, new Date()).ok,
+    );
+    const runId = newRunId();
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('ungranted')] });
+    expect(res.status).toBe(403);
+    expect(res.body.steps[0].error.code).toBe('grant_revoked');
+    expect((await records(runId)).map((r) => r.reason_code)).toEqual(['grant_revoked']);
+    expect(await runRow(runId)).toMatchObject({ status: 'failed', busy: false });
+  });
+
+  it('leaves a run id another principal holds to the usual answer, with no record of its own', async () => {
+    const runId = newRunId();
+    const other = tokens.agent('someone.else', { tenant: T8 });
+    await execute(h.client, other, { run_id: runId, plan: [step('ungranted')] });
+    const before = (await records(runId)).length;
+    const res = await execute(h.client, agent, { run_id: runId, plan: [step('ungranted')] });
+    expect(res.status).toBe(409);
+    expect(res.body.error.code).toBe('run_id_conflict');
+    const after = await records(runId);
+    expect(after.slice(before).map((r) => r.event_type)).toEqual(['run.rejected']);
+  });
+});
+
 describe('reported costs and the bound on units', () => {
   const T2 = 'tenant-runs-cap';
   const capAgent = tokens.agent(AGENT, { tenant: T2, family: 'veritas', scope: 'scf:read' });

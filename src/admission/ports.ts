@@ -121,6 +121,11 @@ export interface GrantsPort {
    * call's, for the run's claim to record the use with): undefined when only the database can say.
    */
   assume?(query: GrantQuery): GrantAssumed | undefined;
+  /**
+   * Whether this replica's current copy holds no live grant for a query: a refusal the call's
+   * record can make exact (its statement checks that no grant at all exists), before its run is claimed.
+   */
+  presumeMissing?(query: GrantQuery): boolean;
 }
 
 /** A grant decided from the copy, and what the decision assumed. */

@@ -36,6 +36,11 @@ export interface StepRequest {
   reliedOn?: GrantAssumed | undefined;
   /** Its budget reservation, written with its run's claim (the first step only): the cost stage's, if the price holds. */
   reserved?: Reservation | undefined;
+  /**
+   * The copy of the grants holds none for this step (the first, before its run is claimed): the grant
+   * stage refuses without reading, and the refusal's record stands only if no grant exists at all.
+   */
+  presumedMissing?: boolean | undefined;
 }
 
 /** What earlier stages learned, for later stages and for dispatch. */

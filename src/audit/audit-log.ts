@@ -1,15 +1,17 @@
 import type { Database } from '../db/database.js';
 import { GroupCommit } from '../db/group-commit.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import { appendCarrying, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
+import { appendCarrying, type AppendGuard, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
 
 /** What the composition root gives the log; tests may give nothing. */
-export interface AuditLogOptions<Change, Answer> {
+export interface AuditLogOptions<Change, Answer, Guard> {
   now?: () => Date;
   /** Told the size of every batch committed. */
   onCommit?: (batchSize: number) => void;
   /** What commits with the events that carry a change (`appendCarrying`). */
   rider?: AppendRider<Change, Answer>;
+  /** What an event appended only with its change makes (`appendIf`). */
+  guard?: AppendGuard<Guard>;
 }
 
 /**
@@ -17,28 +19,39 @@ export interface AuditLogOptions<Change, Answer> {
  * are committed together in the next one (group commit); `append` resolves only once its
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
-export class AuditLog<Change = unknown, Answer = unknown> {
+export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown> {
   // Typed by `unknown` inside, so that a log is usable wherever any log is; the rider is the one given.
-  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord; answer: unknown }>;
+  private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord | undefined; answer: unknown }>;
   private readonly rider: AppendRider<unknown, unknown> | undefined;
+  private readonly guard: AppendGuard<unknown> | undefined;
   private readonly now: () => Date;
 
-  constructor(database: Database, options: AuditLogOptions<Change, Answer> = {}) {
+  constructor(database: Database, options: AuditLogOptions<Change, Answer, Guard> = {}) {
     this.now = options.now ?? (() => new Date());
     this.rider = options.rider;
+    this.guard = options.guard as AppendGuard<unknown> | undefined;
     const onCommit = options.onCommit ?? (() => undefined);
     // Appends are per-call statements that must be durable before the call goes on.
     const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
       // One statement whatever other replicas do: the database links the batch after the head it finds.
-      const { records, answers } = await appendCarrying(db, batch, this.rider);
-      onCommit(batch.length);
-      return records.map((record, i) => ({ record, answer: answers[i] }));
+      const { records, appended, answers } = await appendCarrying(db, batch, this.rider, this.guard);
+      onCommit(records.length);
+      let next = 0;
+      return batch.map((_, i) => ({ record: appended[i] ? records[next++] : undefined, answer: answers[i] }));
     });
   }
 
   async append(event: AuditEventInput): Promise<AuditRecord> {
-    return (await this.batches.submit({ event, occurredAt: this.now() })).record;
+    return (await this.batches.submit({ event, occurredAt: this.now() })).record!;
+  }
+
+  /**
+   * Appends a record only with its change (the guard's): in one commit, or neither. Undefined when the
+   * change could not be made (the caller decides again, the usual way).
+   */
+  async appendIf(event: AuditEventInput, eventId: string, change: Guard): Promise<AuditRecord | undefined> {
+    return (await this.batches.submit({ event, occurredAt: this.now(), eventId, onlyIf: change })).record;
   }
 
   /**
@@ -56,7 +69,7 @@ export class AuditLog<Change = unknown, Answer = unknown> {
       occurredAt: this.now(),
       eventId,
       ...(change !== undefined ? { rides: change } : {}),
-    }) as Promise<{ record: AuditRecord; answer: Answer | undefined }>;
+    }) as Promise<{ record: AuditRecord; answer: Answer | undefined }>; // never dropped: it has no guard
   }
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {

@@ -5,13 +5,15 @@ import { OPTIONAL_FIELDS, type AuditEventInput, type AuditRecord } from './audit
 import { GENESIS_HASH, HASH_SCHEME, sealContent, type AuditContent } from './audit-hash.js';
 import { walkChain, type ArchivedRange, type WalkResult } from './chain-walk.js';
 
-export interface TimedAuditEvent<T = unknown> {
+export interface TimedAuditEvent<T = unknown, G = unknown> {
   event: AuditEventInput;
   occurredAt: Date;
   /** The record's id, when the caller had to name it before the append (see `rides`). */
   eventId?: string;
   /** A change that commits with this event and only if it does (see `AppendRider`). */
   rides?: T;
+  /** A change without which this event is not appended at all (see `AppendGuard`); not with `rides`. */
+  onlyIf?: G;
 }
 
 /**
@@ -29,9 +31,26 @@ export interface AppendRider<T, R = boolean> {
   answers(items: T[], changed: unknown): R[];
 }
 
-/** Appended records, and for each event that carried a change, its answer (undefined for the others). */
+/**
+ * A change an event is appended only with (a run created with its first record): made in the append
+ * statement after the chain head is locked, and the event is numbered and linked only if it was
+ * made. So a batch's records may be dropped one by one, and the chain stays gapless.
+ */
+export interface AppendGuard<G> {
+  /**
+   * Common table expressions that make each item's change, changing nothing unless `when`, and the
+   * name of the one among them whose `ord` column lists the items (1-based) that were made.
+   */
+  steps(items: G[], when: RawBuilder<unknown>): { ctes: RawBuilder<unknown>; made: string };
+}
+
+/**
+ * Appended records (those of guarded events only if their change was made: `appended` says which),
+ * and for each event that carried a change, its answer (undefined for the others).
+ */
 export interface Appended<R = unknown> {
   records: AuditRecord[];
+  appended: boolean[];
   answers: Array<R | undefined>;
 }
 
@@ -42,7 +61,11 @@ export interface ChainHead {
 }
 
 /** Each event's content (without its place in the chain), hashed, and the contents as one JSON array. */
-function contentsOf(events: TimedAuditEvent[]): { contents: AuditContent[]; hashes: string[]; json: string } {
+function contentsOf(events: TimedAuditEvent<unknown, unknown>[]): {
+  contents: AuditContent[];
+  hashes: string[];
+  json: string;
+} {
   const contents: AuditContent[] = [];
   const hashes: string[] = [];
   const rows: string[] = [];
@@ -79,60 +102,103 @@ export function linkSql(
  * after the head's lock (the lock order's first), and commit with the rows.
  * docs/design/audit-chain.md#appending-linked-in-the-database
  */
-export async function appendCarrying<T, R>(
+export async function appendCarrying<T, R, G = never>(
   db: Kysely<DB>,
-  events: TimedAuditEvent<T>[],
+  events: TimedAuditEvent<T, G>[],
   rider?: AppendRider<T, R>,
+  guard?: AppendGuard<G>,
 ): Promise<Appended<R>> {
-  if (events.length === 0) return { records: [], answers: [] };
+  if (events.length === 0) return { records: [], appended: [], answers: [] };
   const { contents, hashes, json } = contentsOf(events);
   const items = ridersOf(events, rider);
+  const guarded = guardsOf(events, guard);
   const riding = items.length > 0 ? rider!.steps(items, sql`exists (select 1 from moved)`) : undefined;
   const ctes = riding ? sql`, ${riding.ctes}` : sql``;
   const changed = riding ? riding.changed : sql`null::json`;
+  const guarding =
+    guarded.items.length > 0 ? guard!.steps(guarded.items, sql`exists (select 1 from current)`) : undefined;
   // `current` locks the head and reads it as it stands (a plain read would see it as it stood when
   // the statement began); everything after it follows from it, so it is the statement's first lock.
-  const result = await sql<{ seq: string; hash: string; hashes: string[]; n: number; changed: unknown }>`
+  const result = await sql<{
+    seq: string;
+    hash: string;
+    hashes: string[] | null;
+    kept: Array<number | string> | null;
+    n: number;
+    changed: unknown;
+  }>`
     with recursive current as materialized (
       select seq, hash from audit_chain_head where id = 1 for no key update
-    ), linked (n, seq, hash) as (
+    )${guarding ? sql`, ${guarding.ctes}` : sql``}, batch as materialized (
+      select r.n, r.content, row_number() over (order by r.n) as k
+      from jsonb_array_elements(${json}::jsonb) with ordinality r(content, n)
+      ${
+        guarding
+          ? sql`where (${guarded.ordinals}::int[])[r.n] is null
+              or (${guarded.ordinals}::int[])[r.n] in (select ord from ${sql.table(guarding.made)})`
+          : sql``
+      }
+    ), linked (k, seq, hash) as (
       select 0::bigint, seq, hash from current
       union all
-      select l.n + 1, l.seq + 1, ${linkSql(sql`(l.seq + 1)`, sql`l.hash`, sql`(${hashes}::text[])[l.n + 1]`)}
-      from linked l where l.n < ${events.length}
+      select b.k, l.seq + 1, ${linkSql(sql`(l.seq + 1)`, sql`l.hash`, sql`(${hashes}::text[])[b.n]`)}
+      from linked l join batch b on b.k = l.k + 1
     ), moved as (
       update audit_chain_head h set seq = l.seq, hash = l.hash
-      from linked l
-      where h.id = 1 and l.n = ${events.length}
+      from (select seq, hash from linked order by k desc limit 1) l
+      where h.id = 1 and exists (select 1 from batch)
       returning 1
     ), appended as (
       insert into audit_events
-      select e.* from jsonb_array_elements(${json}::jsonb) with ordinality r(content, n)
-      join linked l on l.n = r.n
-      join linked p on p.n = r.n - 1
-      cross join lateral jsonb_populate_record(null::audit_events, r.content || jsonb_build_object(
+      select e.* from batch b
+      join linked l on l.k = b.k
+      join linked p on p.k = b.k - 1
+      cross join lateral jsonb_populate_record(null::audit_events, b.content || jsonb_build_object(
         'seq', l.seq, 'prev_hash', p.hash, 'hash', l.hash, 'hash_scheme', ${HASH_SCHEME.linked}::int)) e
       returning 1
     )${ctes}
-    select c.seq, c.hash, (select array_agg(hash order by n) from linked where n > 0) as hashes,
-      (select count(*)::int from appended) as n, ${changed} as changed
+    select c.seq, c.hash, (select array_agg(hash order by k) from linked where k > 0) as hashes,
+      (select array_agg(n order by k) from batch) as kept, (select count(*)::int from appended) as n,
+      ${changed} as changed
     from current c`.execute(db);
   const row = result.rows[0];
   if (!row) throw new Error('the audit chain has no head row');
-  if (Number(row.n) !== events.length || row.hashes.length !== events.length)
+  const kept = new Set((row.kept ?? []).map(Number));
+  const linkedHashes = row.hashes ?? [];
+  if (Number(row.n) !== kept.size || linkedHashes.length !== kept.size || (!guarding && kept.size !== events.length))
     throw new Error(`the audit append wrote ${row.n} of ${events.length} records`);
   let seq = Number(row.seq);
   let prevHash = row.hash;
-  const records = contents.map((content, i): AuditRecord => {
+  const records: AuditRecord[] = [];
+  const appended = contents.map((content, i) => {
+    if (!kept.has(i + 1)) return false;
     seq += 1;
-    const record = { ...content, seq, prev_hash: prevHash, hash: row.hashes[i]!, hash_scheme: HASH_SCHEME.linked };
-    prevHash = record.hash;
-    return record;
+    const hash = linkedHashes[records.length]!;
+    records.push({ ...content, seq, prev_hash: prevHash, hash, hash_scheme: HASH_SCHEME.linked });
+    prevHash = hash;
+    return true;
   });
   return {
     records,
+    appended,
     answers: spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []),
   };
+}
+
+/** The guarded events' changes, and for each event its 1-based place among them (null: not guarded). */
+function guardsOf<G>(
+  events: TimedAuditEvent<unknown, G>[],
+  guard: AppendGuard<G> | undefined,
+): { items: G[]; ordinals: Array<number | null> } {
+  const items: G[] = [];
+  const ordinals = events.map((e) => {
+    if (e.onlyIf === undefined) return null;
+    if (e.rides !== undefined) throw new Error('an audit event carries a change and a guard');
+    items.push(e.onlyIf);
+    return items.length;
+  });
+  if (items.length > 0 && !guard) throw new Error('an audit event is guarded but the log has no guard for it');
+  return { items, ordinals };
 }
 
 /**
@@ -152,14 +218,14 @@ export function writeAuditEventsCarrying<T, R>(
   return appendCarrying(trx, events, rider);
 }
 
-function ridersOf<T, R>(events: TimedAuditEvent<T>[], rider: AppendRider<T, R> | undefined): T[] {
+function ridersOf<T, R>(events: TimedAuditEvent<T, unknown>[], rider: AppendRider<T, R> | undefined): T[] {
   const items = events.flatMap((e) => (e.rides !== undefined ? [e.rides] : []));
   if (items.length > 0 && !rider) throw new Error('an audit event carries a change but the log has no rider for it');
   return items;
 }
 
 /** Each event's answer from the answers of those that carried a change, in order. */
-function spreadOver<T, R>(events: TimedAuditEvent<T>[], answers: R[]): Array<R | undefined> {
+function spreadOver<T, R>(events: TimedAuditEvent<T, unknown>[], answers: R[]): Array<R | undefined> {
   let next = 0;
   return events.map((e) => (e.rides !== undefined ? answers[next++] : undefined));
 }

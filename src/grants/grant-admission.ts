@@ -85,6 +85,12 @@ export class GrantAdmission {
     };
   }
 
+  /** Whether the snapshot, current, holds no live grant for the call (only the database refuses: see `presumeMissing` of the port). */
+  presumeMissing(query: GrantResolveQuery): boolean {
+    const seen = this.snapshot.resolve(query, contextOf(query), this.now());
+    return !seen.ok && seen.reason === 'miss';
+  }
+
   /** Reads ahead only for a call the snapshot cannot answer now. */
   prefetch(query: GrantResolveQuery): GrantPrefetch {
     if (this.snapshot.resolve(query, contextOf(query), this.now()).ok) {

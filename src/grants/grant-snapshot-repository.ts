@@ -107,3 +107,16 @@ export function grantUseSteps(uses: GrantUseIf[], runs?: string): RawBuilder<unk
       returning 1
     )`;
 }
+
+/**
+ * Whether no grant at all, live or not, exists for an agent and a tool in a tenant: the exact answer
+ * a refusal decided from this replica's copy (it held none) rests on, as SQL another statement joins.
+ */
+export function noGrantAtAll(
+  tenantId: RawBuilder<unknown>,
+  agentId: RawBuilder<unknown>,
+  toolId: RawBuilder<unknown>,
+): RawBuilder<boolean> {
+  return sql<boolean>`not exists (
+    select 1 from grants g where g.tenant_id = ${tenantId} and g.agent_id = ${agentId} and g.tool_id = ${toolId})`;
+}

@@ -19,7 +19,7 @@ import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf } from './run-lifecycle.js';
 import type { RunRecovery } from './run-recovery.js';
-import type { RunRecord } from './run-repository.js';
+import type { EndedRunStart, RunRecord } from './run-repository.js';
 import type { CallEnd, CallEndAnswer } from './run-end-rider.js';
 import {
   newToolCallId,
@@ -35,7 +35,7 @@ import type { Database } from '../db/database.js';
 export interface RunExecutorDeps {
   database: Database;
   /** The call's last record carries its run's end and its settlement (`callEndRider`). */
-  audit: AuditLog<CallEnd, CallEndAnswer>;
+  audit: AuditLog<CallEnd, CallEndAnswer, EndedRunStart>;
   ports: AdmissionPorts;
   backend: BackendClient;
   metrics: Metrics;

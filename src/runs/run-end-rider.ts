@@ -1,8 +1,15 @@
 import { sql } from 'kysely';
-import type { AppendRider } from '../audit/audit-repository.js';
+import type { AppendGuard, AppendRider } from '../audit/audit-repository.js';
 import type { CloseOutcome } from '../budgets/budget-ledger.js';
 import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
-import { endedOf, runEndSteps, type EndedRunRow, type RunEnding } from './run-repository.js';
+import {
+  endedOf,
+  endedRunStartSteps,
+  runEndSteps,
+  type EndedRunStart,
+  type EndedRunRow,
+  type RunEnding,
+} from './run-repository.js';
 
 /**
  * A run's end riding on its call's last audit record: ended in the same commit, only if the
@@ -80,3 +87,11 @@ export function callEndRider(
     },
   };
 }
+
+/**
+ * A root run created already ended, with its first call's refusal as the guard of that refusal's
+ * record: both or neither (a run id already taken, or a grant there after all, leave both out).
+ */
+export const runStartGuard: AppendGuard<EndedRunStart> = {
+  steps: (starts, when) => ({ ctes: endedRunStartSteps(starts, when), made: 'run_starts_made' }),
+};

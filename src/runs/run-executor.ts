@@ -19,6 +19,7 @@ import {
   lockRun,
   resumeThrottledRun,
   startQueuedRun,
+  unclaimedRecordOf,
   type ClaimedRun,
   type NewRun,
   type RunRecord,
@@ -112,7 +113,8 @@ export class RunExecutor {
       // The first call's grant, decided from this replica's copy, is recorded with the claim; failing
       // that, the first step's grants are read while the run is claimed, instead of after.
       const assumed = this.deps.ports.grants.assume?.(firstGrants);
-      const prefetched = assumed ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
+      const presumedMissing = !assumed && this.deps.ports.grants.presumeMissing?.(firstGrants) === true;
+      const prefetched = assumed || presumedMissing ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
       const charge = assumed && this.deps.charges ? await this.firstCharge(principal, request, assumed) : undefined;
       const claim: NewRun = {
         ...start,
@@ -139,6 +141,13 @@ export class RunExecutor {
           },
         },
       };
+      if (presumedMissing) {
+        const refused = await this.loop.refuseBeforeClaim(
+          await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
+          claim,
+        );
+        if (refused) return refused;
+      }
       // A run id taken at the claim can be gone when it is read (the retention sweep deletes
       // finished runs): it is free again then, and claimed once more.
       let existing: RunRecord | undefined;

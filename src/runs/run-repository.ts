@@ -1,6 +1,6 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
-import { grantUseSteps, type GrantUseIf } from '../grants/grant-snapshot-repository.js';
+import { grantUseSteps, noGrantAtAll, type GrantUseIf } from '../grants/grant-snapshot-repository.js';
 import {
   isTerminal,
   OPEN_STATUSES,
@@ -176,6 +176,103 @@ export async function claimRuns(
     reservations.delete(key);
     return row ? { ...toRecord(row), relied: row.relied === true, reservation } : undefined;
   });
+}
+
+/** The run `claimRuns` would claim for `run`, as it would answer it: before it is written. */
+export function unclaimedRecordOf(run: NewRun): RunRecord {
+  const at = run.created_at.toISOString();
+  return {
+    tenant_id: run.tenant_id,
+    run_id: run.run_id,
+    agent_id: run.agent_id,
+    parent_run_id: run.parent_run_id ?? null,
+    pipeline_instance_id: run.pipeline_instance_id ?? null,
+    session_id: run.session_id ?? null,
+    user_id: run.user_id ?? null,
+    status: 'running',
+    request_sha256: run.request_sha256,
+    http_status: null,
+    envelope: null,
+    created_at: at,
+    updated_at: at,
+    request: run.request,
+    agent_family: run.agent_family ?? null,
+    agent_scopes: run.agent_scopes,
+    depth: 0,
+    lineage: [],
+    budget_units: run.budget_units ?? null,
+    keep_open: run.keep_open,
+    epoch: 1,
+    busy: true,
+    executor_id: run.executor_id,
+    stop: null,
+  };
+}
+
+/**
+ * A root run created already ended by its first call's refusal, as its claim and its end would
+ * have left it; only if its id is new and, with `grantAbsent`, no grant at all exists for that
+ * agent and tool (what a refusal decided from the copy of the grants rests on).
+ */
+export interface EndedRunStart {
+  run: NewRun;
+  end: Pick<RunEnding, 'status' | 'httpStatus' | 'envelope'>;
+  grantAbsent?: { agent_id: string; tool_id: string } | undefined;
+}
+
+/**
+ * `EndedRunStart`s as common table expressions another statement joins (a refusal's record): nothing
+ * unless `when`; `run_starts_made` lists by `ord` (1-based) those created, one per run id.
+ */
+export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unknown>): RawBuilder<unknown> {
+  const rows = starts.map(({ run, end, grantAbsent }, i) => ({
+    ord: i + 1,
+    tenant_id: run.tenant_id,
+    run_id: run.run_id,
+    owner_agent_id: run.agent_id,
+    pipeline_instance_id: run.pipeline_instance_id ?? null,
+    session_id: run.session_id ?? null,
+    user_id: run.user_id ?? null,
+    status: end.status,
+    http_status: end.httpStatus,
+    envelope: end.envelope,
+    request_sha256: run.request_sha256,
+    trace_id: run.trace_id,
+    created_at: run.created_at.toISOString(),
+    // Kept while the run may go on, as an ended run's executor drops it (see `runEndSteps`).
+    request: isTerminal(end.status) ? null : run.request,
+    agent_family: run.agent_family ?? null,
+    agent_scopes: run.agent_scopes,
+    budget_units: unitsText(run.budget_units),
+    keep_open: run.keep_open,
+    executor_id: run.executor_id,
+    absent_agent: grantAbsent?.agent_id ?? null,
+    absent_tool: grantAbsent?.tool_id ?? null,
+  }));
+  return sql`run_starts as materialized (
+      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
+        ord integer, tenant_id text, run_id text, owner_agent_id text, pipeline_instance_id text, session_id text,
+        user_id text, status text, http_status integer, envelope jsonb, request_sha256 text, trace_id text,
+        created_at timestamptz, request jsonb, agent_family text, agent_scopes text[], budget_units numeric,
+        keep_open boolean, executor_id text, absent_agent text, absent_tool text)
+      where ${when}
+        and (r.absent_tool is null or ${noGrantAtAll(sql`r.tenant_id`, sql`r.absent_agent`, sql`r.absent_tool`)})
+    ), run_starts_inserted as (
+      insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
+                        status, request_sha256, trace_id, http_status, envelope, created_at, updated_at, request,
+                        agent_family, agent_scopes, budget_units, keep_open, epoch, busy, executor_id)
+      select tenant_id, run_id, owner_agent_id, null, pipeline_instance_id, session_id, user_id,
+             status, request_sha256, trace_id, http_status, envelope, created_at, now(), request,
+             agent_family, agent_scopes, budget_units, keep_open, 1, false, executor_id
+      from run_starts
+      order by tenant_id, run_id, ord
+      on conflict (tenant_id, run_id) do nothing
+      returning tenant_id, run_id
+    ), run_starts_made as (
+      select min(s.ord) as ord from run_starts s
+      join run_starts_inserted i on i.tenant_id = s.tenant_id and i.run_id = s.run_id
+      group by s.tenant_id, s.run_id
+    )`;
 }
 
 function compare(a: string, b: string): number {

@@ -7,7 +7,7 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
 import { releaseOf } from '../budgets/budget-ledger.js';
 import { statusForCode } from '../errors/error-codes.js';
-import { releaseRun, readRunStanding, readRunStandingSettled, type RunEnding } from './run-repository.js';
+import { releaseRun, readRunStanding, readRunStandingSettled, type NewRun, type RunEnding } from './run-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunStatus, type StepResult } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import {
@@ -267,8 +267,38 @@ export class StepLoop {
     started: number,
     closing: Closing | undefined,
   ): Promise<StepOutcome> {
-    const denial = admission.denial!;
+    const { event, eventId, step, stop, overshoot } = this.denial(exec, admission, base, index, started);
+    const denial = admission.denial;
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: denial.code });
+    const answered: { answer?: RunAnswer } = {};
+    const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
+    // Its record gives back what the call had reserved, and ends the run when it is the run's last word.
+    const { answer } = await this.deps.audit.appendCarrying(
+      event,
+      eventId,
+      callEnd(leave, admission.unspent.map(releaseOf)),
+    );
+    const releasedApart = admission.unspent.filter((_, i) => answer?.closed[i] === undefined);
+    for (const reservation of releasedApart) await this.deps.ports.budgets.release(reservation);
+    if (answer?.ended) return { step, ended: answered.answer! };
+    return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
+  }
+
+  /** A refused call's record, its step in the envelope, and how it stops the run. */
+  private denial(
+    exec: Execution,
+    admission: Extract<Admission, { denial: Denial }>,
+    base: AuditEventInput,
+    index: number,
+    started: number,
+  ): {
+    event: AuditEventInput;
+    eventId: string;
+    step: StepResult;
+    stop: NonNullable<StepOutcome['stop']>;
+    overshoot: boolean;
+  } {
+    const denial = admission.denial;
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
     // A sub-run's call that its handed budget cannot pay for is an overshoot.
     const overshoot =
@@ -299,18 +329,37 @@ export class StepLoop {
       duration_ms: elapsed(started),
       audit_id: eventId,
     };
+    return { event, eventId, step, stop, overshoot };
+  }
+
+  /**
+   * The first call of a root run not claimed yet, when this replica's copy of the grants holds none
+   * for it: admitted before the claim, it is refused (a stage up to the grant's refuses it), and its
+   * record creates the run already ended, in one statement, if the run id is new and no grant exists
+   * for the call at all. Undefined otherwise: nothing was written, and the run is claimed as usual.
+   * docs/design/call-path.md#a-first-call-refused-before-its-run-is-claimed
+   */
+  async refuseBeforeClaim(exec: Execution, claim: NewRun): Promise<RunAnswer | undefined> {
+    const started = performance.now();
+    const asked = stepRequest(exec.principal, exec.request, 0, false, exec);
+    asked.presumedMissing = true;
+    const admission = await admitStep(asked, this.deps.ports);
+    // Every stage that spends comes after the grant's, which refuses here: nothing was reserved.
+    if (admission.ok || admission.held || admission.unspent.length > 0) return undefined;
+    const base = auditBase(exec, 0, admission.state.tool);
+    const { event, eventId, step, stop } = this.denial(exec, admission, base, 0, started);
     const answered: { answer?: RunAnswer } = {};
-    const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
-    // Its record gives back what the call had reserved, and ends the run when it is the run's last word.
-    const { answer } = await this.deps.audit.appendCarrying(
-      event,
-      eventId,
-      callEnd(leave, admission.unspent.map(releaseOf)),
-    );
-    const releasedApart = admission.unspent.filter((_, i) => answer?.closed[i] === undefined);
-    for (const reservation of releasedApart) await this.deps.ports.budgets.release(reservation);
-    if (answer?.ended) return { step, ended: answered.answer! };
-    return { step, stop, ...(overshoot ? { ending: [this.overshootEvent(exec, base, denial.details ?? {})] } : {}) };
+    const leave = this.endFor(exec, this.closingAt(exec, [], [], 0), step, stop, answered);
+    if (!leave) return undefined;
+    const record = await this.deps.audit.appendIf(event, eventId, {
+      run: claim,
+      end: leave,
+      grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! },
+    });
+    if (!record) return undefined;
+    this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
+    this.deps.metrics.decisions.inc({ outcome: 'denied', reason: admission.denial.code });
+    return answered.answer;
   }
 
   /**

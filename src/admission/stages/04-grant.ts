@@ -30,7 +30,8 @@ export function grantQueryOf(principal: AgentPrincipal, run: StepRequest['run'],
  */
 export const grantStage: Stage = {
   name: 'grant',
-  async check({ principal, run, dryRun, prefetchedGrants, reliedOn }, state, { grants, grantUses }) {
+  async check({ principal, run, dryRun, prefetchedGrants, reliedOn, presumedMissing }, state, { grants, grantUses }) {
+    if (presumedMissing && !dryRun) return { ok: false, code: 'grant_missing', message: MESSAGES.grant_missing };
     const query = grantQueryOf(principal, run, toolOf(state).id);
     const fresh = () => (grants.resolveFresh ? grants.resolveFresh(query) : grants.resolve(query));
     let resolved: GrantResolution =
