@@ -114,7 +114,7 @@ export class RunExecutor {
       // that, the first step's grants are read while the run is claimed, instead of after.
       const assumed = this.deps.ports.grants.assume?.(firstGrants);
       const presumedMissing = !assumed && this.deps.ports.grants.presumeMissing?.(firstGrants) === true;
-      const prefetched = assumed || presumedMissing ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
+      let prefetched = assumed || presumedMissing ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
       const charge = assumed && this.deps.charges ? await this.firstCharge(principal, request, assumed) : undefined;
       const claim: NewRun = {
         ...start,
@@ -147,6 +147,7 @@ export class RunExecutor {
           claim,
         );
         if (refused) return refused;
+        prefetched = this.deps.ports.grants.prefetch?.(firstGrants);
       }
       // A run id taken at the claim can be gone when it is read (the retention sweep deletes
       // finished runs): it is free again then, and claimed once more.

@@ -108,25 +108,7 @@ export async function claimRuns(
   if (runs.length === 0) return [];
   const rows = [...runs]
     .sort((a, b) => (a.tenant_id === b.tenant_id ? compare(a.run_id, b.run_id) : compare(a.tenant_id, b.tenant_id)))
-    .map((run, ord) => ({
-      ord,
-      tenant_id: run.tenant_id,
-      run_id: run.run_id,
-      owner_agent_id: run.agent_id,
-      parent_run_id: run.parent_run_id ?? null,
-      pipeline_instance_id: run.pipeline_instance_id ?? null,
-      session_id: run.session_id ?? null,
-      user_id: run.user_id ?? null,
-      request_sha256: run.request_sha256,
-      trace_id: run.trace_id,
-      created_at: run.created_at.toISOString(),
-      request: run.request,
-      agent_family: run.agent_family ?? null,
-      agent_scopes: run.agent_scopes,
-      budget_units: unitsText(run.budget_units),
-      keep_open: run.keep_open,
-      executor_id: run.executor_id,
-    }));
+    .map((run, ord) => ({ ord, ...runRowOf(run) }));
   const uses = runs.flatMap((run) => (run.reliance ? [run.reliance] : []));
   const charged = uses.length > 0 ? charges : undefined;
   // The grants are share-locked before the counters, as every writer locks them.
@@ -227,32 +209,19 @@ export interface EndedRunStart {
 export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unknown>): RawBuilder<unknown> {
   const rows = starts.map(({ run, end, grantAbsent }, i) => ({
     ord: i + 1,
-    tenant_id: run.tenant_id,
-    run_id: run.run_id,
-    owner_agent_id: run.agent_id,
-    pipeline_instance_id: run.pipeline_instance_id ?? null,
-    session_id: run.session_id ?? null,
-    user_id: run.user_id ?? null,
+    ...runRowOf(run),
     status: end.status,
     http_status: end.httpStatus,
     envelope: end.envelope,
-    request_sha256: run.request_sha256,
-    trace_id: run.trace_id,
-    created_at: run.created_at.toISOString(),
     // Kept while the run may go on, as an ended run's executor drops it (see `runEndSteps`).
     request: isTerminal(end.status) ? null : run.request,
-    agent_family: run.agent_family ?? null,
-    agent_scopes: run.agent_scopes,
-    budget_units: unitsText(run.budget_units),
-    keep_open: run.keep_open,
-    executor_id: run.executor_id,
     absent_agent: grantAbsent?.agent_id ?? null,
     absent_tool: grantAbsent?.tool_id ?? null,
   }));
   return sql`run_starts as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-        ord integer, tenant_id text, run_id text, owner_agent_id text, pipeline_instance_id text, session_id text,
-        user_id text, status text, http_status integer, envelope jsonb, request_sha256 text, trace_id text,
+        ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text,
+        session_id text, user_id text, status text, http_status integer, envelope jsonb, request_sha256 text, trace_id text,
         created_at timestamptz, request jsonb, agent_family text, agent_scopes text[], budget_units numeric,
         keep_open boolean, executor_id text, absent_agent text, absent_tool text)
       where ${when}
@@ -261,7 +230,7 @@ export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unk
       insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
                         status, request_sha256, trace_id, http_status, envelope, created_at, updated_at, request,
                         agent_family, agent_scopes, budget_units, keep_open, epoch, busy, executor_id)
-      select tenant_id, run_id, owner_agent_id, null, pipeline_instance_id, session_id, user_id,
+      select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
              status, request_sha256, trace_id, http_status, envelope, created_at, now(), request,
              agent_family, agent_scopes, budget_units, keep_open, 1, false, executor_id
       from run_starts
@@ -273,6 +242,28 @@ export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unk
       join run_starts_inserted i on i.tenant_id = s.tenant_id and i.run_id = s.run_id
       group by s.tenant_id, s.run_id
     )`;
+}
+
+/** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */
+function runRowOf(run: NewRun) {
+  return {
+    tenant_id: run.tenant_id,
+    run_id: run.run_id,
+    owner_agent_id: run.agent_id,
+    parent_run_id: run.parent_run_id ?? null,
+    pipeline_instance_id: run.pipeline_instance_id ?? null,
+    session_id: run.session_id ?? null,
+    user_id: run.user_id ?? null,
+    request_sha256: run.request_sha256,
+    trace_id: run.trace_id,
+    created_at: run.created_at.toISOString(),
+    request: run.request,
+    agent_family: run.agent_family ?? null,
+    agent_scopes: run.agent_scopes,
+    budget_units: unitsText(run.budget_units),
+    keep_open: run.keep_open,
+    executor_id: run.executor_id,
+  };
 }
 
 function compare(a: string, b: string): number {
