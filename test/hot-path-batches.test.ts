@@ -824,6 +824,41 @@ describe("claimRuns with its first calls' reservations", () => {
     // What the ledger learned: the same call, asked again, is refused.
     expect((await ledger.reserve(w.charge('late', 3))).ok).toBe(false);
   });
+
+  it('answers a first call its budget refuses, when the statement finds the levels it refused it on', async () => {
+    const w = await world(5); // 1 of 5 held
+    const runs = [
+      newRun(w.tenant, 'fits', { ...w.relying('fits'), charge: w.charge('fits', 2) }),
+      newRun(w.tenant, 'over', { ...w.relying('over'), charge: w.charge('over', 3) }),
+    ];
+    const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
+    expect(prepared).toBeDefined();
+    const claimed = await claimRuns(db, runs, { runs, prepared });
+    expect(claimed.map((run) => run?.reservation?.units)).toEqual([2, undefined]);
+    expect(claimed[0]!.refusal).toBeUndefined();
+    expect(claimed[1]).toMatchObject({
+      relied: true,
+      refusal: { source: 'budget', limit_units: 5, consumed_units: 3, requested_units: 3 },
+    });
+    expect(await w.rows('over')).toEqual([]);
+    expect(await w.reserved()).toBe(3);
+  });
+
+  it('answers no refusal when the levels it refused on changed meanwhile, and the call then fits', async () => {
+    const w = await world(5);
+    const held = await ledger.reserve(w.charge('held', 3)); // the ledger knows 4 of 5
+    if (!held.ok) throw new Error('expected room');
+    const other = newLedger();
+    expect(await other.release(held.reservation)).toBe('released'); // 1 of 5, elsewhere
+    await other.close();
+    const runs = [newRun(w.tenant, 'after', { ...w.relying('after'), charge: w.charge('after', 2) })];
+    const prepared = ledger.prepare(runs.map((run) => run.charge!))!;
+    expect(prepared).toBeDefined();
+    const [claimed] = await claimRuns(db, runs, { runs, prepared });
+    expect(claimed).toMatchObject({ status: 'running', relied: true, reservation: undefined, refusal: undefined });
+    // What the ledger learned: the call fits.
+    expect((await ledger.reserve(w.charge('after', 2))).ok).toBe(true);
+  });
 });
 
 describe('recordGrantUsesIf, for uses decided from the database', () => {

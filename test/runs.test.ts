@@ -355,6 +355,32 @@ describe("a first call's reservation made with its run's claim", () => {
   });
 });
 
+describe("a first call its budget refuses, refused with its run's claim", () => {
+  const T9 = 'tenant-runs-claim-refusal';
+  const agent = tokens.agent(AGENT, { tenant: T9, family: 'veritas', scope: 'scf:read' });
+
+  it('costs the claim and the denial record: the claim finds the levels it was refused on, nothing is read', async () => {
+    await grantTool(h.client, { tenant: T9, agent: AGENT, tool: 'echo' });
+    const budget = await createBudget(h.client, { tenant: T9, limit_units: 3 });
+    // The gateway learns the budget with a first call (echo@2.0.0: 2 units).
+    expect((await execute(h.client, agent, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+    let fewest = Infinity;
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId();
+      const before = h.db.database.statementsSent();
+      const res = await execute(h.client, agent, { run_id: runId, plan: [step('echo')] });
+      fewest = Math.min(fewest, h.db.database.statementsSent() - before);
+      expect(res.status, JSON.stringify(res.body)).toBe(402);
+      expect(res.body.steps[0].error).toMatchObject({
+        code: 'budget_exceeded',
+        details: { budget_id: budget.id, consumed_units: 2, requested_units: 2, limit_units: 3 },
+      });
+      expect(await reservationsOf(T9, runId)).toEqual([]);
+    }
+    expect(fewest).toBe(2);
+  });
+});
+
 describe('a first call refused before its run is claimed', () => {
   const T8 = 'tenant-runs-refused-first';
   const agent = tokens.agent(AGENT, { tenant: T8, family: 'veritas', scope: 'scf:read' });

@@ -37,6 +37,11 @@ export interface StepRequest {
   /** Its budget reservation, written with its run's claim (the first step only): the cost stage's, if the price holds. */
   reserved?: Reservation | undefined;
   /**
+   * Its budget refusal, decided before its run's claim and found exact by the claim's statement (the
+   * first step only): the cost stage's, if the price is still `units`.
+   */
+  budgetRefusal?: { units: number; details: Record<string, unknown> } | undefined;
+  /**
    * The copy of the grants holds none for this step (the first, before its run is claimed): the grant
    * stage refuses without reading, and the refusal's record stands only if no grant exists at all.
    */

@@ -69,8 +69,11 @@ export interface PreparedReservations {
   steps(options: { when?: RawBuilder<unknown>; lockedFirst?: RawBuilder<unknown> }): RawBuilder<unknown>;
   /** The scalar that statement answers the outcome with. */
   outcome: RawBuilder<unknown>;
-  /** After it ran, given that scalar: each request's reservation, in order; undefined when nothing was written. */
-  written(outcome: unknown): BudgetReservation[] | undefined;
+  /**
+   * After it ran, given that scalar: each request's answer, in order — its reservation, written, or its
+   * refusal, which the statement found the very levels and budgets of — or undefined when nothing stood.
+   */
+  written(outcome: unknown): ReserveResult[] | undefined;
 }
 
 /** Units held against every budget that applies to a call, until it is settled or released. */
@@ -202,7 +205,13 @@ export class BudgetLedger {
           : checkedMicros(request.requestLimitUnits, 'requestLimitUnits'),
     }));
     const plan = decideBatch(ops, seen.budgets, seen.levels, now);
-    if (!plan.bounds || plan.deltas.some((delta) => !expected.has(counterId(delta)))) return undefined;
+    // Plain admissions and refusals only. With a refusal there are no bounds: the statement compares
+    // every level exactly, so a refusal it confirms is as exact as one decided from a read.
+    if (
+      !plan.results.every((result) => !result.ok || result.verdict === 'ok') ||
+      plan.deltas.some((delta) => !expected.has(counterId(delta)))
+    )
+      return undefined;
     const write: LedgerWriteIf = {
       expected,
       deltas: plan.deltas,
@@ -223,10 +232,8 @@ export class BudgetLedger {
           return undefined;
         }
         this.known.rememberLevels(result.levels);
-        return plan.results.map((answer) => {
-          this.reservations.inc({ verdict: 'ok' });
-          return (answer as Extract<ReserveResult, { ok: true }>).reservation;
-        });
+        for (const answer of plan.results) this.reservations.inc({ verdict: answer.ok ? 'ok' : 'exceeded' });
+        return plan.results;
       },
     };
   }

@@ -81,6 +81,8 @@ export interface Execution {
   reliedOn?: GrantAssumed | undefined;
   /** The first step's budget reservation, written with the run's claim; taken by that step. */
   reserved?: Reservation | undefined;
+  /** The first step's budget refusal, found exact by the run's claim; that step's, at that price. */
+  budgetRefusal?: StepRequest['budgetRefusal'];
 }
 
 export interface StepOutcome {

@@ -161,6 +161,7 @@ export class RunExecutor {
               prefetchedGrants: prefetched,
               reliedOn: claimed.relied ? assumed : undefined,
               reserved: claimed.reservation,
+              budgetRefusal: claimed.refusal && charge && { units: charge.units, details: claimed.refusal },
             },
             [],
             true,

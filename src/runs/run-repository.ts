@@ -12,6 +12,7 @@ import {
 } from './run-types.js';
 import type { ChainHeld } from '../db/lock-order.js';
 import type { BudgetReservation, PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { BudgetExceededDetails } from '../budgets/budget-verdict.js';
 
 /** A run as stored: who owns it, where it got to, and what a resume or cascade needs of it. */
 export interface RunRecord {
@@ -82,7 +83,12 @@ export interface NewRun extends RunStart {
 }
 
 /** A run just claimed, whether the grant use it carried was recorded with it, and its first call's reservation if one was. */
-export type ClaimedRun = RunRecord & { relied: boolean; reservation?: BudgetReservation | undefined };
+export type ClaimedRun = RunRecord & {
+  relied: boolean;
+  reservation?: BudgetReservation | undefined;
+  /** Its first call's budget refusal, decided before the claim and found exact by its statement. */
+  refusal?: BudgetExceededDetails | undefined;
+};
 
 /** First calls' reservations a batch of claims writes too: only if every one of these runs is claimed relying on its grant. */
 export interface ClaimCharges {
@@ -142,21 +148,25 @@ export async function claimRuns(
         : sql`false`
     } as relied
     from claimed c`.execute(db);
-  const claimed = new Map(inserted.rows.map((row) => [`${row.tenant_id}\u0000${row.run_id}`, row]));
-  const reservations = new Map(
-    (charged?.prepared.written(inserted.rows[0]?.charged ?? null) ?? []).map((r) => [
-      `${r.tenantId}\u0000${r.runId}`,
-      r,
-    ]),
-  );
+  const claimed = new Map(inserted.rows.map((row) => [keyOf(row), row]));
+  // In the order of `charged.runs`, which `prepared` was decided for.
+  const answered = charged?.prepared.written(inserted.rows[0]?.charged ?? null) ?? [];
+  const answers = new Map(answered.map((answer, i) => [keyOf(charged!.runs[i]!), answer]));
   return runs.map((run) => {
-    const key = `${run.tenant_id}\u0000${run.run_id}`;
+    const key = keyOf(run);
     const row = claimed.get(key);
     // One claim per id: a second request for the same id in this batch finds it taken.
     claimed.delete(key);
-    const reservation = reservations.get(key);
-    reservations.delete(key);
-    return row ? { ...toRecord(row), relied: row.relied === true, reservation } : undefined;
+    const answer = answers.get(key);
+    answers.delete(key);
+    return row
+      ? {
+          ...toRecord(row),
+          relied: row.relied === true,
+          reservation: answer?.ok ? answer.reservation : undefined,
+          refusal: answer && !answer.ok ? answer.details : undefined,
+        }
+      : undefined;
   });
 }
 
@@ -264,6 +274,10 @@ function runRowOf(run: NewRun) {
     keep_open: run.keep_open,
     executor_id: run.executor_id,
   };
+}
+
+function keyOf(run: RunKey): string {
+  return `${run.tenant_id}\u0000${run.run_id}`;
 }
 
 function compare(a: string, b: string): number {

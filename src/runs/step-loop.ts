@@ -175,9 +175,11 @@ export class StepLoop {
     if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
     if (index === 0 && exec.reliedOn) asked.reliedOn = exec.reliedOn;
     if (index === 0 && exec.reserved) asked.reserved = exec.reserved;
+    if (index === 0 && exec.budgetRefusal) asked.budgetRefusal = exec.budgetRefusal;
     delete exec.prefetchedGrants;
     delete exec.reliedOn;
     delete exec.reserved;
+    delete exec.budgetRefusal;
     const admission = await admitStep(asked, this.deps.ports);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;

@@ -42,6 +42,10 @@ export function chargeOf(
   };
 }
 
+function exceeded(details: Record<string, unknown>): Denial {
+  return { ok: false, code: 'budget_exceeded', message: 'the budget does not allow this call', details };
+}
+
 /** 10. The call's cost fits every budget (reserved now, settled after dispatch). */
 export const costStage: Stage = {
   name: 'cost',
@@ -55,14 +59,11 @@ export const costStage: Stage = {
       state.reservation = reserved;
       return { ok: true };
     }
+    // Refused with the run's claim, for this very price.
+    const refused = request.budgetRefusal;
+    if (refused && !request.dryRun && refused.units === tool.cost_units) return exceeded(refused.details);
     const result = request.dryRun ? await budgets.check(charge.query) : await budgets.reserve(charge.query);
-    if (!result.ok)
-      return {
-        ok: false,
-        code: 'budget_exceeded',
-        message: 'the budget does not allow this call',
-        details: result.details ?? {},
-      };
+    if (!result.ok) return exceeded(result.details ?? {});
     if ('reservation' in result) state.reservation = result.reservation as Reservation;
     state.warnings.push(...result.warnings);
     return { ok: true };
