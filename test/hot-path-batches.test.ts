@@ -42,7 +42,6 @@ import {
   readChainHead,
   verifyAuditChain,
   writeAuditEvents,
-  writeAuditEventsCarrying,
   type AppendRider,
   type TimedAuditEvent,
 } from '../src/audit/audit-repository.js';
@@ -567,7 +566,7 @@ describe('an append linked in the database, carrying run ends', () => {
         const appended = await db
           .transaction()
           .execute((trx) =>
-            writeAuditEventsCarrying(
+            appendCarrying(
               trx,
               [event(tenant, 'held', leave(tenant, 'held')), event(tenant, 'free', leave(tenant, 'free'))],
               runEndRider,
@@ -1532,7 +1531,7 @@ describe('an outcome record carrying its settlement and its run’s end', () => 
     const appended = await db
       .transaction()
       .execute((trx) =>
-        writeAuditEventsCarrying(
+        appendCarrying(
           trx,
           [carrying(tenant, 'locked', { end: leave(tenant, 'locked'), closes: [settlementOf(reservation, 1.5)] })],
           rider,

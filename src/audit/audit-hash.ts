@@ -13,27 +13,14 @@ export const canonicalJson = configure({ deterministic: true, bigint: false, cir
  * can link a record the gateway hashed without knowing where it would fall.
  */
 export const HASH_SCHEME = { record: 1, linked: 2 } as const;
-export type HashScheme = AuditRecord['hash_scheme'];
 
-/** The fields a `linked` record's content hash leaves out: where it falls in the chain, and how. */
-export const LINK_FIELDS = ['seq', 'prev_hash', 'hash', 'hash_scheme'] as const;
-
-/** A record without the fields `linked` hashing leaves to the database. */
-export type AuditContent = Omit<AuditRecord, (typeof LINK_FIELDS)[number]>;
+/** A record without what `linked` hashing leaves to the database: where it falls in the chain, and how. */
+export type AuditContent = Omit<AuditRecord, 'seq' | 'prev_hash' | 'hash' | 'hash_scheme'>;
 
 /**
- * The `record` scheme's hash: SHA-256 over the canonical JSON of every field but `hash` (and
- * `hash_scheme`, which came later), `prev_hash` included.
- */
-export function chainHash(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): string {
-  return createHash('sha256')
-    .update(canonicalJson(record) ?? '')
-    .digest('hex');
-}
-
-/**
- * A `record`-scheme record's hash and its JSON with the hash added, from one serialisation (rows
- * of this scheme predate linking in the database; tests and benches still make them).
+ * A `record`-scheme record's hash — SHA-256 over the canonical JSON of every field but `hash`,
+ * `prev_hash` included — and its JSON with the hash added, from one serialisation (rows of this
+ * scheme predate linking in the database; tests and benches still make them).
  */
 export function sealRecord(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): { hash: string; json: string } {
   const canonical = canonicalJson(record) ?? '{}';

@@ -209,15 +209,6 @@ export async function writeAuditEvents(trx: Transaction<DB>, events: TimedAuditE
   return (await appendCarrying(trx, events)).records;
 }
 
-/** `writeAuditEvents`, and the changes the events carry (`rides`) in the same statement. */
-export function writeAuditEventsCarrying<T, R>(
-  trx: Transaction<DB>,
-  events: TimedAuditEvent<T>[],
-  rider?: AppendRider<T, R>,
-): Promise<Appended<R>> {
-  return appendCarrying(trx, events, rider);
-}
-
 function ridersOf<T, R>(events: TimedAuditEvent<T, unknown>[], rider: AppendRider<T, R> | undefined): T[] {
   const items = events.flatMap((e) => (e.rides !== undefined ? [e.rides] : []));
   if (items.length > 0 && !rider) throw new Error('an audit event carries a change but the log has no rider for it');

@@ -2,7 +2,6 @@ import { describe, expect, it } from 'vitest';
 import { createHash } from 'node:crypto';
 import {
   canonicalJson,
-  chainHash,
   GENESIS_HASH,
   linkHash,
   sealContent,
@@ -39,8 +38,8 @@ const unhashed: Omit<AuditRecord, 'hash' | 'hash_scheme'> = {
 };
 
 describe('sealRecord', () => {
-  it('hashes exactly as chainHash, so stored rows verify', () => {
-    expect(sealRecord(unhashed).hash).toBe(chainHash(unhashed));
+  it('hashes the canonical JSON of the whole record, prev_hash included, as the walk recomputes it', () => {
+    expect(sealRecord(unhashed).hash).toBe(createHash('sha256').update(canonicalJson(unhashed)!).digest('hex'));
   });
 
   it('gives the record with its hash as JSON, every field and value intact', () => {
