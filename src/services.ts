@@ -27,8 +27,14 @@ import { ReplicaLease } from './replicas/replica-lease.js';
 import { RetentionSweeper } from './retention/retention-sweeper.js';
 import { RunCascades } from './runs/run-cascades.js';
 import { RunControls } from './runs/run-controls.js';
-import { callEndRider, runStartGuard, type CallEnd, type CallEndAnswer } from './runs/run-end-rider.js';
-import type { EndedRunStart } from './runs/run-repository.js';
+import {
+  callEndRider,
+  runStartGuard,
+  type CallEnd,
+  type CallEndAnswer,
+  type RunStartChange,
+} from './runs/run-end-rider.js';
+import type { ClaimedRunStartAnswer } from './runs/run-repository.js';
 import { AuditCheckpoints } from './audit/audit-checkpoints.js';
 import { AuditPartitions } from './audit/audit-partitions.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';
@@ -58,7 +64,7 @@ export type CallTarget = (
 export interface Services {
   config: Config;
   database: Database;
-  audit: AuditLog<CallEnd, CallEndAnswer, EndedRunStart>;
+  audit: AuditLog<CallEnd, CallEndAnswer, RunStartChange, ClaimedRunStartAnswer | undefined>;
   /** Signed checkpoints of the audit chain, and verification from one. */
   auditCheckpoints: AuditCheckpoints;
   /** The audit log's monthly partitions: kept ahead, sealed, exported and detached. */
@@ -113,14 +119,14 @@ export function buildServices(options: ServiceOptions): Services {
     sweepIntervalMs: Math.min(60_000, (config.budgetReservationTtlSeconds * 1000) / 2),
     onSweepError: (error) => logger.warn({ err: error }, 'releasing abandoned budget reservations failed'),
   });
-  const audit = new AuditLog<CallEnd, CallEndAnswer, EndedRunStart>(database, {
+  const audit = new AuditLog<CallEnd, CallEndAnswer, RunStartChange, ClaimedRunStartAnswer | undefined>(database, {
     now,
     onCommit: (batchSize) => {
       metrics.auditEventsCommitted.inc(batchSize);
       metrics.auditCommitBatchSize.observe(batchSize);
     },
     rider: callEndRider(budgets.settlements),
-    guard: runStartGuard,
+    guard: runStartGuard(budgets),
   });
   const catalog = new ToolCatalog({
     database,

@@ -26,6 +26,8 @@ import {
   findRun,
   insertSubRun,
   endRuns,
+  type ClaimedRunStart,
+  type ClaimedRunStartAnswer,
   type EndedRunStart,
   type NewRun,
   type RunEnding,
@@ -50,6 +52,7 @@ import {
   callEndRider,
   runEndRider,
   runStartGuard,
+  type RunStartChange,
   type CallEnd,
   type CallEndAnswer,
 } from '../src/runs/run-end-rider.js';
@@ -464,7 +467,7 @@ describe('an append linked in the database, carrying run ends', () => {
         plain('plain-2'),
       ],
       undefined,
-      runStartGuard,
+      runStartGuard(),
     );
     expect(appended.appended).toEqual([true, true, false, false, false, true]);
     expect(appended.records.map((r) => [r.run_id, r.seq])).toEqual([
@@ -483,7 +486,7 @@ describe('an append linked in the database, carrying run ends', () => {
     expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
     expect((await verifyAuditChain(db)).ok).toBe(true);
     // Nothing made, nothing appended: the head stays.
-    const none = await appendCarrying(db, [start('taken')], undefined, runStartGuard);
+    const none = await appendCarrying(db, [start('taken')], undefined, runStartGuard());
     expect(none).toMatchObject({ records: [], appended: [false] });
     expect(await readChainHead(db)).toEqual({ seq: before.seq + 3, hash: appended.records[2]!.hash });
   });
@@ -857,6 +860,155 @@ describe("claimRuns with its first calls' reservations", () => {
     expect(claimed).toMatchObject({ status: 'running', relied: true, reservation: undefined, refusal: undefined });
     // What the ledger learned: the call fits.
     expect((await ledger.reserve(w.charge('after', 2))).ok).toBe(true);
+  });
+});
+
+describe("a first call's intent record claiming its run (runStartGuard)", () => {
+  const answersOf = (appended: { answers: unknown[] }) => appended.answers as Array<ClaimedRunStartAnswer | undefined>;
+  let ledger: BudgetLedger;
+  beforeAll(() => {
+    ledger = newLedger();
+  });
+  afterAll(async () => {
+    await ledger.close();
+  });
+
+  async function world() {
+    const tenant = fresh('claim-intent-t');
+    const budgetId = await monthly(tenant, 100);
+    const live = await grant({ tenant, scope: 'per-tenant', ref: tenant });
+    const version = await versionOf(live.id);
+    expect((await ledger.reserve({ tenantId: tenant, agentId: 'agent.batch', runId: 'warm', units: 1 })).ok).toBe(true);
+    const start = (runId: string, units: number, since = version): RunStartChange => {
+      const charge = { tenantId: tenant, agentId: 'agent.batch', runId, units, keepsRunTotal: false };
+      const decided = ledger.prepare([charge])!.decided[0]!;
+      if (!decided.ok) throw new Error('expected room');
+      return {
+        claim: newRun(tenant, runId, {
+          reliance: {
+            tenant_id: tenant,
+            run_id: runId,
+            grant_id: live.id,
+            assumed: { agent_id: 'agent.batch', tool_id: 'echo', since, decided_at: clock.now() },
+          },
+          charge: { ...charge, reservationId: decided.reservation.id },
+        }) as ClaimedRunStart['claim'],
+      };
+    };
+    const intent = (runId: string, onlyIf?: RunStartChange): TimedAuditEvent<never, RunStartChange> => ({
+      occurredAt: clock.now(),
+      event: { event_type: 'run.step.dispatching', actor: 'agent:agent.batch', tenant_id: tenant, run_id: runId },
+      ...(onlyIf ? { onlyIf } : {}),
+    });
+    const reservations = async () =>
+      (
+        await db
+          .selectFrom('budget_reservations')
+          .select(['id', 'run_id', 'status'])
+          .where('tenant_id', '=', tenant)
+          .where('run_id', '!=', 'warm')
+          .orderBy('run_id')
+          .execute()
+      ).map((row) => `${row.run_id}:${row.id}:${row.status}`);
+    const reserved = async () => (await getBudget(db, budgetId, clock.now()))!.reserved_units;
+    return { tenant, live, start, intent, reservations, reserved };
+  }
+
+  it('claims each run with its grant use and its reservation, in the commit of its record, or appends nothing', async () => {
+    const w = await world();
+    await claimOne(w.tenant, 'taken');
+    const one = w.start('one', 2);
+    const two = w.start('two', 3);
+    const taken = w.start('taken', 4);
+    const ended: RunStartChange = {
+      run: newRun(w.tenant, 'ended'),
+      end: { status: 'failed', httpStatus: 403, envelope: envelope('ended', 'failed') },
+      grantAbsent: { agent_id: 'agent.batch', tool_id: 'no.grant' },
+    };
+    const before = await readChainHead(db);
+    const appended = await appendCarrying(
+      db,
+      [
+        w.intent('plain'),
+        w.intent('one', one),
+        w.intent('ended', ended),
+        w.intent('taken', taken),
+        w.intent('two', two),
+      ],
+      undefined,
+      runStartGuard(ledger),
+    );
+    // A taken id: nothing of it written, so none of the batch's reservations either (all or none, as a claim's):
+    // the other runs are claimed, with their grant uses, and their records left out.
+    expect(appended.appended).toEqual([true, false, true, false, false]);
+    expect(appended.records.map((r) => [r.run_id, r.seq])).toEqual([
+      ['plain', before.seq + 1],
+      ['ended', before.seq + 2],
+    ]);
+    expect(appended.answers).toEqual([
+      undefined,
+      { claimed: true, relied: true, reservation: undefined, refusal: undefined },
+      undefined,
+      { claimed: false, taken: true, relied: false },
+      { claimed: true, relied: true, reservation: undefined, refusal: undefined },
+    ]);
+    expect(await w.reservations()).toEqual([]);
+    expect(await w.reserved()).toBe(1);
+    expect((await verifyAuditChain(db)).ok).toBe(true);
+  });
+
+  it('appends the records of the runs that got all three, in one commit with their rows', async () => {
+    const w = await world();
+    const one = w.start('one', 2);
+    const two = w.start('two', 3);
+    const appended = await appendCarrying(
+      db,
+      [w.intent('one', one), w.intent('two', two)],
+      undefined,
+      runStartGuard(ledger),
+    );
+    expect(appended.appended).toEqual([true, true]);
+    const ids = [one, two].map((s) => ('claim' in s ? s.claim.charge!.reservationId : undefined));
+    expect(answersOf(appended).map((a) => a && [a.claimed, a.relied, a.reservation?.id])).toEqual([
+      [true, true, ids[0]],
+      [true, true, ids[1]],
+    ]);
+    expect(await w.reservations()).toEqual([`one:${ids[0]}:reserved`, `two:${ids[1]}:reserved`]);
+    expect(await w.reserved()).toBe(1 + 5);
+    expect(await findRun(db, w.tenant, 'one')).toMatchObject({ status: 'running', busy: true, epoch: 1 });
+    const xids = await sql<{ xid: string }>`
+      select xmin::text as xid from audit_events where event_id = ${appended.records[0]!.event_id}
+      union all select xmin::text from runs where tenant_id = ${w.tenant} and run_id = 'one'
+      union all select xmin::text from run_grant_uses where tenant_id = ${w.tenant} and run_id = 'one'
+      union all select xmin::text from budget_reservations where id = ${ids[0]!}`.execute(db);
+    expect(xids.rows).toHaveLength(4);
+    expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
+    // What the ledger learned from the statement: the next guess starts from the levels it left (1 + 5 of 100).
+    const next = ledger.prepare([
+      { tenantId: w.tenant, agentId: 'agent.batch', runId: 'next', units: 95, keepsRunTotal: false },
+    ]);
+    expect(next?.decided[0]).toMatchObject({ ok: false, details: { consumed_units: 6, requested_units: 95 } });
+  });
+
+  it('claims a run whose grant use no longer stands without its record, and reserves nothing', async () => {
+    const w = await world();
+    // A newer grant of the subject: a decision from a copy that had not seen it no longer stands.
+    const newer = await grant({ tenant: w.tenant, scope: 'per-run', ref: 'stale' });
+    const fresh = w.start('fresh', 2, await versionOf(newer.id));
+    const stale = w.start('stale', 2);
+    const appended = await appendCarrying(
+      db,
+      [w.intent('fresh', fresh), w.intent('stale', stale)],
+      undefined,
+      runStartGuard(ledger),
+    );
+    expect(appended.appended).toEqual([false, false]);
+    expect(answersOf(appended).map((a) => a && [a.claimed, a.relied, a.reservation])).toEqual([
+      [true, true, undefined],
+      [true, false, undefined],
+    ]);
+    expect(await w.reservations()).toEqual([]);
+    expect(await findRun(db, w.tenant, 'stale')).toMatchObject({ status: 'running', busy: true });
   });
 });
 

@@ -381,6 +381,120 @@ describe("a first call its budget refuses, refused with its run's claim", () => 
   });
 });
 
+describe('a first call admitted before its run is claimed, the claim riding its intent record', () => {
+  const T10 = 'tenant-runs-claim-intent';
+  const agent10 = tokens.agent(AGENT, { tenant: T10, family: 'veritas', scope: 'scf:read' });
+  const recordsOf = async (tenant: string, runId: string) =>
+    (
+      await sql<{ event_type: string; reason_code: string | null; xid: string }>`
+        select event_type, reason_code, xmin::text as xid from audit_events
+        where tenant_id = ${tenant} and run_id = ${runId} order by seq`.execute(h.db.database.control)
+    ).rows;
+  const grantUseCommits = async (tenant: string, runId: string) =>
+    (
+      await sql<{ xid: string }>`
+        select xmin::text as xid from run_grant_uses where tenant_id = ${tenant} and run_id = ${runId}`.execute(
+        h.db.database.control,
+      )
+    ).rows.map((row) => row.xid);
+
+  beforeAll(async () => {
+    await grantTool(h.client, { tenant: T10, agent: AGENT, tool: 'echo' });
+    await grantTool(h.client, { tenant: T10, agent: AGENT, tool: 'limited' });
+    await createBudget(h.client, { tenant: T10, limit_units: 1000 });
+    // The gateway learns the tenant's budgets with a first call.
+    expect((await execute(h.client, agent10, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+  });
+
+  it('is two statements: the run, its grant use and its reservation commit with the intent record', async () => {
+    let fewest = Infinity;
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId();
+      const before = h.db.database.statementsSent();
+      const res = await execute(h.client, agent10, { run_id: runId, plan: [step('echo')] });
+      fewest = Math.min(fewest, h.db.database.statementsSent() - before);
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      const records = await recordsOf(T10, runId);
+      expect(records.map((r) => r.event_type)).toEqual(['run.step.dispatching', 'run.step.completed']);
+      // The grant use went in the intent record's commit; the reservation too, settled since by the outcome's.
+      expect(await grantUseCommits(T10, runId)).toEqual([records[0]!.xid]);
+      expect((await reservationsOf(T10, runId)).map((r) => [r.status, Number(r.actual_units)])).toEqual([
+        ['settled', 2],
+      ]);
+    }
+    expect(fewest).toBe(2);
+  });
+
+  it('leaves a taken run id to the usual path, and a replay spends no rate token', async () => {
+    // `limited` holds two tokens and refills one in 100 s.
+    const runId = newRunId();
+    const body = { run_id: runId, plan: [step('limited')] };
+    const first = await execute(h.client, agent10, body);
+    expect(first.status, JSON.stringify(first.body)).toBe(200);
+    for (let i = 0; i < 3; i += 1) {
+      const replay = await execute(h.client, agent10, body);
+      expect(replay.status).toBe(200);
+      expect(replay.headers['x-toolgate-replayed']).toBe('true');
+      expect(replay.body).toEqual(first.body);
+    }
+    expect((await recordsOf(T10, runId)).map((r) => r.event_type)).toEqual([
+      'run.step.dispatching',
+      'run.step.completed',
+    ]);
+    // The second token is still there for a new run, and then the bucket is empty.
+    expect((await execute(h.client, agent10, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
+    const refused = await execute(h.client, agent10, { run_id: newRunId(), plan: [step('limited')] });
+    expect(refused.status).toBe(429);
+    // Another principal's run id is still a conflict.
+    const other = tokens.agent('someone.else', { tenant: T10 });
+    expect((await execute(h.client, other, body)).status).toBe(409);
+  });
+
+  it('is decided again on its claimed run when its budget moved meanwhile, and refused exactly', async () => {
+    const T11 = 'tenant-runs-claim-intent-moved';
+    const agent11 = tokens.agent(AGENT, { tenant: T11, family: 'veritas', scope: 'scf:read' });
+    await grantTool(h.client, { tenant: T11, agent: AGENT, tool: 'echo' });
+    const budget = await createBudget(h.client, { tenant: T11, limit_units: 10 });
+    expect((await execute(h.client, agent11, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+    // Another replica spent the rest: this one's copy of the levels does not know.
+    await sql`update budget_counters set spent_units = 9 where counter_key = ${budget.id}`.execute(
+      h.db.database.control,
+    );
+    const runId = newRunId();
+    const res = await execute(h.client, agent11, { run_id: runId, plan: [step('echo')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(402);
+    expect(res.body.steps[0].error).toMatchObject({ code: 'budget_exceeded', details: { consumed_units: 9 } });
+    // No intent was recorded, nothing reserved; the run was claimed and ended by its denial.
+    expect((await recordsOf(T11, runId)).map((r) => r.event_type)).toEqual(['run.step.denied']);
+    expect(await reservationsOf(T11, runId)).toEqual([]);
+    const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T11) });
+    expect(shown.body).toMatchObject({ spent_units: 9, reserved_units: 0 });
+  });
+
+  it('is decided again on its claimed run when its grant was revoked behind the copy', async () => {
+    const T12 = 'tenant-runs-claim-intent-revoked';
+    const agent12 = tokens.agent(AGENT, { tenant: T12, family: 'veritas', scope: 'scf:read' });
+    const granted = await grantTool(h.client, { tenant: T12, agent: AGENT, tool: 'echo' });
+    await createBudget(h.client, { tenant: T12, limit_units: 10 });
+    expect((await execute(h.client, agent12, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+    // Revoked without telling the replicas (its trigger announces every change): the copy still holds the grant.
+    await h.db.database.control.transaction().execute(async (trx) => {
+      await sql`alter table grants disable trigger grants_changed`.execute(trx);
+      await sql`update grants set revoked_at = now(), revoked_by_actor_id = 'test' where id = ${granted.id}`.execute(
+        trx,
+      );
+      await sql`alter table grants enable trigger grants_changed`.execute(trx);
+    });
+    const runId = newRunId();
+    const res = await execute(h.client, agent12, { run_id: runId, plan: [step('echo')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(403);
+    expect(res.body.steps[0].error.code).toBe('grant_revoked');
+    expect((await recordsOf(T12, runId)).map((r) => r.event_type)).toEqual(['run.step.denied']);
+    expect(await reservationsOf(T12, runId)).toEqual([]);
+    expect(await grantUseCommits(T12, runId)).toEqual([]);
+  });
+});
+
 describe('a first call refused before its run is claimed', () => {
   const T8 = 'tenant-runs-refused-first';
   const agent = tokens.agent(AGENT, { tenant: T8, family: 'veritas', scope: 'scf:read' });

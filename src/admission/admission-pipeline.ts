@@ -62,7 +62,9 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
     if (!decision.ok) {
       verdicts.push({ stage: stage.name, ok: false, code: 'hold' in decision ? 'awaiting_approval' : decision.code });
       // A later stage refused after the budget was reserved: the reservation is given back.
-      const unspent = [...new Set([state.reservation, request.reserved])].filter((r) => r !== undefined);
+      const unspent = request.unclaimed
+        ? []
+        : [...new Set([state.reservation, request.reserved])].filter((r) => r !== undefined);
       delete state.reservation;
       if ('hold' in decision) {
         for (const reserved of unspent) await ports.budgets.release(reserved);
@@ -73,6 +75,7 @@ export async function admitStep(request: StepRequest, ports: AdmissionPorts): Pr
     verdicts.push({ stage: stage.name, ok: true });
   }
   // Reserved with the run's claim for a price the call no longer has: given back.
-  if (request.reserved && state.reservation !== request.reserved) await ports.budgets.release(request.reserved);
+  if (request.reserved && state.reservation !== request.reserved && !request.unclaimed)
+    await ports.budgets.release(request.reserved);
   return { ok: true, state, verdicts };
 }

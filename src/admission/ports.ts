@@ -200,6 +200,8 @@ export interface BudgetPort {
 export interface RateLimitPort {
   take(query: RateQuery): Promise<{ ok: true } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number }>;
   peek(query: RateQuery): Promise<{ ok: true } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number }>;
+  /** Gives back a token `take` admitted, for a call not made after all (optional: else it is lost, the strict side). */
+  giveBack?(query: RateQuery): void;
 }
 
 export interface RateQuery {

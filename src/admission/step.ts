@@ -6,6 +6,7 @@ import type {
   GrantAssumed,
   GrantPrefetch,
   GrantView,
+  RateQuery,
   Reservation,
   StageDecision,
 } from './ports.js';
@@ -46,6 +47,11 @@ export interface StepRequest {
    * stage refuses without reading, and the refusal's record stands only if no grant exists at all.
    */
   presumedMissing?: boolean | undefined;
+  /**
+   * The run is not claimed yet (the first step, its intent record to claim it): `reserved` is not written, so nothing
+   * is given back when the call is refused or held; the caller drops what admission decided.
+   */
+  unclaimed?: boolean | undefined;
 }
 
 /** What earlier stages learned, for later stages and for dispatch. */
@@ -55,6 +61,8 @@ export interface StepState {
   /** The approval that let this call through stage 8. */
   approvalId?: string;
   reservation?: Reservation;
+  /** The token the rate stage took for the call, if it took one. */
+  rateTaken?: RateQuery;
   warnings: string[];
 }
 

@@ -4,14 +4,14 @@ import type { AuditEventInput, AuditRecord } from './audit-event.js';
 import { appendCarrying, type AppendGuard, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
 
 /** What the composition root gives the log; tests may give nothing. */
-export interface AuditLogOptions<Change, Answer, Guard> {
+export interface AuditLogOptions<Change, Answer, Guard, GuardAnswer> {
   now?: () => Date;
   /** Told the size of every batch committed. */
   onCommit?: (batchSize: number) => void;
   /** What commits with the events that carry a change (`appendCarrying`). */
   rider?: AppendRider<Change, Answer>;
   /** What an event appended only with its change makes (`appendIf`). */
-  guard?: AppendGuard<Guard>;
+  guard?: AppendGuard<Guard, GuardAnswer>;
 }
 
 /**
@@ -19,17 +19,17 @@ export interface AuditLogOptions<Change, Answer, Guard> {
  * are committed together in the next one (group commit); `append` resolves only once its
  * event is durable, and rejects if the commit failed, so a caller never proceeds unaudited.
  */
-export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown> {
+export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, GuardAnswer = unknown> {
   // Typed by `unknown` inside, so that a log is usable wherever any log is; the rider is the one given.
   private readonly batches: GroupCommit<TimedAuditEvent, { record: AuditRecord | undefined; answer: unknown }>;
   private readonly rider: AppendRider<unknown, unknown> | undefined;
-  private readonly guard: AppendGuard<unknown> | undefined;
+  private readonly guard: AppendGuard<unknown, unknown> | undefined;
   private readonly now: () => Date;
 
-  constructor(database: Database, options: AuditLogOptions<Change, Answer, Guard> = {}) {
+  constructor(database: Database, options: AuditLogOptions<Change, Answer, Guard, GuardAnswer> = {}) {
     this.now = options.now ?? (() => new Date());
     this.rider = options.rider;
-    this.guard = options.guard as AppendGuard<unknown> | undefined;
+    this.guard = options.guard as AppendGuard<unknown, unknown> | undefined;
     const onCommit = options.onCommit ?? (() => undefined);
     // Appends are per-call statements that must be durable before the call goes on.
     const db = database.hot;
@@ -47,11 +47,19 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown> {
   }
 
   /**
-   * Appends a record only with its change (the guard's): in one commit, or neither. Undefined when the
-   * change could not be made (the caller decides again, the usual way).
+   * Appends a record only with its change (the guard's): in one commit, or neither. No record when the
+   * change could not be made (the caller decides again, the usual way); the guard's answer either way.
    */
-  async appendIf(event: AuditEventInput, eventId: string, change: Guard): Promise<AuditRecord | undefined> {
-    return (await this.batches.submit({ event, occurredAt: this.now(), eventId, onlyIf: change })).record;
+  async appendIf(
+    event: AuditEventInput,
+    eventId: string,
+    change: Guard,
+  ): Promise<{ record: AuditRecord | undefined; answer: GuardAnswer | undefined }> {
+    // The answer is the guard's, whose type is `GuardAnswer`.
+    return (await this.batches.submit({ event, occurredAt: this.now(), eventId, onlyIf: change })) as {
+      record: AuditRecord | undefined;
+      answer: GuardAnswer | undefined;
+    };
   }
 
   /**

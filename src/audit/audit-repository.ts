@@ -36,17 +36,23 @@ export interface AppendRider<T, R = boolean> {
  * statement after the chain head is locked, and the event is numbered and linked only if it was
  * made. So a batch's records may be dropped one by one, and the chain stays gapless.
  */
-export interface AppendGuard<G> {
+export interface AppendGuard<G, A = unknown> {
   /**
-   * Common table expressions that make each item's change, changing nothing unless `when`, and the
-   * name of the one among them whose `ord` column lists the items (1-based) that were made.
+   * Common table expressions that make each item's change, changing nothing unless `when`; the
+   * name of the one among them whose `ord` column lists the items (1-based) that were made; and
+   * optionally a JSON value of what they did, as `answers` reads it.
    */
-  steps(items: G[], when: RawBuilder<unknown>): { ctes: RawBuilder<unknown>; made: string };
+  steps(
+    items: G[],
+    when: RawBuilder<unknown>,
+  ): { ctes: RawBuilder<unknown>; made: string; changed?: RawBuilder<unknown> };
+  /** For each item, its answer from what the steps did (whether its record was appended or not). */
+  answers?(items: G[], changed: unknown): A[];
 }
 
 /**
  * Appended records (those of guarded events only if their change was made: `appended` says which),
- * and for each event that carried a change, its answer (undefined for the others).
+ * and for each event that carried a change or a guard with answers, its answer (undefined for the others).
  */
 export interface Appended<R = unknown> {
   records: AuditRecord[];
@@ -102,12 +108,12 @@ export function linkSql(
  * after the head's lock (the lock order's first), and commit with the rows.
  * docs/design/audit-chain.md#appending-linked-in-the-database
  */
-export async function appendCarrying<T, R, G = never>(
+export async function appendCarrying<T, R, G = never, A = never>(
   db: Kysely<DB>,
   events: TimedAuditEvent<T, G>[],
   rider?: AppendRider<T, R>,
-  guard?: AppendGuard<G>,
-): Promise<Appended<R>> {
+  guard?: AppendGuard<G, A>,
+): Promise<Appended<R | A>> {
   if (events.length === 0) return { records: [], appended: [], answers: [] };
   const { contents, hashes, json } = contentsOf(events);
   const items = ridersOf(events, rider);
@@ -117,6 +123,7 @@ export async function appendCarrying<T, R, G = never>(
   const changed = riding ? riding.changed : sql`null::json`;
   const guarding =
     guarded.items.length > 0 ? guard!.steps(guarded.items, sql`exists (select 1 from current)`) : undefined;
+  const guardChanged = guarding?.changed ?? sql`null::json`;
   // `current` locks the head and reads it as it stands (a plain read would see it as it stood when
   // the statement began); everything after it follows from it, so it is the statement's first lock.
   const result = await sql<{
@@ -126,6 +133,7 @@ export async function appendCarrying<T, R, G = never>(
     kept: Array<number | string> | null;
     n: number;
     changed: unknown;
+    guarded: unknown;
   }>`
     with recursive current as materialized (
       select seq, hash from audit_chain_head where id = 1 for no key update
@@ -159,7 +167,7 @@ export async function appendCarrying<T, R, G = never>(
     )${ctes}
     select c.seq, c.hash, (select array_agg(hash order by k) from linked where k > 0) as hashes,
       (select array_agg(n order by k) from batch) as kept, (select count(*)::int from appended) as n,
-      ${changed} as changed
+      ${changed} as changed, ${guardChanged} as guarded
     from current c`.execute(db);
   const row = result.rows[0];
   if (!row) throw new Error('the audit chain has no head row');
@@ -178,17 +186,22 @@ export async function appendCarrying<T, R, G = never>(
     prevHash = hash;
     return true;
   });
+  const guardAnswers = guarded.items.length > 0 && guard!.answers ? guard!.answers(guarded.items, row.guarded) : [];
+  const riderAnswers = spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []);
   return {
     records,
     appended,
-    answers: spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []),
+    answers: riderAnswers.map((answer, i) => {
+      const ord = guarded.ordinals[i];
+      return ord === null || ord === undefined ? answer : guardAnswers[ord - 1];
+    }),
   };
 }
 
 /** The guarded events' changes, and for each event its 1-based place among them (null: not guarded). */
 function guardsOf<G>(
   events: TimedAuditEvent<unknown, G>[],
-  guard: AppendGuard<G> | undefined,
+  guard: AppendGuard<G, unknown> | undefined,
 ): { items: G[]; ordinals: Array<number | null> } {
   const items: G[] = [];
   const ordinals = events.map((e) => {

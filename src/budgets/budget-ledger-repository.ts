@@ -189,7 +189,7 @@ export async function writeLedgerIf(
   try {
     const result = await sql<{ outcome: LedgerWriteRow }>`
       with ${ledgerWriteSteps(write)}
-      select ${ledgerWriteOutcome} as outcome
+      select ${ledgerWriteOutcome()} as outcome
     `.execute(db);
     row = result.rows[0]?.outcome;
   } catch (error) {
@@ -223,15 +223,12 @@ function ledgerWriteChanges(write: LedgerWriteIf): boolean {
 }
 
 /**
- * The CTEs of a guarded ledger write, `expected` through `ledger`, for a statement of its own or another room's. `when`
- * adds a condition of that statement's to the guard; `lockedFirst`, rows it must lock before the counters (in the
- * global lock order).
+ * The CTEs of a guarded ledger write, `expected` through `ledger`, for a statement of its own or another room's
+ * (`LedgerStepOptions` says how they fit in it).
  */
-export function ledgerWriteSteps(
-  write: LedgerWriteIf,
-  options: { when?: RawBuilder<unknown>; lockedFirst?: RawBuilder<unknown> } = {},
-): RawBuilder<unknown> {
+export function ledgerWriteSteps(write: LedgerWriteIf, options: LedgerStepOptions = {}): RawBuilder<unknown> {
   const { expected, deltas, reservations, reservedAt, expiresAt, budgets, bounds } = write;
+  const n = ledgerNames(options.prefix);
   const changed = new Map(
     deltas.filter((d) => d.spentMicros !== 0 || d.reservedMicros !== 0).map((d) => [counterId(d), d]),
   );
@@ -244,7 +241,7 @@ export function ledgerWriteSteps(
   }));
   const created = [...changed].filter(([id]) => !expected.has(id)).map(([, d]) => d);
   const keys = known.map((c) => c.ref.key);
-  return sql`expected as (
+  return sql`${n.expected} as (
         select * from unnest(
           ${keys}::text[],
           ${known.map((c) => c.ref.periodStart)}::timestamptz[],
@@ -255,30 +252,30 @@ export function ledgerWriteSteps(
           ${known.map((c) => (c.bound === null ? null : microsText(c.bound)))}::numeric[]
         ) as e(k, p, spent, reserved, add_spent, add_reserved, bound)
       ),
-      current as materialized (
+      ${n.current} as materialized (
         select c.counter_key, c.period_start, c.spent_units, c.reserved_units
-        from budget_counters c join expected e on c.counter_key = e.k and c.period_start = e.p
+        from budget_counters c join ${n.expected} e on c.counter_key = e.k and c.period_start = e.p
         where c.counter_key = any(${keys}::text[])${options.lockedFirst ? sql` and (select count(*) from ${options.lockedFirst}) >= 0` : sql``}
         order by c.counter_key, c.period_start
         for no key update of c
-      ),${budgets ? applicableBudgets(budgets) : sql``}
-      unchanged as materialized (
+      ),${budgets ? applicableBudgets(budgets, n.applicable) : sql``}
+      ${n.unchanged} as materialized (
         select levels_held and budgets_held and ${options.when ?? sql`true`} as ok, budgets_held
         from (
-          select count(*) = ${known.length} as levels_held, ${budgets ? sameBudgets(budgets) : sql`true`} as budgets_held
-          from current c join expected e on c.counter_key = e.k and c.period_start = e.p
+          select count(*) = ${known.length} as levels_held, ${budgets ? sameBudgets(budgets, n.applicable) : sql`true`} as budgets_held
+          from ${n.current} c join ${n.expected} e on c.counter_key = e.k and c.period_start = e.p
           where ${bounds ? sql`case when e.bound is null then true else c.spent_units + c.reserved_units <= e.bound end` : sql`c.spent_units = e.spent and c.reserved_units = e.reserved`}
         ) held
       ),
-      counters as (
+      ${n.counters} as (
         update budget_counters c
         set spent_units = c.spent_units + e.add_spent, reserved_units = c.reserved_units + e.add_reserved
-        from expected e, unchanged u
+        from ${n.expected} e, ${n.unchanged} u
         where u.ok and (e.add_spent <> 0 or e.add_reserved <> 0)
           and c.counter_key = e.k and c.period_start = e.p and c.counter_key = any(${keys}::text[])
         returning 1
       ),
-      created as (
+      ${n.created} as (
         -- A plain insert: a counter another writer created meanwhile fails the whole statement.
         insert into budget_counters (counter_key, period_start, spent_units, reserved_units)
         select n.k, n.p, n.spent, n.reserved
@@ -287,25 +284,49 @@ export function ledgerWriteSteps(
           ${created.map((d) => d.periodStart)}::timestamptz[],
           ${created.map((d) => microsText(d.spentMicros))}::numeric[],
           ${created.map((d) => microsText(d.reservedMicros))}::numeric[]
-        ) as n(k, p, spent, reserved), unchanged u
+        ) as n(k, p, spent, reserved), ${n.unchanged} u
         where u.ok
         returning 1
       ),
-      ledger as (
+      ${n.ledger} as (
         insert into budget_reservations (id, tenant_id, agent_id, run_id, units, status, charges, reserved_at, expires_at)
         select id, tenant_id, agent_id, run_id, units, 'reserved', charges, ${reservedAt}, ${expiresAt}
-        from ${reservationRows(reservations)}, unchanged u
+        from ${reservationRows(reservations)}, ${n.unchanged} u
         where u.ok
-        returning 1
+        returning id
       )`;
 }
 
 /** A scalar of the statement `ledgerWriteSteps` joins: the write's outcome (a `LedgerWriteRow`), for `ledgerWriteResult`. */
-export const ledgerWriteOutcome = sql`(
+export function ledgerWriteOutcome(prefix?: string): RawBuilder<unknown> {
+  const n = ledgerNames(prefix);
+  return sql`(
       select json_build_object('ok', u.ok, 'budgets_held', u.budgets_held,
         'current', (select json_agg(json_build_object('counter_key', c.counter_key, 'period_start', c.period_start,
-                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from current c))
-      from unchanged u)`;
+                     'spent_units', c.spent_units::text, 'reserved_units', c.reserved_units::text)) from ${n.current} c))
+      from ${n.unchanged} u)`;
+}
+
+/** How a statement joining `ledgerWriteSteps` places them. */
+export interface LedgerStepOptions {
+  /** A condition of that statement's, added to the guard. */
+  when?: RawBuilder<unknown> | undefined;
+  /** Rows it locks before the counters (in the global lock order). */
+  lockedFirst?: RawBuilder<unknown> | undefined;
+  /** Before every CTE's name, when that statement has names of its own like them (an audit append's `current`). */
+  prefix?: string | undefined;
+}
+
+const LEDGER_CTES = ['expected', 'current', 'applicable', 'unchanged', 'counters', 'created', 'ledger'] as const;
+
+/** The names of the ledger write's CTEs under `prefix`; `ledger` lists the ids of the reservations written. */
+export function ledgerNames(prefix = ''): Record<(typeof LEDGER_CTES)[number], RawBuilder<unknown>> {
+  if (!/^[a-z_]*$/.test(prefix)) throw new Error(`not a CTE prefix: ${prefix}`);
+  return Object.fromEntries(LEDGER_CTES.map((name) => [name, sql.raw(prefix + name)])) as Record<
+    (typeof LEDGER_CTES)[number],
+    RawBuilder<unknown>
+  >;
+}
 
 /** What a write's outcome row says: written, with the levels it left; or not, with the levels it found. */
 export function ledgerWriteResult(write: LedgerWriteIf, row: LedgerWriteRow | undefined | null): LedgerWrite {
@@ -324,9 +345,9 @@ export function ledgerWriteResult(write: LedgerWriteIf, row: LedgerWriteRow | un
 }
 
 /** `applicable`: the live budgets that apply to any of the subjects, subject by subject. */
-function applicableBudgets({ subjects }: ExpectedBudgets): RawBuilder<unknown> {
+function applicableBudgets({ subjects }: ExpectedBudgets, applicable: RawBuilder<unknown>): RawBuilder<unknown> {
   return sql`
-      applicable as (
+      ${applicable} as (
         select distinct b.id, b.period, b.limit_units, b.grace_units, b.warn_ratio from ${liveBudgetsOf(subjects)}
       ),`;
 }
@@ -351,10 +372,10 @@ function liveBudgetsOf(subjects: ChargeSubject[]): RawBuilder<unknown> {
 }
 
 /** True when `applicable` holds exactly the expected budgets, each with its expected limits. */
-function sameBudgets({ budgets }: ExpectedBudgets): RawBuilder<unknown> {
+function sameBudgets({ budgets }: ExpectedBudgets, applicable: RawBuilder<unknown>): RawBuilder<unknown> {
   return sql`
-          (select count(*) from applicable) = ${budgets.length}
-          and (select count(*) from applicable a
+          (select count(*) from ${applicable}) = ${budgets.length}
+          and (select count(*) from ${applicable} a
                join unnest(
                  ${budgets.map((b) => b.id)}::text[],
                  ${budgets.map((b) => b.period)}::text[],

@@ -28,6 +28,7 @@ import {
   firstCloses,
   type Closed,
   type ClosesRow,
+  type LedgerStepOptions,
   type LedgerWriteIf,
   type LedgerWriteRow,
   type CounterDelta,
@@ -61,14 +62,18 @@ export interface ReserveRequest {
   units: number;
   /** The request's own `budget_units` for this run: an extra limit on the run's total, never a loosening. */
   requestLimitUnits?: number | undefined;
+  /** The id its reservation is to have, when the caller named it before (a record that cites it was made first). */
+  reservationId?: string | undefined;
 }
 
 /** Reservations `prepare` decided, for a statement of another room to write. */
 export interface PreparedReservations {
-  /** The CTEs that write them; `when`, a condition of that statement's; `lockedFirst`, rows it locks before the counters. */
-  steps(options: { when?: RawBuilder<unknown>; lockedFirst?: RawBuilder<unknown> }): RawBuilder<unknown>;
-  /** The scalar that statement answers the outcome with. */
-  outcome: RawBuilder<unknown>;
+  /** The CTEs that write them (`LedgerStepOptions` says how they fit in the statement). */
+  steps(options: LedgerStepOptions): RawBuilder<unknown>;
+  /** The scalar that statement answers the outcome with (under the same `prefix` as the steps). */
+  outcome(prefix?: string): RawBuilder<unknown>;
+  /** Each request's answer if the steps write: what `written` will answer then. */
+  decided: ReserveResult[];
   /**
    * After it ran, given that scalar: each request's answer, in order — its reservation, written, or its
    * refusal, which the statement found the very levels and budgets of — or undefined when nothing stood.
@@ -224,6 +229,7 @@ export class BudgetLedger {
     return {
       steps: (options) => ledgerWriteSteps(write, options),
       outcome: ledgerWriteOutcome,
+      decided: plan.results,
       written: (row) => {
         const result = ledgerWriteResult(write, row as LedgerWriteRow | null);
         if (!result.ok) {
@@ -498,6 +504,12 @@ const RESERVE_ATTEMPTS = 4;
 
 type ReserveOp = Extract<LedgerOp, { kind: 'reserve' }>;
 
+/** A new reservation's id. */
+export function newReservationId(): string {
+  // nanoid draws from a pool of random bytes: randomBytes costs microseconds per call.
+  return `bres_${nanoid(16)}`;
+}
+
 /**
  * Reservations decided in arrival order against `levels` (which it updates as it goes): each
  * one's answer, the counter changes, and the reservations to record.
@@ -527,8 +539,7 @@ function decideBatch(
       return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
     for (const charge of charges) add(charge, 0, unitsMicros);
     const reservation: BudgetReservation = {
-      // nanoid draws from a pool of random bytes: randomBytes costs microseconds per call.
-      id: `bres_${nanoid(16)}`,
+      id: request.reservationId ?? newReservationId(),
       tenantId: request.tenantId,
       agentId: request.agentId,
       runId: request.runId,

@@ -98,6 +98,29 @@ export class RateLimiter {
     return decision;
   }
 
+  /**
+   * Gives back a token `take` admitted for a call that was then not made (its run's claim did not stand). It joins this
+   * replica's lease on the bucket, which goes back to the bucket with its next write if unspent.
+   */
+  giveBack(request: TakeRequest): void {
+    const id = bucketId(request);
+    const nowMs = this.options.now().getTime();
+    const lease = this.leases.get(id);
+    if (lease && lease.capacity === request.capacity && lease.refillPerSecond === request.refillPerSecond) {
+      lease.tokens += 1;
+      lease.untilMs = Math.max(lease.untilMs, nowMs + LEASE_WINDOW_MS);
+      return;
+    }
+    if (lease) return; // a lease under another rule: the token is lost, the strict side
+    this.leases.set(id, {
+      key: { tenantId: request.tenantId, agentId: request.agentId, toolId: request.toolId },
+      tokens: 1,
+      untilMs: nowMs + LEASE_WINDOW_MS,
+      capacity: request.capacity,
+      refillPerSecond: request.refillPerSecond,
+    });
+  }
+
   /** What `take` would answer now, consuming nothing (for dry runs). */
   async peek(request: TakeRequest): Promise<RateDecision> {
     assertRule(request);

@@ -8,7 +8,7 @@ import { jsonProblem } from '../db/json-limits.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { ErrorCode } from '../errors/error-codes.js';
 import { callEnd } from './run-end-rider.js';
-import type { RunEnding } from './run-repository.js';
+import type { ClaimedRunStart, ClaimedRunStartAnswer, RunEnding } from './run-repository.js';
 import { SECURITY_DENIALS, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
 
 type CallResult =
@@ -32,12 +32,15 @@ export class Dispatcher {
     grantModifiers: Record<string, unknown>,
     approvalId: string | undefined,
     end?: (result: Dispatched) => RunEnding | undefined,
-  ): Promise<Dispatched & { runEnded?: boolean }> {
+    claimWith?: ClaimedRunStart,
+  ): Promise<(Dispatched & { runEnded?: boolean }) | { unclaimed: ClaimedRunStartAnswer }> {
     const { budgets } = this.deps.ports;
     const inputSha256 = payloadHash(input);
     const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
     // Nothing can be sent: refused on record, its reservation given back.
-    const notConfigured = async (message: string): Promise<Dispatched> => {
+    const notConfigured = async (message: string): Promise<Dispatched | { unclaimed: ClaimedRunStartAnswer }> => {
+      // A run not claimed yet is claimed the usual way first, and its call decided again there.
+      if (claimWith) return { unclaimed: { claimed: false, relied: false } };
       if (reservation) await budgets.release(reservation);
       const record = await this.deps.audit.append({
         ...base,
@@ -73,16 +76,22 @@ export class Dispatcher {
           'this replica could not renew its lease in time; it dispatches nothing until it can',
         );
       }
-      await this.deps.audit.append({
+      const intent: AuditEventInput = {
         ...base,
         event_type: 'run.step.dispatching',
         status: 'dispatching',
         input_sha256: inputSha256,
         cost_units: tool.cost_units,
         details: withReservation(details, reservation),
-      });
+      };
+      if (claimWith) {
+        // The run is claimed with this record, and with its grant use and reservation: all of it, or none.
+        const { record, answer } = await this.deps.audit.appendIf(intent, randomUUID(), claimWith);
+        if (!record) return { unclaimed: answer ?? { claimed: false, relied: false } };
+      } else await this.deps.audit.append(intent);
     } catch (error) {
-      if (reservation) await budgets.release(reservation).catch(() => undefined);
+      // A reservation decided before its run's claim was written with it, or not at all.
+      if (reservation && !claimWith) await budgets.release(reservation).catch(() => undefined);
       throw error;
     }
     const backendStarted = performance.now();

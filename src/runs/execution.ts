@@ -19,8 +19,8 @@ import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf } from './run-lifecycle.js';
 import type { RunRecovery } from './run-recovery.js';
-import type { EndedRunStart, RunRecord } from './run-repository.js';
-import type { CallEnd, CallEndAnswer } from './run-end-rider.js';
+import type { ClaimedRunStartAnswer, RunRecord } from './run-repository.js';
+import type { CallEnd, CallEndAnswer, RunStartChange } from './run-end-rider.js';
 import {
   newToolCallId,
   type LapsedApprovals,
@@ -35,7 +35,7 @@ import type { Database } from '../db/database.js';
 export interface RunExecutorDeps {
   database: Database;
   /** The call's last record carries its run's end and its settlement (`callEndRider`). */
-  audit: AuditLog<CallEnd, CallEndAnswer, EndedRunStart>;
+  audit: AuditLog<CallEnd, CallEndAnswer, RunStartChange, ClaimedRunStartAnswer | undefined>;
   ports: AdmissionPorts;
   backend: BackendClient;
   metrics: Metrics;
@@ -96,6 +96,8 @@ export interface StepOutcome {
   movedOn?: Pick<RunRecord, 'status' | 'stop'>;
   /** The step ended the run in the commit of its own record: the run's answer. */
   ended?: RunAnswer;
+  /** The first step of a run not claimed yet: its intent record was not appended, and what its claim did instead. */
+  unclaimed?: ClaimedRunStartAnswer;
 }
 
 /**

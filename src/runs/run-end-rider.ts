@@ -2,9 +2,14 @@ import { sql } from 'kysely';
 import type { AppendGuard, AppendRider } from '../audit/audit-repository.js';
 import type { CloseOutcome } from '../budgets/budget-ledger.js';
 import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
+import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
 import {
+  claimedRunStartSteps,
+  claimedRunStartsOf,
   endedOf,
   endedRunStartSteps,
+  type ClaimedRunStart,
+  type ClaimedRunStartAnswer,
   runEndSteps,
   type EndedRunStart,
   type EndedRunRow,
@@ -88,10 +93,62 @@ export function callEndRider(
   };
 }
 
+/** A run created with a guarded record: ended by its first call's refusal, or claimed with that call's intent. */
+export type RunStartChange = EndedRunStart | ClaimedRunStart;
+
 /**
- * A root run created already ended, with its first call's refusal as the guard of that refusal's
- * record: both or neither (a run id already taken, or a grant there after all, leave both out).
+ * Runs created with their first records, as the guard of those records: a root run created already ended with its
+ * first call's refusal (both or neither: a run id already taken, or a grant there after all, leave both out); a root
+ * run claimed with its first call's intent, the grant use and the reservation it was decided with (the intent only
+ * with all three; each claim answered as `claimRuns` answers it). `charges` prepares the reservations of a batch.
  */
-export const runStartGuard: AppendGuard<EndedRunStart> = {
-  steps: (starts, when) => ({ ctes: endedRunStartSteps(starts, when), made: 'run_starts_made' }),
-};
+export function runStartGuard(charges?: {
+  prepare(requests: ReserveRequest[]): PreparedReservations | undefined;
+}): AppendGuard<RunStartChange, ClaimedRunStartAnswer | undefined> {
+  // What a batch's steps prepared, for its answers: the guard's items are the same array in both.
+  const preparedFor = new WeakMap<RunStartChange[], PreparedReservations | undefined>();
+  const split = (items: RunStartChange[]) => {
+    const ended: EndedRunStart[] = [];
+    const endedOrds: number[] = [];
+    const claims: ClaimedRunStart[] = [];
+    const claimOrds: number[] = [];
+    items.forEach((item, i) => {
+      if ('claim' in item) {
+        claims.push(item);
+        claimOrds.push(i + 1);
+      } else {
+        ended.push(item);
+        endedOrds.push(i + 1);
+      }
+    });
+    return { ended, endedOrds, claims, claimOrds };
+  };
+  return {
+    steps: (items, when) => {
+      const { ended, endedOrds, claims, claimOrds } = split(items);
+      const charged = claims.flatMap(({ claim }) => (claim.charge ? [claim.charge] : []));
+      const prepared = charged.length > 0 ? charges?.prepare(charged) : undefined;
+      preparedFor.set(items, prepared);
+      const claiming = claims.length > 0 ? claimedRunStartSteps(claims, claimOrds, prepared, when) : undefined;
+      const parts = [
+        ...(ended.length > 0 ? [endedRunStartSteps(ended, when, endedOrds)] : []),
+        ...(claiming ? [claiming.ctes] : []),
+      ];
+      const made =
+        ended.length > 0 && claiming
+          ? sql`run_starts_all_made as (select ord from run_starts_made union all select ord from claim_starts_made)`
+          : undefined;
+      return {
+        ctes: sql.join(made ? [...parts, made] : parts, sql`, `),
+        made: made ? 'run_starts_all_made' : claiming ? 'claim_starts_made' : 'run_starts_made',
+        changed: claiming?.changed,
+      };
+    },
+    answers: (items, changed) => {
+      const { claims, claimOrds } = split(items);
+      const answered = claimedRunStartsOf(claims, claimOrds, preparedFor.get(items), changed);
+      let next = 0;
+      return items.map((item) => ('claim' in item ? answered[next++] : undefined));
+    },
+  };
+}

@@ -3,7 +3,7 @@ import { admitStep } from '../admission/admission-pipeline.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
 import { chargeOf } from '../admission/stages/10-cost.js';
 import type { GrantAssumed } from '../admission/ports.js';
-import type { ReserveRequest } from '../budgets/budget-ledger.js';
+import type { BudgetReservation, ReserveRequest } from '../budgets/budget-ledger.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
@@ -21,6 +21,7 @@ import {
   startQueuedRun,
   unclaimedRecordOf,
   type ClaimedRun,
+  type ClaimedRunStart,
   type NewRun,
   type RunRecord,
   type RunStart,
@@ -141,6 +142,39 @@ export class RunExecutor {
           },
         },
       };
+      // While this replica's lease may have lapsed, a run is claimed first, and its recovery lets it go.
+      const first = assumed && charge && this.deps.lease.valid() ? this.claimStart(claim, charge) : undefined;
+      let taken = false;
+      if (first) {
+        const exec = await this.execution(
+          unclaimedRecordOf(claim),
+          principal,
+          request,
+          traceId,
+          actorOf(principal),
+          via,
+        );
+        const answer = await this.loop.runClaimingFirst(
+          { ...exec, reliedOn: assumed, reserved: first.reservation },
+          first.start,
+        );
+        if (!('unclaimed' in answer)) return answer;
+        const { unclaimed } = answer;
+        // Claimed without its call's record (the grant or the budget moved): the call is decided on the claimed run.
+        if (unclaimed.claimed)
+          return this.loop.runFrom(
+            {
+              ...exec,
+              reliedOn: unclaimed.relied ? assumed : undefined,
+              reserved: unclaimed.reservation,
+              budgetRefusal: unclaimed.refusal && { units: charge!.units, details: unclaimed.refusal },
+            },
+            [],
+            true,
+          );
+        // Its id was taken (a replay, another principal's run): the usual way below says what it is.
+        taken = unclaimed.taken === true;
+      }
       if (presumedMissing) {
         const refused = await this.loop.refuseBeforeClaim(
           await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
@@ -151,7 +185,7 @@ export class RunExecutor {
       }
       // A run id taken at the claim can be gone when it is read (the retention sweep deletes
       // finished runs): it is free again then, and claimed once more.
-      let existing: RunRecord | undefined;
+      let existing = taken ? await findRun(this.deps.database.control, principal.tenantId, request.run_id) : undefined;
       for (let attempt = 1; attempt <= 2 && !existing; attempt += 1) {
         const claimed = await this.claims.submit(claim);
         if (claimed)
@@ -185,6 +219,24 @@ export class RunExecutor {
       await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
       completedSteps(prior.run),
     );
+  }
+
+  /**
+   * The claim a first call admitted before its run is claimed writes with its intent record, when this replica's copies
+   * say the call fits its budgets; with the reservation that record is to cite.
+   */
+  private claimStart(
+    claim: NewRun,
+    charge: ReserveRequest,
+  ): { start: ClaimedRunStart; reservation: BudgetReservation } | undefined {
+    const decided = this.deps.charges?.prepare([charge])?.decided[0];
+    if (!decided?.ok || !claim.reliance) return undefined;
+    return {
+      start: {
+        claim: { ...claim, reliance: claim.reliance, charge: { ...charge, reservationId: decided.reservation.id } },
+      },
+      reservation: decided.reservation,
+    };
   }
 
   /** Claims a batch of runs, with the reservations of the first calls decided before it where the budgets allow. */

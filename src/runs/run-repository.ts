@@ -142,7 +142,7 @@ export async function claimRuns(
     on conflict (tenant_id, run_id) do nothing
     returning *
     )${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
-    select c.*, ${charged ? charged.prepared.outcome : sql`null`} as charged, ${
+    select c.*, ${charged ? charged.prepared.outcome() : sql`null`} as charged, ${
       uses.length > 0
         ? sql`exists (select 1 from grant_uses_standing s where s.tenant_id = c.tenant_id and s.run_id = c.run_id)`
         : sql`false`
@@ -214,11 +214,15 @@ export interface EndedRunStart {
 
 /**
  * `EndedRunStart`s as common table expressions another statement joins (a refusal's record): nothing
- * unless `when`; `run_starts_made` lists by `ord` (1-based) those created, one per run id.
+ * unless `when`; `run_starts_made` lists by `ord` (`ords`, else 1-based) those created, one per run id.
  */
-export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unknown>): RawBuilder<unknown> {
+export function endedRunStartSteps(
+  starts: EndedRunStart[],
+  when: RawBuilder<unknown>,
+  ords: number[] = starts.map((_, i) => i + 1),
+): RawBuilder<unknown> {
   const rows = starts.map(({ run, end, grantAbsent }, i) => ({
-    ord: i + 1,
+    ord: ords[i]!,
     ...runRowOf(run),
     status: end.status,
     http_status: end.httpStatus,
@@ -252,6 +256,118 @@ export function endedRunStartSteps(starts: EndedRunStart[], when: RawBuilder<unk
       join run_starts_inserted i on i.tenant_id = s.tenant_id and i.run_id = s.run_id
       group by s.tenant_id, s.run_id
     )`;
+}
+
+/**
+ * A root run claimed with its first call's intent record, the grant use that call was decided on and its reservation:
+ * the record is appended only if all three were written (see `claimedRunStartSteps`).
+ */
+export interface ClaimedRunStart {
+  claim: NewRun & { reliance: GrantUseIf };
+}
+
+/** What `claimedRunStartSteps` did for one run: as `claimRuns` answers a claim, and whether its record went with it. */
+export interface ClaimedRunStartAnswer {
+  claimed: boolean;
+  /** Not claimed because its id was taken (by an earlier run, or one of the same batch). */
+  taken?: boolean | undefined;
+  relied: boolean;
+  reservation?: BudgetReservation | undefined;
+  refusal?: BudgetExceededDetails | undefined;
+}
+
+/**
+ * `ClaimedRunStart`s as common table expressions of an append statement, nothing unless `when`: each run claimed as
+ * `claimRuns` claims it, with its grant use and (all or none, as with a claim) the reservations `prepared` decided,
+ * written under the prefix `claim_`. `claim_starts_made` lists by `ord` the runs that got all three (their records
+ * are appended); `changed` says what was written, for `claimedRunStartsOf`. `ords` are the items' places in the
+ * statement's guarded list.
+ */
+export function claimedRunStartSteps(
+  starts: ClaimedRunStart[],
+  ords: number[],
+  prepared: PreparedReservations | undefined,
+  when: RawBuilder<unknown>,
+): { ctes: RawBuilder<unknown>; changed: RawBuilder<unknown> } {
+  const rows = starts.map(({ claim }, i) => ({
+    ord: ords[i]!,
+    ...runRowOf(claim),
+    reservation_id: claim.charge?.reservationId ?? null,
+    // A charged call's record goes only with its reservation: without `prepared`, it is not appended.
+    charged: claim.charge !== undefined,
+  }));
+  const charged = starts.filter(({ claim }) => prepared && claim.charge);
+  const ledger = prepared
+    ? sql`, ${prepared.steps({
+        when: sql`not exists (
+            select 1 from claim_starts w where w.charged
+              and not exists (select 1 from grant_uses_standing s where s.tenant_id = w.tenant_id and s.run_id = w.run_id))`,
+        lockedFirst: sql`grant_uses_live`,
+        prefix: 'claim_',
+      })}`
+    : sql``;
+  const ctes = sql`claim_starts as materialized (
+      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
+        ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text,
+        session_id text, user_id text, request_sha256 text, trace_id text, created_at timestamptz, request jsonb,
+        agent_family text, agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text,
+        reservation_id text, charged boolean)
+      where ${when}
+    ), claim_runs as (
+      insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
+                        request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
+                        budget_units, keep_open, epoch, busy, executor_id)
+      select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, 'running',
+             request_sha256, trace_id, null, created_at, created_at, request, agent_family, agent_scopes,
+             budget_units, keep_open, 1, true, executor_id
+      from claim_starts
+      order by tenant_id, run_id, ord
+      on conflict (tenant_id, run_id) do nothing
+      returning tenant_id, run_id
+    ), ${grantUseSteps(
+      starts.map(({ claim }) => claim.reliance),
+      'claim_runs',
+    )}${ledger}, claim_starts_claimed as materialized (
+      select min(s.ord) as ord, bool_or(exists (
+               select 1 from grant_uses_standing g where g.tenant_id = s.tenant_id and g.run_id = s.run_id)) as relied
+      from claim_starts s join claim_runs c on c.tenant_id = s.tenant_id and c.run_id = s.run_id
+      group by s.tenant_id, s.run_id
+    ), claim_starts_made as (
+      select c.ord from claim_starts_claimed c join claim_starts s on s.ord = c.ord
+      where c.relied and (not s.charged${prepared ? sql` or s.reservation_id in (select id from claim_ledger)` : sql``})
+    )`;
+  const changed = sql`json_build_object(
+      'claimed', (select coalesce(json_agg(json_build_array(ord, relied)), '[]') from claim_starts_claimed),
+      'ledger', ${charged.length > 0 ? prepared!.outcome('claim_') : sql`null`})`;
+  return { ctes, changed };
+}
+
+/**
+ * Each start's answer from what `claimedRunStartSteps` answered (`changed`), and the ledger's answer to `prepared`
+ * (which `written` remembers).
+ */
+export function claimedRunStartsOf(
+  starts: ClaimedRunStart[],
+  ords: number[],
+  prepared: PreparedReservations | undefined,
+  changed: unknown,
+): ClaimedRunStartAnswer[] {
+  const row = (changed ?? {}) as { claimed?: Array<[number, boolean]>; ledger?: unknown };
+  const claimed = new Map((row.claimed ?? []).map(([ord, relied]) => [Number(ord), relied === true]));
+  const chargedOnes = starts.filter(({ claim }) => prepared && claim.charge);
+  const written = chargedOnes.length > 0 ? prepared!.written(row.ledger ?? null) : undefined;
+  const results = new Map(chargedOnes.map(({ claim }, i) => [claim, written?.[i]]));
+  return starts.map(({ claim }, i) => {
+    const ord = ords[i]!;
+    if (!claimed.has(ord)) return { claimed: false, taken: true, relied: false };
+    const result = results.get(claim);
+    return {
+      claimed: true,
+      relied: claimed.get(ord)!,
+      reservation: result?.ok ? result.reservation : undefined,
+      refusal: result && !result.ok ? result.details : undefined,
+    };
+  });
 }
 
 /** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */

@@ -1,13 +1,22 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { admitStep, type Admission } from '../admission/admission-pipeline.js';
 import type { AdmissibleTool, Denial, Hold } from '../admission/ports.js';
+import type { StepState } from '../admission/step.js';
 import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
 import { releaseOf } from '../budgets/budget-ledger.js';
 import { statusForCode } from '../errors/error-codes.js';
-import { releaseRun, readRunStanding, readRunStandingSettled, type NewRun, type RunEnding } from './run-repository.js';
+import {
+  releaseRun,
+  readRunStanding,
+  readRunStandingSettled,
+  type ClaimedRunStart,
+  type ClaimedRunStartAnswer,
+  type NewRun,
+  type RunEnding,
+} from './run-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunStatus, type StepResult } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import {
@@ -44,6 +53,29 @@ export class StepLoop {
    * before the first call of a run it has just claimed: the claim itself is that reading.
    */
   async runFrom(exec: Execution, completedBefore: StepResult[], justClaimed = false): Promise<RunAnswer> {
+    const answer = await this.run(exec, completedBefore, justClaimed);
+    if ('unclaimed' in answer) throw new Error('a claimed run answered as unclaimed');
+    return answer;
+  }
+
+  /**
+   * Takes a root run not claimed yet through its steps, its first call admitted before the claim and the claim
+   * written with that call's intent record (`claimWith`): docs/design/call-path.md#the-claim-rides-the-intent-record.
+   * `unclaimed` when that record was not appended (nothing was sent): with what the claim did instead.
+   */
+  runClaimingFirst(
+    exec: Execution,
+    claimWith: ClaimedRunStart,
+  ): Promise<RunAnswer | { unclaimed: ClaimedRunStartAnswer }> {
+    return this.run(exec, [], true, claimWith);
+  }
+
+  private async run(
+    exec: Execution,
+    completedBefore: StepResult[],
+    justClaimed: boolean,
+    claimWith?: ClaimedRunStart,
+  ): Promise<RunAnswer | { unclaimed: ClaimedRunStartAnswer }> {
     const { request } = exec;
     const steps: StepResult[] = [...completedBefore];
     const warnings: string[] = [];
@@ -60,7 +92,14 @@ export class StepLoop {
       if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
         return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
       }
-      const outcome = await this.runStep(exec, index, warnings, this.closingAt(exec, steps, warnings, index));
+      const outcome = await this.runStep(
+        exec,
+        index,
+        warnings,
+        this.closingAt(exec, steps, warnings, index),
+        index === 0 ? claimWith : undefined,
+      );
+      if (outcome.unclaimed) return { unclaimed: outcome.unclaimed };
       if (outcome.ended) return outcome.ended;
       if (outcome.movedOn)
         return this.ender.interrupted(exec, steps, warnings, outcome.movedOn.status, outcome.movedOn.stop);
@@ -167,11 +206,13 @@ export class StepLoop {
     index: number,
     warnings: string[],
     closing: Closing | undefined,
+    claimWith?: ClaimedRunStart,
   ): Promise<StepOutcome> {
     const { request } = exec;
     const planned = request.plan[index]!;
     const started = performance.now();
     const asked = stepRequest(exec.principal, request, index, false, exec);
+    if (claimWith) asked.unclaimed = true;
     if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
     if (index === 0 && exec.reliedOn) asked.reliedOn = exec.reliedOn;
     if (index === 0 && exec.reserved) asked.reserved = exec.reserved;
@@ -181,6 +222,8 @@ export class StepLoop {
     delete exec.reserved;
     delete exec.budgetRefusal;
     const admission = await admitStep(asked, this.deps.ports);
+    // Not admitted before its run's claim: claimed the usual way, the call is decided again there.
+    if (claimWith && !admission.ok) return this.unclaimed(exec, index, admission.state);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
     const base = auditBase(exec, index, tool);
@@ -219,7 +262,7 @@ export class StepLoop {
         };
       }
     }
-    this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
+    if (!claimWith) this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
     // The step as the envelope shows it, made once: when it ends the run, before its record is
     // appended (the record carries the run's end, whose envelope holds the step).
     let step: StepResult | undefined;
@@ -255,10 +298,24 @@ export class StepLoop {
       admission.state.grant?.capability_modifiers ?? {},
       admission.state.approvalId,
       end,
+      claimWith,
     );
+    if ('unclaimed' in result) return this.unclaimed(exec, index, admission.state, result.unclaimed);
+    if (claimWith) this.deps.metrics.decisions.inc({ outcome: 'admitted', reason: 'ok' });
     const done = stepOf(result);
     if (result.runEnded) return { step: done, ended: answered.answer! };
     return result.ok ? { step: done } : { step: done, stop: { code: result.code } };
+  }
+
+  /** A first step not taken before its run's claim: the rate token it took goes back, and nothing else was written. */
+  private unclaimed(
+    exec: Execution,
+    index: number,
+    state: StepState,
+    answer: ClaimedRunStartAnswer = { claimed: false, relied: false },
+  ): StepOutcome {
+    if (state.rateTaken) this.deps.ports.rateLimiter.giveBack?.(state.rateTaken);
+    return { step: stepAt(exec.request, index, 'skipped'), unclaimed: answer };
   }
 
   async denied(
@@ -353,7 +410,7 @@ export class StepLoop {
     const answered: { answer?: RunAnswer } = {};
     const leave = this.endFor(exec, this.closingAt(exec, [], [], 0), step, stop, answered);
     if (!leave) return undefined;
-    const record = await this.deps.audit.appendIf(event, eventId, {
+    const { record } = await this.deps.audit.appendIf(event, eventId, {
       run: claim,
       end: leave,
       grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! },

@@ -14,7 +14,10 @@ export const rateStage: Stage = {
       refillPerSecond: tool.rate_limit.refill_per_second,
     };
     const result = dryRun ? await rateLimiter.peek(query) : await rateLimiter.take(query);
-    if (result.ok) return { ok: true };
+    if (result.ok) {
+      if (!dryRun) state.rateTaken = query;
+      return { ok: true };
+    }
     return {
       ok: false,
       code: 'rate_limited',
