@@ -863,6 +863,23 @@ describe("claimRuns with its first calls' reservations", () => {
   });
 });
 
+describe('AuditLog.shared, whether others append to the chain too', () => {
+  it('says so for a while after a batch finds a head the log did not leave', async () => {
+    const log = new AuditLog(testDb.database, { now: () => clock.now() });
+    const tenant = fresh('shared-t');
+    const event = { event_type: 'test.event', actor: 'system', tenant_id: tenant };
+    await log.append(event);
+    await log.append(event);
+    expect(log.shared()).toBe(false);
+    // Another writer (a replica, a control-plane change) appends in between.
+    await db.transaction().execute((trx) => writeAuditEvents(trx, [{ event, occurredAt: clock.now() }]));
+    expect(log.shared()).toBe(false);
+    await log.append(event);
+    expect(log.shared()).toBe(true);
+    await log.drain();
+  });
+});
+
 describe("a first call's intent record claiming its run (runStartGuard)", () => {
   const answersOf = (appended: { answers: unknown[] }) => appended.answers as Array<ClaimedRunStartAnswer | undefined>;
   let ledger: BudgetLedger;
@@ -984,9 +1001,8 @@ describe("a first call's intent record claiming its run (runStartGuard)", () => 
     expect(xids.rows).toHaveLength(4);
     expect(new Set(xids.rows.map((r) => r.xid)).size).toBe(1);
     // What the ledger learned from the statement: the next guess starts from the levels it left (1 + 5 of 100).
-    const next = ledger.prepare([
-      { tenantId: w.tenant, agentId: 'agent.batch', runId: 'next', units: 95, keepsRunTotal: false },
-    ]);
+    const asked = { tenantId: w.tenant, agentId: 'agent.batch', runId: 'next', units: 95, keepsRunTotal: false };
+    const next = ledger.prepare([asked]);
     expect(next?.decided[0]).toMatchObject({ ok: false, details: { consumed_units: 6, requested_units: 95 } });
   });
 

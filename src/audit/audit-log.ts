@@ -3,6 +3,9 @@ import { GroupCommit } from '../db/group-commit.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
 import { appendCarrying, type AppendGuard, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
 
+/** How long the chain counts as shared after a batch last found another writer's head. */
+const SHARED_FOR_MS = 1_000;
+
 /** What the composition root gives the log; tests may give nothing. */
 export interface AuditLogOptions<Change, Answer, Guard, GuardAnswer> {
   now?: () => Date;
@@ -25,6 +28,10 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
   private readonly rider: AppendRider<unknown, unknown> | undefined;
   private readonly guard: AppendGuard<unknown, unknown> | undefined;
   private readonly now: () => Date;
+  /** The seq of the last record this log appended (or the head its last batch found). */
+  private lastSeq: number | undefined;
+  /** When (this process's monotonic clock) a batch last found a head this log had not left. */
+  private sharedAt = Number.NEGATIVE_INFINITY;
 
   constructor(database: Database, options: AuditLogOptions<Change, Answer, Guard, GuardAnswer> = {}) {
     this.now = options.now ?? (() => new Date());
@@ -35,7 +42,12 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
     const db = database.hot;
     this.batches = new GroupCommit(async (batch) => {
       // One statement whatever other replicas do: the database links the batch after the head it finds.
-      const { records, appended, answers } = await appendCarrying(db, batch, this.rider, this.guard);
+      const { records, after, appended, answers } = await appendCarrying(db, batch, this.rider, this.guard);
+      // A head this log did not leave: someone else appended since its last batch.
+      if (after) {
+        if (this.lastSeq !== undefined && after.seq !== this.lastSeq) this.sharedAt = performance.now();
+        this.lastSeq = records.length > 0 ? records[records.length - 1]!.seq : after.seq;
+      }
       onCommit(records.length);
       let next = 0;
       return batch.map((_, i) => ({ record: appended[i] ? records[next++] : undefined, answer: answers[i] }));
@@ -82,6 +94,19 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
 
   appendMany(events: AuditEventInput[]): Promise<AuditRecord[]> {
     return Promise.all(events.map((event) => this.append(event)));
+  }
+
+  /** Whether an append is being committed, or appends wait for one. */
+  busy(): boolean {
+    return this.batches.busy();
+  }
+
+  /**
+   * Whether others (another replica, a control-plane change) appended to the chain between this log's batches in the
+   * last `SHARED_FOR_MS`: the chain head is then shared, and what an append holds it for delays them too.
+   */
+  shared(): boolean {
+    return performance.now() - this.sharedAt < SHARED_FOR_MS;
   }
 
   /** Resolves when everything appended so far has been committed or has failed. */

@@ -56,6 +56,8 @@ export interface AppendGuard<G, A = unknown> {
  */
 export interface Appended<R = unknown> {
   records: AuditRecord[];
+  /** The head the statement found and linked after (what the chain held before these records); none without events. */
+  after?: ChainHead | undefined;
   appended: boolean[];
   answers: Array<R | undefined>;
 }
@@ -190,6 +192,7 @@ export async function appendCarrying<T, R, G = never, A = never>(
   const riderAnswers = spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []);
   return {
     records,
+    after: { seq: Number(row.seq), hash: row.hash },
     appended,
     answers: riderAnswers.map((answer, i) => {
       const ord = guarded.ordinals[i];

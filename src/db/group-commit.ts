@@ -36,6 +36,11 @@ export class GroupCommit<Request, Result> {
     }
   }
 
+  /** Whether a batch is being committed, or requests wait for one. */
+  busy(): boolean {
+    return this.flushing !== undefined || this.queue.length > 0;
+  }
+
   /** Resolves when everything submitted so far has been committed or has failed. */
   async drain(): Promise<void> {
     while (this.flushing) await this.flushing;

@@ -142,8 +142,7 @@ export class RunExecutor {
           },
         },
       };
-      // While this replica's lease may have lapsed, a run is claimed first, and its recovery lets it go.
-      const first = assumed && charge && this.deps.lease.valid() ? this.claimStart(claim, charge) : undefined;
+      const first = assumed && charge && this.claimsWithIntent() ? this.claimStart(claim, charge) : undefined;
       let taken = false;
       if (first) {
         const exec = await this.execution(
@@ -219,6 +218,17 @@ export class RunExecutor {
       await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
       completedSteps(prior.run),
     );
+  }
+
+  /**
+   * Whether a new run is to be claimed with its first call's intent record. Not while this replica's lease may have
+   * lapsed (the run is claimed first, and its recovery lets it go). Nor, while others append to the chain too, when
+   * this replica's appends queue: a claim's writes would hold the chain head they all wait for, so claims batch apart
+   * instead, beside it (docs/design/call-path.md#the-claim-rides-the-intent-record).
+   */
+  private claimsWithIntent(): boolean {
+    const { lease, audit } = this.deps;
+    return lease.valid() && !(audit.shared() && audit.busy());
   }
 
   /**
