@@ -127,21 +127,7 @@ export async function claimRuns(
       })}`
     : sql``;
   const inserted = await sql<Selectable<RunTable> & { relied: boolean; charged: unknown }>`
-    with claimed as (
-    insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
-                      request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
-                      budget_units, keep_open, epoch, busy, executor_id)
-    select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, 'running',
-           request_sha256, trace_id, null, created_at, created_at, request, agent_family, agent_scopes,
-           budget_units, keep_open, 1, true, executor_id
-    from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-      ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text, session_id text,
-      user_id text, request_sha256 text, trace_id text, created_at timestamptz, request jsonb, agent_family text,
-      agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text)
-    order by ord
-    on conflict (tenant_id, run_id) do nothing
-    returning *
-    )${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
+    with claimed as (${claimInsert(sql`jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(${runRowColumns})`, sql`*`)})${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
     select c.*, ${charged ? charged.prepared.outcome() : sql`null`} as charged, ${
       uses.length > 0
         ? sql`exists (select 1 from grant_uses_standing s where s.tenant_id = c.tenant_id and s.run_id = c.run_id)`
@@ -234,10 +220,7 @@ export function endedRunStartSteps(
   }));
   return sql`run_starts as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-        ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text,
-        session_id text, user_id text, status text, http_status integer, envelope jsonb, request_sha256 text, trace_id text,
-        created_at timestamptz, request jsonb, agent_family text, agent_scopes text[], budget_units numeric,
-        keep_open boolean, executor_id text, absent_agent text, absent_tool text)
+        ${runRowColumns}, status text, http_status integer, envelope jsonb, absent_agent text, absent_tool text)
       where ${when}
         and (r.absent_tool is null or ${noGrantAtAll(sql`r.tenant_id`, sql`r.absent_agent`, sql`r.absent_tool`)})
     ), run_starts_inserted as (
@@ -308,23 +291,9 @@ export function claimedRunStartSteps(
     : sql``;
   const ctes = sql`claim_starts as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-        ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text, pipeline_instance_id text,
-        session_id text, user_id text, request_sha256 text, trace_id text, created_at timestamptz, request jsonb,
-        agent_family text, agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text,
-        reservation_id text, charged boolean)
+        ${runRowColumns}, reservation_id text, charged boolean)
       where ${when}
-    ), claim_runs as (
-      insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, status,
-                        request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family, agent_scopes,
-                        budget_units, keep_open, epoch, busy, executor_id)
-      select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id, 'running',
-             request_sha256, trace_id, null, created_at, created_at, request, agent_family, agent_scopes,
-             budget_units, keep_open, 1, true, executor_id
-      from claim_starts
-      order by tenant_id, run_id, ord
-      on conflict (tenant_id, run_id) do nothing
-      returning tenant_id, run_id
-    ), ${grantUseSteps(
+    ), claim_runs as (${claimInsert(sql`claim_starts`, sql`tenant_id, run_id`)}), ${grantUseSteps(
       starts.map(({ claim }) => claim.reliance),
       'claim_runs',
     )}${ledger}, claim_starts_claimed as materialized (
@@ -371,6 +340,25 @@ export function claimedRunStartsOf(
 }
 
 /** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */
+/** The columns of `runRowOf`'s rows with their `ord`, as a `jsonb_to_recordset` column definition list. */
+const runRowColumns = sql.raw(`ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text,
+  pipeline_instance_id text, session_id text, user_id text, request_sha256 text, trace_id text, created_at timestamptz,
+  request jsonb, agent_family text, agent_scopes text[], budget_units numeric, keep_open boolean, executor_id text`);
+
+/** Inserts the runs of `source` (rows of `runRowOf` with their `ord`) as claimed: running, held by their executors, in key order. */
+function claimInsert(source: RawBuilder<unknown>, returning: RawBuilder<unknown>): RawBuilder<unknown> {
+  return sql`insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
+                      status, request_sha256, trace_id, envelope, created_at, updated_at, request, agent_family,
+                      agent_scopes, budget_units, keep_open, epoch, busy, executor_id)
+    select tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
+           'running', request_sha256, trace_id, null, created_at, created_at, request, agent_family,
+           agent_scopes, budget_units, keep_open, 1, true, executor_id
+    from ${source}
+    order by tenant_id, run_id, ord
+    on conflict (tenant_id, run_id) do nothing
+    returning ${returning}`;
+}
+
 function runRowOf(run: NewRun) {
   return {
     tenant_id: run.tenant_id,
