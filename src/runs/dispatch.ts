@@ -162,7 +162,7 @@ export class Dispatcher {
         details: outcome.ok
           ? {
               ...withReservation(details, reservation),
-              reported_cost_units: reported ?? null,
+              ...(reported !== undefined ? { reported_cost_units: reported } : {}),
               ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}),
             }
           : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
