@@ -345,11 +345,14 @@ describe("a first call's reservation made with its run's claim", () => {
     });
     expect(res.status, JSON.stringify(res.body)).toBe(422);
     expect(res.body.steps[0].error.code).toBe('tool_input_schema_invalid');
-    expect(await statuses(refused)).toEqual(['released']);
-    // Given back by the denial record's own commit.
-    const commits = await commitsOf(refused, 'run.step.denied');
-    expect(commits).toHaveLength(2);
-    expect(new Set(commits).size).toBe(1);
+    // Refused before its run was claimed: nothing was reserved, and its record created the run already ended.
+    expect(await statuses(refused)).toEqual([]);
+    const { rows: ran } = await sql<{ status: string; xid: string }>`
+      select status, xmin::text as xid from runs where tenant_id = ${T7} and run_id = ${refused}`.execute(
+      h.db.database.control,
+    );
+    expect(ran.map((row) => row.status)).toEqual(['failed']);
+    expect(await commitsOf(refused, 'run.step.denied')).toEqual([ran[0]!.xid]);
     // Three calls of echo@2.0.0 at 2 units each.
     expect(await shown()).toMatchObject({ spent_units: 6, reserved_units: 0 });
   });
@@ -359,7 +362,7 @@ describe("a first call its budget refuses, refused with its run's claim", () => 
   const T9 = 'tenant-runs-claim-refusal';
   const agent = tokens.agent(AGENT, { tenant: T9, family: 'veritas', scope: 'scf:read' });
 
-  it('costs the claim and the denial record: the claim finds the levels it was refused on, nothing is read', async () => {
+  it('is one statement: its record creates the run already ended, confirming the levels it was refused on', async () => {
     await grantTool(h.client, { tenant: T9, agent: AGENT, tool: 'echo' });
     const budget = await createBudget(h.client, { tenant: T9, limit_units: 3 });
     // The gateway learns the budget with a first call (echo@2.0.0: 2 units).
@@ -376,8 +379,116 @@ describe("a first call its budget refuses, refused with its run's claim", () => 
         details: { budget_id: budget.id, consumed_units: 2, requested_units: 2, limit_units: 3 },
       });
       expect(await reservationsOf(T9, runId)).toEqual([]);
+      const { rows } = await sql<{ xid: string }>`
+        select xmin::text as xid from runs where tenant_id = ${T9} and run_id = ${runId} and status = 'killed'
+        union all
+        select xmin::text from audit_events where tenant_id = ${T9} and run_id = ${runId}`.execute(
+        h.db.database.control,
+      );
+      expect(rows).toHaveLength(2);
+      expect(new Set(rows.map((row) => row.xid)).size).toBe(1);
     }
-    expect(fewest).toBe(2);
+    expect(fewest).toBe(1);
+  });
+
+  it('is decided again when the levels it was refused on moved behind the copy, and admitted', async () => {
+    const T15 = 'tenant-runs-refusal-moved';
+    const agent15 = tokens.agent(AGENT, { tenant: T15, family: 'veritas', scope: 'scf:read' });
+    await grantTool(h.client, { tenant: T15, agent: AGENT, tool: 'echo' });
+    const budget = await createBudget(h.client, { tenant: T15, limit_units: 3 });
+    expect((await execute(h.client, agent15, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+    expect((await execute(h.client, agent15, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(402);
+    // Given back behind this replica's copy (its levels still say 2 of 3 are spent).
+    await sql`update budget_counters set spent_units = 0 where counter_key = ${budget.id}`.execute(
+      h.db.database.control,
+    );
+    const res = await execute(h.client, agent15, { run_id: newRunId(), plan: [step('echo')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    const shown = await h.client.get(`/budgets/${budget.id}`, { token: tokens.tenantOperator(T15) });
+    expect(shown.body).toMatchObject({ spent_units: 2, reserved_units: 0 });
+  });
+});
+
+describe("a first call its rate limit refuses, from this replica's level of the bucket", () => {
+  const T13 = 'tenant-runs-rate-refusal';
+  const agent13 = tokens.agent(AGENT, { tenant: T13, family: 'veritas', scope: 'scf:read' });
+  const bucket = async (tenant: string) =>
+    (
+      await sql<{ tokens: number; xid: string }>`
+        select tokens, xmin::text as xid from rate_buckets where tenant_id = ${tenant} and tool_id = 'limited'`.execute(
+        h.db.database.control,
+      )
+    ).rows;
+
+  beforeAll(async () => {
+    await grantTool(h.client, { tenant: T13, agent: AGENT, tool: 'echo' });
+    await grantTool(h.client, { tenant: T13, agent: AGENT, tool: 'limited' });
+    await createBudget(h.client, { tenant: T13, limit_units: 1000 });
+    expect((await execute(h.client, agent13, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+  });
+
+  it('is one statement: its record creates the run throttled, and the bucket is not written', async () => {
+    // `limited` holds two tokens and refills one in 100 s.
+    for (let i = 0; i < 2; i += 1)
+      expect((await execute(h.client, agent13, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
+    expect((await execute(h.client, agent13, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+    const emptied = await bucket(T13);
+    let fewest = Infinity;
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId();
+      const before = h.db.database.statementsSent();
+      const res = await execute(h.client, agent13, { run_id: runId, plan: [step('limited')] });
+      fewest = Math.min(fewest, h.db.database.statementsSent() - before);
+      expect(res.status, JSON.stringify(res.body)).toBe(429);
+      expect(res.body).toMatchObject({ status: 'throttled', retry_after_seconds: expect.any(Number) });
+      expect(res.body.steps[0].error.code).toBe('rate_limited');
+      const { rows } = await sql<{ kind: string; xid: string }>`
+        select status as kind, xmin::text as xid from runs where tenant_id = ${T13} and run_id = ${runId}
+        union all
+        select event_type, xmin::text from audit_events where tenant_id = ${T13} and run_id = ${runId}`.execute(
+        h.db.database.control,
+      );
+      expect(rows.map((row) => row.kind)).toEqual(['throttled', 'run.step.denied']);
+      expect(new Set(rows.map((row) => row.xid)).size).toBe(1);
+      expect(await reservationsOf(T13, runId)).toEqual([]);
+    }
+    expect(fewest).toBe(1);
+    expect(await bucket(T13)).toEqual(emptied);
+  });
+
+  it('is decided again when the bucket moved behind the copy, and admitted', async () => {
+    const T16 = 'tenant-runs-rate-refusal-moved';
+    const agent16 = tokens.agent(AGENT, { tenant: T16, family: 'veritas', scope: 'scf:read' });
+    await grantTool(h.client, { tenant: T16, agent: AGENT, tool: 'limited' });
+    for (let i = 0; i < 2; i += 1)
+      expect((await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
+    expect((await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+    // Tokens given back by another replica: this one's level of the bucket does not know.
+    await sql`update rate_buckets set tokens = 1 where tenant_id = ${T16} and tool_id = 'limited'`.execute(
+      h.db.database.control,
+    );
+    const res = await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect((await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+  });
+
+  it('is refused for its revoked grant, not its rate limit, when the grant was revoked behind the copy', async () => {
+    const T17 = 'tenant-runs-rate-refusal-revoked';
+    const agent17 = tokens.agent(AGENT, { tenant: T17, family: 'veritas', scope: 'scf:read' });
+    const granted = await grantTool(h.client, { tenant: T17, agent: AGENT, tool: 'limited' });
+    for (let i = 0; i < 2; i += 1)
+      expect((await execute(h.client, agent17, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
+    expect((await execute(h.client, agent17, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+    await h.db.database.control.transaction().execute(async (trx) => {
+      await sql`alter table grants disable trigger grants_changed`.execute(trx);
+      await sql`update grants set revoked_at = now(), revoked_by_actor_id = 'test' where id = ${granted.id}`.execute(
+        trx,
+      );
+      await sql`alter table grants enable trigger grants_changed`.execute(trx);
+    });
+    const res = await execute(h.client, agent17, { run_id: newRunId(), plan: [step('limited')] });
+    expect(res.status, JSON.stringify(res.body)).toBe(403);
+    expect(res.body.steps[0].error.code).toBe('grant_revoked');
   });
 });
 

@@ -202,6 +202,22 @@ export interface RateLimitPort {
   peek(query: RateQuery): Promise<{ ok: true } | { ok: false; code: 'rate_limited'; retryAfterSeconds: number }>;
   /** Gives back a token `take` admitted, for a call not made after all (optional: else it is lost, the strict side). */
   giveBack?(query: RateQuery): void;
+  /**
+   * A refusal decided from the bucket's level as this replica knows it, without a statement, with that level for the
+   * refusal's record to confirm (optional: else `take` decides).
+   */
+  refusalFromKnown?(
+    query: RateQuery,
+  ): { decision: { ok: false; code: 'rate_limited'; retryAfterSeconds: number }; level: RateLevel } | undefined;
+}
+
+/** A bucket at the level a refusal was decided from. */
+export interface RateLevel {
+  tenantId: string;
+  agentId: string;
+  toolId: string;
+  tokens: number;
+  updatedAtMs: number;
 }
 
 export interface RateQuery {

@@ -6,6 +6,7 @@ import type {
   GrantAssumed,
   GrantPrefetch,
   GrantView,
+  RateLevel,
   RateQuery,
   Reservation,
   StageDecision,
@@ -63,6 +64,8 @@ export interface StepState {
   reservation?: Reservation;
   /** The token the rate stage took for the call, if it took one. */
   rateTaken?: RateQuery;
+  /** The bucket level the rate stage refused an unclaimed run's call from, without a statement. */
+  rateRefusedAt?: RateLevel;
   warnings: string[];
 }
 

@@ -93,12 +93,7 @@ export function grantUseSteps(uses: GrantUseIf[], runs?: string): RawBuilder<unk
       order by id for share
     ), grant_uses_standing as (
       select w.ord, w.grant_id, w.tenant_id, w.run_id from grant_uses_wanted w join grant_uses_live l on l.id = w.grant_id
-      where w.since is null or (
-        l.expires_at > w.decided_at
-        and not exists (
-          select 1 from grants c
-          where c.tenant_id = w.tenant_id and c.agent_id = w.agent_id and c.tool_id = w.tool_id
-            and c.version > w.since))
+      where ${asDecided(sql`l`, sql`w`)}
     ), grant_uses_written as (
       insert into run_grant_uses (grant_id, tenant_id, run_id)
       select distinct grant_id, tenant_id, run_id from grant_uses_standing
@@ -106,6 +101,28 @@ export function grantUseSteps(uses: GrantUseIf[], runs?: string): RawBuilder<unk
       on conflict do nothing
       returning 1
     )`;
+}
+
+/**
+ * Whether the live grant `l` is still the one a decision from the copy chose (`w`: tenant_id, agent_id, tool_id, since,
+ * decided_at; a null `since` was not decided from the copy): unexpired then, and no newer version of it since.
+ */
+function asDecided(l: RawBuilder<unknown>, w: RawBuilder<unknown>): RawBuilder<boolean> {
+  return sql<boolean>`(${w}.since is null or (
+        ${l}.expires_at > ${w}.decided_at
+        and not exists (
+          select 1 from grants c
+          where c.tenant_id = ${w}.tenant_id and c.agent_id = ${w}.agent_id and c.tool_id = ${w}.tool_id
+            and c.version > ${w}.since)))`;
+}
+
+/**
+ * Whether a grant a refusal was decided on from the copy still stands as decided, as SQL over `w` (grant_id and
+ * `asDecided`'s columns): a refusal recorded without a grant use rests on it as a use would.
+ */
+export function grantStandsAsDecided(w: RawBuilder<unknown>): RawBuilder<boolean> {
+  return sql<boolean>`exists (
+    select 1 from grants l where l.id = ${w}.grant_id and l.revoked_at is null and ${asDecided(sql`l`, w)})`;
 }
 
 /**

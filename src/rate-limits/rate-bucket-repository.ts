@@ -1,4 +1,4 @@
-import { sql, type Kysely, type Transaction } from 'kysely';
+import { sql, type Kysely, type RawBuilder, type Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
 import type { BucketState } from './token-bucket.js';
 
@@ -12,6 +12,26 @@ export interface BucketKey {
 /** A bucket's key as one string, for maps. */
 export function bucketId(key: BucketKey): string {
   return JSON.stringify([key.tenantId, key.agentId, key.toolId]);
+}
+
+/** A bucket at the level a decision was made from. */
+export interface BucketAt extends BucketKey, BucketState {}
+
+/**
+ * Whether a bucket still holds exactly the level a refusal was decided from (no take, give-back or reset since: the
+ * refill is a function of that level and the time), as SQL another statement joins.
+ */
+export function bucketStillAt(
+  tenantId: RawBuilder<unknown>,
+  agentId: RawBuilder<unknown>,
+  toolId: RawBuilder<unknown>,
+  tokens: RawBuilder<unknown>,
+  updatedAt: RawBuilder<unknown>,
+): RawBuilder<boolean> {
+  return sql<boolean>`exists (
+    select 1 from rate_buckets b
+    where b.tenant_id = ${tenantId} and b.agent_id = ${agentId} and b.tool_id = ${toolId}
+      and b.tokens = ${tokens} and b.updated_at = ${updatedAt})`;
 }
 
 interface BucketRow {

@@ -9,6 +9,7 @@ import {
   returnTokens,
   storeBucketIf,
   storeBuckets,
+  type BucketAt,
   type BucketKey,
 } from './rate-bucket-repository.js';
 import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
@@ -119,6 +120,27 @@ export class RateLimiter {
       capacity: request.capacity,
       refillPerSecond: request.refillPerSecond,
     });
+  }
+
+  /**
+   * A refusal this replica decides from the bucket's level as it last stored or read it, without a statement (it holds
+   * no lease there), with that level: the caller's statement confirms the bucket still holds it (`bucketStillAt`).
+   * Undefined when it knows no level, or that level would admit the take.
+   */
+  refusalFromKnown(
+    request: TakeRequest,
+  ): { decision: Extract<RateDecision, { ok: false }>; level: BucketAt } | undefined {
+    assertRule(request);
+    const id = bucketId(request);
+    const known = this.known.get(id);
+    if (!known || this.leases.has(id)) return undefined;
+    const decision = take(known, request, this.options.now().getTime());
+    if (decision.ok) return undefined;
+    this.denials.inc({ tool_id: request.toolId });
+    return {
+      decision: { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds },
+      level: { tenantId: request.tenantId, agentId: request.agentId, toolId: request.toolId, ...known },
+    };
   }
 
   /** What `take` would answer now, consuming nothing (for dry runs). */

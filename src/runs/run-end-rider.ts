@@ -123,15 +123,30 @@ export function runStartGuard(charges?: {
     });
     return { ended, endedOrds, claims, claimOrds };
   };
+  // The refusals' levels a batch's steps prepared to confirm, for its answers (the known levels learn what it found).
+  const refusedFor = new WeakMap<RunStartChange[], PreparedReservations>();
   return {
     steps: (items, when) => {
       const { ended, endedOrds, claims, claimOrds } = split(items);
       const charged = claims.flatMap(({ claim }) => (claim.charge ? [claim.charge] : []));
       const prepared = charged.length > 0 ? charges?.prepare(charged) : undefined;
       preparedFor.set(items, prepared);
+      const refusals = refusalsConfirmed(ended, charges);
+      if (refusals) refusedFor.set(items, refusals);
       const claiming = claims.length > 0 ? claimedRunStartSteps(claims, claimOrds, prepared, when) : undefined;
       const parts = [
-        ...(ended.length > 0 ? [endedRunStartSteps(ended, when, endedOrds)] : []),
+        // A batch's budget refusals rest on the levels they were decided on, compared all at once (none is written).
+        ...(refusals ? [refusals.steps({ when, prefix: 'refused_' })] : []),
+        ...(ended.length > 0
+          ? [
+              endedRunStartSteps(
+                ended,
+                when,
+                endedOrds,
+                refusals ? sql<boolean>`(select ok from refused_unchanged)` : undefined,
+              ),
+            ]
+          : []),
         ...(claiming ? [claiming.ctes] : []),
       ];
       const made =
@@ -141,14 +156,30 @@ export function runStartGuard(charges?: {
       return {
         ctes: sql.join(made ? [...parts, made] : parts, sql`, `),
         made: made ? 'run_starts_all_made' : claiming ? 'claim_starts_made' : 'run_starts_made',
-        changed: claiming?.changed,
+        changed: sql`json_build_array(${claiming?.changed ?? sql`null`}, ${refusals ? refusals.outcome('refused_') : sql`null`})`,
       };
     },
     answers: (items, changed) => {
       const { claims, claimOrds } = split(items);
-      const answered = claimedRunStartsOf(claims, claimOrds, preparedFor.get(items), changed);
+      const [claimed, refused] = (changed ?? [null, null]) as [unknown, unknown];
+      refusedFor.get(items)?.written(refused);
+      const answered = claimedRunStartsOf(claims, claimOrds, preparedFor.get(items), claimed);
       let next = 0;
       return items.map((item) => ('claim' in item ? answered[next++] : undefined));
     },
   };
+}
+
+/**
+ * The budget refusals of ended run starts, decided again together from the levels this replica knows: what their
+ * records confirm, if every one of them is still refused there. Undefined otherwise (their records then stand not).
+ */
+function refusalsConfirmed(
+  ended: EndedRunStart[],
+  charges: { prepare(requests: ReserveRequest[]): PreparedReservations | undefined } | undefined,
+): PreparedReservations | undefined {
+  const refused = ended.flatMap((start) => (start.budgetRefused ? [start.budgetRefused] : []));
+  if (refused.length === 0) return undefined;
+  const prepared = charges?.prepare(refused);
+  return prepared?.decided.every((result) => !result.ok) ? prepared : undefined;
 }

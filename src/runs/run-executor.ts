@@ -142,7 +142,10 @@ export class RunExecutor {
           },
         },
       };
-      const first = assumed && charge && this.claimsWithIntent() ? this.claimStart(claim, charge) : undefined;
+      // Decided from this replica's copies, the first call is admitted or refused before its run is claimed.
+      const decided =
+        assumed && charge && this.claimsWithIntent() ? this.deps.charges?.prepare([charge])?.decided[0] : undefined;
+      const first = decided?.ok ? this.claimStart(claim, charge!, decided.reservation) : undefined;
       let taken = false;
       if (first) {
         const exec = await this.execution(
@@ -174,13 +177,16 @@ export class RunExecutor {
         // Its id was taken (a replay, another principal's run): the usual way below says what it is.
         taken = unclaimed.taken === true;
       }
-      if (presumedMissing) {
+      if (presumedMissing || (decided && !decided.ok)) {
         const refused = await this.loop.refuseBeforeClaim(
           await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
           claim,
+          decided && !decided.ok
+            ? { reliedOn: assumed!, budgetRefusal: { units: charge!.units, details: decided.details } }
+            : { presumedMissing: true },
         );
         if (refused) return refused;
-        prefetched = this.deps.ports.grants.prefetch?.(firstGrants);
+        if (presumedMissing) prefetched = this.deps.ports.grants.prefetch?.(firstGrants);
       }
       // A run id taken at the claim can be gone when it is read (the retention sweep deletes
       // finished runs): it is free again then, and claimed once more.
@@ -238,14 +244,12 @@ export class RunExecutor {
   private claimStart(
     claim: NewRun,
     charge: ReserveRequest,
+    reservation: BudgetReservation,
   ): { start: ClaimedRunStart; reservation: BudgetReservation } | undefined {
-    const decided = this.deps.charges?.prepare([charge])?.decided[0];
-    if (!decided?.ok || !claim.reliance) return undefined;
+    if (!claim.reliance) return undefined;
     return {
-      start: {
-        claim: { ...claim, reliance: claim.reliance, charge: { ...charge, reservationId: decided.reservation.id } },
-      },
-      reservation: decided.reservation,
+      start: { claim: { ...claim, reliance: claim.reliance, charge: { ...charge, reservationId: reservation.id } } },
+      reservation,
     };
   }
 

@@ -1,6 +1,12 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
 import type { DB, RunTable } from '../db/schema.js';
-import { grantUseSteps, noGrantAtAll, type GrantUseIf } from '../grants/grant-snapshot-repository.js';
+import {
+  grantStandsAsDecided,
+  grantUseSteps,
+  noGrantAtAll,
+  type GrantUseIf,
+} from '../grants/grant-snapshot-repository.js';
+import { bucketStillAt, type BucketAt } from '../rate-limits/rate-bucket-repository.js';
 import {
   isTerminal,
   OPEN_STATUSES,
@@ -188,26 +194,33 @@ export function unclaimedRecordOf(run: NewRun): RunRecord {
 }
 
 /**
- * A root run created already ended by its first call's refusal, as its claim and its end would
- * have left it; only if its id is new and, with `grantAbsent`, no grant at all exists for that
- * agent and tool (what a refusal decided from the copy of the grants rests on).
+ * A root run created already ended by its first call's refusal, as its claim and its end would have left it; only if
+ * its id is new and what the refusal was decided on from this replica's copies still stands: with `grantAbsent`, no
+ * grant at all exists for that agent and tool; with `reliance`, the grant it was decided on still stands as decided;
+ * with `bucket`, the bucket it was refused from holds that level still; with `budgetRefused`, the levels it was
+ * refused on are still those (the statement's `budgetsHold`).
  */
 export interface EndedRunStart {
   run: NewRun;
   end: Pick<RunEnding, 'status' | 'httpStatus' | 'envelope'>;
   grantAbsent?: { agent_id: string; tool_id: string } | undefined;
+  reliance?: GrantUseIf | undefined;
+  bucket?: BucketAt | undefined;
+  budgetRefused?: ReserveRequest | undefined;
 }
 
 /**
  * `EndedRunStart`s as common table expressions another statement joins (a refusal's record): nothing
  * unless `when`; `run_starts_made` lists by `ord` (`ords`, else 1-based) those created, one per run id.
+ * `budgetsHold` is the statement's word on the levels the `budgetRefused` ones were refused on.
  */
 export function endedRunStartSteps(
   starts: EndedRunStart[],
   when: RawBuilder<unknown>,
   ords: number[] = starts.map((_, i) => i + 1),
+  budgetsHold: RawBuilder<boolean> = sql<boolean>`false`,
 ): RawBuilder<unknown> {
-  const rows = starts.map(({ run, end, grantAbsent }, i) => ({
+  const rows = starts.map(({ run, end, grantAbsent, reliance, bucket, budgetRefused }, i) => ({
     ord: ords[i]!,
     ...runRowOf(run),
     status: end.status,
@@ -217,12 +230,27 @@ export function endedRunStartSteps(
     request: isTerminal(end.status) ? null : run.request,
     absent_agent: grantAbsent?.agent_id ?? null,
     absent_tool: grantAbsent?.tool_id ?? null,
+    grant_id: reliance?.grant_id ?? null,
+    agent_id: reliance?.assumed?.agent_id ?? null,
+    tool_id: reliance?.assumed?.tool_id ?? null,
+    since: reliance?.assumed?.since ?? null,
+    decided_at: reliance?.assumed?.decided_at.toISOString() ?? null,
+    bucket_agent: bucket?.agentId ?? null,
+    bucket_tool: bucket?.toolId ?? null,
+    bucket_tokens: bucket?.tokens ?? null,
+    bucket_at: bucket ? new Date(bucket.updatedAtMs).toISOString() : null,
+    budget_refused: budgetRefused !== undefined,
   }));
   return sql`run_starts as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-        ${runRowColumns}, status text, http_status integer, envelope jsonb, absent_agent text, absent_tool text)
+        ${runRowColumns}, status text, http_status integer, envelope jsonb, absent_agent text, absent_tool text,
+        grant_id text, agent_id text, tool_id text, since bigint, decided_at timestamptz,
+        bucket_agent text, bucket_tool text, bucket_tokens float8, bucket_at timestamptz, budget_refused boolean)
       where ${when}
         and (r.absent_tool is null or ${noGrantAtAll(sql`r.tenant_id`, sql`r.absent_agent`, sql`r.absent_tool`)})
+        and (r.grant_id is null or ${grantStandsAsDecided(sql`r`)})
+        and (r.bucket_tool is null or ${bucketStillAt(sql`r.tenant_id`, sql`r.bucket_agent`, sql`r.bucket_tool`, sql`r.bucket_tokens`, sql`r.bucket_at`)})
+        and (not r.budget_refused or ${budgetsHold})
     ), run_starts_inserted as (
       insert into runs (tenant_id, run_id, owner_agent_id, parent_run_id, pipeline_instance_id, session_id, user_id,
                         status, request_sha256, trace_id, http_status, envelope, created_at, updated_at, request,
@@ -339,7 +367,6 @@ export function claimedRunStartsOf(
   });
 }
 
-/** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */
 /** The columns of `runRowOf`'s rows with their `ord`, as a `jsonb_to_recordset` column definition list. */
 const runRowColumns = sql.raw(`ord integer, tenant_id text, run_id text, owner_agent_id text, parent_run_id text,
   pipeline_instance_id text, session_id text, user_id text, request_sha256 text, trace_id text, created_at timestamptz,
@@ -359,6 +386,7 @@ function claimInsert(source: RawBuilder<unknown>, returning: RawBuilder<unknown>
     returning ${returning}`;
 }
 
+/** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */
 function runRowOf(run: NewRun) {
   return {
     tenant_id: run.tenant_id,

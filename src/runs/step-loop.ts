@@ -1,7 +1,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { admitStep, type Admission } from '../admission/admission-pipeline.js';
-import type { AdmissibleTool, Denial, Hold } from '../admission/ports.js';
-import type { StepState } from '../admission/step.js';
+import type { AdmissibleTool, Denial, GrantAssumed, Hold } from '../admission/ports.js';
+import type { StepRequest, StepState } from '../admission/step.js';
 import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
@@ -222,8 +222,14 @@ export class StepLoop {
     delete exec.reserved;
     delete exec.budgetRefusal;
     const admission = await admitStep(asked, this.deps.ports);
-    // Not admitted before its run's claim: claimed the usual way, the call is decided again there.
-    if (claimWith && !admission.ok) return this.unclaimed(exec, index, admission.state);
+    if (claimWith && !admission.ok) {
+      // Refused before its run's claim: its record creates the run ended, else the call is decided again on a claim.
+      const refused = admission.held
+        ? undefined
+        : await this.refusedStartingRun(exec, admission, claimWith.claim, started);
+      if (refused) return { step: stepAt(request, index, 'skipped'), ended: refused };
+      return this.unclaimed(exec, index, admission.state);
+    }
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
     const base = auditBase(exec, index, tool);
@@ -392,28 +398,56 @@ export class StepLoop {
   }
 
   /**
-   * The first call of a root run not claimed yet, when this replica's copy of the grants holds none
-   * for it: admitted before the claim, it is refused (a stage up to the grant's refuses it), and its
-   * record creates the run already ended, in one statement, if the run id is new and no grant exists
-   * for the call at all. Undefined otherwise: nothing was written, and the run is claimed as usual.
+   * The first call of a root run not claimed yet, refused from this replica's copies: its record creates the run
+   * already ended, in one statement, if the run id is new and what the refusal rests on still stands (see
+   * `EndedRunStart`). `decided` is what the copies said: no grant at all for the call, or its grant and its budget's
+   * refusal. Undefined otherwise: nothing was written, and the run is claimed as usual.
    * docs/design/call-path.md#a-first-call-refused-before-its-run-is-claimed
    */
-  async refuseBeforeClaim(exec: Execution, claim: NewRun): Promise<RunAnswer | undefined> {
+  async refuseBeforeClaim(
+    exec: Execution,
+    claim: NewRun,
+    decided:
+      { presumedMissing: true } | { reliedOn: GrantAssumed; budgetRefusal: NonNullable<StepRequest['budgetRefusal']> },
+  ): Promise<RunAnswer | undefined> {
     const started = performance.now();
     const asked = stepRequest(exec.principal, exec.request, 0, false, exec);
-    asked.presumedMissing = true;
+    asked.unclaimed = true;
+    if ('presumedMissing' in decided) asked.presumedMissing = true;
+    else {
+      asked.reliedOn = decided.reliedOn;
+      asked.budgetRefusal = decided.budgetRefusal;
+    }
     const admission = await admitStep(asked, this.deps.ports);
-    // Every stage that spends comes after the grant's, which refuses here: nothing was reserved.
-    if (admission.ok || admission.held || admission.unspent.length > 0) return undefined;
+    if (admission.ok || admission.held) return undefined;
+    return this.refusedStartingRun(exec, admission, claim, started);
+  }
+
+  /**
+   * An unclaimed run's first call refused: its record creates the run already ended, guarded by what the refusal was
+   * decided on (no grant at all, or the grant relied on; the bucket level or budget levels it was refused on).
+   * Undefined when that record was not appended: nothing was written.
+   */
+  private async refusedStartingRun(
+    exec: Execution,
+    admission: Extract<Admission, { denial: Denial }>,
+    claim: NewRun,
+    started: number,
+  ): Promise<RunAnswer | undefined> {
     const base = auditBase(exec, 0, admission.state.tool);
     const { event, eventId, step, stop } = this.denial(exec, admission, base, 0, started);
     const answered: { answer?: RunAnswer } = {};
     const leave = this.endFor(exec, this.closingAt(exec, [], [], 0), step, stop, answered);
     if (!leave) return undefined;
+    const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
     const { record } = await this.deps.audit.appendIf(event, eventId, {
       run: claim,
       end: leave,
-      grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! },
+      ...(claim.reliance
+        ? { reliance: claim.reliance }
+        : { grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! } }),
+      bucket: admission.state.rateRefusedAt,
+      budgetRefused: stage === 'cost' && claim.reliance ? claim.charge : undefined,
     });
     if (!record) return undefined;
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
