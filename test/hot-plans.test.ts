@@ -31,7 +31,7 @@ const KEYED: Record<string, string[]> = {
   budget_counters_pkey: ['counter_key', 'period_start'],
   budget_reservations_pkey: ['id'],
   rate_buckets_pkey: ['tenant_id', 'agent_id', 'tool_id'],
-  run_grant_uses_pkey: ['grant_id', 'tenant_id', 'run_id'],
+  run_grant_uses_pkey: ['tenant_id', 'run_id', 'grant_id'],
   audit_chain_head_pkey: ['id'],
   kill_switch_state_pkey: ['id'],
   registry_revision_pkey: ['id'],

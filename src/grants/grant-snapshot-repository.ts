@@ -97,7 +97,7 @@ export function grantUseSteps(uses: GrantUseIf[], runs?: string): RawBuilder<unk
     ), grant_uses_written as (
       insert into run_grant_uses (grant_id, tenant_id, run_id)
       select distinct grant_id, tenant_id, run_id from grant_uses_standing
-      order by 1, 2, 3
+      order by tenant_id, run_id, grant_id
       on conflict do nothing
       returning 1
     )`;
