@@ -909,7 +909,7 @@ describe("a first call's intent record claiming its run (runStartGuard)", () => 
             assumed: { agent_id: 'agent.batch', tool_id: 'echo', since, decided_at: clock.now() },
           },
           charge: { ...charge, reservationId: decided.reservation.id },
-        }) as ClaimedRunStart['claim'],
+        }) as NonNullable<ClaimedRunStart['claim']>,
       };
     };
     const intent = (runId: string, onlyIf?: RunStartChange): TimedAuditEvent<never, RunStartChange> => ({
@@ -985,7 +985,7 @@ describe("a first call's intent record claiming its run (runStartGuard)", () => 
       runStartGuard(ledger),
     );
     expect(appended.appended).toEqual([true, true]);
-    const ids = [one, two].map((s) => ('claim' in s ? s.claim.charge!.reservationId : undefined));
+    const ids = [one, two].map((s) => ('claim' in s ? s.claim!.charge!.reservationId : undefined));
     expect(answersOf(appended).map((a) => a && [a.claimed, a.relied, a.reservation?.id])).toEqual([
       [true, true, ids[0]],
       [true, true, ids[1]],

@@ -536,6 +536,37 @@ describe('a first call admitted before its run is claimed, the claim riding its 
     expect(fewest).toBe(2);
   });
 
+  it("carries a later call's reservation with its intent record: a run of two calls is four statements", async () => {
+    let fewest = Infinity;
+    for (let i = 0; i < 3; i += 1) {
+      const runId = newRunId();
+      const before = h.db.database.statementsSent();
+      const res = await execute(h.client, agent10, { run_id: runId, plan: [step('echo'), step('echo')] });
+      fewest = Math.min(fewest, h.db.database.statementsSent() - before);
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      const records = await recordsOf(T10, runId);
+      expect(records.map((r) => r.event_type)).toEqual([
+        'run.step.dispatching',
+        'run.step.completed',
+        'run.step.dispatching',
+        'run.step.completed',
+      ]);
+      // Each call's intent cites the reservation its statement wrote; each outcome settled it.
+      const { rows } = await sql<{ id: string; status: string }>`
+        select id, status from budget_reservations where tenant_id = ${T10} and run_id = ${runId}`.execute(
+        h.db.database.control,
+      );
+      expect(rows.map((r) => r.status)).toEqual(['settled', 'settled']);
+      const cited = await sql<{ id: string }>`
+        select details->>'reservation_id' as id from audit_events
+        where tenant_id = ${T10} and run_id = ${runId} and event_type = 'run.step.dispatching'`.execute(
+        h.db.database.control,
+      );
+      expect(new Set(cited.rows.map((r) => r.id))).toEqual(new Set(rows.map((r) => r.id)));
+    }
+    expect(fewest).toBe(4);
+  });
+
   it('leaves a taken run id to the usual path, and a replay spends no rate token', async () => {
     // `limited` holds two tokens and refills one in 100 s.
     const runId = newRunId();

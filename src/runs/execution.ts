@@ -9,6 +9,7 @@ import type {
   Reservation,
 } from '../admission/ports.js';
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
+import { chargeOf } from '../admission/stages/10-cost.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import type { AuditLog } from '../audit/audit-log.js';
 import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
@@ -151,6 +152,28 @@ export function stepRequest(
     step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
     dryRun,
   };
+}
+
+/**
+ * What the call at `index` is to be charged, decided from the registry copy and the grant the copy chose: undefined when
+ * its tool does not resolve, waits for approval, or costs more than that grant allows (admission says why).
+ */
+export async function chargeOfStep(
+  { catalog, tenantPolicy }: Pick<AdmissionPorts, 'catalog' | 'tenantPolicy'>,
+  principal: AgentPrincipal,
+  request: RunRequest,
+  index: number,
+  assumed: GrantAssumed,
+  exec: Pick<Execution, 'run' | 'delegation'> | undefined,
+): Promise<ReserveRequest | undefined> {
+  const planned = request.plan[index]!;
+  const resolved = await catalog.resolve(planned.tool_id, planned.version, {
+    as: 'caller',
+    agent: { agentId: principal.id, family: principal.family },
+    externalCallEnabled: () => tenantPolicy.externalCallEnabled(principal.tenantId),
+  });
+  if (!resolved.ok || resolved.tool.requires_approval) return undefined;
+  return chargeOf(stepRequest(principal, request, index, false, exec), resolved.tool, assumed.grant).query;
 }
 
 export function auditBase(

@@ -93,7 +93,7 @@ export function callEndRider(
   };
 }
 
-/** A run created with a guarded record: ended by its first call's refusal, or claimed with that call's intent. */
+/** A run created with a guarded record (ended by its first call's refusal, or claimed with its intent), or a held run's call. */
 export type RunStartChange = EndedRunStart | ClaimedRunStart;
 
 /**
@@ -113,7 +113,7 @@ export function runStartGuard(charges?: {
     const claims: ClaimedRunStart[] = [];
     const claimOrds: number[] = [];
     items.forEach((item, i) => {
-      if ('claim' in item) {
+      if (!('end' in item)) {
         claims.push(item);
         claimOrds.push(i + 1);
       } else {
@@ -128,7 +128,10 @@ export function runStartGuard(charges?: {
   return {
     steps: (items, when) => {
       const { ended, endedOrds, claims, claimOrds } = split(items);
-      const charged = claims.flatMap(({ claim }) => (claim.charge ? [claim.charge] : []));
+      const charged = claims.flatMap((start) => {
+        const { charge } = start.claim ?? start.held;
+        return charge ? [charge] : [];
+      });
       const prepared = charged.length > 0 ? charges?.prepare(charged) : undefined;
       preparedFor.set(items, prepared);
       const refusals = refusalsConfirmed(ended, charges);
@@ -165,7 +168,7 @@ export function runStartGuard(charges?: {
       refusedFor.get(items)?.written(refused);
       const answered = claimedRunStartsOf(claims, claimOrds, preparedFor.get(items), claimed);
       let next = 0;
-      return items.map((item) => ('claim' in item ? answered[next++] : undefined));
+      return items.map((item) => ('end' in item ? undefined : answered[next++]));
     },
   };
 }

@@ -1,8 +1,6 @@
 import type { Kysely } from 'kysely';
 import { admitStep } from '../admission/admission-pipeline.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
-import { chargeOf } from '../admission/stages/10-cost.js';
-import type { GrantAssumed } from '../admission/ports.js';
 import type { BudgetReservation, ReserveRequest } from '../budgets/budget-ledger.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
@@ -28,7 +26,15 @@ import {
 } from './run-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type StepResult, type Via } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
-import { elapsed, errorOf, stepHead, stepRequest, type Execution, type RunExecutorDeps } from './execution.js';
+import {
+  chargeOfStep,
+  elapsed,
+  errorOf,
+  stepHead,
+  stepRequest,
+  type Execution,
+  type RunExecutorDeps,
+} from './execution.js';
 import { Dispatcher } from './dispatch.js';
 import { RunEnder } from './run-ender.js';
 import { StepLoop } from './step-loop.js';
@@ -46,7 +52,7 @@ export class RunExecutor {
   constructor(private readonly deps: RunExecutorDeps) {
     // A claim is made durable by the call's intent record, committed synchronously before dispatch.
     this.claims = new GroupCommit((runs) => retryOnConflict(() => this.claim(runs)));
-    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps));
+    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps), () => this.claimsWithIntent());
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
@@ -116,7 +122,10 @@ export class RunExecutor {
       const assumed = this.deps.ports.grants.assume?.(firstGrants);
       const presumedMissing = !assumed && this.deps.ports.grants.presumeMissing?.(firstGrants) === true;
       let prefetched = assumed || presumedMissing ? undefined : this.deps.ports.grants.prefetch?.(firstGrants);
-      const charge = assumed && this.deps.charges ? await this.firstCharge(principal, request, assumed) : undefined;
+      const charge =
+        assumed && this.deps.charges
+          ? await chargeOfStep(this.deps.ports, principal, request, 0, assumed, undefined)
+          : undefined;
       const claim: NewRun = {
         ...start,
         tenant_id: principal.tenantId,
@@ -264,26 +273,6 @@ export class RunExecutor {
     });
     const prepared = charged.length > 0 ? this.deps.charges?.prepare(charged.map((run) => run.charge!)) : undefined;
     return claimRuns(this.deps.database.hotDeferred, runs, prepared && { runs: charged, prepared });
-  }
-
-  /**
-   * What the first call of a run about to be claimed is to be charged, from this replica's copies: its tool's price
-   * under the grant it was decided on; undefined when only its admission can say (or it waits for an approval).
-   */
-  private async firstCharge(
-    principal: AgentPrincipal,
-    request: RunRequest,
-    assumed: GrantAssumed,
-  ): Promise<ReserveRequest | undefined> {
-    const planned = request.plan[0]!;
-    const { catalog, tenantPolicy } = this.deps.ports;
-    const resolved = await catalog.resolve(planned.tool_id, planned.version, {
-      as: 'caller',
-      agent: { agentId: principal.id, family: principal.family },
-      externalCallEnabled: () => tenantPolicy.externalCallEnabled(principal.tenantId),
-    });
-    if (!resolved.ok || resolved.tool.requires_approval) return undefined;
-    return chargeOf(stepRequest(principal, request, 0, false, undefined), resolved.tool, assumed.grant).query;
   }
 
   /**

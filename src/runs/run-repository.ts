@@ -270,15 +270,24 @@ export function endedRunStartSteps(
 }
 
 /**
- * A root run claimed with its first call's intent record, the grant use that call was decided on and its reservation:
- * the record is appended only if all three were written (see `claimedRunStartSteps`).
+ * A call whose intent record carries what its admission from the copies decided: a root run's first call claims its
+ * run (`claim`), a later call of a run this executor holds finds it still running at its epoch (`held`); either
+ * records the grant use it was decided on and writes its reservation. The record is appended only if all were
+ * (see `claimedRunStartSteps`).
  */
-export interface ClaimedRunStart {
-  claim: NewRun & { reliance: GrantUseIf };
+export type ClaimedRunStart =
+  { claim: NewRun & { reliance: GrantUseIf }; held?: undefined } | { held: HeldRunStep; claim?: undefined };
+
+/** A later call of a run this executor holds, decided from the copies. */
+export interface HeldRunStep extends RunKey {
+  epoch: number;
+  reliance: GrantUseIf;
+  charge?: ReserveRequest | undefined;
 }
 
 /** What `claimedRunStartSteps` did for one run: as `claimRuns` answers a claim, and whether its record went with it. */
 export interface ClaimedRunStartAnswer {
+  /** Claimed; for a held run's call, found still running at its epoch. */
   claimed: boolean;
   /** Not claimed because its id was taken (by an earlier run, or one of the same batch). */
   taken?: boolean | undefined;
@@ -300,14 +309,19 @@ export function claimedRunStartSteps(
   prepared: PreparedReservations | undefined,
   when: RawBuilder<unknown>,
 ): { ctes: RawBuilder<unknown>; changed: RawBuilder<unknown> } {
-  const rows = starts.map(({ claim }, i) => ({
-    ord: ords[i]!,
-    ...runRowOf(claim),
-    reservation_id: claim.charge?.reservationId ?? null,
-    // A charged call's record goes only with its reservation: without `prepared`, it is not appended.
-    charged: claim.charge !== undefined,
-  }));
-  const charged = starts.filter(({ claim }) => prepared && claim.charge);
+  const rows = starts.map((start, i) => {
+    const charge = start.claim ? start.claim.charge : start.held.charge;
+    return {
+      ...(start.claim
+        ? { ...runRowOf(start.claim), held: false, epoch: 1 }
+        : { tenant_id: start.held.tenant_id, run_id: start.held.run_id, held: true, epoch: start.held.epoch }),
+      ord: ords[i]!,
+      reservation_id: charge?.reservationId ?? null,
+      // A charged call's record goes only with its reservation: without `prepared`, it is not appended.
+      charged: charge !== undefined,
+    };
+  });
+  const charged = starts.filter((start) => prepared && (start.claim ?? start.held).charge);
   const ledger = prepared
     ? sql`, ${prepared.steps({
         when: sql`not exists (
@@ -319,15 +333,22 @@ export function claimedRunStartSteps(
     : sql``;
   const ctes = sql`claim_starts as materialized (
       select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
-        ${runRowColumns}, reservation_id text, charged boolean)
+        ${runRowColumns}, reservation_id text, charged boolean, held boolean, epoch integer)
       where ${when}
-    ), claim_runs as (${claimInsert(sql`claim_starts`, sql`tenant_id, run_id`)}), ${grantUseSteps(
-      starts.map(({ claim }) => claim.reliance),
-      'claim_runs',
+    ), claim_runs as (${claimInsert(sql`(select * from claim_starts where not held) s`, sql`tenant_id, run_id`)}
+    ), claim_held as (
+      select s.tenant_id, s.run_id from claim_starts s
+      join runs r on r.tenant_id = s.tenant_id and r.run_id = s.run_id
+      where s.held and r.status = 'running' and r.epoch = s.epoch
+    ), claim_ready as (
+      select tenant_id, run_id from claim_runs union all select tenant_id, run_id from claim_held
+    ), ${grantUseSteps(
+      starts.map((start) => (start.claim ?? start.held).reliance),
+      'claim_ready',
     )}${ledger}, claim_starts_claimed as materialized (
       select min(s.ord) as ord, bool_or(exists (
                select 1 from grant_uses_standing g where g.tenant_id = s.tenant_id and g.run_id = s.run_id)) as relied
-      from claim_starts s join claim_runs c on c.tenant_id = s.tenant_id and c.run_id = s.run_id
+      from claim_starts s join claim_ready c on c.tenant_id = s.tenant_id and c.run_id = s.run_id
       group by s.tenant_id, s.run_id
     ), claim_starts_made as (
       select c.ord from claim_starts_claimed c join claim_starts s on s.ord = c.ord
@@ -351,13 +372,13 @@ export function claimedRunStartsOf(
 ): ClaimedRunStartAnswer[] {
   const row = (changed ?? {}) as { claimed?: Array<[number, boolean]>; ledger?: unknown };
   const claimed = new Map((row.claimed ?? []).map(([ord, relied]) => [Number(ord), relied === true]));
-  const chargedOnes = starts.filter(({ claim }) => prepared && claim.charge);
+  const chargedOnes = starts.filter((start) => prepared && (start.claim ?? start.held).charge);
   const written = chargedOnes.length > 0 ? prepared!.written(row.ledger ?? null) : undefined;
-  const results = new Map(chargedOnes.map(({ claim }, i) => [claim, written?.[i]]));
-  return starts.map(({ claim }, i) => {
+  const results = new Map(chargedOnes.map((start, i) => [start, written?.[i]]));
+  return starts.map((start, i) => {
     const ord = ords[i]!;
-    if (!claimed.has(ord)) return { claimed: false, taken: true, relied: false };
-    const result = results.get(claim);
+    if (!claimed.has(ord)) return { claimed: false, taken: start.claim !== undefined, relied: false };
+    const result = results.get(start);
     return {
       claimed: true,
       relied: claimed.get(ord)!,

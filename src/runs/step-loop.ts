@@ -1,5 +1,6 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { admitStep, type Admission } from '../admission/admission-pipeline.js';
+import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AdmissibleTool, Denial, GrantAssumed, Hold } from '../admission/ports.js';
 import type { StepRequest, StepState } from '../admission/step.js';
 import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
@@ -24,6 +25,7 @@ import {
   RunMovedOn,
   SECURITY_DENIALS,
   auditBase,
+  chargeOfStep,
   elapsed,
   errorOf,
   stepAt,
@@ -46,6 +48,8 @@ export class StepLoop {
     private readonly deps: RunExecutorDeps,
     private readonly ender: RunEnder,
     private readonly dispatcher: Dispatcher,
+    /** Whether a call's intent record may carry what its admission decided (`RunExecutor.claimsWithIntent`). */
+    private readonly withIntent: () => boolean = () => false,
   ) {}
 
   /**
@@ -85,20 +89,18 @@ export class StepLoop {
     const leftOver = exec.delegation && last ? await this.overshoot(exec, last) : undefined;
     if (leftOver) return this.killForOvershoot(exec, steps, warnings, leftOver);
     for (let index = completedBefore.length; index < request.plan.length; index += 1) {
-      const standing =
-        justClaimed && index === completedBefore.length
-          ? exec.run
-          : await readRunStanding(this.deps.database.control, exec.run);
-      if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
-        return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+      const claimed = justClaimed && index === completedBefore.length;
+      const closing = this.closingAt(exec, steps, warnings, index);
+      // A later call decided from the copies: its intent record finds the run still standing, or nothing is sent.
+      const held = claimed ? undefined : await this.heldStep(exec, index);
+      let outcome = held && (await this.runStep(exec, index, warnings, closing, held));
+      if (!outcome || outcome.unclaimed) {
+        const standing = claimed ? exec.run : await readRunStanding(this.deps.database.control, exec.run);
+        if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
+          return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
+        }
+        outcome = await this.runStep(exec, index, warnings, closing, index === 0 ? claimWith : undefined);
       }
-      const outcome = await this.runStep(
-        exec,
-        index,
-        warnings,
-        this.closingAt(exec, steps, warnings, index),
-        index === 0 ? claimWith : undefined,
-      );
       if (outcome.unclaimed) return { unclaimed: outcome.unclaimed };
       if (outcome.ended) return outcome.ended;
       if (outcome.movedOn)
@@ -124,6 +126,45 @@ export class StepLoop {
     }
     const status: RunStatus = exec.run.keep_open ? 'running' : 'completed';
     return this.ender.end(exec, 200, { run_id: request.run_id, status, dry_run: false, steps, warnings });
+  }
+
+  /**
+   * The call at `index` of a root run this executor holds, when this replica's copies decide it (its grant, its price, a
+   * plain admission by the budget levels it last saw): what its intent record is to write, its admission's decisions
+   * set on `exec`. Undefined otherwise, and the call is decided the usual way.
+   * docs/design/call-path.md#a-later-call-rides-its-intent-record
+   */
+  private async heldStep(exec: Execution, index: number): Promise<ClaimedRunStart | undefined> {
+    const { principal, request, run } = exec;
+    if (run.depth > 0 || exec.delegation || !this.deps.charges || !this.withIntent()) return undefined;
+    const asked = stepRequest(principal, request, index, false, exec);
+    const assumed = this.deps.ports.grants.assume?.(grantQueryOf(principal, asked.run, asked.step.tool_id));
+    if (!assumed) return undefined;
+    const charge = await chargeOfStep(this.deps.ports, principal, request, index, assumed, exec);
+    if (!charge) return undefined;
+    const decided = this.deps.charges.prepare([charge])?.decided[0];
+    if (!decided?.ok) return undefined;
+    exec.reliedOn = assumed;
+    exec.reserved = decided.reservation;
+    return {
+      held: {
+        tenant_id: run.tenant_id,
+        run_id: run.run_id,
+        epoch: run.epoch,
+        reliance: {
+          tenant_id: run.tenant_id,
+          run_id: run.run_id,
+          grant_id: assumed.grant.id,
+          assumed: {
+            agent_id: assumed.assumed.agentId,
+            tool_id: assumed.assumed.toolId,
+            since: assumed.assumed.version,
+            decided_at: assumed.assumed.decidedAt,
+          },
+        },
+        charge: { ...charge, reservationId: decided.reservation.id },
+      },
+    };
   }
 
   /**
@@ -214,8 +255,9 @@ export class StepLoop {
     const asked = stepRequest(exec.principal, request, index, false, exec);
     if (claimWith) asked.unclaimed = true;
     if (index === 0 && exec.prefetchedGrants) asked.prefetchedGrants = exec.prefetchedGrants;
-    if (index === 0 && exec.reliedOn) asked.reliedOn = exec.reliedOn;
-    if (index === 0 && exec.reserved) asked.reserved = exec.reserved;
+    // Decided for this very step: a first call's before its claim, a held run's call from the copies.
+    if (exec.reliedOn) asked.reliedOn = exec.reliedOn;
+    if (exec.reserved) asked.reserved = exec.reserved;
     if (index === 0 && exec.budgetRefusal) asked.budgetRefusal = exec.budgetRefusal;
     delete exec.prefetchedGrants;
     delete exec.reliedOn;
@@ -224,9 +266,10 @@ export class StepLoop {
     const admission = await admitStep(asked, this.deps.ports);
     if (claimWith && !admission.ok) {
       // Refused before its run's claim: its record creates the run ended, else the call is decided again on a claim.
-      const refused = admission.held
-        ? undefined
-        : await this.refusedStartingRun(exec, admission, claimWith.claim, started);
+      const refused =
+        admission.held || !claimWith.claim
+          ? undefined
+          : await this.refusedStartingRun(exec, admission, claimWith.claim, started);
       if (refused) return { step: stepAt(request, index, 'skipped'), ended: refused };
       return this.unclaimed(exec, index, admission.state);
     }
