@@ -567,6 +567,28 @@ describe('a first call admitted before its run is claimed, the claim riding its 
     expect(fewest).toBe(4);
   });
 
+  it('sends no later call of a run cancelled meanwhile: its intent record finds the run stopped', async () => {
+    await registerTool(h.client, { id: 'gated.echo', backendUrl: `${backend.url}/gate`, allowed_agents: [AGENT] });
+    await grantTool(h.client, { tenant: T10, agent: AGENT, tool: 'gated.echo' });
+    expect((await execute(h.client, agent10, { run_id: newRunId(), plan: [step('echo')] })).status).toBe(200);
+    const runId = newRunId();
+    const gated = backend.hitsOn('/gate').length;
+    const answer = execute(h.client, agent10, { run_id: runId, plan: [step('gated.echo'), step('echo', 'never')] });
+    await backend.waitForHits('/gate', gated + 1);
+    const operator10 = tokens.tenantOperator(T10);
+    expect((await h.client.post(`/runs/${runId}/cancel`, { token: operator10, body: {} })).body.status).toBe(
+      'cancelled',
+    );
+    backend.openGate();
+    const res = await answer;
+    expect(res.status, JSON.stringify(res.body)).toBe(409);
+    expect(res.body.steps.map((s: { status: string }) => s.status)).toEqual(['completed', 'denied']);
+    expect(backend.hitsOfRun(runId)).toHaveLength(1);
+    expect((await recordsOf(T10, runId)).filter((r) => r.event_type === 'run.step.dispatching')).toHaveLength(1);
+    // Nothing was reserved for the call not sent.
+    expect((await reservationsOf(T10, runId)).map((r) => r.status)).toEqual(['settled']);
+  });
+
   it('leaves a taken run id to the usual path, and a replay spends no rate token', async () => {
     // `limited` holds two tokens and refills one in 100 s.
     const runId = newRunId();
