@@ -105,6 +105,8 @@ async function keptPlans(db: Kysely<DB>, size: number): Promise<Array<[string, s
         await allIn;
         const named = await sql<{ name: string; statement: string; parameters: number }>`
           select name, statement, cardinality(parameter_types) as parameters from pg_prepared_statements`.execute(conn);
+        // The plan a statement keeps once it stops planning per execution, even if this one has not yet.
+        await sql`set plan_cache_mode = force_generic_plan`.execute(conn);
         for (const { name, statement, parameters } of named.rows) {
           // The kept (generic) plan, whatever the values: nulls will do, nothing is executed.
           const args = parameters === 0 ? '' : `(${Array.from({ length: parameters }, () => 'null').join(', ')})`;
@@ -113,6 +115,7 @@ async function keptPlans(db: Kysely<DB>, size: number): Promise<Array<[string, s
           }>`explain (costs off) execute ${sql.raw(name)}${sql.raw(args)}`.execute(conn);
           plans.push([statement.replace(/\s+/g, ' ').trim(), plan.rows.map((row) => row['QUERY PLAN']).join('\n')]);
         }
+        await sql`reset plan_cache_mode`.execute(conn);
       }),
     ),
   );
@@ -151,6 +154,12 @@ describe.skipIf(!hasPostgresServer)('the plans hot connections keep (needs a Pos
     const together = await Promise.all(Array.from({ length: 12 }, () => call(newRunId('planned'))));
     expect(together.map((res) => res.status)).toEqual(Array(12).fill(200));
     expect((await call(newRunId('planned'))).status).toBe(200);
+    // Runs without a budget of their own, of one call and of two: their calls' intent records claim the run, or find
+    // it still standing, with the grant use and the reservation.
+    for (let i = 0; i < 3; i += 1) {
+      for (const plan of [[step('echo', 'one')], [step('echo', 'first'), step('echo', 'second')]])
+        expect((await execute(h.client, agent, { run_id: newRunId('planned'), plan })).status).toBe(200);
+    }
 
     // The hot pools have a quarter of the pool's 10 connections each (at least 2): 3.
     const plans = [...(await keptPlans(h.db.database.hot, 3)), ...(await keptPlans(h.db.database.hotDeferred, 3))];

@@ -337,9 +337,14 @@ export function claimedRunStartSteps(
       where ${when}
     ), claim_runs as (${claimInsert(sql`(select * from claim_starts where not held) s`, sql`tenant_id, run_id`)}
     ), claim_held as (
+      -- Probed by key (a kept plan must not read a range of the open runs).
       select s.tenant_id, s.run_id from claim_starts s
-      join runs r on r.tenant_id = s.tenant_id and r.run_id = s.run_id
-      where s.held and r.status = 'running' and r.epoch = s.epoch
+      cross join lateral (
+        select 1 from runs r
+        where r.tenant_id = s.tenant_id and r.run_id = s.run_id and r.status = 'running' and r.epoch = s.epoch
+        limit 1
+      ) standing
+      where s.held
     ), claim_ready as (
       select tenant_id, run_id from claim_runs union all select tenant_id, run_id from claim_held
     ), ${grantUseSteps(
