@@ -96,17 +96,13 @@ function rfc3339(text: string): string | null {
   return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0')}Z`;
 }
 
-/** JSON number tokens outside strings. */
-const NUMBER_TOKEN = /"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)/g;
-const EXACT_INTEGER = /^-?\d{1,15}$/;
+/** JSON strings; and, outside them, a number a double may not hold exactly: a fraction, an exponent, 16 digits. */
+const JSON_STRING = /"(?:[^"\\]|\\.)*"/g;
+const INEXACT_NUMBER = /\d[.eE]|\d{16}/;
 
 /** Whether every number in this JSON text is an integer a double holds exactly (most details). */
 function numbersExact(json: string): boolean {
-  NUMBER_TOKEN.lastIndex = 0;
-  for (let match = NUMBER_TOKEN.exec(json); match !== null; match = NUMBER_TOKEN.exec(json)) {
-    if (match[1] !== undefined && !EXACT_INTEGER.test(match[1])) return false;
-  }
-  return true;
+  return !INEXACT_NUMBER.test(json.replace(JSON_STRING, '""'));
 }
 
 /**
