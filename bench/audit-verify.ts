@@ -2,11 +2,12 @@
  * `npm run bench:audit`: how fast the audit chain verifies, on a fresh database holding
  * BENCH_AUDIT_ROWS rows (default 1,000,000) shaped like a tool call's intent and outcome records.
  *
- * Baseline, measured in the same run: reading every row in key order, pages of the walk's size,
+ * Baseline, measured in the same run: reading every row in key order, in pages of 2,000 rows,
  * without hashing. Then the full walk (`GET /audit/verify`), and a walk from a checkpoint 10,000
  * rows before the head. Prints rows/s and the ratio of each to the baseline.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
+import { loadavg } from 'node:os';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { GENESIS_HASH, payloadHash, sealLinked } from '../src/audit/audit-hash.js';
@@ -111,6 +112,8 @@ try {
   console.log(`filled ${rows.toLocaleString()} rows in ${filled.seconds.toFixed(1)} s`);
   const heads = filled.value;
 
+  // The machine's load beside the figures: they move with it, their ratio much less.
+  const loadBefore = loadavg()[0]!;
   const read = await timed(() => readAll(database.control));
   const readRate = read.value / read.seconds;
   const full = await timed(() => verifyAuditChain(database.control));
@@ -121,6 +124,9 @@ try {
   if (!tail.value.ok) throw new Error(`the tail did not verify: ${JSON.stringify(tail.value)}`);
 
   const fmt = (n: number) => Math.round(n).toLocaleString();
+  console.log(
+    `load average (1 min) ${loadBefore.toFixed(2)} before reading, ${loadavg()[0]!.toFixed(2)} after the walks`,
+  );
   console.log(`baseline: read every row in key order     ${fmt(readRate)} rows/s (${read.seconds.toFixed(2)} s)`);
   console.log(
     `full verification                          ${fmt(fullRate)} rows/s (${full.seconds.toFixed(2)} s), ${(fullRate / readRate).toFixed(2)}× the baseline`,

@@ -86,69 +86,63 @@ async function hashedColumns(trx: Transaction<DB>): Promise<{ columns: Column[];
 const ISO_UTC = /^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?\+00$/;
 
 /**
- * A stored time (as PostgreSQL writes it in UTC, ISO style) as RFC 3339 to the millisecond, or
- * null for one RFC 3339 cannot write (infinity, BC, a year past 9999), as the appender wrote it.
+ * A stored time (as PostgreSQL writes it in UTC, ISO style) as RFC 3339 to the millisecond, as the
+ * appender wrote it from a Date; null for one it could not have written: a part of a millisecond
+ * (PostgreSQL writes no trailing zeros), infinity, BC, a year past 9999.
  */
 function rfc3339(text: string): string | null {
   const match = ISO_UTC.exec(text);
-  if (match === null) return null;
-  return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0').slice(0, 3)}Z`;
+  if (match === null || (match[3] !== undefined && match[3].length > 3)) return null;
+  return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0')}Z`;
 }
 
-/** JSON number tokens outside strings. */
-const NUMBER_TOKEN = /"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)/g;
-const EXACT_INTEGER = /^-?\d{1,15}$/;
+/** JSON strings; and, outside them, a number a double may not hold exactly: a fraction, an exponent, 16 digits. */
+const JSON_STRING = /"(?:[^"\\]|\\.)*"/g;
+const INEXACT_NUMBER = /\d[.eE]|\d{16}/;
 
 /** Whether every number in this JSON text is an integer a double holds exactly (most details). */
 function numbersExact(json: string): boolean {
-  NUMBER_TOKEN.lastIndex = 0;
-  for (let match = NUMBER_TOKEN.exec(json); match !== null; match = NUMBER_TOKEN.exec(json)) {
-    if (match[1] !== undefined && !EXACT_INTEGER.test(match[1])) return false;
-  }
-  return true;
+  return !INEXACT_NUMBER.test(json.replace(JSON_STRING, '""'));
 }
 
 /**
- * What one row's canonical JSON is made of, in key order: a run of text (and boolean) columns
- * that PostgreSQL writes as JSON itself (`to_json` escapes a string as JSON.stringify does), or
- * one column converted here. Fewer, longer fields per row are what make the walk fast.
+ * A row's texts from the JSON array of strings PostgreSQL wrote (`array_to_json` escapes as
+ * JSON.stringify does, many columns for the price of one `to_json`), each as its JSON: a string
+ * column's JSON is a slice of the array. Without a backslash in it nothing was escaped, so every
+ * quote delimits a text and the array splits without parsing; with one, it is parsed.
  */
-type Part = { run: string; columns: Column[] } | { column: Column };
-
-function partsOf(columns: Column[]): Part[] {
-  const parts: Part[] = [];
-  let run: Column[] = [];
-  const flush = () => {
-    if (run.length > 0) parts.push({ run: `$run${parts.length}`, columns: run });
-    run = [];
-  };
-  for (const column of columns) {
-    // A link column stands alone, so that a `linked` record's content can leave it out.
-    if ((column.kind === 'text' || column.kind === 'bool') && !LINK_COLUMNS.has(column.name)) run.push(column);
-    else {
-      flush();
-      parts.push({ column });
+function jsonTexts(array: string, count: number): { json: (string | null)[]; escaped: boolean } {
+  if (array.includes('\\')) {
+    const texts = JSON.parse(array) as (string | null)[];
+    if (texts.length !== count) throw new Error(`audit_events: a row arrived with ${texts.length} texts, not ${count}`);
+    return { json: texts.map((text) => (text === null ? null : JSON.stringify(text))), escaped: true };
+  }
+  const json = new Array<string | null>(count);
+  let at = 1;
+  for (let i = 0; i < count; i += 1) {
+    if (array.charCodeAt(at) === 110) {
+      json[i] = null;
+      at += 5;
+    } else {
+      const end = array.indexOf('"', at + 1);
+      json[i] = array.slice(at, end + 1);
+      at = end + 2;
     }
   }
-  flush();
-  return parts;
+  if (at !== array.length) throw new Error(`audit_events: a row arrived with other than ${count} texts`);
+  return { json, escaped: false };
 }
 
-/** A run's SQL: `"a":<json>,"b":<json>`, each value as the walk would write it, null as null. */
-function runSql(columns: Column[]): RawBuilder<unknown> {
-  return sql`concat(${sql.join(
-    columns.map((column, i) => {
-      const ref = sql.ref(`audit_events.${column.name}`);
-      const value =
-        column.kind === 'bool'
-          ? sql`case when ${ref} then 'true' when not ${ref} then 'false' else 'null' end`
-          : sql`coalesce(to_json(${ref}::text)::text, 'null')`;
-      return sql`${sql.lit(`${i === 0 ? '' : ','}${column.key}`)}, ${value}`;
-    }),
-  )})`;
+/** A text from its JSON in the array: unescaped only if the array was escaped at all. */
+function textOf(json: string | null | undefined, escaped: boolean): string | null {
+  if (json === null || json === undefined) return null;
+  return escaped ? (JSON.parse(json) as string) : json.slice(1, -1);
 }
 
-/** A page of rows as the walk reads them: text, converted here rather than by the driver. */
+/** A page's row: its non-JSON columns as one JSON array of texts (`$texts`), its JSON columns apart. */
+type PageRow = Record<string, string | null>;
+
+/** A row as the walk checks it. */
 interface WalkedRow {
   seq: number;
   hash: string;
@@ -164,58 +158,111 @@ interface WalkedRow {
   inexactDetails: unknown;
 }
 
-/** The parts of a row's canonical JSON under each scheme: a `linked` record's content leaves its link out. */
-interface SchemeParts {
-  record: Part[];
-  linked: Part[];
+/** A hashed column as a row of a page holds it. */
+interface RowColumn extends Column {
+  /** Its index in `$texts`, or -1 for a JSON column, read apart. */
+  at: number;
+  /** Whether a `linked` record's content leaves it out. */
+  link: boolean;
+  /** `,"name":`, for every column but the first written. */
+  nextKey: string;
 }
 
-function schemePartsOf(parts: Part[]): SchemeParts {
-  return { record: parts, linked: parts.filter((part) => 'run' in part || !LINK_COLUMNS.has(part.column.name)) };
+/** How the walk reads `audit_events` as it stands: its hashed columns, and where a row's texts are. */
+interface RowShape {
+  columns: RowColumn[];
+  /** How many texts `$texts` holds: the columns not read apart, then the row's hash and scheme. */
+  count: number;
+  seq: number;
+  prevHash: number;
+  hash: number;
+  scheme: number;
 }
 
-function toWalked(row: Record<string, string | boolean | null>, schemes: SchemeParts): WalkedRow {
-  const scheme = row['$scheme'];
+function rowShape(columns: Column[]): RowShape {
+  let count = 0;
+  const rowColumns = columns.map((column) => ({
+    ...column,
+    at: column.kind === 'json' ? -1 : count++,
+    link: LINK_COLUMNS.has(column.name),
+    nextKey: `,${column.key}`,
+  }));
+  const at = (name: string): number => rowColumns.find((column) => column.name === name)?.at ?? -1;
+  return {
+    columns: rowColumns,
+    count: count + 2,
+    seq: at('seq'),
+    prevHash: at('prev_hash'),
+    hash: count,
+    scheme: count + 1,
+  };
+}
+
+/** A row's `$texts` array: every hashed column but the JSON ones as text, then its hash and scheme. */
+function textsSql(shape: RowShape, scheme: RawBuilder<unknown>): RawBuilder<unknown> {
+  const texts = shape.columns
+    .filter((column) => column.at >= 0)
+    .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text`);
+  return sql`array_to_json(array[${sql.join([...texts, sql`audit_events.hash`, sql`(${scheme})::text`])}])::text`;
+}
+
+function toWalked(row: PageRow, shape: RowShape): WalkedRow {
+  const { json: texts, escaped } = jsonTexts(row['$texts'] as string, shape.count);
+  const scheme = textOf(texts[shape.scheme], escaped);
   const linked = scheme === LINKED;
-  let canonical = '';
-  let readExactly = row['$whole_ms'] === true;
+  let canonical = '{';
+  let readExactly = true;
   let inexactDetails: unknown;
-  for (const part of linked ? schemes.linked : schemes.record) {
-    if ('run' in part) {
-      canonical += `,${row[part.run] as string}`;
-      continue;
-    }
-    const { kind, key } = part.column;
-    const text = row[part.column.name] as string | null;
+  for (const column of shape.columns) {
+    if (linked && column.link) continue;
+    const { kind } = column;
     let json: string;
-    if (text === null) json = 'null';
-    else if (kind === 'int') json = String(Number(text));
-    else if (kind === 'float') {
-      const value = Number(text);
-      // NaN and infinities hash as null, as a null does: JavaScript could not tell them apart.
-      if (!Number.isFinite(value)) readExactly = false;
-      json = Number.isFinite(value) ? String(value) : 'null';
-    } else if (kind === 'time') {
-      const time = rfc3339(text);
-      if (time === null) readExactly = false;
-      json = time === null ? 'null' : `"${time}"`;
-    } else if (kind === 'json') {
-      const value: unknown = JSON.parse(text);
-      json = canonicalJson(value) ?? 'null';
-      if (!numbersExact(text)) inexactDetails = value;
-    } else json = JSON.stringify(text);
-    canonical += `,${key}${json}`;
+    if (kind === 'json') {
+      const value = row[column.name];
+      if (value === null || value === undefined) json = 'null';
+      else {
+        const parsed: unknown = JSON.parse(value);
+        json = canonicalJson(parsed) ?? 'null';
+        if (!numbersExact(value)) inexactDetails = parsed;
+      }
+    } else if (kind === 'text' || kind === 'bool') {
+      // A boolean's text is its JSON; a string's is in the array.
+      json = (kind === 'bool' ? textOf(texts[column.at], escaped) : texts[column.at]) ?? 'null';
+    } else {
+      const value = textOf(texts[column.at], escaped);
+      if (value === null) json = 'null';
+      else if (kind === 'int') json = String(Number(value));
+      else if (kind === 'float') {
+        const number = Number(value);
+        // NaN and infinities hash as null, as a null does: JavaScript could not tell them apart.
+        if (!Number.isFinite(number)) readExactly = false;
+        json = Number.isFinite(number) ? String(number) : 'null';
+      } else {
+        const time = rfc3339(value);
+        if (time === null) readExactly = false;
+        json = time === null ? 'null' : `"${time}"`;
+      }
+    }
+    canonical += canonical.length === 1 ? column.key + json : column.nextKey + json;
   }
-  // Every part was written after a comma: the first becomes the brace.
-  canonical = `{${canonical.slice(1)}}`;
-  const seq = Number(row.seq);
-  const prevHash = row.prev_hash as string;
+  canonical += '}';
+  const seq = Number(textOf(texts[shape.seq], escaped));
+  const prevHash = textOf(texts[shape.prevHash], escaped) as string;
   const computed = linked
     ? linkHash(seq, prevHash, digest('sha256', canonical, 'hex'))
     : scheme === RECORD
       ? digest('sha256', canonical, 'hex')
       : undefined;
-  return { seq, hash: row.hash as string, prevHash, computed, canonical, linked, readExactly, inexactDetails };
+  return {
+    seq,
+    hash: textOf(texts[shape.hash], escaped) as string,
+    prevHash,
+    computed,
+    canonical,
+    linked,
+    readExactly,
+    inexactDetails,
+  };
 }
 
 const LINKED = String(HASH_SCHEME.linked);
@@ -252,22 +299,18 @@ export async function walkChain(
   await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
     set_config('extra_float_digits', '1', true)`.execute(trx);
   const { columns, schemed } = await hashedColumns(trx);
-  const parts = partsOf(columns);
-  const schemes = schemePartsOf(parts);
+  const shape = rowShape(columns);
   const selected = sql.join([
     // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
-    ...parts.map((part) =>
-      'run' in part
-        ? sql`${runSql(part.columns)} as ${sql.ref(part.run)}`
-        : sql`${sql.ref(`audit_events.${part.column.name}`)}::text as ${sql.ref(part.column.name)}`,
-    ),
-    schemed ? sql`audit_events.hash_scheme::text as "$scheme"` : sql`${String(HASH_SCHEME.record)} as "$scheme"`,
-    sql`hash`,
-    sql`occurred_at = date_trunc('milliseconds', occurred_at) as "$whole_ms"`,
+    sql`audit_events.seq::text as seq`,
+    sql`${textsSql(shape, schemed ? sql`audit_events.hash_scheme` : sql.lit(HASH_SCHEME.record))} as "$texts"`,
+    ...columns
+      .filter((column) => column.kind === 'json')
+      .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text as ${sql.ref(column.name)}`),
   ]);
-  type Page = Promise<{ rows: Record<string, string | boolean | null>[] }>;
+  type Page = Promise<{ rows: PageRow[] }>;
   const page = (after: number | undefined): Page =>
-    sql<Record<string, string | boolean | null>>`
+    sql<PageRow>`
       select ${selected} from audit_events
       where true
       ${after === undefined ? sql`` : sql`and audit_events.seq > ${after}`}
@@ -294,7 +337,7 @@ export async function walkChain(
   let next: Page | undefined = page(from.seq > 0 ? from.seq : undefined);
   crossArchives();
   while (next !== undefined) {
-    const rows: Record<string, string | boolean | null>[] = (await next).rows;
+    const rows: PageRow[] = (await next).rows;
     const last = rows[rows.length - 1];
     const lastSeq = last === undefined ? undefined : Number(last.seq);
     next = rows.length === pageSize && lastSeq !== undefined && lastSeq <= head.seq ? page(lastSeq) : undefined;
@@ -309,7 +352,7 @@ export async function walkChain(
         break;
       }
       if (seq < expectedSeq && inCrossed(seq)) continue;
-      const row = toWalked(raw, schemes);
+      const row = toWalked(raw, shape);
       if (!row.readExactly || seq !== expectedSeq || row.prevHash !== prevHash || row.computed !== row.hash) {
         brokenAt = Math.min(seq, expectedSeq);
         break;
