@@ -31,6 +31,7 @@ import {
   type Via,
 } from './run-types.js';
 import type { Database } from '../db/database.js';
+import type { GrantUseIf } from '../grants/grant-snapshot-repository.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -151,6 +152,21 @@ export function stepRequest(
     },
     step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
     dryRun,
+  };
+}
+
+/** The grant use a call decided from the copy relies on, as its run's statement records it (only if it still stands). */
+export function relianceOf(tenantId: string, runId: string, assumed: GrantAssumed): GrantUseIf {
+  return {
+    tenant_id: tenantId,
+    run_id: runId,
+    grant_id: assumed.grant.id,
+    assumed: {
+      agent_id: assumed.assumed.agentId,
+      tool_id: assumed.assumed.toolId,
+      since: assumed.assumed.version,
+      decided_at: assumed.assumed.decidedAt,
+    },
   };
 }
 

@@ -30,6 +30,7 @@ import {
   chargeOfStep,
   elapsed,
   errorOf,
+  relianceOf,
   stepHead,
   stepRequest,
   type Execution,
@@ -139,17 +140,7 @@ export class RunExecutor {
         created_at: this.deps.now(),
         executor_id: this.deps.replicaId,
         charge,
-        reliance: assumed && {
-          tenant_id: principal.tenantId,
-          run_id: request.run_id,
-          grant_id: assumed.grant.id,
-          assumed: {
-            agent_id: assumed.assumed.agentId,
-            tool_id: assumed.assumed.toolId,
-            since: assumed.assumed.version,
-            decided_at: assumed.assumed.decidedAt,
-          },
-        },
+        reliance: assumed && relianceOf(principal.tenantId, request.run_id, assumed),
       };
       // Decided from this replica's copies, the first call is admitted or refused before its run is claimed.
       const decided =

@@ -28,6 +28,7 @@ import {
   chargeOfStep,
   elapsed,
   errorOf,
+  relianceOf,
   stepAt,
   stepHead,
   type Closing,
@@ -93,8 +94,11 @@ export class StepLoop {
       const closing = this.closingAt(exec, steps, warnings, index);
       // A later call decided from the copies: its intent record finds the run still standing, or nothing is sent.
       const held = claimed ? undefined : await this.heldStep(exec, index);
+      const warned = warnings.length;
       let outcome = held && (await this.runStep(exec, index, warnings, closing, held));
       if (!outcome || outcome.unclaimed) {
+        // Not sent: the call is decided again, and its admission's warnings given again.
+        warnings.length = warned;
         const standing = claimed ? exec.run : await readRunStanding(this.deps.database.control, exec.run);
         if (!standing || standing.status !== 'running' || standing.epoch !== exec.run.epoch) {
           return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
@@ -151,17 +155,7 @@ export class StepLoop {
         tenant_id: run.tenant_id,
         run_id: run.run_id,
         epoch: run.epoch,
-        reliance: {
-          tenant_id: run.tenant_id,
-          run_id: run.run_id,
-          grant_id: assumed.grant.id,
-          assumed: {
-            agent_id: assumed.assumed.agentId,
-            tool_id: assumed.assumed.toolId,
-            since: assumed.assumed.version,
-            decided_at: assumed.assumed.decidedAt,
-          },
-        },
+        reliance: relianceOf(run.tenant_id, run.run_id, assumed),
         charge: { ...charge, reservationId: decided.reservation.id },
       },
     };
