@@ -456,6 +456,25 @@ describe("a first call its rate limit refuses, from this replica's level of the 
     expect(await bucket(T13)).toEqual(emptied);
   });
 
+  it('counts a refusal decided from the bucket level it knows once', async () => {
+    const T18 = 'tenant-runs-rate-refusal-counted';
+    const agent18 = tokens.agent(AGENT, { tenant: T18, family: 'veritas', scope: 'scf:read' });
+    await grantTool(h.client, { tenant: T18, agent: AGENT, tool: 'echo' });
+    await grantTool(h.client, { tenant: T18, agent: AGENT, tool: 'limited' });
+    await createBudget(h.client, { tenant: T18, limit_units: 1000 });
+    for (let i = 0; i < 2; i += 1)
+      expect((await execute(h.client, agent18, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
+    const denials = async () =>
+      Number(
+        /toolgate_rate_limit_denials_total\{tool_id="limited"\} (\d+)/.exec(
+          (await h.client.get('/metrics')).text,
+        )?.[1] ?? 0,
+      );
+    const before = await denials();
+    expect((await execute(h.client, agent18, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+    expect(await denials()).toBe(before + 1);
+  });
+
   it('is decided again when the bucket moved behind the copy, and admitted', async () => {
     const T16 = 'tenant-runs-rate-refusal-moved';
     const agent16 = tokens.agent(AGENT, { tenant: T16, family: 'veritas', scope: 'scf:read' });
