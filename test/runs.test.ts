@@ -410,6 +410,11 @@ describe("a first call its budget refuses, refused with its run's claim", () => 
 });
 
 describe("a first call its rate limit refuses, from this replica's level of the bucket", () => {
+  const rateDenials = async () =>
+    Number(
+      /toolgate_rate_limit_denials_total\{tool_id="limited"\} (\d+)/.exec((await h.client.get('/metrics')).text)?.[1] ??
+        0,
+    );
   const T13 = 'tenant-runs-rate-refusal';
   const agent13 = tokens.agent(AGENT, { tenant: T13, family: 'veritas', scope: 'scf:read' });
   const bucket = async (tenant: string) =>
@@ -464,15 +469,9 @@ describe("a first call its rate limit refuses, from this replica's level of the 
     await createBudget(h.client, { tenant: T18, limit_units: 1000 });
     for (let i = 0; i < 2; i += 1)
       expect((await execute(h.client, agent18, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(200);
-    const denials = async () =>
-      Number(
-        /toolgate_rate_limit_denials_total\{tool_id="limited"\} (\d+)/.exec(
-          (await h.client.get('/metrics')).text,
-        )?.[1] ?? 0,
-      );
-    const before = await denials();
+    const before = await rateDenials();
     expect((await execute(h.client, agent18, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
-    expect(await denials()).toBe(before + 1);
+    expect(await rateDenials()).toBe(before + 1);
   });
 
   it('is decided again when the bucket moved behind the copy, and admitted', async () => {
@@ -486,9 +485,13 @@ describe("a first call its rate limit refuses, from this replica's level of the 
     await sql`update rate_buckets set tokens = 1 where tenant_id = ${T16} and tool_id = 'limited'`.execute(
       h.db.database.control,
     );
+    const before = await rateDenials();
     const res = await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
+    // The refusal decided from the level it knew did not stand: no denial is counted for the call admitted.
+    expect(await rateDenials()).toBe(before);
     expect((await execute(h.client, agent16, { run_id: newRunId(), plan: [step('limited')] })).status).toBe(429);
+    expect(await rateDenials()).toBe(before + 1);
   });
 
   it('is refused for its revoked grant, not its rate limit, when the grant was revoked behind the copy', async () => {

@@ -209,6 +209,11 @@ export interface RateLimitPort {
   refusalFromKnown?(
     query: RateQuery,
   ): { decision: { ok: false; code: 'rate_limited'; retryAfterSeconds: number }; level: RateLevel } | undefined;
+  /**
+   * A refusal `refusalFromKnown` decided stood: its record confirmed the level. Counted then, not when decided: a
+   * refusal whose level had moved is decided again by `take`.
+   */
+  refusalStood?(level: RateLevel): void;
 }
 
 /** A bucket at the level a refusal was decided from. */

@@ -125,7 +125,8 @@ export class RateLimiter {
   /**
    * A refusal this replica decides from the bucket's level as it last stored or read it, without a statement (it holds
    * no lease there), with that level: the caller's statement confirms the bucket still holds it (`bucketStillAt`).
-   * Undefined when it knows no level, or that level would admit the take.
+   * Undefined when it knows no level, or that level would admit the take. Counted as a denial once its record stands
+   * (`refusalStood`).
    */
   refusalFromKnown(
     request: TakeRequest,
@@ -136,11 +137,15 @@ export class RateLimiter {
     if (!known || this.leases.has(id)) return undefined;
     const decision = take(known, request, this.options.now().getTime());
     if (decision.ok) return undefined;
-    this.denials.inc({ tool_id: request.toolId });
     return {
       decision: { ok: false, code: 'rate_limited', retryAfterSeconds: decision.retryAfterSeconds },
       level: { tenantId: request.tenantId, agentId: request.agentId, toolId: request.toolId, ...known },
     };
+  }
+
+  /** A refusal `refusalFromKnown` decided was confirmed by its record: a denial, counted once. */
+  refusalStood(level: BucketAt): void {
+    this.denials.inc({ tool_id: level.toolId });
   }
 
   /** What `take` would answer now, consuming nothing (for dry runs). */

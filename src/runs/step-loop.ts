@@ -487,6 +487,7 @@ export class StepLoop {
       budgetRefused: stage === 'cost' && claim.reliance ? claim.charge : undefined,
     });
     if (!record) return undefined;
+    if (admission.state.rateRefusedAt) this.deps.ports.rateLimiter.refusalStood?.(admission.state.rateRefusedAt);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     this.deps.metrics.decisions.inc({ outcome: 'denied', reason: admission.denial.code });
     return answered.answer;
