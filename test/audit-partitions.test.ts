@@ -278,7 +278,8 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     await append(2, new Date(monthStart(6).getTime() + days(2)));
     const db = h.db.database.control;
     const rows = await sql<{ seq: string; prev_hash: string; hash: string }>`
-      select seq, prev_hash, hash from ${sql.table(name)} order by seq`.execute(db);
+      select seq, encode(prev_hash, 'hex') as prev_hash, encode(hash, 'hex') as hash
+      from ${sql.table(name)} order by seq`.execute(db);
     const first = rows.rows[0]!;
     const last = rows.rows.at(-1)!;
     // Someone with the database's keys detaches a month and records it as archived, with no audit
