@@ -12,7 +12,7 @@ import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { GENESIS_HASH, payloadHash, sealLinked } from '../src/audit/audit-hash.js';
 import type { AuditRecord } from '../src/audit/audit-event.js';
-import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { insertSealedRecords, verifyAuditChain } from '../src/audit/audit-repository.js';
 import { openDatabase } from '../src/db/database.js';
 import { migrate } from '../src/db/migrate.js';
 import type { DB } from '../src/db/schema.js';
@@ -66,9 +66,7 @@ async function fill(db: Kysely<DB>): Promise<{ seq: number; hash: string }[]> {
       prevHash = sealed.hash;
       heads.push({ seq, hash: sealed.hash });
     }
-    await sql`insert into audit_events select * from jsonb_populate_recordset(null::audit_events, ${`[${json.join(',')}]`}::jsonb)`.execute(
-      db,
-    );
+    await insertSealedRecords(db, json);
   }
   const last = heads[heads.length - 1]!;
   await sql`update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1`.execute(db);

@@ -1,6 +1,7 @@
 import { generateKeyPairSync, randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { hexOf } from '../src/audit/audit-repository.js';
 import { ConfigError } from '../src/config/config.js';
 import type { DB } from '../src/db/schema.js';
 import { AppClient, startHarness, testConfig, type Harness } from './helpers/harness.js';
@@ -130,7 +131,7 @@ describe('forged and foreign checkpoints', () => {
   it('refuses a checkpoint whose signature does not cover it (a moved seq, another hash)', async () => {
     const rows = await h.db.database.control
       .selectFrom('audit_events')
-      .select(['seq', 'hash'])
+      .select(['seq', hexOf('hash').as('hash')])
       .orderBy('seq')
       .execute();
     const later = rows[rows.length - 1]!;
@@ -155,7 +156,7 @@ describe('forged and foreign checkpoints', () => {
     await editRow(h.db.database.control, made.seq + 1);
     const rows = await h.db.database.control
       .selectFrom('audit_events')
-      .select(['seq', 'hash'])
+      .select(['seq', hexOf('hash').as('hash')])
       .orderBy('seq')
       .execute();
     const last = rows[rows.length - 1]!;

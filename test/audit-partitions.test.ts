@@ -16,7 +16,7 @@ import { PartitionFileVerifier } from '../src/audit/partition-file.js';
 import { addMonthPartition, listPartitionRows } from '../src/audit/partition-repository.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { migrate, migrationsDir } from '../src/db/migrate.js';
-import { createEmptyDatabaseUrl, hasPostgresServer } from './helpers/database.js';
+import { createEmptyDatabaseUrl, hasPostgresServer, migrationsUpTo } from './helpers/database.js';
 import { AppClient, startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
@@ -278,7 +278,8 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     await append(2, new Date(monthStart(6).getTime() + days(2)));
     const db = h.db.database.control;
     const rows = await sql<{ seq: string; prev_hash: string; hash: string }>`
-      select seq, prev_hash, hash from ${sql.table(name)} order by seq`.execute(db);
+      select seq, encode(prev_hash, 'hex') as prev_hash, encode(hash, 'hex') as hash
+      from ${sql.table(name)} order by seq`.execute(db);
     const first = rows.rows[0]!;
     const last = rows.rows.at(-1)!;
     // Someone with the database's keys detaches a month and records it as archived, with no audit
@@ -448,14 +449,6 @@ describe('toolgate audit: partitions, seal, export, verify-file and detach', () 
     expect(chain).toMatchObject({ status: 0, stdout: expect.stringContaining(`seq 1-2 archived (${name})`) });
   }, 60_000);
 });
-
-/** The migrations up to `last`, in a folder of their own. */
-function migrationsUpTo(last: string): string {
-  const dir = mkdtempSync(join(tmpdir(), 'toolgate-migrations-'));
-  for (const file of readdirSync(migrationsDir))
-    if (file <= last) copyFileSync(join(migrationsDir, file), join(dir, file));
-  return dir;
-}
 
 async function appendAt(database: Database, at: string | Date, n = 1): Promise<void> {
   const clock = new ManualClock(at);

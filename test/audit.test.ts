@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditRecord } from '../src/audit/audit-event.js';
 import { GENESIS_HASH, HASH_SCHEME, sealLinked } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
+import { insertSealedRecords, readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
 
 import type { DB } from '../src/db/schema.js';
 import { hasPostgresServer, openPool } from './helpers/database.js';
@@ -320,9 +320,7 @@ async function insertForgedRow(
   const { hash: _hash, hash_scheme: _scheme, ...unhashed } = template;
   const forged = { ...unhashed, ...at, event_id: randomUUID(), actor: 'operator:mallory' };
   const sealed = sealLinked(forged);
-  await sql`insert into audit_events select * from jsonb_populate_record(null::audit_events, ${sealed.json}::jsonb)`.execute(
-    db,
-  );
+  await insertSealedRecords(db, [sealed.json]);
   return { ...forged, hash: sealed.hash, hash_scheme: HASH_SCHEME.linked };
 }
 

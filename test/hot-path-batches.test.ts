@@ -40,6 +40,7 @@ import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/st
 import { AuditLog } from '../src/audit/audit-log.js';
 import {
   appendCarrying,
+  hexOf,
   linkSql,
   readChainHead,
   verifyAuditChain,
@@ -424,7 +425,7 @@ describe('an append linked in the database, carrying run ends', () => {
     expect(records[0]!.prev_hash).toBe(before.hash);
     const stored = await db
       .selectFrom('audit_events')
-      .selectAll()
+      .select(['seq', hexOf('prev_hash').as('prev_hash'), hexOf('hash').as('hash'), 'hash_scheme'])
       .where('tenant_id', '=', tenant)
       .orderBy('seq')
       .execute();

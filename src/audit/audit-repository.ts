@@ -68,6 +68,17 @@ export interface ChainHead {
   hash: string;
 }
 
+/** The columns of `audit_events` that hold SHA-256s, as their 32 bytes since migration 0022. */
+type HashColumn = 'prev_hash' | 'hash' | 'input_sha256' | 'output_sha256';
+
+/** A hash column as the lowercase hex the rest of toolgate speaks (a null stays null). */
+export function hexOf<C extends HashColumn>(column: C): RawBuilder<AuditRecord[C]> {
+  return sql`encode(${sql.ref(column)}, 'hex')`;
+}
+
+const SHA256_FIELDS = ['input_sha256', 'output_sha256'] as const;
+const SHA256_HEX = /^[0-9a-f]{64}$/;
+
 /** Each event's content (without its place in the chain), hashed, and the contents as one JSON array. */
 function contentsOf(events: TimedAuditEvent<unknown, unknown>[]): {
   contents: AuditContent[];
@@ -78,6 +89,12 @@ function contentsOf(events: TimedAuditEvent<unknown, unknown>[]): {
   const hashes: string[] = [];
   const rows: string[] = [];
   for (const { event, occurredAt, eventId } of events) {
+    for (const field of SHA256_FIELDS) {
+      const value = event[field];
+      // Stored as bytes, read back as lowercase hex: any other text would not hash as it did here.
+      if (value !== undefined && value !== null && !SHA256_HEX.test(value))
+        throw new Error(`an audit event's ${field} is not a SHA-256 in lowercase hex`);
+    }
     const content: AuditContent = {
       event_id: eventId ?? randomUUID(),
       occurred_at: occurredAt.toISOString(),
@@ -163,8 +180,13 @@ export async function appendCarrying<T, R, G = never, A = never>(
       select e.* from batch b
       join linked l on l.k = b.k
       join linked p on p.k = b.k - 1
+      -- The hashes are stored as bytes: a bytea goes into the JSON as its text form, which the record
+      -- reads back (a hex string there would be taken for the bytes of its digits).
       cross join lateral jsonb_populate_record(null::audit_events, b.content || jsonb_build_object(
-        'seq', l.seq, 'prev_hash', p.hash, 'hash', l.hash, 'hash_scheme', ${HASH_SCHEME.linked}::int)) e
+        'seq', l.seq, 'prev_hash', decode(p.hash, 'hex'), 'hash', decode(l.hash, 'hex'),
+        'hash_scheme', ${HASH_SCHEME.linked}::int,
+        'input_sha256', decode(b.content->>'input_sha256', 'hex'),
+        'output_sha256', decode(b.content->>'output_sha256', 'hex'))) e
       returning 1
     )${ctes}
     select c.seq, c.hash, (select array_agg(hash order by k) from linked where k > 0) as hashes,
@@ -237,6 +259,23 @@ function spreadOver<T, R>(events: TimedAuditEvent<T, unknown>[], answers: R[]): 
   return events.map((e) => (e.rides !== undefined ? answers[next++] : undefined));
 }
 
+/**
+ * Inserts records as they are, hashes and all, each as the JSON `sealRecord` or `sealLinked` writes
+ * (hashes in hex), and leaves the chain head alone: how tests and benches put rows the gateway did
+ * not append (a history, a forgery). The gateway itself appends only through `appendCarrying`.
+ */
+export async function insertSealedRecords(db: Kysely<DB>, records: string[]): Promise<void> {
+  await sql`
+    insert into audit_events
+    select e.* from jsonb_array_elements(${`[${records.join(',')}]`}::jsonb) r(record)
+    cross join lateral jsonb_populate_record(null::audit_events, r.record || jsonb_build_object(
+      'prev_hash', decode(r.record->>'prev_hash', 'hex'), 'hash', decode(r.record->>'hash', 'hex'),
+      'input_sha256', decode(r.record->>'input_sha256', 'hex'),
+      'output_sha256', decode(r.record->>'output_sha256', 'hex'),
+      -- A record hashed whole names no scheme (as in an export file).
+      'hash_scheme', coalesce((r.record->>'hash_scheme')::int, ${HASH_SCHEME.record}))) e`.execute(db);
+}
+
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
   const head = await db
     .selectFrom('audit_chain_head')
@@ -270,7 +309,7 @@ export async function listAuditEvents(
   db: Kysely<DB>,
   query: AuditQuery,
 ): Promise<{ items: AuditRecord[]; nextBeforeSeq: number | null }> {
-  let q = db.selectFrom('audit_events').selectAll();
+  let q = db.selectFrom('audit_events').select(RECORD_COLUMNS);
   if (query.tenantId !== undefined) q = q.where('tenant_id', '=', query.tenantId);
   if (query.runId !== undefined) q = q.where('run_id', '=', query.runId);
   if (query.toolId !== undefined) q = q.where('tool_id', '=', query.toolId);
@@ -348,7 +387,7 @@ export interface RecordedCost {
 
 /**
  * For open reservations, the cost their calls' outcome records name (absent without one): such a
- * call reached its backend even if its settlement was lost with its replica. Through `audit_events_run_seq`.
+ * call reached its backend even if its settlement was lost with its replica. Through `audit_events_run`.
  */
 export async function findRecordedCosts(
   db: Kysely<DB> | Transaction<DB>,
@@ -434,7 +473,7 @@ export async function verifyAuditChain(
       if (from !== undefined && from.seq > 0 && archivedEnd?.last_hash !== from.hash) {
         const start = await trx
           .selectFrom('audit_events')
-          .select('hash')
+          .select(hexOf('hash').as('hash'))
           .where('seq', '=', from.seq)
           .executeTakeFirst();
         // The trusted row itself must still be there as trusted; which earlier row changed is a full walk's to say.
@@ -499,7 +538,7 @@ export async function walkRange(
       start.seq + chunkRows < to.seq && !inArchived(start.seq + chunkRows)
         ? await db
             .selectFrom('audit_events')
-            .select('hash')
+            .select(hexOf('hash').as('hash'))
             .where('seq', '=', String(start.seq + chunkRows))
             .executeTakeFirst()
         : undefined;
@@ -604,7 +643,13 @@ async function checkAnchor(
   // An archived range's last link is known without its row.
   const stored =
     archived.find((range) => range.to_seq === anchor.seq)?.last_hash ??
-    (await trx.selectFrom('audit_events').select('hash').where('seq', '=', anchor.seq).executeTakeFirst())?.hash;
+    (
+      await trx
+        .selectFrom('audit_events')
+        .select(hexOf('hash').as('hash'))
+        .where('seq', '=', anchor.seq)
+        .executeTakeFirst()
+    )?.hash;
   const reason: AnchorFailure | null =
     stored === undefined
       ? 'missing'
@@ -616,7 +661,39 @@ async function checkAnchor(
   return { seq: anchor.seq, ok: reason === null, reason };
 }
 
-function toRecord(row: Selectable<AuditEventTable>): AuditRecord {
+/** Every column of a record, in the table's order, its hashes as hex. */
+const RECORD_COLUMNS = [
+  'seq',
+  'event_id',
+  'occurred_at',
+  'tenant_id',
+  'actor',
+  'agent_id',
+  'event_type',
+  'run_id',
+  'tool_call_id',
+  'tool_id',
+  'tool_version',
+  'tool_category',
+  'risk_level',
+  'trace_id',
+  'organization_id',
+  'assessment_id',
+  'status',
+  'reason_code',
+  hexOf('input_sha256').as('input_sha256'),
+  hexOf('output_sha256').as('output_sha256'),
+  'duration_ms',
+  'cost_units',
+  'details',
+  hexOf('prev_hash').as('prev_hash'),
+  hexOf('hash').as('hash'),
+  'hash_scheme',
+] as const;
+
+type StoredRecord = Omit<Selectable<AuditEventTable>, HashColumn> & Pick<AuditRecord, HashColumn>;
+
+function toRecord(row: StoredRecord): AuditRecord {
   return {
     ...row,
     seq: Number(row.seq),

@@ -39,8 +39,8 @@ export interface WalkOptions {
   onRows?: (lines: string[]) => Promise<void>;
 }
 
-/** How a column arrives as text and becomes the value JavaScript hashed. */
-type Kind = 'int' | 'float' | 'time' | 'json' | 'bool' | 'text';
+/** How a column arrives as text and becomes the value JavaScript hashed (`hex`: bytes, as their hex string). */
+type Kind = 'int' | 'float' | 'time' | 'json' | 'bool' | 'text' | 'hex';
 
 interface Column {
   name: string;
@@ -59,6 +59,7 @@ const KINDS: Record<string, Kind> = {
   jsonb: 'json',
   json: 'json',
   boolean: 'bool',
+  bytea: 'hex',
 };
 
 /** Columns a `linked` record's content leaves out: they are in its link instead. */
@@ -66,9 +67,10 @@ const LINK_COLUMNS = new Set(['seq', 'prev_hash']);
 
 /**
  * Every column of `audit_events` but `hash` and `hash_scheme`, in the order canonical JSON sorts
- * keys, and whether the table has `hash_scheme` yet (a log before migration 0019 has none: scheme 1).
+ * keys, whether the table has `hash_scheme` yet (a log before migration 0019 has none: scheme 1),
+ * and the kind of `hash` (hex text before migration 0022, bytes since).
  */
-async function hashedColumns(trx: Transaction<DB>): Promise<{ columns: Column[]; schemed: boolean }> {
+async function hashedColumns(trx: Transaction<DB>): Promise<{ columns: Column[]; schemed: boolean; hashKind: Kind }> {
   const { rows } = await sql<{ column_name: string; data_type: string }>`
     select column_name, data_type from information_schema.columns
     where table_schema = current_schema() and table_name = 'audit_events'`.execute(trx);
@@ -80,7 +82,12 @@ async function hashedColumns(trx: Transaction<DB>): Promise<{ columns: Column[];
       key: `${JSON.stringify(row.column_name)}:`,
     }))
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-  return { columns, schemed: rows.some((row) => row.column_name === 'hash_scheme') };
+  const hashType = rows.find((row) => row.column_name === 'hash')?.data_type ?? 'text';
+  return {
+    columns,
+    schemed: rows.some((row) => row.column_name === 'hash_scheme'),
+    hashKind: KINDS[hashType] ?? 'text',
+  };
 }
 
 const ISO_UTC = /^(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?\+00$/;
@@ -198,12 +205,18 @@ function rowShape(columns: Column[]): RowShape {
   };
 }
 
+/** A column as the text JavaScript had: bytes as their lowercase hex, anything else as PostgreSQL writes it. */
+function textOfColumn(name: string, kind: Kind): RawBuilder<unknown> {
+  const ref = sql.ref(`audit_events.${name}`);
+  return kind === 'hex' ? sql`encode(${ref}, 'hex')` : sql`${ref}::text`;
+}
+
 /** A row's `$texts` array: every hashed column but the JSON ones as text, then its hash and scheme. */
-function textsSql(shape: RowShape, scheme: RawBuilder<unknown>): RawBuilder<unknown> {
+function textsSql(shape: RowShape, hashKind: Kind, scheme: RawBuilder<unknown>): RawBuilder<unknown> {
   const texts = shape.columns
     .filter((column) => column.at >= 0)
-    .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text`);
-  return sql`array_to_json(array[${sql.join([...texts, sql`audit_events.hash`, sql`(${scheme})::text`])}])::text`;
+    .map((column) => textOfColumn(column.name, column.kind));
+  return sql`array_to_json(array[${sql.join([...texts, textOfColumn('hash', hashKind), sql`(${scheme})::text`])}])::text`;
 }
 
 function toWalked(row: PageRow, shape: RowShape): WalkedRow {
@@ -225,7 +238,7 @@ function toWalked(row: PageRow, shape: RowShape): WalkedRow {
         json = canonicalJson(parsed) ?? 'null';
         if (!numbersExact(value)) inexactDetails = parsed;
       }
-    } else if (kind === 'text' || kind === 'bool') {
+    } else if (kind === 'text' || kind === 'hex' || kind === 'bool') {
       // A boolean's text is its JSON; a string's is in the array.
       json = (kind === 'bool' ? textOf(texts[column.at], escaped) : texts[column.at]) ?? 'null';
     } else {
@@ -298,12 +311,12 @@ export async function walkChain(
   // The texts the conversion expects, whatever the session's settings were.
   await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
     set_config('extra_float_digits', '1', true)`.execute(trx);
-  const { columns, schemed } = await hashedColumns(trx);
+  const { columns, schemed, hashKind } = await hashedColumns(trx);
   const shape = rowShape(columns);
   const selected = sql.join([
     // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
     sql`audit_events.seq::text as seq`,
-    sql`${textsSql(shape, schemed ? sql`audit_events.hash_scheme` : sql.lit(HASH_SCHEME.record))} as "$texts"`,
+    sql`${textsSql(shape, hashKind, schemed ? sql`audit_events.hash_scheme` : sql.lit(HASH_SCHEME.record))} as "$texts"`,
     ...columns
       .filter((column) => column.kind === 'json')
       .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text as ${sql.ref(column.name)}`),

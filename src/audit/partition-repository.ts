@@ -1,5 +1,6 @@
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { AuditPartitionArchiveTable, DB } from '../db/schema.js';
+import { hexOf } from './audit-repository.js';
 
 /** A partition of `audit_events` as the catalogue describes it, with its first and last seq. */
 export interface PartitionRow {
@@ -60,7 +61,11 @@ export async function findLink(
   db: Kysely<DB> | Transaction<DB>,
   seq: number,
 ): Promise<{ prev_hash: string; hash: string } | undefined> {
-  return db.selectFrom('audit_events').select(['prev_hash', 'hash']).where('seq', '=', String(seq)).executeTakeFirst();
+  return db
+    .selectFrom('audit_events')
+    .select([hexOf('prev_hash').as('prev_hash'), hexOf('hash').as('hash')])
+    .where('seq', '=', String(seq))
+    .executeTakeFirst();
 }
 
 /** Gives the month holding `at` a partition (migration 0017's function), giving up on a lock after 5 s. */

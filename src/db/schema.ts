@@ -20,13 +20,14 @@ export interface AuditEventTable {
   assessment_id: string | null;
   status: string | null;
   reason_code: string | null;
-  input_sha256: string | null;
-  output_sha256: string | null;
+  // The four SHA-256s are stored as their bytes (migration 0022); readers select them as hex (encode).
+  input_sha256: Buffer | null;
+  output_sha256: Buffer | null;
   duration_ms: number | null;
   cost_units: number | null;
   details: ColumnType<Record<string, unknown>, string, never>;
-  prev_hash: string;
-  hash: string;
+  prev_hash: Buffer;
+  hash: Buffer;
   hash_scheme: ColumnType<1 | 2, 1 | 2, never>;
 }
 

@@ -1,9 +1,12 @@
 import { randomBytes } from 'node:crypto';
+import { copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import pg from 'pg';
 import { pino } from 'pino';
 import { inject } from 'vitest';
 import { openDatabase, type Database } from '../../src/db/database.js';
-import { migrate } from '../../src/db/migrate.js';
+import { migrate, migrationsDir } from '../../src/db/migrate.js';
 
 /** True when tests run against a real PostgreSQL server (several connections, LISTEN/NOTIFY across processes). */
 export const hasPostgresServer = inject('testDatabaseUrl') !== '';
@@ -62,6 +65,14 @@ export async function createEmptyDatabaseUrl(): Promise<{ url: string; drop(): P
         () => undefined,
       ),
   };
+}
+
+/** The migrations up to `last` (a file name), in a folder of their own: a database as an older release left it. */
+export function migrationsUpTo(last: string): string {
+  const dir = mkdtempSync(join(tmpdir(), 'toolgate-migrations-'));
+  for (const file of readdirSync(migrationsDir))
+    if (file <= last) copyFileSync(join(migrationsDir, file), join(dir, file));
+  return dir;
 }
 
 async function withAdmin<T>(serverUrl: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
