@@ -252,5 +252,17 @@ describe('SHA-256s stored as bytes', () => {
       ).rejects.toThrow(/input_sha256 is not a SHA-256 in lowercase hex/);
     }
     expect(await readChainHead(h.db.database.control)).toEqual(head);
+    // Refused before it joins a batch: an event appended at the same moment is not failed with it.
+    const [bad, good] = await Promise.allSettled([
+      h.client.app.services.audit.append({ event_type: 'storage.test', actor: 'agent:agent.x', input_sha256: 'abc' }),
+      h.client.app.services.audit.append({
+        event_type: 'storage.test',
+        actor: 'agent:agent.x',
+        input_sha256: payloadHash({ n: 2 }),
+      }),
+    ]);
+    expect(bad.status).toBe('rejected');
+    expect(good.status).toBe('fulfilled');
+    expect((await readChainHead(h.db.database.control)).seq).toBe(head.seq + 1);
   });
 });

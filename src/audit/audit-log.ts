@@ -1,7 +1,13 @@
 import type { Database } from '../db/database.js';
 import { GroupCommit } from '../db/group-commit.js';
 import type { AuditEventInput, AuditRecord } from './audit-event.js';
-import { appendCarrying, type AppendGuard, type AppendRider, type TimedAuditEvent } from './audit-repository.js';
+import {
+  appendCarrying,
+  assertStorableHashes,
+  type AppendGuard,
+  type AppendRider,
+  type TimedAuditEvent,
+} from './audit-repository.js';
 
 /** How long the chain counts as shared after a batch last found another writer's head. */
 const SHARED_FOR_MS = 1_000;
@@ -55,6 +61,7 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
   }
 
   async append(event: AuditEventInput): Promise<AuditRecord> {
+    assertStorableHashes(event);
     return (await this.batches.submit({ event, occurredAt: this.now() })).record!;
   }
 
@@ -67,6 +74,7 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
     eventId: string,
     change: Guard,
   ): Promise<{ record: AuditRecord | undefined; answer: GuardAnswer | undefined }> {
+    assertStorableHashes(event);
     // The answer is the guard's, whose type is `GuardAnswer`.
     return (await this.batches.submit({ event, occurredAt: this.now(), eventId, onlyIf: change })) as {
       record: AuditRecord | undefined;
@@ -78,11 +86,12 @@ export class AuditLog<Change = unknown, Answer = unknown, Guard = unknown, Guard
    * Appends a record with a change (a run's end, a settlement) in one commit, answered as the rider
    * answers it (undefined with no change). The id is the caller's (the change may name it).
    */
-  appendCarrying(
+  async appendCarrying(
     event: AuditEventInput,
     eventId: string,
     change: Change | undefined,
   ): Promise<{ record: AuditRecord; answer: Answer | undefined }> {
+    assertStorableHashes(event);
     // The answer is the rider's, whose type is `Answer`.
     return this.batches.submit({
       event,

@@ -79,6 +79,18 @@ export function hexOf<C extends HashColumn>(column: C): RawBuilder<AuditRecord[C
 const SHA256_FIELDS = ['input_sha256', 'output_sha256'] as const;
 const SHA256_HEX = /^[0-9a-f]{64}$/;
 
+/**
+ * Throws unless the event's SHA-256s are lowercase hex: they are stored as bytes and read back as lowercase hex, so any
+ * other text would not hash as it did when appended. Checked before an event joins a batch, which it would fail whole.
+ */
+export function assertStorableHashes(event: AuditEventInput): void {
+  for (const field of SHA256_FIELDS) {
+    const value = event[field];
+    if (value !== undefined && value !== null && !SHA256_HEX.test(value))
+      throw new Error(`an audit event's ${field} is not a SHA-256 in lowercase hex`);
+  }
+}
+
 /** Each event's content (without its place in the chain), hashed, and the contents as one JSON array. */
 function contentsOf(events: TimedAuditEvent<unknown, unknown>[]): {
   contents: AuditContent[];
@@ -89,12 +101,6 @@ function contentsOf(events: TimedAuditEvent<unknown, unknown>[]): {
   const hashes: string[] = [];
   const rows: string[] = [];
   for (const { event, occurredAt, eventId } of events) {
-    for (const field of SHA256_FIELDS) {
-      const value = event[field];
-      // Stored as bytes, read back as lowercase hex: any other text would not hash as it did here.
-      if (value !== undefined && value !== null && !SHA256_HEX.test(value))
-        throw new Error(`an audit event's ${field} is not a SHA-256 in lowercase hex`);
-    }
     const content: AuditContent = {
       event_id: eventId ?? randomUUID(),
       occurred_at: occurredAt.toISOString(),
