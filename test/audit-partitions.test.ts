@@ -7,7 +7,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { OPTIONAL_FIELDS } from '../src/audit/audit-event.js';
+import { NO_OPTIONAL_FIELDS } from './helpers/audit.js';
 import { sealRecord } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { readChainHead, verifyAuditChain, walkRange } from '../src/audit/audit-repository.js';
@@ -465,10 +465,7 @@ async function appendWholeHashedAt(database: Database, at: string | Date, n = 1)
     for (let i = 0; i < n; i += 1) {
       seq += 1;
       const sealed = sealRecord({
-        ...(Object.fromEntries(OPTIONAL_FIELDS.map((field) => [field, null])) as Record<
-          (typeof OPTIONAL_FIELDS)[number],
-          null
-        >),
+        ...NO_OPTIONAL_FIELDS,
         seq,
         event_id: randomUUID(),
         occurred_at: new Date(at).toISOString(),

@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { OPTIONAL_FIELDS, type AuditRecord } from '../src/audit/audit-event.js';
+import type { AuditRecord } from '../src/audit/audit-event.js';
+import { NO_OPTIONAL_FIELDS } from './helpers/audit.js';
 import { HASH_SCHEME, payloadHash, sealLinked, sealRecord } from '../src/audit/audit-hash.js';
 import { readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
 import { openDatabase, type Database } from '../src/db/database.js';
@@ -34,10 +35,7 @@ async function appendAsBefore0022(database: Database, dates: Date[]): Promise<Au
     for (const at of dates) {
       seq += 1;
       const unhashed = {
-        ...(Object.fromEntries(OPTIONAL_FIELDS.map((field) => [field, null])) as Record<
-          (typeof OPTIONAL_FIELDS)[number],
-          null
-        >),
+        ...NO_OPTIONAL_FIELDS,
         seq,
         event_id: randomUUID(),
         occurred_at: at.toISOString(),
