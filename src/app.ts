@@ -161,6 +161,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     audit,
     checkpoints: services.auditCheckpoints,
     partitions: services.auditPartitions,
+    tree: services.auditTree,
   });
   await app.register(grantRoutes, { grants: services.grants, audit, now });
   await app.register(killSwitchRoutes, {
@@ -176,6 +177,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     executor: services.runs,
     controls: services.runControls,
     handoffs: services.handoffs,
+    tree: services.auditTree,
     maxPlanSteps: config.maxPlanSteps,
   });
   await app.register(approvalRoutes, { approvals: services.approvals, audit, now });

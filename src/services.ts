@@ -38,6 +38,9 @@ import type { ClaimedRunStartAnswer } from './runs/run-repository.js';
 import { AuditCheckpoints } from './audit/audit-checkpoints.js';
 import { AuditPartitions } from './audit/audit-partitions.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';
+import { AuditTree } from './audit/audit-tree.js';
+import { logSigner } from './audit/log-key.js';
+import { LogSequencer } from './audit/log-sequencer.js';
 import { RunExecutor } from './runs/run-executor.js';
 import { RunRecovery } from './runs/run-recovery.js';
 import { getTenantPolicy } from './tenants/tenant-policy.js';
@@ -67,6 +70,10 @@ export interface Services {
   audit: AuditLog<CallEnd, CallEndAnswer, RunStartChange, ClaimedRunStartAnswer | undefined>;
   /** Signed checkpoints of the audit chain, and verification from one. */
   auditCheckpoints: AuditCheckpoints;
+  /** The log as a Merkle tree: checkpoints, proofs, receipts and verification (SPEC §8.1). */
+  auditTree: AuditTree;
+  /** Sequences committed records into the tree, while this replica holds the sequencer's lease. */
+  auditSequencer: LogSequencer;
   /** The audit log's monthly partitions: kept ahead, sealed, exported and detached. */
   auditPartitions: AuditPartitions;
   metrics: Metrics;
@@ -248,6 +255,25 @@ export function buildServices(options: ServiceOptions): Services {
     intervalSeconds: config.auditCheckpoints.intervalSeconds,
   });
   const auditPartitions = new AuditPartitions({ database, signer, now, logger });
+  const noteSigner = logSigner({
+    origin: config.auditLog.origin,
+    signingKeyPem: config.auditCheckpoints.signingKey,
+    dataDir: config.dataDir,
+  });
+  const auditTree = new AuditTree(
+    database,
+    noteSigner,
+    config.auditLog.sequenceIntervalMs,
+    config.auditCheckpoints.verifyKeys,
+  );
+  const auditSequencer = new LogSequencer({
+    database,
+    signer: noteSigner,
+    replicaId,
+    intervalMs: config.auditLog.sequenceIntervalMs,
+    logger,
+    onSequenced: (delays) => delays.forEach((delay) => metrics.auditSequencingDelay.observe(delay)),
+  });
   const runControls = new RunControls({ database, executor: runs, replicaId, approvals, now });
   const handoffs = new HandoffService({
     database,
@@ -265,6 +291,8 @@ export function buildServices(options: ServiceOptions): Services {
     audit,
     auditCheckpoints,
     auditPartitions,
+    auditTree,
+    auditSequencer,
     metrics,
     now,
     catalog,
@@ -293,6 +321,7 @@ export function buildServices(options: ServiceOptions): Services {
       retention.start();
       auditCheckpoints.start();
       auditPartitions.start();
+      auditSequencer.start();
     },
     // Each step that needs the database waits for it at most CLOSE_STEP_WAIT_MS: in a silent
     // partition none would ever finish, and closing the database (the caller's next step) destroys
@@ -304,6 +333,7 @@ export function buildServices(options: ServiceOptions): Services {
         retention.stop(),
         auditCheckpoints.stop(),
         auditPartitions.stop(),
+        auditSequencer.stop(),
       ]);
       await Promise.all([
         // Every call in flight has finished: nothing this replica held is busy any more.

@@ -5,6 +5,7 @@ import { hexOf } from '../src/audit/audit-repository.js';
 import { ConfigError } from '../src/config/config.js';
 import type { DB } from '../src/db/schema.js';
 import { AppClient, startHarness, testConfig, type Harness } from './helpers/harness.js';
+import { chainOf } from './helpers/audit.js';
 import { tokens } from './helpers/tokens.js';
 import { ed25519Pem } from './helpers/signing-keys.js';
 
@@ -78,7 +79,7 @@ describe('audit checkpoints, signed', () => {
     });
 
     await editRow(h.db.database.control, made.seq + 3);
-    expect((await verifyFrom(h, made.id)).body).toEqual({
+    expect(chainOf((await verifyFrom(h, made.id)).body)).toEqual({
       ok: false,
       checked: 2,
       first_bad_seq: made.seq + 3,

@@ -7,6 +7,7 @@ import { AuditLog } from '../src/audit/audit-log.js';
 import { insertSealedRecords, readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
 
 import type { DB } from '../src/db/schema.js';
+import { chainOf } from './helpers/audit.js';
 import { hasPostgresServer, openPool } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
@@ -291,7 +292,8 @@ describe('tamper evidence', () => {
       await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
     }
     const res = await h.client.get('/audit/verify', { token: platform });
-    expect(res.body).toEqual({ ok: false, checked: 2, first_bad_seq: 3, head: null });
+    expect(chainOf(res.body)).toEqual({ ok: false, checked: 2, first_bad_seq: 3, head: null });
+    expect(res.body.tree).toMatchObject({ ok: false, reason: 'record_changed' });
   });
 
   it('reports a deleted row as the first gap', async () => {
@@ -350,7 +352,8 @@ describe('tamper evidence, each on a fresh chain', () => {
     }
   }
 
-  const verify = async (t: { h: Harness }) => (await t.h.client.get('/audit/verify', { token: platform })).body;
+  const verify = async (t: { h: Harness }) =>
+    chainOf((await t.h.client.get('/audit/verify', { token: platform })).body);
 
   it('refuses a row below seq 1 in the database itself, however well it is chained', () =>
     withChain(async (t) => {
@@ -554,12 +557,14 @@ describe('tamper evidence, each on a fresh chain', () => {
     }));
 
   const verifyWith = async (t: { h: Harness }, anchor: { seq: number; hash: string }) =>
-    (
-      await t.h.client.get('/audit/verify', {
-        token: platform,
-        query: { anchor_seq: anchor.seq, anchor_hash: anchor.hash },
-      })
-    ).body;
+    chainOf(
+      (
+        await t.h.client.get('/audit/verify', {
+          token: platform,
+          query: { anchor_seq: anchor.seq, anchor_hash: anchor.hash },
+        })
+      ).body,
+    );
 
   /** Replaces the chain from `from` on with well-chained forgeries and moves the head onto them. */
   async function forgeTail(db: Kysely<DB>, records: AuditRecord[], from: number): Promise<AuditRecord[]> {

@@ -152,6 +152,9 @@ type PageRow = Record<string, string | null>;
 /** A row as the walk checks it. */
 interface WalkedRow {
   seq: number;
+  eventId: string;
+  /** As RFC 3339, or null for a time no appender wrote. */
+  occurredAt: string | null;
   hash: string;
   prevHash: string;
   /** The hash the row's fields make under its scheme (undefined for a scheme none knows: an edit). */
@@ -182,6 +185,8 @@ interface RowShape {
   count: number;
   seq: number;
   prevHash: number;
+  eventId: number;
+  occurredAt: number;
   hash: number;
   scheme: number;
 }
@@ -200,6 +205,8 @@ function rowShape(columns: Column[]): RowShape {
     count: count + 2,
     seq: at('seq'),
     prevHash: at('prev_hash'),
+    eventId: at('event_id'),
+    occurredAt: at('occurred_at'),
     hash: count,
     scheme: count + 1,
   };
@@ -266,8 +273,11 @@ function toWalked(row: PageRow, shape: RowShape): WalkedRow {
     : scheme === RECORD
       ? digest('sha256', canonical, 'hex')
       : undefined;
+  const occurredAt = textOf(texts[shape.occurredAt], escaped);
   return {
     seq,
+    eventId: textOf(texts[shape.eventId], escaped) as string,
+    occurredAt: occurredAt === null ? null : rfc3339(occurredAt),
     hash: textOf(texts[shape.hash], escaped) as string,
     prevHash,
     computed,
@@ -276,6 +286,57 @@ function toWalked(row: PageRow, shape: RowShape): WalkedRow {
     readExactly,
     inexactDetails,
   };
+}
+
+/** How rows are selected and read as the gateway hashed them, in this transaction. */
+async function readingRows(trx: Transaction<DB>): Promise<{ shape: RowShape; selected: RawBuilder<unknown> }> {
+  // The texts the conversion expects, whatever the session's settings were.
+  await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
+    set_config('extra_float_digits', '1', true)`.execute(trx);
+  const { columns, schemed, hashKind } = await hashedColumns(trx);
+  const shape = rowShape(columns);
+  const selected = sql.join([
+    // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
+    sql`audit_events.seq::text as seq`,
+    sql`${textsSql(shape, hashKind, schemed ? sql`audit_events.hash_scheme` : sql.lit(HASH_SCHEME.record))} as "$texts"`,
+    ...columns
+      .filter((column) => column.kind === 'json')
+      .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text as ${sql.ref(column.name)}`),
+  ]);
+  return { shape, selected };
+}
+
+/**
+ * A record as a leaf of the Merkle tree: its leaf bytes are the canonical JSON the chain hashed (a `linked`
+ * record's content; an older record whole, but for its hash), which is the record `GET /audit/events` shows.
+ */
+export interface LeafRecord {
+  seq: number;
+  eventId: string;
+  occurredAt: string | null;
+  canonical: string;
+}
+
+/**
+ * Records as leaves, in seq order: those after `afterSeq` (at most `limit`), or those of the given seqs.
+ * Runs in the caller's transaction, whose settings it sets for reading rows as they were hashed.
+ */
+export async function readLeafRecords(
+  trx: Transaction<DB>,
+  which: { afterSeq: number; limit: number } | { seqs: number[] },
+): Promise<LeafRecord[]> {
+  const { shape, selected } = await readingRows(trx);
+  const where =
+    'seqs' in which
+      ? sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`
+      : sql`audit_events.seq > ${which.afterSeq}`;
+  const limit = 'seqs' in which ? sql`` : sql`limit ${which.limit}`;
+  const { rows } = await sql<PageRow>`
+    select ${selected} from audit_events where ${where} order by audit_events.seq ${limit}`.execute(trx);
+  return rows.map((raw) => {
+    const row = toWalked(raw, shape);
+    return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
+  });
 }
 
 const LINKED = String(HASH_SCHEME.linked);
@@ -308,19 +369,7 @@ export async function walkChain(
 ): Promise<WalkResult> {
   const archives = options.archives ?? new Map<number, ArchivedRange>();
   const crossed: ArchivedRange[] = [];
-  // The texts the conversion expects, whatever the session's settings were.
-  await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
-    set_config('extra_float_digits', '1', true)`.execute(trx);
-  const { columns, schemed, hashKind } = await hashedColumns(trx);
-  const shape = rowShape(columns);
-  const selected = sql.join([
-    // Ordered and filtered by `audit_events.seq`: a bare `seq` would name the text column here.
-    sql`audit_events.seq::text as seq`,
-    sql`${textsSql(shape, hashKind, schemed ? sql`audit_events.hash_scheme` : sql.lit(HASH_SCHEME.record))} as "$texts"`,
-    ...columns
-      .filter((column) => column.kind === 'json')
-      .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text as ${sql.ref(column.name)}`),
-  ]);
+  const { shape, selected } = await readingRows(trx);
   type Page = Promise<{ rows: PageRow[] }>;
   const page = (after: number | undefined): Page =>
     sql<PageRow>`

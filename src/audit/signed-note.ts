@@ -26,6 +26,12 @@ function keyHash(name: string, publicKey: Buffer): Buffer {
     .subarray(0, 4);
 }
 
+/** The verifier key of an Ed25519 public key under a name: `<name>+<hex key hash>+<base64(0x01 ‖ key)>`. */
+export function verifierKeyOf(name: string, publicKey: KeyObject): string {
+  const raw = rawPublicKey(publicKey);
+  return `${name}+${keyHash(name, raw).toString('hex')}+${Buffer.concat([Buffer.from([ED25519]), raw]).toString('base64')}`;
+}
+
 /** Signs notes under a name with an Ed25519 key. */
 export class NoteSigner {
   readonly verifierKey: string;
@@ -37,9 +43,8 @@ export class NoteSigner {
   ) {
     if (!KEY_NAME.test(name)) throw new Error(`"${name}" cannot name a signed note's key`);
     if (privateKey.asymmetricKeyType !== 'ed25519') throw new Error('a note signing key must be Ed25519');
-    const publicKey = rawPublicKey(createPublicKey(privateKey));
-    this.hash = keyHash(name, publicKey);
-    this.verifierKey = `${name}+${this.hash.toString('hex')}+${Buffer.concat([Buffer.from([ED25519]), publicKey]).toString('base64')}`;
+    this.hash = keyHash(name, rawPublicKey(createPublicKey(privateKey)));
+    this.verifierKey = verifierKeyOf(name, createPublicKey(privateKey));
   }
 
   /** From a `PRIVATE+KEY+<name>+<hash>+<base64(0x01 ‖ seed)>` key, as golang.org/x/mod/sumdb/note writes them. */

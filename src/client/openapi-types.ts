@@ -175,6 +175,123 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/audit/checkpoint": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The latest signed checkpoint of the log's Merkle tree, or an earlier one (any principal)
+         * @description A C2SP `tlog-checkpoint` (`<origin>\n<tree size>\n<base64 root hash>\n`) signed as a C2SP
+         *     `signed-note` with the log's Ed25519 key, byte for byte as published. Verify it with the
+         *     `verifier_key` of `GET /audit/log-info` (any `golang.org/x/mod/sumdb/note` verifier does). The
+         *     sequencer publishes one at most `sequence_interval_ms` after a record commits; every one is kept.
+         */
+        get: operations["getAuditCheckpoint"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/log-info": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The log's origin, note verifier key and sequencing interval (any principal)
+         * @description What a verifier or witness needs to check `GET /audit/checkpoint`: the origin (the first line
+         *     of every checkpoint and the name its signature is under) and the Ed25519 note verifier key.
+         */
+        get: operations["getAuditLogInfo"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/events/{event_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description An audit record's id */
+                event_id: components["parameters"]["EventId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * One audit record and its place in the Merkle tree (its tenant's principals, platform-operators)
+         * @description `record` is the record as hashed: its leaf hash is SHA-256(0x00 ‖ the RFC 8785 canonical JSON of
+         *     `record`). `leaf_index` and `leaf_hash` (standard base64) are null until the record is sequenced.
+         *     `seq` is where the record sits in the hash chain of the records written before the tree.
+         *     Another tenant's record is `404`.
+         */
+        get: operations["getAuditEvent"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/events/{event_id}/inclusion": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description An audit record's id */
+                event_id: components["parameters"]["EventId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * An RFC 9162 inclusion proof of one record (its tenant's principals, platform-operators)
+         * @description The audit path (RFC 9162 §2.1.3), hashes as standard base64, leaf side first, against the tree
+         *     of `tree_size` leaves (default: the latest checkpoint's). `404` while the record is not in
+         *     that tree yet, or when no checkpoint of that size is published.
+         */
+        get: operations["getAuditInclusionProof"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/audit/consistency": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An RFC 9162 consistency proof between two tree sizes (any principal)
+         * @description Proves that the tree of `first` leaves is a prefix of the tree of `second` leaves (RFC 9162
+         *     §2.1.4): what a holder of an old checkpoint checks to know the log only grew. `second` must not
+         *     exceed the latest checkpoint's size (`404` otherwise).
+         */
+        get: operations["getAuditConsistencyProof"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/audit/verify": {
         parameters: {
             query?: never;
@@ -195,6 +312,12 @@ export interface paths {
          *     the gateway signs), then only the rows after it are verified: `checked` counts those, and
          *     the cost is what was appended since, not all of history. The checkpoint's own row must
          *     still hold its hash, or `first_bad_seq` is the checkpoint's seq.
+         *
+         *     The log's Merkle tree (SPEC §8.1) is verified too, under `tree`: every sequenced leaf is
+         *     recomputed from its stored record and compared with the stored tree, and the root with the
+         *     latest signed checkpoint's. With `from_tree_size` (the size of a checkpoint the caller
+         *     trusts) only the tree is verified, and only the leaves appended since: the answer is then
+         *     `{ok, tree}`. With `from_checkpoint` only the chain is verified, from that checkpoint (no `tree`).
          */
         get: operations["verifyAudit"];
         put?: never;
@@ -933,6 +1056,33 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/runs/{run_id}/receipt": {
+        parameters: {
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
+            header?: never;
+            path: {
+                run_id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Proof that a run's calls were logged (its owning agent, or operators of its tenant)
+         * @description The latest signed checkpoint and, for each of the run's audit records it covers, the record,
+         *     its leaf index and hash and its inclusion proof against that checkpoint; records not yet
+         *     sequenced are under `pending`. An agent runtime keeps it as its own evidence.
+         */
+        get: operations["getRunReceipt"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/runs/{run_id}/cancel": {
         parameters: {
             query?: {
@@ -1331,6 +1481,21 @@ export interface components {
             role: "platform-operator" | "tenant-operator" | null;
             family: string | null;
             scopes: string[];
+        };
+        /**
+         * @description The Merkle tree's verification. `checked` counts the leaves recomputed from their records;
+         *     `first_bad_leaf_index` is the first leaf whose record was edited (`record_changed`) or removed
+         *     (`record_missing`); `root_mismatch` means the stored tree does not give the signed root;
+         *     `checkpoint_invalid` that a checkpoint's signature or contents do not hold.
+         */
+        TreeVerification: {
+            ok: boolean;
+            tree_size: number;
+            from_tree_size: number;
+            checked: number;
+            first_bad_leaf_index: number | null;
+            /** @enum {unknown} */
+            reason: "record_changed" | "record_missing" | "root_mismatch" | "checkpoint_invalid" | null;
         };
         AuditEvent: {
             /**
@@ -2152,6 +2317,8 @@ export interface components {
          */
         IdempotencyKey: string;
         RunId: string;
+        /** @description An audit record's id */
+        EventId: string;
         /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
         PartitionName: string;
         /** @description platform-operators: the run's tenant (default their own) */
@@ -2388,11 +2555,168 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    getAuditCheckpoint: {
+        parameters: {
+            query?: {
+                /** @description The size of an earlier checkpoint to return instead of the latest. */
+                tree_size?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The signed note. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getAuditLogInfo: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /**
+             * @description `verifier_key` is `<origin>+<hex key id>+<base64(0x01 ‖ Ed25519 public key)>`, the
+             *     `golang.org/x/mod/sumdb/note` verifier key format.
+             */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        origin: string;
+                        verifier_key: string;
+                        sequence_interval_ms: number;
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getAuditEvent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description An audit record's id */
+                event_id: components["parameters"]["EventId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The record. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        record: {
+                            [key: string]: unknown;
+                        };
+                        seq: number;
+                        leaf_index: number | null;
+                        leaf_hash: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getAuditInclusionProof: {
+        parameters: {
+            query?: {
+                tree_size?: number;
+            };
+            header?: never;
+            path: {
+                /** @description An audit record's id */
+                event_id: components["parameters"]["EventId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The proof. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        leaf_index: number;
+                        tree_size: number;
+                        leaf_hash: string;
+                        proof: string[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getAuditConsistencyProof: {
+        parameters: {
+            query: {
+                first: number;
+                second: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The proof. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        first: number;
+                        second: number;
+                        proof: string[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     verifyAudit: {
         parameters: {
             query?: {
                 /** @description The id of a checkpoint (`GET /audit/checkpoints`) to verify from. */
                 from_checkpoint?: string;
+                /** @description The size of a published checkpoint of the tree to verify from (only the tree is verified). */
+                from_tree_size?: number;
                 /** @description The `seq` of a `head` kept elsewhere; given with `anchor_hash` or not at all. */
                 anchor_seq?: number;
                 /** @description The `hash` of that `head`; given with `anchor_seq` or not at all. */
@@ -2425,6 +2749,10 @@ export interface operations {
                 content: {
                     "application/json": {
                         ok: boolean;
+                        tree: components["schemas"]["TreeVerification"];
+                    } | {
+                        ok: boolean;
+                        tree?: components["schemas"]["TreeVerification"];
                         checked: number;
                         first_bad_seq: number | null;
                         head: null | {
@@ -3641,6 +3969,51 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Run"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getRunReceipt: {
+        parameters: {
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
+            header?: never;
+            path: {
+                run_id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The receipt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        checkpoint: string | null;
+                        tree_size: number;
+                        records: {
+                            record: {
+                                [key: string]: unknown;
+                            };
+                            leaf_index: number;
+                            leaf_hash: string;
+                            proof: string[];
+                        }[];
+                        pending: {
+                            record: {
+                                [key: string]: unknown;
+                            };
+                        }[];
+                    };
                 };
             };
             400: components["responses"]["Error"];

@@ -70,6 +70,13 @@ export interface Config {
     /** How often a checkpoint of a chain that moved is recorded; 0 never (`TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS`). */
     intervalSeconds: number;
   };
+  /** The verifiable log: its Merkle tree, sequencer and signed checkpoints (SPEC §8.1). */
+  auditLog: {
+    /** The checkpoints' origin line and signing key name (`TOOLGATE_AUDIT_LOG_ORIGIN`). */
+    origin: string;
+    /** How often the sequencer extends the tree and publishes a checkpoint (`TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS`). */
+    sequenceIntervalMs: number;
+  };
   /** The MCP front door, `POST /mcp` (docs/mcp.md). */
   mcp: {
     /** Whether `/mcp` and its metadata route are served (`TOOLGATE_MCP_ENABLED`, default true). */
@@ -227,6 +234,21 @@ const environmentSchema = z
         .refine((value) => value === 0 || (value >= 10 && value <= 86_400), 'must be 0 (never) or 10 to 86400')
         .default(3600),
     ),
+    TOOLGATE_AUDIT_LOG_ORIGIN: z.preprocess(
+      emptyAsUndefined,
+      z
+        .string()
+        .max(200)
+        .regex(
+          /^[^\s+\p{Cc}]+$/u,
+          'must be a name without spaces, "+" or control characters, such as example.com/audit',
+        )
+        .default('toolgate.local/audit'),
+    ),
+    TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS: z.preprocess(
+      emptyAsUndefined,
+      z.coerce.number().int().min(50, 'must be 50 to 1000').max(1000, 'must be 50 to 1000').default(200),
+    ),
     TOOLGATE_MCP_ENABLED: z.preprocess(
       emptyAsUndefined,
       z.enum(['true', 'false'], { message: 'must be true or false' }).default('true'),
@@ -261,6 +283,13 @@ const environmentSchema = z
         code: 'custom',
         path: ['TOOLGATE_JWT_PUBLIC_KEY'],
         message: 'production needs TOOLGATE_JWT_PUBLIC_KEY, TOOLGATE_JWT_JWKS_FILE or TOOLGATE_JWT_SECRET',
+      });
+    }
+    if (env.NODE_ENV === 'production' && env.TOOLGATE_AUDIT_SIGNING_KEY === undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['TOOLGATE_AUDIT_SIGNING_KEY'],
+        message: 'production needs TOOLGATE_AUDIT_SIGNING_KEY (a PEM Ed25519 private key) to sign the log',
       });
     }
     if (env.TOOLGATE_KILL_SWITCH_POLL_MS >= env.TOOLGATE_KILL_SWITCH_MAX_STALENESS_MS) {
@@ -347,6 +376,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       signingKey: e.TOOLGATE_AUDIT_SIGNING_KEY,
       verifyKeys: e.TOOLGATE_AUDIT_VERIFY_KEYS,
       intervalSeconds: e.TOOLGATE_AUDIT_CHECKPOINT_INTERVAL_SECONDS,
+    },
+    auditLog: {
+      origin: e.TOOLGATE_AUDIT_LOG_ORIGIN,
+      sequenceIntervalMs: e.TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS,
     },
     mcp: {
       enabled: e.TOOLGATE_MCP_ENABLED === 'true',

@@ -47,6 +47,38 @@ export interface AuditCheckpointTable {
   created_by: string;
 }
 
+/** The Merkle tree as the sequencer last left it, and its lease (one row). */
+export interface AuditTreeStateTable {
+  id: number;
+  tree_size: ColumnType<string, number, number>;
+  last_seq: ColumnType<string, number, number>;
+  root_hash: Buffer;
+  sequencer: string | null;
+  lease_until: Date | null;
+}
+
+/** Which record each leaf of the tree is (append-only). */
+export interface AuditLeafTable {
+  leaf_index: ColumnType<string, number, never>;
+  seq: ColumnType<string, number, never>;
+  event_id: string;
+}
+
+/** The tree's tiles: node hashes at tree level 8·level, 256 a tile (C2SP tlog-tiles). */
+export interface AuditTreeTileTable {
+  level: number;
+  idx: ColumnType<string, number, number>;
+  hashes: Buffer;
+}
+
+/** Every signed checkpoint of the tree published (append-only). */
+export interface AuditTreeCheckpointTable {
+  tree_size: ColumnType<string, number, never>;
+  root_hash: Buffer;
+  note: string;
+  published_at: ColumnType<Date, Date | undefined, never>;
+}
+
 /** A partition an operator detached after exporting it (append-only). */
 export interface AuditPartitionArchiveTable {
   event_seq: ColumnType<string, number, never>;
@@ -183,6 +215,10 @@ export interface DB {
   audit_chain_head: AuditChainHeadTable;
   audit_checkpoints: AuditCheckpointTable;
   audit_partition_archives: AuditPartitionArchiveTable;
+  audit_tree_state: AuditTreeStateTable;
+  audit_leaves: AuditLeafTable;
+  audit_tree_tiles: AuditTreeTileTable;
+  audit_tree_checkpoints: AuditTreeCheckpointTable;
   schema_migrations: SchemaMigrationTable;
   grants: GrantTable;
   grant_state: GrantStateTable;

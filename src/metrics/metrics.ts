@@ -6,6 +6,8 @@ export interface Metrics {
   httpDuration: Histogram<'method' | 'route' | 'status_code'>;
   auditEventsCommitted: Counter;
   auditCommitBatchSize: Histogram;
+  /** Seconds from a record's writing to the signed checkpoint that first covers it. */
+  auditSequencingDelay: Histogram;
   decisions: Counter<'outcome' | 'reason'>;
   admissionDuration: Histogram;
   backendDuration: Histogram<'tool_id' | 'outcome'>;
@@ -34,6 +36,12 @@ export function createMetrics(): Metrics {
       name: 'toolgate_audit_commit_batch_size',
       help: 'Events per audit group commit',
       buckets: [1, 2, 5, 10, 25, 50, 100, 250, 500],
+      registers: [registry],
+    }),
+    auditSequencingDelay: new Histogram({
+      name: 'toolgate_audit_sequencing_delay_seconds',
+      help: "Seconds from an audit record's writing to the signed checkpoint that first covers it",
+      buckets: [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10],
       registers: [registry],
     }),
     decisions: new Counter({

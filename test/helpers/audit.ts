@@ -5,3 +5,9 @@ export const NO_OPTIONAL_FIELDS = Object.fromEntries(OPTIONAL_FIELDS.map((field)
   (typeof OPTIONAL_FIELDS)[number],
   null
 >;
+
+/** A `GET /audit/verify` answer without its `tree` part: what the chain's own checks compare. */
+export function chainOf<T extends Record<string, unknown>>(body: T): Omit<T, 'tree'> {
+  const { tree: _tree, ...chain } = body;
+  return chain;
+}

@@ -300,7 +300,7 @@ export function auditCommand() {
       .action(async (options: { anchor?: string; fromCheckpoint?: string }, cmd) => {
         const s = new Session(cmd);
         const anchor = options.anchor ? await readAnchor(options.anchor) : undefined;
-        const result = await s.call(
+        const answer = await s.call(
           s.api.GET('/audit/verify', {
             params: {
               query: {
@@ -310,6 +310,9 @@ export function auditCommand() {
             },
           }),
         );
+        // Without from_tree_size the answer is always the chain's, with the tree's beside it.
+        if (!('head' in answer)) throw new Error('the gateway answered a tree-only verification');
+        const result = answer;
         if (result.ok && result.head && options.anchor) {
           // Written aside, then renamed: an interrupted write never leaves half an anchor.
           await writeFile(
@@ -319,6 +322,10 @@ export function auditCommand() {
           await rename(`${options.anchor}.tmp`, options.anchor);
         }
         s.print(result, () => {
+          if (!result.ok && result.first_bad_seq === null && result.tree && !result.tree.ok) {
+            const { first_bad_leaf_index: leaf, reason, checked } = result.tree;
+            return `audit tree BROKEN${leaf === null ? '' : ` at leaf ${leaf}`} (${reason}); ${checked} leaves verified before it`;
+          }
           if (!result.ok) {
             const why =
               result.anchor && !result.anchor.ok

@@ -1,11 +1,12 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import type { AuditCheckpoints } from '../../audit/audit-checkpoints.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import type { AuditPartitions } from '../../audit/audit-partitions.js';
+import type { AuditTree } from '../../audit/audit-tree.js';
 import { actorOf } from '../../auth/principal.js';
-import { operatorOf } from '../auth.js';
+import { operatorOf, principalOf } from '../auth.js';
 import { listAuditEvents, verifyAuditChain } from '../../audit/audit-repository.js';
 import type { DB } from '../../db/schema.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
@@ -17,6 +18,7 @@ export interface AuditRouteDeps {
   audit: AuditLog;
   checkpoints: AuditCheckpoints;
   partitions: AuditPartitions;
+  tree: AuditTree;
 }
 
 const listQuery = z.strictObject({
@@ -30,6 +32,13 @@ const listQuery = z.strictObject({
   limit: z.coerce.number().int().min(1).max(500).default(50),
   cursor: z.string().optional(),
 });
+
+/** A tree size: digits only, within what a double holds exactly. */
+const treeSize = z
+  .string()
+  .regex(/^(0|[1-9][0-9]*)$/, 'must be an integer of 0 or more')
+  .transform(Number)
+  .refine(Number.isSafeInteger, 'must be at most 9007199254740991');
 
 /**
  * An anchor to check the chain against: both parts or neither. The seq is digits only (no `1e3`,
@@ -48,6 +57,7 @@ const verifyQuery = z
       .regex(/^[0-9a-f]{64}$/, 'must be 64 lowercase hex digits')
       .optional(),
     from_checkpoint: identifier.optional(),
+    from_tree_size: treeSize.optional(),
   })
   .superRefine((query, ctx) => {
     if (query.anchor_seq !== undefined && query.anchor_hash === undefined) {
@@ -56,6 +66,10 @@ const verifyQuery = z
       ctx.addIssue({ code: 'custom', path: ['anchor_seq'], message: 'is required with anchor_hash' });
     }
   });
+
+const treeCheckpointQuery = z.strictObject({ tree_size: treeSize.optional() });
+const consistencyQuery = z.strictObject({ first: treeSize, second: treeSize });
+const eventParams = z.strictObject({ event_id: z.uuid('must be a UUID') });
 
 const checkpointListQuery = z.strictObject({
   limit: z.coerce.number().int().min(1).max(500).default(50),
@@ -92,6 +106,30 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
     return { items: page.items, next_cursor: page.nextBeforeSeq === null ? null : encodeCursor(page.nextBeforeSeq) };
   });
 
+  // The log's signed checkpoints and proofs (SPEC §8.1): any authenticated principal; records by their tenancy.
+  app.get('/audit/checkpoint', { config: { access: 'any' } }, async (request, reply) => {
+    const query = parseInput(treeCheckpointQuery, request.query, 'query');
+    return reply.type('text/plain; charset=utf-8').send(await deps.tree.checkpoint(query.tree_size));
+  });
+
+  app.get('/audit/log-info', { config: { access: 'any' } }, async () => deps.tree.logInfo());
+
+  app.get('/audit/events/:event_id', { config: { access: 'any' } }, async (request) => {
+    const { event_id } = parseInput(eventParams, request.params, 'params');
+    return deps.tree.event(event_id, scopeOf(request));
+  });
+
+  app.get('/audit/events/:event_id/inclusion', { config: { access: 'any' } }, async (request) => {
+    const { event_id } = parseInput(eventParams, request.params, 'params');
+    const query = parseInput(treeCheckpointQuery, request.query, 'query');
+    return deps.tree.inclusion(event_id, scopeOf(request), query.tree_size);
+  });
+
+  app.get('/audit/consistency', { config: { access: 'any' } }, async (request) => {
+    const query = parseInput(consistencyQuery, request.query, 'query');
+    return deps.tree.consistency(query.first, query.second);
+  });
+
   // The chain spans every tenant, so only a platform-operator verifies it.
   app.get('/audit/verify', { config: { access: 'platform-operator' } }, async (request) => {
     const query = parseInput(verifyQuery, request.query, 'query');
@@ -99,8 +137,14 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
       query.anchor_seq !== undefined && query.anchor_hash !== undefined
         ? { seq: query.anchor_seq, hash: query.anchor_hash }
         : undefined;
+    // From a checkpoint of the tree the caller trusts: only the leaves appended since.
+    if (query.from_tree_size !== undefined) {
+      const tree = await deps.tree.verify(query.from_tree_size);
+      return { ok: tree.ok, tree };
+    }
     if (query.from_checkpoint !== undefined) return deps.checkpoints.verifyFrom(query.from_checkpoint, anchor);
-    return verifyAuditChain(deps.db, undefined, anchor);
+    const [chain, tree] = await Promise.all([verifyAuditChain(deps.db, undefined, anchor), deps.tree.verify()]);
+    return { ...chain, ok: chain.ok && tree.ok, tree };
   });
 
   app.post('/audit/checkpoints', { config: { access: 'platform-operator' } }, async (request, reply) => {
@@ -139,4 +183,10 @@ export async function auditRoutes(app: FastifyInstance, deps: AuditRouteDeps): P
     const page = await deps.checkpoints.list({ limit: query.limit, before });
     return { items: page.items, next_cursor: page.next === null ? null : encodeCursor(page.next) };
   });
+}
+
+/** Whose records the caller sees: a platform-operator every tenant's, anyone else their own tenant's. */
+function scopeOf(request: FastifyRequest): string | undefined {
+  const principal = principalOf(request);
+  return principal.kind === 'operator' && principal.role === 'platform-operator' ? undefined : principal.tenantId;
 }

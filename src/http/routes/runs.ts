@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
+import type { AuditTree } from '../../audit/audit-tree.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import type { Principal } from '../../auth/principal.js';
 import { readRunAllowance } from '../../budgets/run-allowance.js';
@@ -26,6 +27,7 @@ export interface RunRouteDeps {
   executor: RunExecutor;
   controls: RunControls;
   handoffs: HandoffService;
+  tree: AuditTree;
   maxPlanSteps: number;
 }
 
@@ -103,6 +105,13 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     const budget =
       run.budget_units === null ? null : await readRunAllowance(deps.db, run.tenant_id, run.run_id, run.budget_units);
     return { ...presentRun(run), budget };
+  });
+
+  // What an agent runtime keeps as proof that its calls were logged (SPEC §8.1).
+  app.get('/runs/:run_id/receipt', { config: { access: 'any' } }, async (request) => {
+    const principal = principalOf(request);
+    const key = await runKeyOf(request, principal, deps.audit);
+    return deps.tree.receipt(key.run_id, key.tenant_id, principal.kind === 'agent' ? principal.id : undefined);
   });
 
   const controller = (request: FastifyRequest) => ({ principal: principalOf(request), traceId: request.traceId });

@@ -1,0 +1,279 @@
+import { createPublicKey } from 'node:crypto';
+import type { Kysely, Transaction } from 'kysely';
+import type { Database } from '../db/database.js';
+import type { DB } from '../db/schema.js';
+import { CodedError } from '../errors/coded-error.js';
+import { readArchivedRanges } from './audit-repository.js';
+import { readLeafRecords, type LeafRecord } from './chain-walk.js';
+import { CompactRange, consistencyProof, inclusionProof, leafHash, type Hash, type NodeReader } from './merkle.js';
+import { TILE_WIDTH, tileReader, tilesRead } from './merkle-tiles.js';
+import { openNote, parseCheckpoint, verifierKeyOf, type NoteSigner } from './signed-note.js';
+import {
+  findLeaves,
+  findTreeCheckpoint,
+  leafSeqs,
+  readTiles,
+  runRecordSeqs,
+  unsequencedSeqOf,
+  type StoredCheckpoint,
+} from './tree-repository.js';
+
+/** Whose records a caller may see: a tenant's only, or (undefined) every tenant's. */
+export type TenantScope = string | undefined;
+
+export interface TreeEvent {
+  record: Record<string, unknown>;
+  seq: number;
+  leaf_index: number | null;
+  leaf_hash: string | null;
+}
+
+export interface InclusionProof {
+  leaf_index: number;
+  tree_size: number;
+  leaf_hash: string;
+  proof: string[];
+}
+
+export interface Receipt {
+  checkpoint: string | null;
+  tree_size: number;
+  records: Array<{ record: Record<string, unknown>; leaf_index: number; leaf_hash: string; proof: string[] }>;
+  pending: Array<{ record: Record<string, unknown> }>;
+}
+
+export interface TreeVerification {
+  ok: boolean;
+  tree_size: number;
+  from_tree_size: number;
+  /** Leaves recomputed from the stored records. */
+  checked: number;
+  /** The first leaf whose record is edited or gone; null when the leaves hold but the root does not. */
+  first_bad_leaf_index: number | null;
+  reason: 'record_changed' | 'record_missing' | 'root_mismatch' | 'checkpoint_invalid' | null;
+}
+
+const b64 = (hash: Hash): string => hash.toString('base64');
+
+/**
+ * The log as a verifiable Merkle tree: checkpoints, records with their place in it, proofs, receipts
+ * and verification (SPEC §8.1). Reads only; `LogSequencer` writes.
+ */
+export class AuditTree {
+  /** The verifier keys checkpoints are checked with: this log's, then earlier keys still trusted. */
+  private readonly trusted: string[];
+
+  constructor(
+    private readonly database: Database,
+    private readonly signer: NoteSigner,
+    private readonly sequenceIntervalMs: number,
+    /** PEM public keys of earlier signing keys whose checkpoints stay trusted (`TOOLGATE_AUDIT_VERIFY_KEYS`). */
+    earlierKeysPem: string[] = [],
+  ) {
+    this.trusted = [
+      signer.verifierKey,
+      ...earlierKeysPem.map((pem) => verifierKeyOf(signer.name, createPublicKey(pem))),
+    ];
+  }
+
+  logInfo(): { origin: string; verifier_key: string; sequence_interval_ms: number } {
+    return {
+      origin: this.signer.name,
+      verifier_key: this.signer.verifierKey,
+      sequence_interval_ms: this.sequenceIntervalMs,
+    };
+  }
+
+  /** The signed note of the latest checkpoint, or of the one of that size. */
+  async checkpoint(treeSize?: number): Promise<string> {
+    const found = await findTreeCheckpoint(this.database.control, treeSize);
+    if (found === undefined)
+      throw new CodedError(
+        'not_found',
+        treeSize === undefined ? 'no checkpoint is published yet' : `no checkpoint of tree size ${treeSize}`,
+      );
+    return found.note;
+  }
+
+  async event(eventId: string, scope: TenantScope): Promise<TreeEvent> {
+    const db = this.database.control;
+    let leaf = (await findLeaves(db, [eventId])).get(eventId);
+    let seq = leaf?.seq ?? (await unsequencedSeqOf(db, eventId));
+    if (seq === undefined) {
+      // Sequenced between the two reads.
+      leaf = (await findLeaves(db, [eventId])).get(eventId);
+      seq = leaf?.seq;
+    }
+    const record = seq === undefined ? undefined : await this.recordAt(seq, scope);
+    if (record === undefined) throw new CodedError('not_found', `no audit record ${eventId}`);
+    return {
+      record: JSON.parse(record.canonical) as Record<string, unknown>,
+      seq: record.seq,
+      leaf_index: leaf?.leafIndex ?? null,
+      leaf_hash: leaf === undefined ? null : b64(leafHash(record.canonical)),
+    };
+  }
+
+  async inclusion(eventId: string, scope: TenantScope, treeSize?: number): Promise<InclusionProof> {
+    const event = await this.event(eventId, scope);
+    const size = await this.provableSize(treeSize);
+    if (event.leaf_index === null || event.leaf_index >= size)
+      throw new CodedError('not_found', `audit record ${eventId} is not in the tree of size ${size} yet`, {
+        leaf_index: event.leaf_index,
+      });
+    const index = event.leaf_index;
+    const proof = await this.prove((read) => inclusionProof(read, index, size));
+    return { leaf_index: index, tree_size: size, leaf_hash: event.leaf_hash!, proof: proof.map(b64) };
+  }
+
+  async consistency(first: number, second: number): Promise<{ first: number; second: number; proof: string[] }> {
+    if (first > second) throw new CodedError('invalid_request', 'first must not exceed second', { first, second });
+    await this.provableSize(second);
+    const proof = await this.prove((read) => consistencyProof(read, first, second));
+    return { first, second, proof: proof.map(b64) };
+  }
+
+  /** A run's records with their inclusion proofs against the latest checkpoint; those not yet in it, pending. */
+  async receipt(runId: string, tenantId: string, agentId?: string): Promise<Receipt> {
+    const db = this.database.control;
+    const latest = await findTreeCheckpoint(db);
+    const size = latest?.treeSize ?? 0;
+    const seqs = await runRecordSeqs(db, tenantId, runId, agentId);
+    if (seqs.length === 0) throw new CodedError('not_found', `no run ${runId}`);
+    const records = await readRecords(db, seqs);
+    const leaves = await findLeaves(
+      db,
+      records.map((r) => r.eventId),
+    );
+    const covered = records.filter((r) => (leaves.get(r.eventId)?.leafIndex ?? size) < size);
+    const proofs = await this.prove((read) =>
+      covered.map((r) => inclusionProof(read, leaves.get(r.eventId)!.leafIndex, size)),
+    );
+    return {
+      checkpoint: latest?.note ?? null,
+      tree_size: size,
+      records: covered.map((r, i) => ({
+        record: JSON.parse(r.canonical) as Record<string, unknown>,
+        leaf_index: leaves.get(r.eventId)!.leafIndex,
+        leaf_hash: b64(leafHash(r.canonical)),
+        proof: proofs[i]!.map(b64),
+      })),
+      pending: records
+        .filter((r) => !covered.includes(r))
+        .map((r) => ({ record: JSON.parse(r.canonical) as Record<string, unknown> })),
+    };
+  }
+
+  /**
+   * Recomputes leaves from the stored records and the root of the latest checkpoint: all of them, or those
+   * appended after the checkpoint of `fromTreeSize` (whose tree the stored tiles must still give).
+   */
+  async verify(fromTreeSize = 0, pageSize = 10_000): Promise<TreeVerification> {
+    return this.database.control
+      .transaction()
+      .setIsolationLevel('repeatable read')
+      .setAccessMode('read only')
+      .execute(async (trx) => {
+        const latest = await findTreeCheckpoint(trx);
+        const size = latest?.treeSize ?? 0;
+        const result = (fields: Partial<TreeVerification>): TreeVerification => ({
+          ok: false,
+          tree_size: size,
+          from_tree_size: fromTreeSize,
+          checked: 0,
+          first_bad_leaf_index: null,
+          reason: null,
+          ...fields,
+        });
+        if (latest === undefined) return result({ ok: fromTreeSize === 0, tree_size: 0 });
+        if (!this.valid(latest)) return result({ reason: 'checkpoint_invalid' });
+        if (fromTreeSize > size)
+          throw new CodedError('not_found', `no checkpoint of tree size ${fromTreeSize}`, { tree_size: size });
+        let range = new CompactRange();
+        if (fromTreeSize > 0) {
+          const from = await findTreeCheckpoint(trx, fromTreeSize);
+          if (from === undefined) throw new CodedError('not_found', `no checkpoint of tree size ${fromTreeSize}`);
+          if (!this.valid(from)) return result({ reason: 'checkpoint_invalid' });
+          range = await proveWith(trx, (read) => CompactRange.of(read, fromTreeSize));
+          if (!range.root().equals(from.rootHash)) return result({ reason: 'root_mismatch' });
+        }
+        // Records of partitions detached after export are not in the database: their leaves stand as stored.
+        const archived = [...(await readArchivedRanges(trx)).values()];
+        const inArchive = (seq: number) => archived.some((r) => r.from_seq <= seq && seq <= r.to_seq);
+        let checked = 0;
+        for (let at = fromTreeSize; at < size; at += pageSize) {
+          const end = Math.min(size, at + pageSize);
+          const seqs = await leafSeqs(trx, at, end);
+          const records = new Map((await readLeafRecords(trx, { seqs })).map((r) => [r.seq, r]));
+          const stored = await readTiles(
+            trx,
+            range0Tiles(at, end).map((index) => ({ level: 0, index })),
+          );
+          const storedLeaf = tileReader(stored);
+          for (let i = 0; i < end - at; i += 1) {
+            const seq = seqs[i];
+            const record = seq === undefined ? undefined : records.get(seq);
+            if (record === undefined && seq !== undefined && inArchive(seq)) {
+              range.append(storedLeaf(0, at + i));
+              continue;
+            }
+            if (record === undefined)
+              return result({ checked, first_bad_leaf_index: at + i, reason: 'record_missing' });
+            const leaf = leafHash(record.canonical);
+            if (!leaf.equals(storedLeaf(0, at + i)))
+              return result({ checked, first_bad_leaf_index: at + i, reason: 'record_changed' });
+            range.append(leaf);
+            checked += 1;
+          }
+        }
+        if (!range.root().equals(latest.rootHash)) return result({ checked, reason: 'root_mismatch' });
+        return result({ ok: true, checked });
+      });
+  }
+
+  /** Whether a stored checkpoint is signed by this log's key and says what its row says. */
+  private valid(checkpoint: StoredCheckpoint): boolean {
+    const text = this.trusted.map((key) => openNote(checkpoint.note, key)).find((opened) => opened !== undefined);
+    const head = text === undefined ? undefined : parseCheckpoint(text);
+    return head !== undefined && head.size === checkpoint.treeSize && head.root.equals(checkpoint.rootHash);
+  }
+
+  /** The tree size a proof is asked against: the latest checkpoint's, or one no larger. */
+  private async provableSize(treeSize?: number): Promise<number> {
+    const latest = await findTreeCheckpoint(this.database.control);
+    const size = latest?.treeSize ?? 0;
+    if (treeSize === undefined) return size;
+    if (treeSize > size)
+      throw new CodedError('not_found', `no checkpoint covers tree size ${treeSize} yet`, { tree_size: size });
+    return treeSize;
+  }
+
+  private prove<T>(run: (read: NodeReader) => T): Promise<T> {
+    return proveWith(this.database.control, run);
+  }
+
+  private async recordAt(seq: number, scope: TenantScope): Promise<LeafRecord | undefined> {
+    const [record] = await readRecords(this.database.control, [seq]);
+    if (record === undefined) return undefined;
+    if (scope !== undefined && (JSON.parse(record.canonical) as { tenant_id?: unknown }).tenant_id !== scope)
+      return undefined;
+    return record;
+  }
+}
+
+/** Runs a computation over the tree after fetching, in one query, the tiles it reads. */
+async function proveWith<T>(db: Kysely<DB> | Transaction<DB>, run: (read: NodeReader) => T): Promise<T> {
+  const tiles = await readTiles(db, tilesRead(run));
+  return run(tileReader(tiles));
+}
+
+function readRecords(db: Kysely<DB>, seqs: number[]): Promise<LeafRecord[]> {
+  return db.transaction().execute((trx) => readLeafRecords(trx, { seqs }));
+}
+
+/** The level-0 tiles holding leaves [from, to). */
+function range0Tiles(from: number, to: number): number[] {
+  const tiles: number[] = [];
+  for (let index = Math.floor(from / TILE_WIDTH); index * TILE_WIDTH < to; index += 1) tiles.push(index);
+  return tiles;
+}
