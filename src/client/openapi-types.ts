@@ -2284,7 +2284,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The console's page, with a Content-Security-Policy allowing only this gateway. */
+            /** @description The console's page, with a Content-Security-Policy allowing only this gateway and no frame (`frame-ancestors 'none'`, `X-Frame-Options: DENY`). */
             200: {
                 headers: {
                     [name: string]: unknown;
