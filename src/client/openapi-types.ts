@@ -2146,8 +2146,8 @@ export interface components {
          *     and the same request (method, path, query and body) creates nothing and is answered what the
          *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
          *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-         *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-         *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+         *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+         *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
          *     the first request is still being answered waits for its answer.
          */
         IdempotencyKey: string;
@@ -2761,8 +2761,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -2930,8 +2930,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3185,8 +3185,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3405,8 +3405,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3854,8 +3854,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
