@@ -209,6 +209,49 @@ describe('toolgate, run as an operator runs it', () => {
     expect((await callAsAgent({})).status).toBe(0);
   }, 120_000);
 
+  it("escapes control characters in what it prints for people: a switch's reason and copy, a refusal's message", async () => {
+    // Any control character but the newlines between lines.
+    const raw = /[^\n\P{Cc}]|\p{Bidi_Control}/u;
+    // OSC 52 sets the reader's clipboard; the CSI sequences and CR erase a line and write over it.
+    const reason = 'incident\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\u0007';
+    const copy = 'Paused\u001b[2K\u001b[1A\rforged\u202e';
+    const armed = await fetch(`${url}/kill-switches`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${operator}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        scope: 'agent',
+        target: 'cli.agent',
+        tenant_id: 't1',
+        reason,
+        user_visible_status_copy: copy,
+      }),
+    });
+    expect(armed.status).toBe(201);
+
+    const listed = await toolgate(['switches', 'list', '--target', 'cli.agent']);
+    expect(listed.status).toBe(0);
+    expect(listed.stdout).not.toMatch(raw);
+    expect(listed.stdout.trim().split('\n')).toHaveLength(2);
+    expect(listed.stdout).toContain('incident\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007');
+
+    const decided = await toolgate(['switches', 'decide', '--tenant', 't1', '--agent', 'cli.agent']);
+    expect(decided.status).toBe(1);
+    expect(decided.stdout).not.toMatch(raw);
+    expect(decided.stdout).toContain('"Paused\\u001b[2K\\u001b[1A\\rforged\\u202e"');
+
+    // --json is the API's answer, the same values once parsed.
+    const asJson = await toolgate(['switches', 'list', '--target', 'cli.agent', '--json']);
+    expect(asJson.stdout).not.toMatch(raw);
+    expect(json(asJson).items[0]).toMatchObject({ reason, user_visible_status_copy: copy });
+
+    // The refusal of a call shows the copy as its message.
+    const refused = await callAsAgent({});
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).not.toMatch(raw);
+    expect(refused.stderr).toContain('toolgate: kill_switch_active: Paused\\u001b[2K\\u001b[1A\\rforged\\u202e\n');
+    expect((await toolgate(['switches', 'disarm', '--target', 'cli.agent', '--reason', 'fixed'])).status).toBe(0);
+  }, 120_000);
+
   it('revokes a grant by id, and every live grant of an agent for a tool, listing them', async () => {
     const byId = await toolgate(['grants', 'revoke', grantId, '--reason', 'rotated']);
     expect(byId.status).toBe(0);

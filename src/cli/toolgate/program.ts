@@ -10,6 +10,7 @@ import { runsCommand } from './runs.js';
 import { DEFAULT_URL, Session } from './session.js';
 import { switchesCommand } from './switches.js';
 import { tokenCommand } from './token.js';
+import { printableLines } from './terminal.js';
 import { toolsCommand } from './tools.js';
 
 /** The `toolgate` command tree: one group per resource an operator manages. */
@@ -54,7 +55,12 @@ export function toolgateProgram(): Command {
   // Usage mistakes exit 2 everywhere; a group named without a command shows its help.
   const everyCommand = (cmd: Command): Command[] => [cmd, ...cmd.commands.flatMap(everyCommand)];
   for (const cmd of everyCommand(program)) {
-    cmd.exitOverride().showHelpAfterError('(add --help for usage)').configureHelp({ showGlobalOptions: true });
+    cmd
+      .exitOverride()
+      .showHelpAfterError('(add --help for usage)')
+      .configureHelp({ showGlobalOptions: true })
+      // A usage error quotes the arguments, which a script may have taken from anywhere.
+      .configureOutput({ outputError: (text, write) => write(printableLines(text)) });
     if (cmd.commands.length > 0 && cmd !== program) cmd.action(() => cmd.help({ error: true }));
   }
   return program;

@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { createToolgateClient, refusal, unwrap, type ToolgateClient } from '../../client/index.js';
 import { loadClientTarget } from '../../config/config.js';
+import { jsonText, printableLines, sayOnStderr } from './terminal.js';
 
 export const DEFAULT_URL = 'http://127.0.0.1:8080';
 
@@ -46,10 +47,15 @@ export class Session {
     return { ok: false, body: error as T, refusal: refusal(response.status, error) };
   }
 
-  /** `--json`: the API's answer as it is; otherwise what `human` makes of it. */
+  /** `--json`: the API's answer as it is; otherwise what `human` makes of it, escaped for a terminal. */
   print(value: unknown, human: () => string): void {
-    const text = this.json ? JSON.stringify(value, null, 2) : human();
+    const text = this.json ? jsonText(value, 2) : printableLines(human());
     if (text) process.stdout.write(`${text}\n`);
+  }
+
+  /** A note for people on stderr (stdout stays the answer), escaped as one line. */
+  note(line: string): void {
+    sayOnStderr(line);
   }
 
   /** Every item of a listing, following `next_cursor` while `all` is set. */
@@ -71,6 +77,6 @@ export class Session {
 
   /** Tells people there is more (on stderr, so that stdout stays the listing). */
   more(nextCursor: string | null | undefined): void {
-    if (nextCursor && !this.json) process.stderr.write(`more: --cursor ${nextCursor} (or --all)\n`);
+    if (nextCursor && !this.json) this.note(`more: --cursor ${nextCursor} (or --all)`);
   }
 }
