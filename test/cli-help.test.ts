@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
 import { parseDuration, parseSecondsOrDuration, record, table } from '../src/cli/toolgate/format.js';
 import { toolgateProgram } from '../src/cli/toolgate/program.js';
-import { jsonText, printableLines } from '../src/cli/toolgate/terminal.js';
+import { jsonText, printable, printableLines } from '../src/cli/toolgate/terminal.js';
 
 const everyCommand = (cmd: Command, path: string[] = []): Array<{ path: string; cmd: Command }> => [
   { path: [...path, cmd.name()].join(' '), cmd },
@@ -120,6 +120,18 @@ describe('what reaches a terminal', () => {
     const fields = record({ tool_id: forgedId, reason: clipboard, details: { copy: reversed } });
     expect(fields).not.toMatch(raw);
     expect(fields.split('\n')).toHaveLength(3);
+  });
+
+  it("never shows a URL's user and password", () => {
+    expect(printable('cannot reach the gateway at http://alice:s3cret@127.0.0.1:1/tools: ECONNREFUSED')).toBe(
+      'cannot reach the gateway at http://***@127.0.0.1:1/tools: ECONNREFUSED',
+    );
+    expect(table(['URL'], [['https://a@b:c@backend.example/x?to=me@here']])).toBe(
+      'URL\nhttps://***@backend.example/x?to=me@here',
+    );
+    expect(printable('mailto:ops@example.com https://example.com/@team')).toBe(
+      'mailto:ops@example.com https://example.com/@team',
+    );
   });
 
   it('keeps the lines a command makes, and escapes what is inside them', () => {

@@ -9,7 +9,7 @@ import { PartitionFileVerifier, type PartitionFileVerification } from '../../aud
 import type { Schemas } from '../../client/index.js';
 import { cell, parseDuration, parseInteger, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
-import { CheckFailed, Session, UsageError } from './session.js';
+import { CheckFailed, followOnce, Session, UsageError } from './session.js';
 import { jsonText, printable } from './terminal.js';
 
 type AuditEvent = Schemas['AuditEvent'];
@@ -275,6 +275,7 @@ export function auditCommand() {
           // carry a time a little older than one already shown.
           const since = last?.occurred_at ? new Date(Date.parse(last.occurred_at) - 60_000).toISOString() : undefined;
           const fresh: AuditEvent[] = [];
+          const seen = new Set<string>();
           let cursor: string | undefined;
           do {
             const page = await s.call(
@@ -282,7 +283,8 @@ export function auditCommand() {
             );
             const newer = page.items.filter((e) => !last || e.seq > last.seq);
             fresh.push(...newer);
-            cursor = newer.length === page.items.length ? (page.next_cursor ?? undefined) : undefined;
+            cursor =
+              newer.length === page.items.length && page.next_cursor ? followOnce(seen, page.next_cursor) : undefined;
           } while (cursor);
           fresh.sort((a, b) => a.seq - b.seq).forEach(show);
           last = fresh.at(-1) ?? last;

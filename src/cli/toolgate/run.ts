@@ -2,7 +2,7 @@ import { CommanderError } from 'commander';
 import { GatewayUnreachableError, ToolgateError } from '../../client/index.js';
 import { loadClientTarget } from '../../config/config.js';
 import { toolgateProgram } from './program.js';
-import { CheckFailed, UsageError } from './session.js';
+import { BadAnswer, CheckFailed, UsageError } from './session.js';
 import { jsonText, sayOnStderr } from './terminal.js';
 
 /** `toolgate …`: runs one command; answers the exit status: 0 done, 1 refused, 2 usage mistake, 3 gateway unreachable. */
@@ -22,10 +22,10 @@ export async function runToolgate(argv: string[]): Promise<number> {
       if (details !== '{}')
         say(`details: ${details.length > 200 ? `${details.slice(0, 200)}… (--json shows the whole answer)` : details}`);
       if (error.code === 'unauthenticated' && !program.opts().token && !loadClientTarget().token)
-        say('hint: set TOOLGATE_TOKEN or pass --token');
+        say('hint: set TOOLGATE_TOKEN, or pipe the token to --token-stdin');
       return 1;
     }
-    if (error instanceof CheckFailed) {
+    if (error instanceof CheckFailed || error instanceof BadAnswer) {
       say(error.message);
       return 1;
     }

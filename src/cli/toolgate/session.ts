@@ -11,6 +11,35 @@ export class UsageError extends Error {}
 /** The answer was read and is a "no" that is not an API error (a broken chain, a denied resolution): exit 1. */
 export class CheckFailed extends Error {}
 
+/** The gateway answered something that cannot be followed (a `next_cursor` it gave before): exit 1. */
+export class BadAnswer extends Error {}
+
+/** The gateway's URL: a user or password in it would be printed with every error naming the URL. */
+function gatewayUrl(text: string): string {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new UsageError(`--url or TOOLGATE_URL: not a URL: ${text}`);
+  }
+  if (url.username || url.password)
+    throw new UsageError(
+      '--url or TOOLGATE_URL: leave the user and password out of the URL; the token goes in TOOLGATE_TOKEN',
+    );
+  return text.replace(/\/+$/, '');
+}
+
+/**
+ * Follows a listing's `next_cursor` unless it was followed before: a gateway that answers one
+ * again would otherwise be asked for the same page forever.
+ */
+export function followOnce(seen: Set<string>, cursor: string): string {
+  if (seen.has(cursor))
+    throw new BadAnswer(`the gateway answered next_cursor ${cursor} a second time; stopped instead of asking again`);
+  seen.add(cursor);
+  return cursor;
+}
+
 interface GlobalOptions {
   url?: string;
   token?: string;
@@ -27,7 +56,7 @@ export class Session {
   constructor(command: Command) {
     const options = command.optsWithGlobals<GlobalOptions>();
     const target = loadClientTarget();
-    this.url = (options.url ?? target.url ?? DEFAULT_URL).replace(/\/+$/, '');
+    this.url = gatewayUrl(options.url ?? target.url ?? DEFAULT_URL);
     this.token = options.token ?? target.token;
     this.json = options.json ?? false;
     this.api = createToolgateClient({ baseUrl: this.url, token: this.token });
@@ -58,7 +87,7 @@ export class Session {
     sayOnStderr(line);
   }
 
-  /** Every item of a listing, following `next_cursor` while `all` is set. */
+  /** Every item of a listing, following `next_cursor` while `all` is set (each cursor once). */
   async page<T>(
     all: boolean | undefined,
     fetchPage: (cursor: string | undefined) => Promise<{ items: T[]; next_cursor?: string | null }>,
@@ -67,8 +96,9 @@ export class Session {
     const first = await fetchPage(cursor);
     if (!all) return { ...first, next_cursor: first.next_cursor ?? null };
     const items = [...first.items];
+    const seen = new Set(cursor ? [cursor] : []);
     for (let next = first.next_cursor; next;) {
-      const page = await fetchPage(next);
+      const page = await fetchPage(followOnce(seen, next));
       items.push(...page.items);
       next = page.next_cursor;
     }
