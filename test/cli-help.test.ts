@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { parseDuration, parseSecondsOrDuration, record, table } from '../src/cli/toolgate/format.js';
 import { toolgateProgram } from '../src/cli/toolgate/program.js';
 import { jsonText, printable, printableLines } from '../src/cli/toolgate/terminal.js';
@@ -132,6 +132,23 @@ describe('what reaches a terminal', () => {
     expect(printable('mailto:ops@example.com https://example.com/@team')).toBe(
       'mailto:ops@example.com https://example.com/@team',
     );
+  });
+
+  it('is escaped in usage errors, which quote the arguments a script may have taken from anywhere', async () => {
+    let written = '';
+    const write = vi.spyOn(process.stderr, 'write').mockImplementation((chunk) => {
+      written += String(chunk);
+      return true;
+    });
+    try {
+      await expect(
+        toolgateProgram().parseAsync(['node', 'toolgate', 'tools', 'list', `--x${clipboard}`]),
+      ).rejects.toThrow();
+    } finally {
+      write.mockRestore();
+    }
+    expect(written).toContain("unknown option '--xr\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007'");
+    expect(written).not.toMatch(raw);
   });
 
   it('keeps the lines a command makes, and escapes what is inside them', () => {
