@@ -448,6 +448,7 @@ describe('toolgate, against a gateway that answers oddly, and with secrets kept 
   let fake: Server;
   let fakeUrl: string;
   const asked: Array<{ url: string; authorization: string | undefined }> = [];
+  let seq = 0;
 
   beforeAll(async () => {
     // Every page of /tools names the same next page.
@@ -456,7 +457,11 @@ describe('toolgate, against a gateway that answers oddly, and with secrets kept 
       response.setHeader('content-type', 'application/json');
       if (request.url?.startsWith('/tools'))
         response.end(JSON.stringify({ items: [{ id: 'loop.tool', version: '1.0.0' }], next_cursor: 'again' }));
-      else response.end(JSON.stringify({ kind: 'operator', id: 'fake' }));
+      else if (request.url?.startsWith('/audit')) {
+        seq += 1;
+        const event = { seq, occurred_at: new Date().toISOString(), event_type: 'loop.event', actor: 'operator:x' };
+        response.end(JSON.stringify({ items: [event], next_cursor: 'again' }));
+      } else response.end(JSON.stringify({ kind: 'operator', id: 'fake' }));
     });
     await new Promise<void>((resolve) => fake.listen(0, '127.0.0.1', resolve));
     const address = fake.address() as { port: number };
@@ -481,6 +486,12 @@ describe('toolgate, against a gateway that answers oddly, and with secrets kept 
     const resumed = await toolgate(['tools', 'list', '--all', '--cursor', 'again', '--url', fakeUrl]);
     expect(resumed.status).toBe(1);
     expect(asked.map((a) => a.url)).toEqual(['/tools?cursor=again']);
+
+    // audit tail pages back to the last event it showed: the same guard.
+    const tail = await toolgate(['audit', 'tail', '--lines', '1', '--interval', '1s', '--url', fakeUrl]);
+    expect(tail.status).toBe(1);
+    expect(tail.stdout).toMatch(/^1 \S+ loop\.event actor=operator:x [^\n]*\n$/);
+    expect(tail.stderr).toContain('next_cursor again a second time');
   }, 120_000);
 
   it('takes the token from TOOLGATE_TOKEN, or from stdin with --token-stdin, and says so in --help', async () => {
