@@ -523,6 +523,7 @@ describe('toolgate, against a gateway that answers oddly, and with secrets kept 
       await toolgate(['tools', 'list', '--url', withPassword]),
       await toolgate(['tools', 'list'], { TOOLGATE_URL: withPassword }),
       await toolgate(['tools', 'list', '--url', `${withPassword}:not-a-port`]),
+      await toolgate(['tools', 'list', '--url', withPassword.replace('http://', '')]),
     ]) {
       expect(outcome.status).toBe(2);
       expect(outcome.stdout + outcome.stderr).not.toMatch(/alice|s3cret/);

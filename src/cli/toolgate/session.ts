@@ -22,6 +22,9 @@ function gatewayUrl(text: string): string {
   } catch {
     throw new UsageError(`--url or TOOLGATE_URL: not a URL: ${text}`);
   }
+  // Without a scheme, `user:pass@host` parses as a URL of scheme `user:`, and fails naming itself.
+  if (url.protocol !== 'http:' && url.protocol !== 'https:')
+    throw new UsageError('--url or TOOLGATE_URL: expected an http:// or https:// URL');
   if (url.username || url.password)
     throw new UsageError(
       '--url or TOOLGATE_URL: leave the user and password out of the URL; the token goes in TOOLGATE_TOKEN',
