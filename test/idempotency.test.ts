@@ -129,6 +129,31 @@ describe('Idempotency-Key', () => {
     expect(theirs.body.id).not.toBe(mine.body.id);
   });
 
+  it("keeps keys apart per role: a tenant-operator with a platform-operator's sub does not replay its answer", async () => {
+    const key = newKey();
+    // Platform-wide: a platform-operator may arm it, a tenant-operator may not.
+    const body = {
+      scope: 'tool',
+      target: 'idem.nowhere',
+      tenant_id: null,
+      reason: 'r',
+      user_visible_status_copy: 'c',
+    };
+    const platform = await post('/kill-switches', body, key, tokens.platform('same.sub', T));
+    expect(platform.status).toBe(201);
+    const tenantOperator = await post('/kill-switches', body, key, tokens.tenantOperator(T, 'same.sub'));
+    expect(tenantOperator.status).toBe(403);
+    expect(tenantOperator.headers['idempotent-replayed']).toBeUndefined();
+    expect(tenantOperator.body.error.code).toBe('forbidden');
+    // The platform-operator's retry is still answered what it was.
+    const again = await post('/kill-switches', body, key, tokens.platform('same.sub', T));
+    expect([again.status, again.headers['idempotent-replayed'], again.body.id]).toEqual([
+      201,
+      'true',
+      platform.body.id,
+    ]);
+  });
+
   it('does not keep a refusal: a retry after fixing the cause runs again', async () => {
     const key = newKey();
     const body = {

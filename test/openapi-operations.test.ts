@@ -48,4 +48,18 @@ describe('/docs', () => {
     expect(served.servers).toEqual([{ url: '/', description: 'this gateway' }]);
     expect(Object.keys(served.paths)).toEqual(Object.keys(openapi.paths));
   });
+
+  it('may not be framed by another site, whatever page of it is asked for (it shares an origin with /console)', async () => {
+    const app = Fastify();
+    await app.register(docsRoutes);
+    for (const url of ['/docs', '/docs/', '/docs/static/swagger-ui-bundle.js', '/docs/json', '/openapi.json']) {
+      const response = await app.inject({ method: 'GET', url });
+      expect(response.statusCode, url).toBeLessThan(400);
+      const policy = String(response.headers['content-security-policy']);
+      expect(policy, url).toContain("frame-ancestors 'none'");
+      expect(policy, url).toContain("script-src 'self'");
+      expect(response.headers['x-frame-options'], url).toBe('DENY');
+    }
+    await app.close();
+  });
 });

@@ -2311,8 +2311,8 @@ export interface components {
          *     and the same request (method, path, query and body) creates nothing and is answered what the
          *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
          *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-         *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-         *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+         *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+         *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
          *     the first request is still being answered waits for its answer.
          */
         IdempotencyKey: string;
@@ -2451,7 +2451,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The console's page, with a Content-Security-Policy allowing only this gateway. */
+            /** @description The console's page, with a Content-Security-Policy allowing only this gateway and no frame (`frame-ancestors 'none'`, `X-Frame-Options: DENY`). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3089,8 +3089,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3258,8 +3258,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3513,8 +3513,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -3733,8 +3733,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -4227,8 +4227,8 @@ export interface operations {
                  *     and the same request (method, path, query and body) creates nothing and is answered what the
                  *     first was, with `Idempotent-Replayed: true`. The same key with another request is `422
                  *     idempotency_key_reused`. Only a 2xx answer is kept: after a refusal or failure the key is
-                 *     free, and a retry runs again. Keys belong to the caller (its tenant and principal), are
-                 *     1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
+                 *     free, and a retry runs again. Keys belong to the caller (its tenant, principal and, for an
+                 *     operator, role), are 1–255 printable ASCII characters, and are kept at least 24 hours. A retry arriving while
                  *     the first request is still being answered waits for its answer.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];

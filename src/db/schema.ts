@@ -240,10 +240,11 @@ export interface DB {
   idempotency_keys: IdempotencyKeyTable;
 }
 
-/** Idempotency keys of creating requests (migration 0013). */
+/** Idempotency keys of creating requests (migrations 0013, 0023). */
 export interface IdempotencyKeyTable {
   tenant_id: string;
   actor: string;
+  role: string;
   key: string;
   fingerprint: string;
   status_code: number | null;

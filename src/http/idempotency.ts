@@ -37,7 +37,11 @@ export const idempotencyPlugin = fp<{ keys: IdempotencyKeys }>(
         });
       }
       const principal = principalOf(request);
-      const owner = { tenantId: principal.tenantId, actor: actorOf(principal) };
+      const owner = {
+        tenantId: principal.tenantId,
+        actor: actorOf(principal),
+        role: principal.kind === 'operator' ? principal.role : 'agent',
+      };
       const verdict = await keys.begin(owner, header, requestFingerprint(request.method, request.url, request.body));
       switch (verdict.kind) {
         case 'claimed':

@@ -5,6 +5,8 @@ import type { DB, IdempotencyKeyTable } from '../db/schema.js';
 export interface KeyOwner {
   tenantId: string;
   actor: string;
+  /** An operator's role, or `agent`: the same `sub` in another role is another caller. */
+  role: string;
 }
 
 export type StoredKey = Selectable<IdempotencyKeyTable>;
@@ -19,7 +21,7 @@ export async function claimKey(
 ): Promise<boolean> {
   const row = await db
     .insertInto('idempotency_keys')
-    .values({ tenant_id: owner.tenantId, actor: owner.actor, key, fingerprint, created_at: at })
+    .values({ tenant_id: owner.tenantId, actor: owner.actor, role: owner.role, key, fingerprint, created_at: at })
     .onConflict((oc) => oc.doNothing())
     .returning('key')
     .executeTakeFirst();
@@ -32,6 +34,7 @@ export async function findKey(db: Kysely<DB>, owner: KeyOwner, key: string): Pro
     .selectAll()
     .where('tenant_id', '=', owner.tenantId)
     .where('actor', '=', owner.actor)
+    .where('role', '=', owner.role)
     .where('key', '=', key)
     .executeTakeFirst();
 }
@@ -52,6 +55,7 @@ export async function takeOverKey(
     .set({ created_at: at })
     .where('tenant_id', '=', owner.tenantId)
     .where('actor', '=', owner.actor)
+    .where('role', '=', owner.role)
     .where('key', '=', key)
     .where('status_code', 'is', null)
     .where('created_at', '=', claimedAt)
@@ -73,6 +77,7 @@ export async function completeKey(
     .set({ status_code: answer.statusCode, response: answer.body, completed_at: at })
     .where('tenant_id', '=', owner.tenantId)
     .where('actor', '=', owner.actor)
+    .where('role', '=', owner.role)
     .where('key', '=', key)
     .where('status_code', 'is', null)
     .execute();
@@ -84,6 +89,7 @@ export async function releaseKey(db: Kysely<DB>, owner: KeyOwner, key: string): 
     .deleteFrom('idempotency_keys')
     .where('tenant_id', '=', owner.tenantId)
     .where('actor', '=', owner.actor)
+    .where('role', '=', owner.role)
     .where('key', '=', key)
     .where('status_code', 'is', null)
     .execute();

@@ -1,6 +1,6 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
-import { record, table } from './format.js';
+import { cell, record, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
 import { Session } from './session.js';
 
@@ -94,7 +94,7 @@ export function approvalsCommand() {
           const decided = await s.call(
             s.api.POST(path, { params: { path: { id } }, body: { rationale: options.reason } }),
           );
-          s.print(decided, () => `${decided.id} ${decided.status} by ${decided.decided_by}`);
+          s.print(decided, () => `${decided.id} ${decided.status} by ${cell(decided.decided_by)}`);
         }),
     );
   }

@@ -9,7 +9,8 @@ import { PartitionFileVerifier, type PartitionFileVerification } from '../../aud
 import type { Schemas } from '../../client/index.js';
 import { cell, parseDuration, parseInteger, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
-import { CheckFailed, Session, UsageError } from './session.js';
+import { CheckFailed, followOnce, Session, UsageError } from './session.js';
+import { jsonText, printable } from './terminal.js';
 
 type AuditEvent = Schemas['AuditEvent'];
 
@@ -150,7 +151,7 @@ function partitionsCommands(): ReturnType<typeof command>[] {
     .action(async (file: string, options: { key?: string; allowUnsigned?: boolean }, cmd) => {
       const json = Boolean((cmd as Command).optsWithGlobals<{ json?: boolean }>().json);
       const result = await verifyFile(file, options);
-      process.stdout.write(`${json ? JSON.stringify(result, null, 2) : fileVerdict(file, result)}\n`);
+      process.stdout.write(`${json ? jsonText(result, 2) : printable(fileVerdict(file, result))}\n`);
       if (!result.ok) throw new CheckFailed(`${file} does not verify`);
     });
 
@@ -257,7 +258,7 @@ export function auditCommand() {
       .addOption(new Option('--interval <duration>', 'how often to ask').argParser(parseDuration).default(2, '2s'))
       .action(async (options: Filters & { lines: number; interval: number }, cmd) => {
         const s = new Session(cmd);
-        const show = (e: AuditEvent) => process.stdout.write(`${s.json ? JSON.stringify(e) : eventLine(e)}\n`);
+        const show = (e: AuditEvent) => process.stdout.write(`${s.json ? jsonText(e) : printable(eventLine(e))}\n`);
         const recent =
           options.lines > 0
             ? await s.call(
@@ -274,6 +275,7 @@ export function auditCommand() {
           // carry a time a little older than one already shown.
           const since = last?.occurred_at ? new Date(Date.parse(last.occurred_at) - 60_000).toISOString() : undefined;
           const fresh: AuditEvent[] = [];
+          const seen = new Set<string>();
           let cursor: string | undefined;
           do {
             const page = await s.call(
@@ -281,7 +283,8 @@ export function auditCommand() {
             );
             const newer = page.items.filter((e) => !last || e.seq > last.seq);
             fresh.push(...newer);
-            cursor = newer.length === page.items.length ? (page.next_cursor ?? undefined) : undefined;
+            cursor =
+              newer.length === page.items.length && page.next_cursor ? followOnce(seen, page.next_cursor) : undefined;
           } while (cursor);
           fresh.sort((a, b) => a.seq - b.seq).forEach(show);
           last = fresh.at(-1) ?? last;
@@ -329,7 +332,7 @@ export function auditCommand() {
           if (!result.ok) {
             const why =
               result.anchor && !result.anchor.ok
-                ? ` (anchor at seq ${result.anchor.seq}: ${result.anchor.reason})`
+                ? ` (anchor at seq ${result.anchor.seq}: ${cell(result.anchor.reason)})`
                 : '';
             return `audit chain BROKEN at seq ${result.first_bad_seq}${why}; ${rows(result.checked)} verified before it`;
           }

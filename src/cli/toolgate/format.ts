@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { printable } from './terminal.js';
 
 const UNIT_SECONDS = { s: 1, m: 60, h: 3_600, d: 86_400, w: 604_800 } as const;
 
@@ -53,11 +54,10 @@ export function collect(text: string, into: string[] = []): string[] {
   return [...into, text];
 }
 
-/** One cell: nothing as `-`, objects as compact JSON. */
+/** One cell, on one line: nothing as `-`, objects as compact JSON, control characters escaped. */
 export function cell(value: unknown): string {
   if (value === null || value === undefined || value === '') return '-';
-  if (typeof value === 'object') return JSON.stringify(value);
-  return String(value);
+  return printable(typeof value === 'object' ? JSON.stringify(value) : String(value));
 }
 
 /** Columns aligned with spaces, like `kubectl get`: easy to read, and to cut with awk. */

@@ -189,8 +189,7 @@ export function grantsCommand() {
                 }),
               ),
             );
-          if (!id && revoked.length === 0)
-            process.stderr.write(`no live grant of ${options.agent} for ${options.tool}\n`);
+          if (!id && revoked.length === 0) s.note(`no live grant of ${options.agent} for ${options.tool}`);
           s.print(id ? revoked[0] : { items: revoked }, () => (revoked.length ? grantRows(revoked) : ''));
         },
       ),

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
-import { collectPair, parseJson, parseNumber, record, table } from './format.js';
+import { cell, collectPair, parseJson, parseNumber, record, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
 import { Session } from './session.js';
 
@@ -38,7 +38,7 @@ function stepRows(steps: Envelope['steps']): string {
 }
 
 function envelopeText(envelope: Envelope): string {
-  const warnings = envelope.warnings.length ? `\nwarnings: ${envelope.warnings.join(', ')}` : '';
+  const warnings = envelope.warnings.length ? `\nwarnings: ${envelope.warnings.map(cell).join(', ')}` : '';
   return `run ${envelope.run_id}: ${envelope.status}${envelope.dry_run ? ' (dry run)' : ''}\n\n${stepRows(envelope.steps)}${warnings}`;
 }
 

@@ -1,6 +1,6 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
-import { record, table } from './format.js';
+import { cell, record, table } from './format.js';
 import { command, IDEMPOTENCY_KEY, idempotencyHeader, listOptions, type ListOptions } from './help.js';
 import { CheckFailed, Session, UsageError } from './session.js';
 
@@ -111,8 +111,8 @@ export function switchesCommand() {
             const { role } = await s.call(s.api.GET('/whoami'));
             const beyond = role === 'platform-operator' ? [] : armed.filter((k) => k.tenant_id === null);
             for (const k of beyond)
-              process.stderr.write(
-                `left ${k.id} (${k.scope} ${k.target}) armed: it is platform-wide, and only a platform-operator disarms it\n`,
+              s.note(
+                `left ${k.id} (${k.scope} ${k.target}) armed: it is platform-wide, and only a platform-operator disarms it`,
               );
             ids = armed.filter((k) => !beyond.includes(k)).map((k) => k.id);
           }
@@ -126,7 +126,7 @@ export function switchesCommand() {
                 }),
               ),
             );
-          if (!id && disarmed.length === 0) process.stderr.write(`no armed switch on ${options.target}\n`);
+          if (!id && disarmed.length === 0) s.note(`no armed switch on ${options.target}`);
           s.print(id ? disarmed[0] : { items: disarmed }, () => (disarmed.length ? switchRows(disarmed) : ''));
         },
       ),
@@ -214,7 +214,7 @@ export function switchesCommand() {
         s.print(decision, () =>
           decision.ok
             ? 'no armed switch stops this call'
-            : `stopped by ${decision.blamed!.id} (${decision.blamed!.scope} ${decision.blamed!.target}): "${decision.blamed!.user_visible_status_copy}"\n\n${switchRows(decision.matches)}`,
+            : `stopped by ${decision.blamed!.id} (${decision.blamed!.scope} ${decision.blamed!.target}): "${cell(decision.blamed!.user_visible_status_copy)}"\n\n${switchRows(decision.matches)}`,
         );
         if (!decision.ok) throw new CheckFailed(`kill_switch_active: ${decision.blamed!.id} stops this call`);
       }),
