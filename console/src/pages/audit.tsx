@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { attempt, type Schemas } from '../api.js';
-import { formValues, Listing, PageFrame, RefusalNote, When } from '../components.js';
+import { formValues, Id, Listing, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
 
@@ -69,7 +69,7 @@ export function AuditPage() {
 function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
   return (
     <div class="table-wrap" tabIndex={0} role="region" aria-label="Events table">
-      <table>
+      <table class="events">
         <caption class="visually-hidden">Audit events, newest first</caption>
         <thead>
           <tr>
@@ -77,9 +77,13 @@ function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
             <th scope="col">When</th>
             <th scope="col">Event</th>
             <th scope="col">Actor</th>
-            <th scope="col">Agent</th>
+            <th scope="col" class="secondary">
+              Agent
+            </th>
             <th scope="col">Run</th>
-            <th scope="col">Tool</th>
+            <th scope="col" class="secondary">
+              Tool
+            </th>
             <th scope="col">Status</th>
             <th scope="col">Reason code</th>
           </tr>
@@ -92,14 +96,18 @@ function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
                 <When at={event.occurred_at} />
               </td>
               <th scope="row">
-                <code>{event.event_type}</code>
+                <Id value={event.event_type} />
               </th>
-              <td>{event.actor}</td>
-              <td>{event.agent_id ?? '—'}</td>
-              <td>{event.run_id ?? '—'}</td>
-              <td>{event.tool_id ? `${event.tool_id} ${event.tool_version ?? ''}` : '—'}</td>
+              <td>
+                <Id value={event.actor} />
+              </td>
+              <td class="secondary">{event.agent_id ? <Id value={event.agent_id} /> : '—'}</td>
+              <td>{event.run_id ? <Id value={event.run_id} /> : '—'}</td>
+              <td class="secondary">
+                {event.tool_id ? <Id value={`${event.tool_id} ${event.tool_version ?? ''}`.trim()} /> : '—'}
+              </td>
               <td>{event.status ?? '—'}</td>
-              <td>{event.reason_code ? <code>{event.reason_code}</code> : '—'}</td>
+              <td>{event.reason_code ? <Id value={event.reason_code} /> : '—'}</td>
             </tr>
           ))}
         </tbody>
