@@ -1,3 +1,4 @@
+import type { webcrypto } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import {
   canonicalJson,
@@ -188,7 +189,10 @@ describe('a record checked against a signed checkpoint, as the Audit page does',
   }));
 
   async function signedLog() {
-    const pair = (await crypto.subtle.generateKey({ name: 'Ed25519' }, true, ['sign', 'verify'])) as CryptoKeyPair;
+    const pair = (await crypto.subtle.generateKey({ name: 'Ed25519' }, true, [
+      'sign',
+      'verify',
+    ])) as webcrypto.CryptoKeyPair;
     const key = Uint8Array.of(1, ...new Uint8Array(await crypto.subtle.exportKey('raw', pair.publicKey)));
     const keyId = new Uint8Array(
       await crypto.subtle.digest('SHA-256', Uint8Array.of(...utf8(`${ORIGIN}\n`), ...key)),
