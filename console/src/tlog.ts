@@ -98,9 +98,13 @@ export async function verifyNote(message: string, key: VerifierKey): Promise<str
   const { text, signatures } = parseNote(message);
   const ours = signatures.filter((sig) => sig.name === key.name && equal(sig.keyId, key.keyId));
   if (ours.length === 0) throw new LogCheckError(`the note has no signature by ${key.name}`);
-  const publicKey = await crypto.subtle.importKey('raw', key.publicKey, { name: 'Ed25519' }, false, ['verify']);
+  // Copies: the DOM's WebCrypto types take ArrayBuffer-backed views only.
+  const publicKey = await crypto.subtle.importKey('raw', new Uint8Array(key.publicKey), { name: 'Ed25519' }, false, [
+    'verify',
+  ]);
   for (const sig of ours)
-    if (await crypto.subtle.verify({ name: 'Ed25519' }, publicKey, sig.signature, utf8.encode(text))) return text;
+    if (await crypto.subtle.verify({ name: 'Ed25519' }, publicKey, new Uint8Array(sig.signature), utf8.encode(text)))
+      return text;
   throw new LogCheckError(`the signature by ${key.name} does not verify`);
 }
 
