@@ -256,6 +256,21 @@ describe.skipIf(!hasChromium)(
       expect((await h.client.get(`/approvals/${held.body.steps[0].approval_id}`, { token: alice })).body.status).toBe(
         'approved',
       );
+
+      // A hidden tab asks nothing; shown again, it asks at once.
+      const asked: string[] = [];
+      page.on('request', (request) => asked.push(new URL(request.url()).pathname));
+      const setVisibility = (state: string) =>
+        inPage(
+          `Object.defineProperty(document, 'visibilityState', { configurable: true, get: () => '${state}' }); document.dispatchEvent(new Event('visibilitychange'))`,
+        );
+      await setVisibility('hidden');
+      asked.length = 0;
+      await new Promise((resolve) => setTimeout(resolve, 5_000));
+      expect(asked.filter((path) => path === '/approvals')).toEqual([]);
+      await setVisibility('visible');
+      await until('a request once visible', () => asked.includes('/approvals'), { timeoutMs: 1_000 });
+      page.removeAllListeners('request');
     });
 
     it("refuses an operator's approval of its own proposal, showing the API's code and message", async () => {
@@ -504,6 +519,12 @@ describe.skipIf(!hasChromium)(
       }
       await signIn(alice);
       await open('Runs');
+      // A run started while the list is open (once it has answered) appears on its own, marked new.
+      await until('the list to have answered', async () => (await lastRefresh()).includes('last at'));
+      const started = newRunId('started');
+      expect((await run('lookup', 'later', agent, started)).status).toBe(200);
+      await runLink(started).waitFor({ timeout: 5_000 });
+      expect(await page.getByRole('row').filter({ hasText: started }).locator('.badge.new').count()).toBe(1);
       // The oldest of the 24 is at the bottom of the first page, below the window.
       const far = runLink(runs[1]!);
       await far.scrollIntoViewIfNeeded();
