@@ -479,6 +479,12 @@ describe.skipIf(!hasChromium)(
       await field('Status').selectOption('completed');
       await field('Agent').fill(AGENT);
       await button('Filter').click();
+      await until('only completed runs listed', async () =>
+        (await page.getByRole('region', { name: 'Runs table' }).locator('tbody .badge').allInnerTexts()).every(
+          (status) => status === 'completed' || status === 'new',
+        ),
+      );
+      await shot('runs');
       await runLink(ours).click();
       const detail = page.getByRole('region', { name: `Run ${ours}` });
       const steps = await detail.getByRole('region', { name: 'Steps table' }).innerText();
@@ -487,7 +493,6 @@ describe.skipIf(!hasChromium)(
       const audit = (await h.client.get('/audit', { token: alice, query: { run_id: ours } })).body.items;
       const outcome = audit.find((event: any) => event.event_type === 'run.step.completed');
       expect(steps).toContain(outcome.event_id);
-      await shot('runs');
 
       await signIn(outsider);
       await open('Runs');
