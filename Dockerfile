@@ -3,6 +3,8 @@
 FROM node:22-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
+# The `prepare` script's file only: it builds nothing here (no sources yet); `npm run build` below does.
+COPY console/build-on-install.js ./console/
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
@@ -15,6 +17,8 @@ FROM node:22-bookworm-slim
 ENV NODE_ENV=production HOST=0.0.0.0 PORT=8080 TOOLGATE_DATA_DIR=/data
 WORKDIR /app
 COPY package.json package-lock.json ./
+# `prepare` runs here too, and steps aside: no Vite in a production install.
+COPY console/build-on-install.js ./console/
 RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force
 COPY --from=build /app/dist ./dist
 COPY bin ./bin

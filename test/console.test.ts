@@ -65,6 +65,26 @@ describe('GET /console', () => {
     expect(response.headers['referrer-policy']).toBe('no-referrer');
   });
 
+  it('serves a rebuilt page without a restart (a rebuild names new hashed assets)', async () => {
+    const folder = await mkdtemp(join(tmpdir(), 'toolgate-console-rebuilt-'));
+    const app = await appServing(folder);
+    try {
+      expect((await get(app, '/console')).statusCode).toBe(404);
+      await writeFile(join(folder, 'index.html'), '<script src="/console/assets/index-first.js"></script>');
+      const first = await get(app, '/console');
+      expect(first.statusCode).toBe(200);
+      expect(first.body).toContain('index-first.js');
+      await writeFile(join(folder, 'index.html'), '<script src="/console/assets/index-second.js"></script>');
+      const second = await get(app, '/console');
+      expect(second.statusCode).toBe(200);
+      expect(second.body).toContain('index-second.js');
+      expect(second.body).not.toContain('index-first.js');
+    } finally {
+      await app.close();
+      await rm(folder, { recursive: true, force: true });
+    }
+  });
+
   it('answers 404 not_found, saying how to build it, when the console is not built', async () => {
     const app = await appServing(unbuilt);
     const response = await get(app, '/console');

@@ -1,14 +1,14 @@
-import { useEffect, useMemo, useState } from 'preact/hooks';
+import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
 import { attempt, clientFor, session, type Principal, type Refusal } from './api.js';
 import { RefusalNote } from './components.js';
-import { useHash } from './hooks.js';
+import { LIVE_INTERVAL_MS, useHash, useWhileVisible } from './hooks.js';
 import { ApprovalsPage } from './pages/approvals.js';
 import { AuditPage } from './pages/audit.js';
 import { GrantsPage } from './pages/grants.js';
 import { KillSwitchesPage } from './pages/kill-switches.js';
 import { RunsPage } from './pages/runs.js';
 import { ToolsPage } from './pages/tools.js';
-import { mayDo, SessionContext } from './session.js';
+import { mayDo, SessionContext, useSession } from './session.js';
 
 const PAGES = [
   { path: 'approvals', title: 'Approvals', render: () => <ApprovalsPage /> },
@@ -19,9 +19,23 @@ const PAGES = [
   { path: 'tools', title: 'Tools', render: () => <ToolsPage /> },
 ] as const;
 
-/** The page the URL's fragment names (`#/runs`); the console is one document, so reloads keep it. */
+/** The page the URL's fragment names (`#/runs`, `#/runs/<id>`); the console is one document, so reloads keep it. */
 function useRoute(): string {
-  return useHash().replace(/^#\/?/, '').split('?')[0] || 'approvals';
+  return useHash().replace(/^#\/?/, '').split(/[/?]/)[0] || 'approvals';
+}
+
+/** How many proposals wait for a human, asked again while the tab is visible ("100+" past a page). */
+function usePendingCount(): string | null {
+  const { client } = useSession();
+  const [count, setCount] = useState<string | null>(null);
+  const ask = useCallback(() => {
+    void attempt(client.GET('/approvals', { params: { query: { status: 'pending', limit: 100 } } })).then((outcome) => {
+      if (outcome.ok) setCount(`${outcome.data.items.length}${outcome.data.next_cursor ? '+' : ''}`);
+    });
+  }, [client]);
+  useEffect(ask, [ask]);
+  useWhileVisible(ask, LIVE_INTERVAL_MS);
+  return count;
 }
 
 export function App() {
@@ -126,6 +140,7 @@ function SignIn(props: {
 function Shell({ principal, onSignOut }: { principal: Principal; onSignOut: () => void }) {
   const route = useRoute();
   const page = PAGES.find((candidate) => candidate.path === route) ?? PAGES[0];
+  const pending = usePendingCount();
   return (
     <>
       <a
@@ -154,6 +169,13 @@ function Shell({ principal, onSignOut }: { principal: Principal; onSignOut: () =
               <a href={`#/${candidate.path}`} aria-current={candidate === page ? 'page' : undefined}>
                 {candidate.title}
               </a>
+              {/* Beside the link, not in it, so that the link's name stays the page's. */}
+              {candidate.path === 'approvals' && pending !== null && pending !== '0' ? (
+                <span class="count">
+                  {pending}
+                  <span class="visually-hidden"> pending</span>
+                </span>
+              ) : null}
             </li>
           ))}
         </ul>

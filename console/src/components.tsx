@@ -1,4 +1,4 @@
-import type { ComponentChildren } from 'preact';
+import { Fragment, type ComponentChildren } from 'preact';
 import { useEffect, useRef } from 'preact/hooks';
 import type { Refusal } from './api.js';
 import type { Paged } from './hooks.js';
@@ -35,19 +35,35 @@ export function Listing<T>({
   label,
   paged,
   empty,
+  shown = paged.items.length,
   children,
 }: {
   label: string;
   paged: Paged<T>;
   empty: string;
+  /** How many entries the page shows, when it keeps some the listing no longer has. */
+  shown?: number;
   children: (items: T[]) => ComponentChildren;
 }) {
   return (
     <div class="listing" aria-busy={paged.loading}>
+      <div class="toolbar">
+        <button type="button" class="quiet" onClick={paged.reload} aria-label={`Refresh ${label.toLowerCase()}`}>
+          Refresh
+        </button>
+        <span class="muted">
+          {paged.live ? 'Updates on its own while this tab is visible' : 'Shown as loaded'}
+          {paged.refreshedAt ? <>; last at {paged.refreshedAt.toLocaleTimeString()}</> : null}.
+        </span>
+        {/* Announced politely: what a refresh brought, never the refresh itself. */}
+        <span role="status" class="arrived">
+          {paged.fresh.size > 0 ? `${paged.fresh.size} new since you opened this page` : ''}
+        </span>
+      </div>
       <RefusalNote refusal={paged.refusal} />
-      {paged.loading && paged.items.length === 0 ? <p role="status">Loading…</p> : null}
-      {!paged.loading && !paged.refusal && paged.items.length === 0 ? <p>{empty}</p> : null}
-      {paged.items.length > 0 ? children(paged.items) : null}
+      {paged.loading && shown === 0 ? <p role="status">Loading…</p> : null}
+      {!paged.loading && !paged.refusal && shown === 0 ? <p>{empty}</p> : null}
+      {shown > 0 ? children(paged.items) : null}
       {paged.hasNext || paged.hasPrevious ? (
         <nav class="pager" aria-label={`${label} pages`}>
           <button type="button" onClick={paged.previous} disabled={!paged.hasPrevious}>
@@ -61,6 +77,26 @@ export function Listing<T>({
       ) : null}
     </div>
   );
+}
+
+/** An id or dotted name that may wrap after its dots, colons, dashes and underscores, never mid-word. */
+export function Id({ value }: { value: string }) {
+  const parts = value.split(/(?<=[.:_/-])/);
+  return (
+    <code class="id">
+      {parts.map((part, index) => (
+        <Fragment key={index}>
+          {index > 0 ? <wbr /> : null}
+          {part}
+        </Fragment>
+      ))}
+    </code>
+  );
+}
+
+/** The mark on a row or card a refresh brought. */
+export function NewMark({ show }: { show: boolean }) {
+  return show ? <span class="badge new">new</span> : null;
 }
 
 export function Json({ value, label }: { value: unknown; label: string }) {

@@ -1,6 +1,6 @@
-import { useId, useState } from 'preact/hooks';
+import { useEffect, useId, useState } from 'preact/hooks';
 import { attempt, type Schemas } from '../api.js';
-import { Facts, Json, Listing, PageFrame, RefusalNote, When } from '../components.js';
+import { Facts, Json, Listing, NewMark, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, usePaged } from '../hooks.js';
 import { useSession } from '../session.js';
 
@@ -15,7 +15,13 @@ export function ApprovalsPage() {
     (cursor) =>
       attempt(client.GET('/approvals', { params: { query: { limit: 20, cursor, ...(status ? { status } : {}) } } })),
     [status],
+    { key: (approval) => approval.id, live: true },
   );
+  // A card decided here stays where it was after refreshes drop it from the pending list, so the
+  // operator sees the outcome; a change of filter forgets them.
+  const [decidedHere, setDecidedHere] = useState<DecidedHere[]>([]);
+  useEffect(() => setDecidedHere([]), [status]);
+  const shown = keepInPlace(paged.items, decidedHere);
   return (
     <PageFrame title="Approvals">
       <p>
@@ -37,12 +43,21 @@ export function ApprovalsPage() {
           <option value="">all</option>
         </select>
       </div>
-      <Listing label="Approvals" paged={paged} empty="Nothing here.">
-        {(items) => (
+      <Listing label="Approvals" paged={paged} empty="Nothing here." shown={shown.length}>
+        {() => (
           <ul class="cards">
-            {items.map((approval) => (
+            {shown.map((approval, at) => (
               <li key={approval.id}>
-                <ApprovalCard approval={approval} />
+                <ApprovalCard
+                  approval={approval}
+                  fresh={paged.fresh.has(approval.id)}
+                  onDecided={(decided) =>
+                    setDecidedHere((before) => [
+                      ...before.filter((kept) => kept.approval.id !== decided.id),
+                      { approval: decided, at },
+                    ])
+                  }
+                />
               </li>
             ))}
           </ul>
@@ -52,9 +67,36 @@ export function ApprovalsPage() {
   );
 }
 
-function ApprovalCard({ approval: initial }: { approval: Approval }) {
+/** An approval decided in this view, and the place its card had then. */
+interface DecidedHere {
+  approval: Approval;
+  at: number;
+}
+
+/** The listed approvals, with those decided here kept at their place once a refresh no longer lists them. */
+function keepInPlace(listed: Approval[], decidedHere: DecidedHere[]): Approval[] {
+  const shown = [...listed];
+  for (const { approval, at } of decidedHere) {
+    const listedAt = shown.findIndex((item) => item.id === approval.id);
+    if (listedAt >= 0) shown[listedAt] = approval;
+    else shown.splice(Math.min(at, shown.length), 0, approval);
+  }
+  return shown;
+}
+
+function ApprovalCard({
+  approval: listed,
+  fresh,
+  onDecided,
+}: {
+  approval: Approval;
+  fresh: boolean;
+  onDecided: (approval: Approval) => void;
+}) {
   const { client, principal } = useSession();
-  const [approval, setApproval] = useState(initial);
+  const [approval, setApproval] = useState(listed);
+  // A decision taken elsewhere (another operator, expiry) shows when a refresh brings it.
+  useEffect(() => setApproval(listed), [listed.status, listed.decided_at]);
   const decision = useAction<Approval>();
   const id = useId();
   const own = approval.proposed_by.toLowerCase() === `operator:${principal.id}`.toLowerCase();
@@ -68,7 +110,10 @@ function ApprovalCard({ approval: initial }: { approval: Approval }) {
     const outcome = await decision.run(() =>
       attempt(client.POST(path, { params: { path: { id: approval.id } }, body: { rationale } })),
     );
-    if (outcome.ok) setApproval(outcome.data);
+    if (outcome.ok) {
+      setApproval(outcome.data);
+      onDecided(outcome.data);
+    }
   };
 
   const title =
@@ -78,12 +123,17 @@ function ApprovalCard({ approval: initial }: { approval: Approval }) {
   return (
     <article class="card" aria-labelledby={`${id}-title`}>
       <h2 id={`${id}-title`}>
-        {title} <span class={`badge ${approval.status}`}>{approval.status}</span>
+        {title} <span class={`badge ${approval.status}`}>{approval.status}</span> <NewMark show={fresh} />
       </h2>
       <Facts
         facts={[
           ['Agent', <code>{approval.agent_id}</code>],
-          ['Run', <a href={`#/runs?run=${encodeURIComponent(approval.run_id)}`}>{approval.run_id}</a>],
+          [
+            'Run',
+            <a href={`#/runs/${encodeURIComponent(approval.run_id)}?tenant=${encodeURIComponent(approval.tenant_id)}`}>
+              {approval.run_id}
+            </a>,
+          ],
           ['Step', approval.step_index ?? '—'],
           ['Proposed by', <code>{approval.proposed_by}</code>],
           ['Proposed', <When at={approval.created_at} />],

@@ -1,8 +1,16 @@
-import { useState } from 'preact/hooks';
-import { attempt, type Schemas } from '../api.js';
-import { formValues, Listing, PageFrame, RefusalNote, When } from '../components.js';
+import { useCallback, useEffect, useState } from 'preact/hooks';
+import { attempt, getText, type Schemas } from '../api.js';
+import { formValues, Id, Listing, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
+import {
+  LogCheckError,
+  parseCheckpoint,
+  parseVerifierKey,
+  toBase64,
+  verifyNote,
+  verifyRecordInclusion,
+} from '../tlog.js';
 
 type Verification = {
   ok: boolean;
@@ -34,8 +42,10 @@ export function AuditPage() {
     (cursor) => attempt(client.GET('/audit', { params: { query: { limit: 50, cursor, ...filter } } })),
     [filter],
   );
+  const log = useLog();
   return (
     <PageFrame title="Audit">
+      <LogPanel log={log} />
       <Verify platform={isPlatform(principal)} />
       <h2>Latest events</h2>
       <form
@@ -60,16 +70,16 @@ export function AuditPage() {
         <button type="submit">Filter</button>
       </form>
       <Listing label="Events" paged={paged} empty="No events.">
-        {(items) => <EventTable items={items} />}
+        {(items) => <EventTable items={items} log={log} />}
       </Listing>
     </PageFrame>
   );
 }
 
-function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
+function EventTable({ items, log }: { items: Array<Schemas['AuditEvent']>; log: Log }) {
   return (
     <div class="table-wrap" tabIndex={0} role="region" aria-label="Events table">
-      <table>
+      <table class="events">
         <caption class="visually-hidden">Audit events, newest first</caption>
         <thead>
           <tr>
@@ -77,11 +87,16 @@ function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
             <th scope="col">When</th>
             <th scope="col">Event</th>
             <th scope="col">Actor</th>
-            <th scope="col">Agent</th>
+            <th scope="col" class="secondary">
+              Agent
+            </th>
             <th scope="col">Run</th>
-            <th scope="col">Tool</th>
+            <th scope="col" class="secondary">
+              Tool
+            </th>
             <th scope="col">Status</th>
             <th scope="col">Reason code</th>
+            {log.state === 'ready' ? <th scope="col">In the log</th> : null}
           </tr>
         </thead>
         <tbody>
@@ -92,14 +107,23 @@ function EventTable({ items }: { items: Array<Schemas['AuditEvent']> }) {
                 <When at={event.occurred_at} />
               </td>
               <th scope="row">
-                <code>{event.event_type}</code>
+                <Id value={event.event_type} />
               </th>
-              <td>{event.actor}</td>
-              <td>{event.agent_id ?? '—'}</td>
-              <td>{event.run_id ?? '—'}</td>
-              <td>{event.tool_id ? `${event.tool_id} ${event.tool_version ?? ''}` : '—'}</td>
+              <td>
+                <Id value={event.actor} />
+              </td>
+              <td class="secondary">{event.agent_id ? <Id value={event.agent_id} /> : '—'}</td>
+              <td>{event.run_id ? <Id value={event.run_id} /> : '—'}</td>
+              <td class="secondary">
+                {event.tool_id ? <Id value={`${event.tool_id} ${event.tool_version ?? ''}`.trim()} /> : '—'}
+              </td>
               <td>{event.status ?? '—'}</td>
-              <td>{event.reason_code ? <code>{event.reason_code}</code> : '—'}</td>
+              <td>{event.reason_code ? <Id value={event.reason_code} /> : '—'}</td>
+              {log.state === 'ready' ? (
+                <td>
+                  <CheckInclusion eventId={event.event_id} log={log} />
+                </td>
+              ) : null}
             </tr>
           ))}
         </tbody>
@@ -143,5 +167,141 @@ function Verify({ platform }: { platform: boolean }) {
         </div>
       ) : null}
     </section>
+  );
+}
+
+/** The latest signed checkpoint, its signature checked here against the log's verifier key. */
+interface Trusted {
+  verifierKey: string;
+  note: string;
+  origin: string;
+  size: number;
+  root: string;
+}
+
+type Log =
+  | { state: 'loading' }
+  | { state: 'absent' }
+  | { state: 'failed'; message: string }
+  | { state: 'ready'; checkpoint: Trusted; latest: () => Promise<Trusted> };
+
+async function latestCheckpoint(verifierKey: string): Promise<Trusted> {
+  const answer = await getText('/audit/checkpoint');
+  if (answer.status !== 200) throw new LogCheckError(`GET /audit/checkpoint answered ${answer.status}`);
+  const checkpoint = parseCheckpoint(await verifyNote(answer.text, await parseVerifierKey(verifierKey)));
+  return {
+    verifierKey,
+    note: answer.text,
+    origin: checkpoint.origin,
+    size: checkpoint.size,
+    root: toBase64(checkpoint.rootHash),
+  };
+}
+
+/**
+ * The verifiable log (SPEC §8.1), where the gateway has it: a gateway without its routes answers
+ * 404, and the page shows the hash chain's Verify alone.
+ */
+function useLog(): Log {
+  const [log, setLog] = useState<Log>({ state: 'loading' });
+  const start = useCallback(async () => {
+    const info = await getText('/audit/log-info');
+    if (info.status === 404) return setLog({ state: 'absent' });
+    if (info.status !== 200) return setLog({ state: 'failed', message: `GET /audit/log-info answered ${info.status}` });
+    try {
+      const { verifier_key: verifierKey } = JSON.parse(info.text) as { verifier_key: string };
+      const latest = () => latestCheckpoint(verifierKey);
+      setLog({ state: 'ready', checkpoint: await latest(), latest });
+    } catch (error) {
+      setLog({ state: 'failed', message: (error as Error).message });
+    }
+  }, []);
+  useEffect(() => void start(), [start]);
+  return log;
+}
+
+function LogPanel({ log }: { log: Log }) {
+  if (log.state === 'loading' || log.state === 'absent') return null;
+  return (
+    <section class="panel" aria-labelledby="log-title">
+      <h2 id="log-title">Signed checkpoint</h2>
+      {log.state === 'failed' ? (
+        <p class="refusal" role="alert">
+          The latest checkpoint could not be checked here: {log.message}
+        </p>
+      ) : (
+        <>
+          <p role="status">
+            <strong class="good">Signature verified here</strong> against the log's key{' '}
+            <code>{log.checkpoint.origin}</code>: tree size {log.checkpoint.size}, root{' '}
+            <code class="hash">{log.checkpoint.root}</code>.
+          </p>
+          <p class="muted">
+            "Check" on an event fetches its inclusion proof and recomputes, in this browser, its leaf from the record
+            and the root from the proof.
+          </p>
+        </>
+      )}
+    </section>
+  );
+}
+
+type Checked =
+  | { state: 'idle' | 'checking' }
+  | { state: 'verified'; size: number; index: number }
+  | { state: 'failed'; message: string };
+
+/** One record checked against the latest checkpoint: its leaf recomputed, its proof followed to the signed root. */
+async function checkRecord(eventId: string, log: Extract<Log, { state: 'ready' }>): Promise<Checked> {
+  const id = encodeURIComponent(eventId);
+  const entry = await getText(`/audit/events/${id}`);
+  if (entry.status !== 200) return { state: 'failed', message: `GET /audit/events answered ${entry.status}` };
+  const { record, leaf_index: leafIndex } = JSON.parse(entry.text) as { record: unknown; leaf_index: number | null };
+  if (leafIndex === null) return { state: 'failed', message: 'not in the log yet: try again in a moment' };
+  // A record sequenced after the checkpoint shown is proved against a newer one.
+  const checkpoint = leafIndex < log.checkpoint.size ? log.checkpoint : await log.latest();
+  const proof = await getText(`/audit/events/${id}/inclusion?tree_size=${checkpoint.size}`);
+  if (proof.status !== 200) return { state: 'failed', message: `the inclusion proof answered ${proof.status}` };
+  const verdict = await verifyRecordInclusion({
+    note: checkpoint.note,
+    verifierKey: checkpoint.verifierKey,
+    record,
+    inclusion: JSON.parse(proof.text),
+  });
+  return { state: 'verified', size: verdict.treeSize, index: verdict.leafIndex };
+}
+
+function CheckInclusion({ eventId, log }: { eventId: string; log: Extract<Log, { state: 'ready' }> }) {
+  const [checked, setChecked] = useState<Checked>({ state: 'idle' });
+  const check = async () => {
+    setChecked({ state: 'checking' });
+    setChecked(
+      await checkRecord(eventId, log).catch((error: Error) => ({ state: 'failed', message: error.message }) as const),
+    );
+  };
+  if (checked.state === 'verified')
+    return (
+      <span class="good" role="status" title={`leaf ${checked.index} of the signed tree of ${checked.size}`}>
+        verified here
+      </span>
+    );
+  return (
+    <>
+      <button
+        type="button"
+        class="quiet"
+        onClick={() => void check()}
+        disabled={checked.state === 'checking'}
+        aria-label={`Check event ${eventId} in the log`}
+      >
+        Check
+      </button>
+      {checked.state === 'failed' ? (
+        <span class="bad" role="alert">
+          {' '}
+          {checked.message}
+        </span>
+      ) : null}
+    </>
   );
 }

@@ -1,6 +1,6 @@
-import { useId } from 'preact/hooks';
-import { attempt, type Schemas } from '../api.js';
-import { Facts, formValues, Listing, PageFrame, RefusalNote, When } from '../components.js';
+import { useEffect, useId, useRef, useState } from 'preact/hooks';
+import { attempt, type Schemas, type ToolgateClient } from '../api.js';
+import { Facts, formValues, Listing, NewMark, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
 
@@ -15,6 +15,7 @@ export function KillSwitchesPage() {
   const paged = usePaged(
     (cursor) => attempt(client.GET('/kill-switches', { params: { query: { state: 'armed', limit: 50, cursor } } })),
     [],
+    { key: (item) => item.id, live: true },
   );
   return (
     <PageFrame title="Kill switches">
@@ -24,7 +25,7 @@ export function KillSwitchesPage() {
       </p>
       <h2>Armed</h2>
       <Listing label="Armed switches" paged={paged} empty="No switch is armed.">
-        {(items) => <ArmedByScope items={items} onDisarmed={paged.reload} />}
+        {(items) => <ArmedByScope items={items} fresh={paged.fresh} onDisarmed={paged.reload} />}
       </Listing>
       <ArmForm onArmed={paged.reload} />
       <DecideForm />
@@ -32,7 +33,15 @@ export function KillSwitchesPage() {
   );
 }
 
-function ArmedByScope({ items, onDisarmed }: { items: KillSwitch[]; onDisarmed: () => void }) {
+function ArmedByScope({
+  items,
+  fresh,
+  onDisarmed,
+}: {
+  items: KillSwitch[];
+  fresh: ReadonlySet<string>;
+  onDisarmed: () => void;
+}) {
   return (
     <>
       {SCOPES.filter((scope) => items.some((item) => item.scope === scope)).map((scope) => (
@@ -43,7 +52,7 @@ function ArmedByScope({ items, onDisarmed }: { items: KillSwitch[]; onDisarmed: 
               .filter((item) => item.scope === scope)
               .map((item) => (
                 <li key={item.id}>
-                  <SwitchCard item={item} onDisarmed={onDisarmed} />
+                  <SwitchCard item={item} fresh={fresh.has(item.id)} onDisarmed={onDisarmed} />
                 </li>
               ))}
           </ul>
@@ -53,7 +62,7 @@ function ArmedByScope({ items, onDisarmed }: { items: KillSwitch[]; onDisarmed: 
   );
 }
 
-function SwitchCard({ item, onDisarmed }: { item: KillSwitch; onDisarmed: () => void }) {
+function SwitchCard({ item, fresh, onDisarmed }: { item: KillSwitch; fresh: boolean; onDisarmed: () => void }) {
   const { client } = useSession();
   const disarm = useAction<KillSwitch>();
   const id = useId();
@@ -68,7 +77,8 @@ function SwitchCard({ item, onDisarmed }: { item: KillSwitch; onDisarmed: () => 
   return (
     <article class="card" aria-labelledby={`${id}-title`}>
       <h4 id={`${id}-title`}>
-        {item.scope} <code>{item.target}</code> {item.tenant_id ? `in ${item.tenant_id}` : '(platform-wide)'}
+        {item.scope} <code>{item.target}</code> {item.tenant_id ? `in ${item.tenant_id}` : '(platform-wide)'}{' '}
+        <NewMark show={fresh} />
       </h4>
       <Facts
         facts={[
@@ -91,42 +101,96 @@ function SwitchCard({ item, onDisarmed }: { item: KillSwitch; onDisarmed: () => 
   );
 }
 
+interface ArmRequest {
+  scope: Scope;
+  target: string;
+  tenant_id: string | null;
+  reason: string;
+  user_visible_status_copy: string;
+}
+
+/** What a switch stops, in words an operator confirms. */
+export function whatStops({ scope, target, tenant_id }: Pick<ArmRequest, 'scope' | 'target' | 'tenant_id'>): string {
+  const where = tenant_id ? ` in tenant ${tenant_id}` : ', in every tenant';
+  switch (scope) {
+    case 'global':
+      return 'every call of every tenant';
+    case 'region':
+      return `every call to a tool in region ${target}, in every tenant`;
+    case 'provider':
+      return `every call to a tool of provider ${target}, in every tenant`;
+    case 'tenant':
+      return `every call of tenant ${target}`;
+    case 'family':
+      return `every call of an agent, or to a tool, of family ${target}${where}`;
+    case 'agent':
+      return `every call of agent ${target}${where}`;
+    case 'tool':
+      return `every call to tool ${target}${where}`;
+  }
+}
+
+/** A switch that reaches past one agent or tool of one tenant is armed only after a confirmation. */
+const needsConfirmation = (request: ArmRequest) =>
+  request.tenant_id === null || ['global', 'region', 'provider', 'tenant'].includes(request.scope);
+
 function ArmForm({ onArmed }: { onArmed: () => void }) {
   const { client, principal } = useSession();
   const arm = useAction<KillSwitch>();
   const platform = isPlatform(principal);
-  const submit = async (event: Event) => {
+  const [problem, setProblem] = useState<string | null>(null);
+  // Held here, not left to the form: a reset would otherwise select the first scope, `global`.
+  const [scope, setScope] = useState<Scope | ''>('');
+  const [confirming, setConfirming] = useState<{ request: ArmRequest; form: HTMLFormElement } | null>(null);
+
+  const send = async (request: ArmRequest, form: HTMLFormElement) => {
+    const outcome = await arm.run(() => attempt(client.POST('/kill-switches', { body: request })));
+    if (outcome.ok) {
+      form.reset();
+      setScope('');
+      onArmed();
+    }
+  };
+  const submit = (event: Event) => {
     event.preventDefault();
     const form = event.currentTarget as HTMLFormElement;
     const values = formValues(form);
-    const scope = values.scope as Scope;
-    const outcome = await arm.run(() =>
-      attempt(
-        client.POST('/kill-switches', {
-          body: {
-            scope,
-            ...(values.target ? { target: values.target } : {}),
-            // A blank tenant is a platform-wide switch, which only a platform-operator may arm.
-            tenant_id: values.tenant_id ?? null,
-            reason: values.reason ?? '',
-            user_visible_status_copy: values.copy ?? '',
-          },
-        }),
-      ),
-    );
-    if (outcome.ok) {
-      form.reset();
-      // Keep the scope just used: the next switch is likely of the same kind.
-      (form.elements.namedItem('scope') as HTMLSelectElement).value = scope;
-      onArmed();
+    const request: ArmRequest = {
+      scope: values.scope as Scope,
+      target: values.target ?? '',
+      // A blank tenant is a platform-wide switch, which only a platform-operator may arm.
+      tenant_id: values.tenant_id ?? null,
+      reason: values.reason ?? '',
+      user_visible_status_copy: values.copy ?? '',
+    };
+    // A blank target once meant global: now global is only ever typed out.
+    if (request.scope === 'global' && request.target !== '*') {
+      setProblem('A global switch stops every call of every tenant: type * as its target to arm one.');
+      return;
     }
+    if (request.scope !== 'global' && request.target === '*') {
+      setProblem(`* is a global switch's target; a ${request.scope} switch names one ${request.scope}.`);
+      return;
+    }
+    setProblem(null);
+    if (needsConfirmation(request)) setConfirming({ request, form });
+    else void send(request, form);
   };
   return (
     <form class="panel" aria-labelledby="arm-title" onSubmit={submit}>
       <h2 id="arm-title">Arm a switch</h2>
       <div class="grid">
         <label for="arm-scope">Scope</label>
-        <select id="arm-scope" name="scope" defaultValue="agent">
+        <select
+          id="arm-scope"
+          name="scope"
+          required
+          value={scope}
+          onChange={(event) => setScope((event.currentTarget as HTMLSelectElement).value as Scope | '')}
+        >
+          <option value="" disabled>
+            Choose a scope
+          </option>
           {(platform ? SCOPES : TENANT_SCOPES).map((scope) => (
             <option key={scope} value={scope}>
               {scope}
@@ -134,9 +198,15 @@ function ArmForm({ onArmed }: { onArmed: () => void }) {
           ))}
         </select>
         <label for="arm-target">Target</label>
-        <input id="arm-target" name="target" aria-describedby="arm-target-help" />
+        <input id="arm-target" name="target" required aria-describedby="arm-target-help" />
         <small id="arm-target-help">
-          The agent id, tool id, family, tenant id, provider or region; <code>*</code> or blank for global.
+          The agent id, tool id, family, tenant id, provider or region
+          {platform ? (
+            <>
+              ; for global, type <code>*</code>
+            </>
+          ) : null}
+          .
         </small>
         <label for="arm-tenant">Tenant</label>
         <input
@@ -146,7 +216,9 @@ function ArmForm({ onArmed }: { onArmed: () => void }) {
           aria-describedby="arm-tenant-help"
         />
         <small id="arm-tenant-help">
-          {platform ? 'Blank: platform-wide.' : 'A tenant-operator arms switches in its own tenant only.'}
+          {platform
+            ? 'Blank: platform-wide, in every tenant (you will be asked to confirm).'
+            : 'A tenant-operator arms switches in its own tenant only.'}
         </small>
         <label for="arm-reason">Reason</label>
         <input id="arm-reason" name="reason" required maxLength={2000} aria-describedby="arm-reason-help" />
@@ -158,13 +230,138 @@ function ArmForm({ onArmed }: { onArmed: () => void }) {
       <button type="submit" class="danger" disabled={arm.busy}>
         Arm
       </button>
+      {problem ? (
+        <p class="refusal" role="alert">
+          {problem}
+        </p>
+      ) : null}
       <RefusalNote refusal={arm.refusal} />
       {arm.result ? (
         <p role="status">
           Armed <code>{arm.result.id}</code>: {arm.result.scope} <code>{arm.result.target}</code>.
         </p>
       ) : null}
+      {confirming ? (
+        <ConfirmArm
+          request={confirming.request}
+          onCancel={() => setConfirming(null)}
+          onConfirm={() => {
+            const { request, form } = confirming;
+            setConfirming(null);
+            void send(request, form);
+          }}
+        />
+      ) : null}
     </form>
+  );
+}
+
+/** What arming would end, as far as the listing routes can tell before it is armed. */
+interface Impact {
+  runs: number;
+  approvals: number;
+  /** More than one page of either: the counts are lower bounds. */
+  atLeast: boolean;
+}
+
+const OPEN: Array<Schemas['RunStatus']> = ['queued', 'running', 'paused', 'awaiting_approval', 'throttled'];
+
+/**
+ * Counts the open runs and pending approvals a global, tenant or agent switch would end, from
+ * `GET /runs` and `GET /approvals`. Other scopes depend on each run's tool versions in the registry,
+ * which no route answers before arming: null.
+ */
+export async function impactOf(client: ToolgateClient, request: ArmRequest): Promise<Impact | null> {
+  const tenant =
+    request.scope === 'tenant'
+      ? request.target
+      : request.scope === 'agent'
+        ? (request.tenant_id ?? undefined)
+        : undefined;
+  if (!['global', 'tenant', 'agent'].includes(request.scope)) return null;
+  const agent = request.scope === 'agent' ? request.target : undefined;
+  const runPages = await Promise.all(
+    OPEN.map((status) =>
+      attempt(
+        client.GET('/runs', {
+          params: {
+            query: {
+              status,
+              limit: 200,
+              ...(tenant ? { tenant_id: tenant } : {}),
+              ...(agent ? { agent_id: agent } : {}),
+            },
+          },
+        }),
+      ),
+    ),
+  );
+  const approvals = await attempt(
+    client.GET('/approvals', {
+      params: { query: { status: 'pending', limit: 200, ...(tenant ? { tenant_id: tenant } : {}) } },
+    }),
+  );
+  if (!approvals.ok || runPages.some((outcome) => !outcome.ok)) return null;
+  let runs = 0;
+  let atLeast = approvals.data.next_cursor !== null;
+  for (const outcome of runPages)
+    if (outcome.ok) {
+      runs += outcome.data.items.length;
+      atLeast ||= outcome.data.next_cursor !== null;
+    }
+  const pending = approvals.data.items.filter((approval) => agent === undefined || approval.agent_id === agent);
+  return { runs, approvals: pending.length, atLeast };
+}
+
+function ConfirmArm({
+  request,
+  onCancel,
+  onConfirm,
+}: {
+  request: ArmRequest;
+  onCancel: () => void;
+  onConfirm: () => void;
+}) {
+  const { client } = useSession();
+  const dialog = useRef<HTMLDialogElement>(null);
+  const [impact, setImpact] = useState<Impact | null | 'counting'>('counting');
+  useEffect(() => {
+    dialog.current?.showModal();
+    void impactOf(client, request).then(setImpact);
+  }, []);
+  const stops = whatStops(request);
+  const plural = (n: number, one: string, many: string) => `${n} ${n === 1 ? one : many}`;
+  return (
+    <dialog
+      ref={dialog}
+      class="confirm"
+      aria-labelledby="confirm-title"
+      aria-describedby="confirm-stops"
+      onClose={onCancel}
+    >
+      <h2 id="confirm-title">
+        Arm a {request.tenant_id === null && request.scope !== 'global' ? 'platform-wide ' : ''}
+        {request.scope} switch?
+      </h2>
+      <p id="confirm-stops">
+        It stops <strong>{stops}</strong>, on every replica, at the next call boundary, until it is disarmed.
+      </p>
+      <p role="status">
+        {impact === 'counting'
+          ? 'Counting what it would end…'
+          : impact === null
+            ? `The console cannot count what a ${request.scope} switch ends before it is armed: the open runs it stops are cancelled, with their pending approvals.`
+            : `It ends ${impact.atLeast ? 'at least ' : ''}${plural(impact.runs, 'open run', 'open runs')} and ${plural(impact.approvals, 'pending approval', 'pending approvals')}.`}
+      </p>
+      <div class="buttons">
+        <button type="button" class="quiet" autoFocus onClick={() => dialog.current?.close()}>
+          Cancel
+        </button>
+        <button type="button" class="danger" onClick={onConfirm}>
+          Arm: stop {stops}
+        </button>
+      </div>
+    </dialog>
   );
 }
 

@@ -1,6 +1,6 @@
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { attempt, type Schemas } from '../api.js';
-import { Facts, formValues, Listing, PageFrame, RefusalNote, When } from '../components.js';
+import { Facts, formValues, Listing, NewMark, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, useHash, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
 
@@ -25,100 +25,144 @@ interface Filter {
   tenant_id?: string;
 }
 
-/** The run a link asked to open (`#/runs?run=<id>`). */
-function linkedRun(hash: string): string | null {
-  return new URLSearchParams(hash.split('?')[1] ?? '').get('run');
+interface OpenRun {
+  run_id: string;
+  /** The run's tenant, for a platform-operator's lookup (default their own). */
+  tenant_id: string | null;
 }
+
+/** The run the URL opens: `#/runs/<id>?tenant=<tenant>` (and the older `#/runs?run=<id>`). */
+export function runInHash(hash: string): OpenRun | null {
+  const [path = '', query = ''] = hash.replace(/^#\/?/, '').split('?');
+  const params = new URLSearchParams(query);
+  const id = path.split('/').slice(1).join('/');
+  const run_id = id ? decodeURIComponent(id) : params.get('run');
+  return run_id ? { run_id, tenant_id: params.get('tenant') } : null;
+}
+
+export const runHref = (run: { run_id: string; tenant_id: string }) =>
+  `#/runs/${encodeURIComponent(run.run_id)}?tenant=${encodeURIComponent(run.tenant_id)}`;
+
+const rowKey = (run: { run_id: string; tenant_id: string }) => `${run.tenant_id}/${run.run_id}`;
 
 export function RunsPage() {
   const { client, principal } = useSession();
   const [filter, setFilter] = useState<Filter>({});
-  const [open, setOpen] = useState<{ run_id: string; tenant_id: string } | null>(null);
-  // A link to a run opens it, also when followed while this page is already showing.
-  const hash = useHash();
-  useEffect(() => {
-    const run = linkedRun(hash);
-    if (run) setOpen({ run_id: run, tenant_id: principal.tenant_id });
-  }, [hash, principal.tenant_id]);
+  const open = runInHash(useHash());
+  const openKey = open ? `${open.tenant_id ?? ''}/${open.run_id}` : null;
+  // Where the list was when a run was opened from it: Back returns there.
+  const left = useRef<{ scrollY: number; row: string; viaList: boolean } | null>(null);
   const paged = usePaged(
     (cursor) => attempt(client.GET('/runs', { params: { query: { limit: 25, cursor, ...filter } } })),
     [filter],
+    { key: rowKey, live: open === null },
   );
+
+  useEffect(() => {
+    if (open) {
+      scrollTo(0, 0);
+      return;
+    }
+    const from = left.current;
+    if (!from) return;
+    left.current = null;
+    // After the list is shown again (this effect runs after the page heading took the focus).
+    requestAnimationFrame(() => {
+      document.querySelector<HTMLElement>(`[data-run="${CSS.escape(from.row)}"]`)?.focus({ preventScroll: true });
+      scrollTo(0, from.scrollY);
+    });
+  }, [openKey]);
+
+  const back = () => {
+    if (left.current?.viaList) history.back();
+    else location.hash = '#/runs';
+  };
   const applyFilter = (event: Event) => {
     event.preventDefault();
     setFilter(formValues(event.currentTarget as HTMLFormElement) as Filter);
   };
   return (
-    <PageFrame title="Runs">
-      <form class="filters" aria-label="Filter runs" onSubmit={applyFilter}>
-        <label for="runs-status">Status</label>
-        <select id="runs-status" name="status" defaultValue="">
-          <option value="">any</option>
-          {STATUSES.map((status) => (
-            <option key={status} value={status}>
-              {status}
-            </option>
-          ))}
-        </select>
-        <label for="runs-agent">Agent</label>
-        <input id="runs-agent" name="agent_id" />
-        {isPlatform(principal) ? (
-          <>
-            <label for="runs-tenant">Tenant</label>
-            <input id="runs-tenant" name="tenant_id" />
-          </>
-        ) : null}
-        <button type="submit">Filter</button>
-      </form>
-      <Listing label="Runs" paged={paged} empty="No runs.">
-        {(items) => (
-          <div class="table-wrap" tabIndex={0} role="region" aria-label="Runs table">
-            <table>
-              <caption class="visually-hidden">Recent runs, newest first</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Run</th>
-                  <th scope="col">Agent</th>
-                  <th scope="col">Tenant</th>
-                  <th scope="col">Status</th>
-                  <th scope="col">Steps</th>
-                  <th scope="col">Started</th>
-                  <th scope="col">Updated</th>
-                </tr>
-              </thead>
-              <tbody>
-                {items.map((run) => (
-                  <tr key={`${run.tenant_id}/${run.run_id}`}>
-                    <th scope="row">
-                      <button
-                        type="button"
-                        class="link"
-                        aria-expanded={open?.run_id === run.run_id && open.tenant_id === run.tenant_id}
-                        onClick={() => setOpen({ run_id: run.run_id, tenant_id: run.tenant_id })}
-                      >
-                        {run.run_id}
-                      </button>
+    <PageFrame title={open ? `Run ${open.run_id}` : 'Runs'}>
+      {open ? (
+        <RunDetail
+          key={openKey}
+          which={{ run_id: open.run_id, tenant_id: open.tenant_id ?? principal.tenant_id }}
+          onBack={back}
+          onChanged={paged.reload}
+        />
+      ) : null}
+      <div hidden={open !== null}>
+        <form class="filters" aria-label="Filter runs" onSubmit={applyFilter}>
+          <label for="runs-status">Status</label>
+          <select id="runs-status" name="status" defaultValue="">
+            <option value="">any</option>
+            {STATUSES.map((status) => (
+              <option key={status} value={status}>
+                {status}
+              </option>
+            ))}
+          </select>
+          <label for="runs-agent">Agent</label>
+          <input id="runs-agent" name="agent_id" />
+          {isPlatform(principal) ? (
+            <>
+              <label for="runs-tenant">Tenant</label>
+              <input id="runs-tenant" name="tenant_id" />
+            </>
+          ) : null}
+          <button type="submit">Filter</button>
+        </form>
+        <Listing label="Runs" paged={paged} empty="No runs.">
+          {(items) => (
+            <div class="table-wrap" tabIndex={0} role="region" aria-label="Runs table">
+              <table class="runs">
+                <caption class="visually-hidden">Recent runs, newest first</caption>
+                <thead>
+                  <tr>
+                    <th scope="col">Run</th>
+                    <th scope="col">Agent</th>
+                    <th scope="col">Tenant</th>
+                    <th scope="col">Status</th>
+                    <th scope="col">Steps</th>
+                    <th scope="col" class="secondary">
+                      Started
                     </th>
-                    <td>{run.agent_id}</td>
-                    <td>{run.tenant_id}</td>
-                    <td>
-                      <span class={`badge ${run.status}`}>{run.status}</span>
-                    </td>
-                    <td>{run.steps.length}</td>
-                    <td>
-                      <When at={run.created_at} />
-                    </td>
-                    <td>
-                      <When at={run.updated_at} />
-                    </td>
+                    <th scope="col">Updated</th>
                   </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
-        )}
-      </Listing>
-      {open ? <RunDetail key={`${open.tenant_id}/${open.run_id}`} which={open} onChanged={paged.reload} /> : null}
+                </thead>
+                <tbody>
+                  {items.map((run) => (
+                    <tr key={rowKey(run)} class={paged.fresh.has(rowKey(run)) ? 'fresh' : undefined}>
+                      <th scope="row">
+                        <a
+                          href={runHref(run)}
+                          data-run={rowKey(run)}
+                          onClick={() => (left.current = { scrollY, row: rowKey(run), viaList: true })}
+                        >
+                          {run.run_id}
+                        </a>{' '}
+                        <NewMark show={paged.fresh.has(rowKey(run))} />
+                      </th>
+                      <td>{run.agent_id}</td>
+                      <td>{run.tenant_id}</td>
+                      <td>
+                        <span class={`badge ${run.status}`}>{run.status}</span>
+                      </td>
+                      <td>{run.steps.length}</td>
+                      <td class="secondary">
+                        <When at={run.created_at} />
+                      </td>
+                      <td>
+                        <When at={run.updated_at} />
+                      </td>
+                    </tr>
+                  ))}
+                </tbody>
+              </table>
+            </div>
+          )}
+        </Listing>
+      </div>
     </PageFrame>
   );
 }
@@ -134,7 +178,15 @@ function controlsFor(status: RunStatus): Control[] {
   return controls;
 }
 
-function RunDetail({ which, onChanged }: { which: { run_id: string; tenant_id: string }; onChanged: () => void }) {
+function RunDetail({
+  which,
+  onBack,
+  onChanged,
+}: {
+  which: { run_id: string; tenant_id: string };
+  onBack: () => void;
+  onChanged: () => void;
+}) {
   const { client, principal } = useSession();
   const [run, setRun] = useState<Run | null>(null);
   const load = useAction<Run>();
@@ -163,10 +215,15 @@ function RunDetail({ which, onChanged }: { which: { run_id: string; tenant_id: s
   };
 
   return (
-    <section class="panel" aria-labelledby="run-title">
-      <h2 id="run-title">
-        Run <code>{which.run_id}</code>
-      </h2>
+    <div class="run-detail">
+      <div class="toolbar">
+        <button type="button" class="quiet" onClick={onBack}>
+          Back to runs
+        </button>
+        <button type="button" class="quiet" onClick={() => void refresh()} disabled={load.busy}>
+          Refresh run
+        </button>
+      </div>
       <RefusalNote refusal={load.refusal} />
       {run ? (
         <>
@@ -237,7 +294,7 @@ function RunDetail({ which, onChanged }: { which: { run_id: string; tenant_id: s
           {note && !control.refusal ? <p role="status">{note}</p> : null}
         </>
       ) : null}
-    </section>
+    </div>
   );
 }
 

@@ -41,12 +41,10 @@ export async function consoleRoutes(app: FastifyInstance, options: ConsoleRouteO
     maxAge: '365d',
   });
 
-  // Read on first use, not at start: a gateway started before `npm run build` serves it once built.
-  let page: string | undefined;
-  const readPage = async (): Promise<string | undefined> => {
-    page ??= await readFile(join(assetsDir, 'index.html'), 'utf8').catch(() => undefined);
-    return page;
-  };
+  // Read on every request (a few KB, `no-cache` anyway): a rebuild while the gateway runs names new
+  // hashed assets, and a page kept from before it would load scripts that are gone.
+  const readPage = (): Promise<string | undefined> =>
+    readFile(join(assetsDir, 'index.html'), 'utf8').catch(() => undefined);
 
   app.get('/console', async (_request, reply: FastifyReply) => {
     const html = await readPage();
