@@ -6,6 +6,7 @@ import { ConfigError, loadConfig } from './config/config.js';
 import { openDatabase } from './db/database.js';
 import { migrate } from './db/migrate.js';
 import { createLogger } from './logger.js';
+import { startTelemetry } from './telemetry/telemetry.js';
 
 /** The signals that ask for a graceful shutdown. */
 const SHUTDOWN_SIGNALS = ['SIGTERM', 'SIGINT'] as const;
@@ -25,7 +26,9 @@ async function main(): Promise<void> {
     }
     throw error;
   }
-  const logger = createLogger(config.logLevel);
+  const logger = createLogger(config.logLevel, { traced: config.telemetry !== undefined });
+  // Only when the OTEL_* variables ask for traces: otherwise no SDK runs at all.
+  const telemetry = config.telemetry && startTelemetry(config.telemetry, logger);
   // Before the database: a misconfigured key stops the replica before it migrates anything.
   const keys = await loadVerificationKeys(config);
   const database = await openDatabase({
@@ -54,6 +57,7 @@ async function main(): Promise<void> {
       }
       await app.close();
       await database.close();
+      await telemetry?.shutdown();
     },
   );
   for (const signal of SHUTDOWN_SIGNALS) {
