@@ -6,7 +6,6 @@ import { ConfigError, loadConfig } from './config/config.js';
 import { openDatabase } from './db/database.js';
 import { migrate } from './db/migrate.js';
 import { createLogger } from './logger.js';
-import { startTelemetry } from './telemetry/telemetry.js';
 
 /** The signals that ask for a graceful shutdown. */
 const SHUTDOWN_SIGNALS = ['SIGTERM', 'SIGINT'] as const;
@@ -27,8 +26,9 @@ async function main(): Promise<void> {
     throw error;
   }
   const logger = createLogger(config.logLevel, { traced: config.telemetry !== undefined });
-  // Only when the OTEL_* variables ask for traces: otherwise no SDK runs at all.
-  const telemetry = config.telemetry && startTelemetry(config.telemetry, logger);
+  // Only when the OTEL_* variables ask for traces: otherwise the SDK is not even loaded.
+  const telemetry =
+    config.telemetry && (await import('./telemetry/telemetry.js')).startTelemetry(config.telemetry, logger);
   // Before the database: a misconfigured key stops the replica before it migrates anything.
   const keys = await loadVerificationKeys(config);
   const database = await openDatabase({
