@@ -323,6 +323,33 @@ describe('OpenTelemetry traces', () => {
     expect(hit.headers.traceparent).toBe(`00-${traceIdOf(3)}-${backendCall.spanId}-01`);
   });
 
+  it('traces an MCP call without _meta.traceparent under its HTTP request’s span', async () => {
+    const headerClient = new Client({ name: 'otel-test-header', version: '1.0.0' });
+    await headerClient.connect(
+      new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+        requestInit: { headers: { authorization: `Bearer ${agentToken}`, traceparent: traceparent(4) } },
+      }),
+    );
+    try {
+      const runId = newRunId('otel-mcp');
+      const result = (await headerClient.callTool({
+        name: 'echo',
+        arguments: { q: 'secret-input-mcp-header' },
+        _meta: { 'dev.toolgate/run': { run_id: runId } },
+      })) as CallToolResult;
+      expect(result.isError).toBe(false);
+      const spans = await traceOf(4, (s) => toolSpanOf(s)?.attributes['toolgate.run.id'] === runId);
+      const tool = spans.find(
+        (span) => span.attributes['toolgate.run.id'] === runId && span.name.startsWith('execute_tool'),
+      )!;
+      const server = spans.find((span) => span.kind === SERVER && descends(spans, tool, span))!;
+      expect(server.name).toBe('POST /mcp');
+      expect(server.parentSpanId).toBe(CALLER_SPAN);
+    } finally {
+      await headerClient.close().catch(() => undefined);
+    }
+  });
+
   it('puts no payload, token or secret in any attribute', async () => {
     expect(receiver.spans.length).toBeGreaterThan(0);
     const everything = JSON.stringify(receiver.spans);

@@ -80,7 +80,8 @@ function samplerOf({ sampler, samplerRatio }: TelemetrySettings): Sampler {
 function patchLoadedPg(): void {
   const require = createRequire(import.meta.url);
   require('pg');
-  require('pg-pool');
+  // pg-pool as pg itself loads it, wherever the installation put it.
+  createRequire(require.resolve('pg'))('pg-pool');
 }
 
 function diagLoggerOf(logger: Logger): DiagLogger {
