@@ -13,7 +13,8 @@ export type SamplerName = (typeof SAMPLERS)[number];
 
 /**
  * OpenTelemetry traces as the standard `OTEL_*` variables ask for them (docs/operations.md#traces).
- * Read here like every other variable, and handed to the SDK as values.
+ * Read here like every other variable, and handed to the SDK as values; the exporters still read
+ * their finer variables themselves (timeout, compression, certificates), which toolgate never sets.
  */
 export interface TelemetrySettings {
   exporter: 'otlp' | 'console';

@@ -28,6 +28,13 @@ export interface Telemetry {
 
 const packageVersion = (createRequire(import.meta.url)('../../package.json') as { version: string }).version;
 
+/*
+ * Of the instrumentations, only pg's fits: the http one must load before fastify (an --import hook
+ * for ES modules) and would not name the route or give the audit records its trace id, so a fastify
+ * hook makes the server span (src/http/request-tracing.ts); the undici one would record a GET call's
+ * query, which carries its input, as `url.full`, so the dispatcher makes the backend call's span.
+ */
+
 /**
  * Starts the OpenTelemetry SDK from the settings config read: the tracer provider, registered
  * globally (with the AsyncLocalStorage context manager and the W3C propagator), its exporter, and
