@@ -670,6 +670,6 @@ function describeStep(span: Span, step: StepResult): void {
         : step.status === 'denied'
           ? 'denied'
           : 'skipped';
-  span.setAttributes({ [ATTRIBUTES.decision]: decision, 'toolgate.step.status': step.status });
+  span.setAttributes({ [ATTRIBUTES.decision]: decision, [ATTRIBUTES.stepStatus]: step.status });
   if (step.error) endedWith(span, step.error.code);
 }

@@ -16,7 +16,7 @@ import {
  * name who and what, never a payload, a token or a secret (docs/operations.md#traces).
  */
 
-export const TRACER_NAME = 'toolgate';
+const TRACER_NAME = 'toolgate';
 const tracer = trace.getTracer(TRACER_NAME);
 
 export type { Span } from '@opentelemetry/api';
@@ -31,6 +31,7 @@ export const ATTRIBUTES = {
   tenant: 'toolgate.tenant.id',
   run: 'toolgate.run.id',
   step: 'toolgate.step.index',
+  stepStatus: 'toolgate.step.status',
   toolVersion: 'toolgate.tool.version',
   decision: 'toolgate.decision',
   stage: 'toolgate.admission.stage',
