@@ -21,6 +21,10 @@
  * A gateway logging at `info` (a line per request) makes the same calls in a phase of its own, so
  * that logging's cost shows beside the `warn` gateways'.
  *
+ * A gateway exporting OpenTelemetry traces (OTLP/HTTP protobuf, every call sampled) to a sink in
+ * this process makes the same calls in a phase of its own, beside the REST phase of a gateway with
+ * traces off: what tracing costs in gateway CPU per call.
+ *
  * The refusal phase sends calls refused for a missing grant, a rate limit and a budget in turn: back-pressure
  * must cost no more than admission.
  *
@@ -151,6 +155,30 @@ async function startBackend(): Promise<{ url: string; close: () => Promise<void>
   };
 }
 
+/** An OTLP/HTTP receiver standing in for a collector: takes every export, keeps only its size. */
+async function startTraceSink(): Promise<{
+  url: string;
+  exports: () => { requests: number; bytes: number };
+  close: () => Promise<void>;
+}> {
+  const seen = { requests: 0, bytes: 0 };
+  const server = createServer((req, res) => {
+    req.on('data', (c: Buffer) => (seen.bytes += c.length));
+    req.on('end', () => {
+      seen.requests += 1;
+      // An empty ExportTraceServiceResponse: everything accepted.
+      res.writeHead(200, { 'content-type': 'application/x-protobuf' });
+      res.end();
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    exports: () => ({ ...seen }),
+    close: () => new Promise((r) => server.close(() => r())),
+  };
+}
+
 /** Linux reports process CPU time in clock ticks of 10 ms (USER_HZ = 100). */
 const TICK_MS = 10;
 
@@ -226,6 +254,7 @@ async function main(): Promise<void> {
   const backend = await startBackend();
   const gateways: ChildProcess[] = [];
   const floors: ChildProcess[] = [];
+  let traceSinkClose: (() => Promise<void>) | undefined;
   try {
     const basePort = 18000 + Math.floor(Math.random() * 1000);
     const maxGateways = Math.max(1, ...gatewayCounts);
@@ -574,6 +603,45 @@ async function main(): Promise<void> {
         gcPauseMs: ((infoAfter.gcSeconds - infoBefore.gcSeconds) * 1000) / infoCalls,
       },
     ]);
+    // The same calls through a gateway exporting traces, every call sampled: what tracing costs.
+    const traceSink = await startTraceSink();
+    traceSinkClose = traceSink.close;
+    const tracedPort = floorPort + 3;
+    const tracedGateway = await startGateway({
+      databaseUrl: dbUrl,
+      port: tracedPort,
+      secret,
+      env: {
+        OTEL_EXPORTER_OTLP_ENDPOINT: traceSink.url,
+        OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
+        OTEL_TRACES_SAMPLER: 'always_on',
+      },
+    });
+    floors.push(tracedGateway);
+    const tracedPool = new Pool(`http://127.0.0.1:${tracedPort}`, { connections: 128 });
+    floorPools.push(tracedPool);
+    const callTraced = callGatewayThrough(() => tracedPool);
+    await load('warm-up', moderate, warmupSeconds, callTraced);
+    const tracedBefore = await gatewayCounters(1, [tracedPort]);
+    const exportedBefore = traceSink.exports();
+    const tracedCpu = await cpuDuring([tracedGateway.pid!], () => load('traced', moderate, seconds, callTraced));
+    const tracedAfter = await gatewayCounters(1, [tracedPort]);
+    const exportedAfter = traceSink.exports();
+    const tracedLabel = `gateway x1 tracing every call (OTLP), concurrency ${moderate}`;
+    const tracedCalls = tracedCpu.result.requests;
+    rows.push([tracedLabel, summary(tracedCpu.result)]);
+    perCall.push([
+      tracedLabel,
+      {
+        statements: (tracedAfter.statements - tracedBefore.statements) / tracedCalls,
+        lost: lostPerCall(tracedBefore.lost, tracedAfter.lost, tracedCalls),
+        gatewayCpuMs: (tracedCpu.gateways * TICK_MS) / tracedCalls,
+        postgresCpuMs: (tracedCpu.postgres * TICK_MS) / tracedCalls,
+        majorGcs: tracedAfter.majorGcs - tracedBefore.majorGcs,
+        gcPauseMs: ((tracedAfter.gcSeconds - tracedBefore.gcSeconds) * 1000) / tracedCalls,
+      },
+    ]);
+    const exportedKbPerCall = (exportedAfter.bytes - exportedBefore.bytes) / 1024 / tracedCalls;
     // Refusals: back-pressure must cost no more than admission.
     const bytesBeforeRefusals = await databaseBytes();
     await load('warm-up', moderate, 2, callRefused);
@@ -666,6 +734,11 @@ async function main(): Promise<void> {
     console.log(
       `LOG_LEVEL=info vs warn at concurrency ${moderate}: gateway CPU per call ${fmt(infoCpuMs / restCpu)} (${fmt(infoCpuMs)} ms vs ${fmt(restCpu)} ms)`,
     );
+    const tracedCpuMs = perCall.find(([label]) => label === tracedLabel)?.[1].gatewayCpuMs ?? NaN;
+    console.log(
+      `tracing on (100 % sampled) vs off at concurrency ${moderate}: gateway CPU per call ${fmt(tracedCpuMs / restCpu)} (${fmt(tracedCpuMs)} ms vs ${fmt(restCpu)} ms); ` +
+        `${fmt(exportedKbPerCall)} KB of OTLP exported per call`,
+    );
     console.log(`gateway peak RSS: ${gateways.map((g) => `${fmt(peakRssMb(g.pid!))} MB`).join(', ')}`);
 
     await direct.close();
@@ -701,6 +774,7 @@ async function main(): Promise<void> {
     for (const g of [...gateways, ...floors]) g.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 500));
     await backend.close();
+    await traceSinkClose?.();
     if (process.env.BENCH_KEEP_DATABASE) console.log(`database kept for inspection: ${database.url}`);
     else await database.drop();
   }

@@ -7,6 +7,7 @@ import { clientErrorHandler, frameworkErrors, installErrorHandlers } from './htt
 import { ApiError } from './http/errors.js';
 import { idempotencyPlugin } from './http/idempotency.js';
 import { requestIdOf, traceIdOf } from './http/request-context.js';
+import { traceRequests } from './http/request-tracing.js';
 import { approvalRoutes } from './http/routes/approvals.js';
 import { auditRoutes } from './http/routes/audit.js';
 import { budgetRoutes } from './http/routes/budgets.js';
@@ -50,6 +51,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const services = buildServices(options);
   const { audit, metrics, now, catalog, killSwitches, externalCallEnabled } = services;
 
+  // With traces on, log lines take trace_id and span_id from the active span (the logger's mixin).
+  const traced = config.telemetry !== undefined;
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
     bodyLimit: config.bodyLimitBytes,
@@ -57,7 +60,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
     genReqId: requestIdOf,
     childLoggerFactory: (parent, bindings, childOptions, raw) =>
-      parent.child({ ...bindings, trace_id: traceIdOf(raw) }, childOptions),
+      parent.child(traced ? bindings : { ...bindings, trace_id: traceIdOf(raw) }, childOptions),
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false } },
     // Requests arriving while closing are refused by the onRequest hook below, in the error envelope.
     return503OnClosing: false,
@@ -74,6 +77,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   app.decorateRequest('traceId', '');
 
   installErrorHandlers(app);
+  const tracing = traced ? traceRequests(app) : undefined;
   // Closing: calls in flight finish, late requests get 503, then lingering connections are closed
   // so that a keep-alive or a never-finished request cannot hold shutdown (docs/operations.md).
   let closing = false;
@@ -91,7 +95,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     done();
   });
   app.addHook('onRequest', async (request, reply) => {
-    request.traceId = traceIdOf(request.raw);
+    // The server span's when traces are on (the caller's, or a fresh one the span started).
+    if (!request.traceId) request.traceId = traceIdOf(request.raw);
     reply.header('x-request-id', request.id);
     unanswered.add(request.raw);
     reply.raw.once('close', () => unanswered.delete(request.raw));
@@ -123,16 +128,19 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       { method: request.method, route, status_code: String(reply.statusCode) },
       reply.elapsedTime / 1000,
     );
-    request.log.info(
-      {
-        method: request.method,
-        route,
-        url: request.url.split('?')[0],
-        status: reply.statusCode,
-        duration_ms: reply.elapsedTime,
-      },
-      'request',
-    );
+    const line = () =>
+      request.log.info(
+        {
+          method: request.method,
+          route,
+          url: request.url.split('?')[0],
+          status: reply.statusCode,
+          duration_ms: reply.elapsedTime,
+        },
+        'request',
+      );
+    if (tracing) tracing.within(request, line);
+    else line();
   });
   app.addHook('onReady', () => services.start());
   app.addHook('onClose', async () => {

@@ -5,7 +5,11 @@ import { loadVerificationKeys } from './auth/jwt-keys.js';
 import { ConfigError, loadConfig } from './config/config.js';
 import { openDatabase } from './db/database.js';
 import { migrate } from './db/migrate.js';
+import { waitAtMost } from './db/wait-at-most.js';
 import { createLogger } from './logger.js';
+
+/** How long a shutdown waits for the last spans to be exported. */
+const TELEMETRY_FLUSH_MS = 2_000;
 
 /** The signals that ask for a graceful shutdown. */
 const SHUTDOWN_SIGNALS = ['SIGTERM', 'SIGINT'] as const;
@@ -25,7 +29,10 @@ async function main(): Promise<void> {
     }
     throw error;
   }
-  const logger = createLogger(config.logLevel);
+  const logger = createLogger(config.logLevel, { traced: config.telemetry !== undefined });
+  // Only when the OTEL_* variables ask for traces: otherwise the SDK is not even loaded.
+  const telemetry =
+    config.telemetry && (await import('./telemetry/telemetry.js')).startTelemetry(config.telemetry, logger);
   // Before the database: a misconfigured key stops the replica before it migrates anything.
   const keys = await loadVerificationKeys(config);
   const database = await openDatabase({
@@ -54,6 +61,8 @@ async function main(): Promise<void> {
       }
       await app.close();
       await database.close();
+      // The spans still buffered, sent if the collector answers soon: it must not hold the exit.
+      await waitAtMost(telemetry?.shutdown(), TELEMETRY_FLUSH_MS);
     },
   );
   for (const signal of SHUTDOWN_SIGNALS) {

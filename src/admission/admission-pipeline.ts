@@ -11,6 +11,7 @@ import { safetyStage } from './stages/09-safety.js';
 import { costStage } from './stages/10-cost.js';
 import { rateStage } from './stages/11-rate.js';
 import type { Stage, StepRequest, StepState } from './step.js';
+import { ATTRIBUTES, inSpan, type Span } from '../telemetry/spans.js';
 
 /**
  * The admission order of docs/api.md#runs-post-runsexecute. Stateless checks first; safety, then the stages that spend
@@ -52,9 +53,31 @@ export type Admission =
 
 /**
  * Runs one step through every stage in order; the first denial (or hold) stops it. What a refused
- * call had reserved is the caller's to give back; a held call's is given back here.
+ * call had reserved is the caller's to give back; a held call's is given back here. Traced as an
+ * `admission` span naming the decision, and for a refusal its stage and reason code.
  */
-export async function admitStep(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
+export function admitStep(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
+  return inSpan('admission', {}, async (span) => {
+    const admission = await admitThroughStages(request, ports);
+    describe(span, admission);
+    return admission;
+  });
+}
+
+function describe(span: Span, admission: Admission): void {
+  if (admission.ok) {
+    span.setAttribute(ATTRIBUTES.decision, 'admitted');
+    return;
+  }
+  const refused = {
+    [ATTRIBUTES.stage]: admission.verdicts[admission.verdicts.length - 1]?.stage ?? 'unknown',
+    [ATTRIBUTES.reasonCode]: admission.held ? 'awaiting_approval' : admission.denial.code,
+  };
+  span.setAttributes({ [ATTRIBUTES.decision]: admission.held ? 'held' : 'denied', ...refused });
+  span.addEvent(admission.held ? 'admission.held' : 'admission.refused', refused);
+}
+
+async function admitThroughStages(request: StepRequest, ports: AdmissionPorts): Promise<Admission> {
   const state: StepState = { warnings: [] };
   const verdicts: StageVerdict[] = [];
   for (const stage of ADMISSION_STAGES) {

@@ -1,6 +1,9 @@
 import { createPrivateKey, createPublicKey, type KeyObject } from 'node:crypto';
 import ipaddr from 'ipaddr.js';
 import { z } from 'zod';
+import { telemetryEnvironment, telemetrySettingsOf, type TelemetrySettings } from './telemetry-config.js';
+
+export type { TelemetrySettings } from './telemetry-config.js';
 
 /** Everything toolgate reads from its environment, parsed once at start-up. */
 export interface Config {
@@ -88,6 +91,8 @@ export interface Config {
     /** Browser origins allowed to call `/mcp` (`TOOLGATE_MCP_ALLOWED_ORIGINS`); any other `Origin` is refused. */
     allowedOrigins: string[];
   };
+  /** OpenTelemetry traces from the standard `OTEL_*` variables; undefined when off (SPEC §15). */
+  telemetry: TelemetrySettings | undefined;
 }
 
 /** Names of the variables tool backends may read secrets from. */
@@ -268,6 +273,7 @@ const environmentSchema = z
       isOrigin,
       'must be a comma-separated list of origins such as https://app.example.com (scheme, host and port only)',
     ),
+    ...telemetryEnvironment.shape,
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -387,6 +393,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       authorizationServers: e.TOOLGATE_MCP_AUTHORIZATION_SERVERS,
       allowedOrigins: e.TOOLGATE_MCP_ALLOWED_ORIGINS,
     },
+    telemetry: telemetrySettingsOf(e),
   };
 }
 

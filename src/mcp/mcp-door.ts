@@ -22,6 +22,7 @@ import type { RunExecutor } from '../runs/run-executor.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest } from '../runs/run-types.js';
 import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable } from './mcp-calls.js';
+import { withRemoteParent } from '../telemetry/spans.js';
 import { claimsEnvelope, plainlyLegacy } from './mcp-eras.js';
 import { mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
 
@@ -187,7 +188,10 @@ export class McpDoor {
     const traceId = traceIdOfMeta(meta) ?? caller.traceId;
     const { principal } = caller;
     try {
-      let answer = await this.deps.runs.execute(principal, request, traceId, 'mcp');
+      // The call's spans continue the trace its `_meta.traceparent` names, as its records do.
+      let answer = await withRemoteParent(meta?.traceparent, () =>
+        this.deps.runs.execute(principal, request, traceId, 'mcp'),
+      );
       if (answer.replayed && answer.envelope.status === 'awaiting_approval' && (await this.decided(answer))) {
         answer = await this.deps.runControls.resume(
           { principal, traceId, via: 'mcp' },

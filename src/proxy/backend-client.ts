@@ -19,6 +19,8 @@ export interface CallAttribution {
   agentId: string;
   toolCallId: string;
   traceId: string;
+  /** The backend call's client span as a W3C parent, when traces are on; else a fresh parent id in `traceId`. */
+  traceparent?: string | undefined;
 }
 
 export type DispatchResult =
@@ -68,7 +70,7 @@ export class BackendClient {
           ...target.headers,
           accept: 'application/json',
           ...(hasBody ? { 'content-type': 'application/json' } : {}),
-          traceparent: `00-${who.traceId}-${spanId()}-01`,
+          traceparent: who.traceparent ?? `00-${who.traceId}-${spanId()}-01`,
           'x-toolgate-run-id': who.runId,
           'x-toolgate-tenant-id': who.tenantId,
           'x-toolgate-agent-id': who.agentId,

@@ -9,7 +9,8 @@ import { CodedError } from '../errors/coded-error.js';
 import type { ErrorCode } from '../errors/error-codes.js';
 import { callEnd } from './run-end-rider.js';
 import type { ClaimedRunStart, ClaimedRunStartAnswer, RunEnding } from './run-repository.js';
-import { SECURITY_DENIALS, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
+import { SECURITY_DENIALS, auditSpan, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
+import { endedWith, inClientSpan, traceparentOf } from '../telemetry/spans.js';
 
 type CallResult =
   | { ok: true; output: unknown; reportedCostUnits: number | undefined; status: number }
@@ -86,9 +87,11 @@ export class Dispatcher {
       };
       if (claimWith) {
         // The run is claimed with this record, and with its grant use and reservation: all of it, or none.
-        const { record, answer } = await this.deps.audit.appendIf(intent, randomUUID(), claimWith);
+        const { record, answer } = await auditSpan(intent, () =>
+          this.deps.audit.appendIf(intent, randomUUID(), claimWith),
+        );
         if (!record) return { unclaimed: answer ?? { claimed: false, relied: false } };
-      } else await this.deps.audit.append(intent);
+      } else await auditSpan(intent, () => this.deps.audit.append(intent));
     } catch (error) {
       // A reservation decided before its run's claim was written with it, or not at all.
       if (reservation && !claimWith) await budgets.release(reservation).catch(() => undefined);
@@ -147,28 +150,31 @@ export class Dispatcher {
       ? { ok: true, output: outcome.output, costUnits, auditId: eventId }
       : { ...outcome, costUnits, auditId: eventId };
     // The call's last record: the settlement, and the run's end when it ends the run, go in the same commit.
-    const { answer } = await this.deps.audit.appendCarrying(
-      {
-        ...base,
-        // Egress refused at a redirect hop is the same security event as at the input stage.
-        event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
-        status: outcome.ok ? 'completed' : 'failed',
-        reason_code: outcome.ok ? null : outcome.code,
-        input_sha256: inputSha256,
-        output_sha256: result.ok ? payloadHash(result.output) : null,
-        duration_ms: backendMs,
-        cost_units: costUnits,
-        // The reservation it settles: a settlement lost with its replica is made from this record.
-        details: outcome.ok
-          ? {
-              ...withReservation(details, reservation),
-              ...(reported !== undefined ? { reported_cost_units: reported } : {}),
-              ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}),
-            }
-          : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
-      },
-      eventId,
-      callEnd(end?.(dispatched), reservation ? [settlementOf(reservation, costUnits)] : []),
+    const outcomeEvent: AuditEventInput = {
+      ...base,
+      // Egress refused at a redirect hop is the same security event as at the input stage.
+      event_type: outcome.ok ? 'run.step.completed' : (SECURITY_DENIALS[outcome.code] ?? 'run.step.failed'),
+      status: outcome.ok ? 'completed' : 'failed',
+      reason_code: outcome.ok ? null : outcome.code,
+      input_sha256: inputSha256,
+      output_sha256: result.ok ? payloadHash(result.output) : null,
+      duration_ms: backendMs,
+      cost_units: costUnits,
+      // The reservation it settles: a settlement lost with its replica is made from this record.
+      details: outcome.ok
+        ? {
+            ...withReservation(details, reservation),
+            ...(reported !== undefined ? { reported_cost_units: reported } : {}),
+            ...(reported !== undefined && reported > cap ? { reported_cost_capped: true, charged_at_most: cap } : {}),
+          }
+        : { ...withReservation(details, reservation), message: outcome.message, ...outcome.details },
+    };
+    const { answer } = await auditSpan(outcomeEvent, () =>
+      this.deps.audit.appendCarrying(
+        outcomeEvent,
+        eventId,
+        callEnd(end?.(dispatched), reservation ? [settlementOf(reservation, costUnits)] : []),
+      ),
     );
     // A settlement the record could not carry (its reservation changed meanwhile) is made apart.
     const settlement =
@@ -196,14 +202,61 @@ export class Dispatcher {
     return { ...dispatched, runEnded: answer?.ended === true };
   }
 
-  /** The tool's registered backend, or for `external_call` tools the egress executor. */
-  async callBackend(
+  /**
+   * The tool's registered backend, or for `external_call` tools the egress executor, in a client
+   * span: the `traceparent` a backend receives names it. Its attributes name the backend's host and
+   * path, never the query (a GET call's input travels there).
+   */
+  callBackend(
     exec: Execution,
     tool: AdmissibleTool,
     input: unknown,
     toolCallId: string,
     grantModifiers: Record<string, unknown>,
     headers: Record<string, string>,
+  ): Promise<CallResult> {
+    const target = tool.backend ? new URL(tool.backend.url) : undefined;
+    const method = tool.backend ? tool.backend.method.toUpperCase() : 'egress';
+    return inClientSpan(
+      `${method} ${tool.id}`,
+      target
+        ? {
+            'http.request.method': method,
+            'server.address': target.hostname,
+            'server.port': Number(target.port) || (target.protocol === 'https:' ? 443 : 80),
+            'url.scheme': target.protocol.slice(0, -1),
+            'url.path': target.pathname,
+          }
+        : { 'toolgate.egress': true },
+      async (span) => {
+        const result = await this.callTarget(
+          exec,
+          tool,
+          input,
+          toolCallId,
+          grantModifiers,
+          headers,
+          traceparentOf(span),
+        );
+        if (result.ok) span.setAttribute('http.response.status_code', result.status);
+        else {
+          const status = result.details.backend_status;
+          if (typeof status === 'number') span.setAttribute('http.response.status_code', status);
+          endedWith(span, result.code);
+        }
+        return result;
+      },
+    );
+  }
+
+  private async callTarget(
+    exec: Execution,
+    tool: AdmissibleTool,
+    input: unknown,
+    toolCallId: string,
+    grantModifiers: Record<string, unknown>,
+    headers: Record<string, string>,
+    traceparent: string | undefined,
   ): Promise<CallResult> {
     if (tool.category === 'external_call') {
       if (!tool.egress)
@@ -239,6 +292,7 @@ export class Dispatcher {
         agentId: exec.principal.id,
         toolCallId,
         traceId: exec.traceId,
+        traceparent,
       },
     );
   }

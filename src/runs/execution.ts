@@ -32,6 +32,7 @@ import {
 } from './run-types.js';
 import type { Database } from '../db/database.js';
 import type { GrantUseIf } from '../grants/grant-snapshot-repository.js';
+import { ATTRIBUTES, inSpan } from '../telemetry/spans.js';
 
 /** What the executor is built from, by the composition root. */
 export interface RunExecutorDeps {
@@ -242,4 +243,9 @@ export function errorOf(denial: Denial) {
 
 export function elapsed(started: number): number {
   return Math.round((performance.now() - started) * 1000) / 1000;
+}
+
+/** An audit append, traced from the caller's side: the record's event type, nothing of its content. */
+export function auditSpan<T>(event: AuditEventInput, append: () => Promise<T>): Promise<T> {
+  return inSpan('audit.append', { [ATTRIBUTES.auditEventType]: event.event_type }, append);
 }

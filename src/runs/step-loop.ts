@@ -25,6 +25,7 @@ import {
   RunMovedOn,
   SECURITY_DENIALS,
   auditBase,
+  auditSpan,
   chargeOfStep,
   elapsed,
   errorOf,
@@ -42,6 +43,7 @@ import type { Dispatcher } from './dispatch.js';
 import type { RunEnder } from './run-ender.js';
 import { callEnd } from './run-end-rider.js';
 import type { RunAnswer } from './run-types.js';
+import { ATTRIBUTES, describeActiveSpan, endedWith, inToolSpan, type Span } from '../telemetry/spans.js';
 
 /** Takes a run through its steps: admission, then a hold, a denial or a dispatch, until it stops or ends. */
 export class StepLoop {
@@ -236,7 +238,22 @@ export class StepLoop {
     );
   }
 
-  async runStep(
+  /** One tool call, traced as an `execute_tool {tool}` span (SPEC §15). */
+  runStep(
+    exec: Execution,
+    index: number,
+    warnings: string[],
+    closing: Closing | undefined,
+    claimWith?: ClaimedRunStart,
+  ): Promise<StepOutcome> {
+    return inToolSpan(toolCallOf(exec, index), async (span) => {
+      const outcome = await this.takeStep(exec, index, warnings, closing, claimWith);
+      describeStep(span, outcome.ended?.envelope.steps.find((s) => s.index === index) ?? outcome.step);
+      return outcome;
+    });
+  }
+
+  private async takeStep(
     exec: Execution,
     index: number,
     warnings: string[],
@@ -270,6 +287,7 @@ export class StepLoop {
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
     const tool = admission.state.tool;
     const base = auditBase(exec, index, tool);
+    describeActiveSpan(callAttributes(base));
 
     if (admission.held) {
       this.deps.metrics.decisions.inc({ outcome: 'held', reason: 'awaiting_approval' });
@@ -375,10 +393,8 @@ export class StepLoop {
     const answered: { answer?: RunAnswer } = {};
     const leave = overshoot ? undefined : this.endFor(exec, closing, step, stop, answered);
     // Its record gives back what the call had reserved, and ends the run when it is the run's last word.
-    const { answer } = await this.deps.audit.appendCarrying(
-      event,
-      eventId,
-      callEnd(leave, admission.unspent.map(releaseOf)),
+    const { answer } = await auditSpan(event, () =>
+      this.deps.audit.appendCarrying(event, eventId, callEnd(leave, admission.unspent.map(releaseOf))),
     );
     const releasedApart = admission.unspent.filter((_, i) => answer?.closed[i] === undefined);
     for (const reservation of releasedApart) await this.deps.ports.budgets.release(reservation);
@@ -441,7 +457,20 @@ export class StepLoop {
    * refusal. Undefined otherwise: nothing was written, and the run is claimed as usual.
    * docs/design/call-path.md#a-first-call-refused-before-its-run-is-claimed
    */
-  async refuseBeforeClaim(
+  refuseBeforeClaim(
+    exec: Execution,
+    claim: NewRun,
+    decided:
+      { presumedMissing: true } | { reliedOn: GrantAssumed; budgetRefusal: NonNullable<StepRequest['budgetRefusal']> },
+  ): Promise<RunAnswer | undefined> {
+    return inToolSpan(toolCallOf(exec, 0), async (span) => {
+      const answer = await this.refuseFromCopies(exec, claim, decided);
+      describeStep(span, answer?.envelope.steps[0] ?? stepAt(exec.request, 0, 'skipped'));
+      return answer;
+    });
+  }
+
+  private async refuseFromCopies(
     exec: Execution,
     claim: NewRun,
     decided:
@@ -472,20 +501,23 @@ export class StepLoop {
     started: number,
   ): Promise<RunAnswer | undefined> {
     const base = auditBase(exec, 0, admission.state.tool);
+    describeActiveSpan(callAttributes(base));
     const { event, eventId, step, stop } = this.denial(exec, admission, base, 0, started);
     const answered: { answer?: RunAnswer } = {};
     const leave = this.endFor(exec, this.closingAt(exec, [], [], 0), step, stop, answered);
     if (!leave) return undefined;
     const stage = admission.verdicts[admission.verdicts.length - 1]?.stage;
-    const { record } = await this.deps.audit.appendIf(event, eventId, {
-      run: claim,
-      end: leave,
-      ...(claim.reliance
-        ? { reliance: claim.reliance }
-        : { grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! } }),
-      bucket: admission.state.rateRefusedAt,
-      budgetRefused: stage === 'cost' && claim.reliance ? claim.charge : undefined,
-    });
+    const { record } = await auditSpan(event, () =>
+      this.deps.audit.appendIf(event, eventId, {
+        run: claim,
+        end: leave,
+        ...(claim.reliance
+          ? { reliance: claim.reliance }
+          : { grantAbsent: { agent_id: exec.principal.id, tool_id: base.tool_id! } }),
+        bucket: admission.state.rateRefusedAt,
+        budgetRefused: stage === 'cost' && claim.reliance ? claim.charge : undefined,
+      }),
+    );
     if (!record) return undefined;
     if (admission.state.rateRefusedAt) this.deps.ports.rateLimiter.refusalStood?.(admission.state.rateRefusedAt);
     this.deps.metrics.admissionDuration.observe((performance.now() - started) / 1000);
@@ -606,4 +638,38 @@ export class StepLoop {
       return this.ender.interrupted(exec, steps, warnings, standing?.status ?? 'cancelled', standing?.stop ?? null);
     }
   }
+}
+
+/** Who and what a tool call span names: never its input or output. */
+function toolCallOf(exec: Execution, index: number) {
+  return {
+    toolId: exec.request.plan[index]!.tool_id,
+    tenantId: exec.principal.tenantId,
+    agentId: exec.principal.id,
+    runId: exec.request.run_id,
+    step: index,
+    via: exec.via,
+  };
+}
+
+/** The attributes a call's first record names, once admission has resolved its tool. */
+export function callAttributes(base: AuditEventInput & { tool_call_id: string }): Record<string, string> {
+  return {
+    [ATTRIBUTES.toolCallId]: base.tool_call_id,
+    ...(base.tool_version ? { [ATTRIBUTES.toolVersion]: base.tool_version } : {}),
+  };
+}
+
+/** What became of a call: admitted (then completed or failed), denied, held, or skipped (decided again, or not at all). */
+function describeStep(span: Span, step: StepResult): void {
+  const decision =
+    step.status === 'completed' || step.status === 'failed'
+      ? 'admitted'
+      : step.status === 'awaiting_approval'
+        ? 'held'
+        : step.status === 'denied'
+          ? 'denied'
+          : 'skipped';
+  span.setAttributes({ [ATTRIBUTES.decision]: decision, [ATTRIBUTES.stepStatus]: step.status });
+  if (step.error) endedWith(span, step.error.code);
 }
