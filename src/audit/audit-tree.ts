@@ -106,11 +106,13 @@ export class AuditTree {
     }
     const record = seq === undefined ? undefined : await this.recordAt(seq, scope);
     if (record === undefined) throw new CodedError('not_found', `no audit record ${eventId}`);
+    // The leaf as sequenced, from the tree: a record edited since no longer hashes to it.
+    const stored = leaf === undefined ? undefined : await this.prove((read) => read(0, leaf!.leafIndex));
     return {
       record: JSON.parse(record.canonical) as Record<string, unknown>,
       seq: record.seq,
       leaf_index: leaf?.leafIndex ?? null,
-      leaf_hash: leaf === undefined ? null : b64(leafHash(record.canonical)),
+      leaf_hash: stored === undefined ? null : b64(stored),
     };
   }
 
@@ -147,7 +149,10 @@ export class AuditTree {
     );
     const covered = records.filter((r) => (leaves.get(r.eventId)?.leafIndex ?? size) < size);
     const proofs = await this.prove((read) =>
-      covered.map((r) => inclusionProof(read, leaves.get(r.eventId)!.leafIndex, size)),
+      covered.map((r) => {
+        const index = leaves.get(r.eventId)!.leafIndex;
+        return { leaf: read(0, index), proof: inclusionProof(read, index, size) };
+      }),
     );
     return {
       checkpoint: latest?.note ?? null,
@@ -155,8 +160,8 @@ export class AuditTree {
       records: covered.map((r, i) => ({
         record: JSON.parse(r.canonical) as Record<string, unknown>,
         leaf_index: leaves.get(r.eventId)!.leafIndex,
-        leaf_hash: b64(leafHash(r.canonical)),
-        proof: proofs[i]!.map(b64),
+        leaf_hash: b64(proofs[i]!.leaf),
+        proof: proofs[i]!.proof.map(b64),
       })),
       pending: records
         .filter((r) => !covered.includes(r))
