@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { Client, ProtocolError, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentPrincipal } from '../src/admission/step.js';
 import type { AuditEventInput } from '../src/audit/audit-event.js';
@@ -24,6 +25,7 @@ let backend: TestBackend;
 
 beforeAll(async () => {
   h = await startHarness();
+  await h.client.app.listen({ port: 0, host: '127.0.0.1' });
   backend = await new TestBackend().start();
   await registerTool(h.client, { id: 'echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
   await grantTool(h.client, { tenant: VICTIM, agent: AGENT, tool: 'echo' });
@@ -85,6 +87,37 @@ async function beside<T>(
   await poisoners;
   return { answers, refused };
 }
+
+describe('the attack, black-box', () => {
+  it('answers the hostile tool names over MCP -32602 and completes and audits 300 calls of another tenant', async () => {
+    const port = (h.client.app.server.address() as { port: number }).port;
+    const mcp = new Client({ name: 'mallory', version: '1.0.0' });
+    await mcp.connect(
+      new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${port}/mcp`), {
+        requestInit: { headers: { authorization: `Bearer ${tokens.agent(MALLORY, { tenant: ATTACKER })}` } },
+      }),
+    );
+    try {
+      const runIds = Array.from({ length: 300 }, () => newRunId('victim'));
+      const calls = Promise.all(runIds.map((run_id) => execute(h.client, victim, { run_id, plan: [step('echo')] })));
+      const { answers, refused } = await beside(calls, () =>
+        mcp.callTool({ name: incompressible(3000), arguments: {} }),
+      );
+
+      expect(answers.map((res: TestResponse) => res.status)).toEqual(runIds.map(() => 200));
+      expect(refused.length).toBeGreaterThan(0);
+      for (const error of refused) {
+        expect(error).toBeInstanceOf(ProtocolError);
+        expect((error as ProtocolError).code).toBe(-32602);
+      }
+      const records = await recordsOf(runIds);
+      for (const runId of runIds)
+        expect(records.get(runId), runId).toEqual(['run.step.dispatching', 'run.step.completed']);
+    } finally {
+      await mcp.close();
+    }
+  });
+});
 
 describe('a batch never fails for one of its members', () => {
   it('completes and audits 300 calls of one tenant beside calls of another whose tool id no index can hold', async () => {
