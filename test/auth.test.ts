@@ -313,3 +313,56 @@ describe('separation of powers', () => {
     }
   });
 });
+
+describe('a claim named payload is only a claim (issue 42)', () => {
+  // An agent of t1 whose token also carries, nested, the claims of a platform-operator of t2.
+  const nested = {
+    sub: 'mallory',
+    tenant_id: 't2',
+    kind: 'operator',
+    roles: ['platform-operator'],
+    iss: 'https://idp.test',
+    aud: 'toolgate',
+    exp: now() + 600,
+  };
+  const agentClaims = { sub: 'agent.one', tenant_id: 't1', kind: 'agent', payload: nested };
+  const modes: Array<[string, () => AppClient, () => string]> = [
+    [
+      'a shared secret (HS256)',
+      () => hs,
+      () => signToken({ ...agentClaims, iss: 'https://idp.test', aud: 'toolgate' }),
+    ],
+    ['a public key (RS256)', () => rs, () => sign('RS256', rsaPrivatePem, agentClaims)],
+    ['a public key (ES256)', () => es, () => sign('ES256', ecPrivatePem, agentClaims)],
+    ['a JWKS file', () => jwks, () => sign('RS256', rsaPrivatePem, agentClaims, { kid: 'rsa-1' })],
+  ];
+
+  it.each(modes)('takes the top-level claims with %s', async (_mode, client, token) => {
+    const whoami = await client().get('/whoami', { token: token() });
+    expect(whoami.status).toBe(200);
+    expect(whoami.body).toMatchObject({ kind: 'agent', id: 'agent.one', tenant_id: 't1', role: null });
+    const checkpoint = await client().post('/audit/checkpoints', { token: token(), body: {} });
+    expect(checkpoint.status).toBe(403);
+    expect(checkpoint.body.error.code).toBe('agent_forbidden');
+  });
+
+  it('reads the MCP audience from the top level too', async () => {
+    const resource = 'https://gateway.example.com/mcp';
+    const mcp = await AppClient.start(db.database, { TOOLGATE_MCP_RESOURCE: resource });
+    try {
+      const agent = { sub: 'agent.one', tenant_id: 't1', kind: 'agent', exp: now() + 600 };
+      const post = (claims: Record<string, unknown>) =>
+        mcp.post('/mcp', {
+          token: signToken({ ...agent, ...claims }),
+          headers: { accept: 'application/json, text/event-stream' },
+          body: { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} },
+        });
+      const elsewhere = 'https://elsewhere.example.com/mcp';
+      expect((await post({ aud: elsewhere, payload: { ...agent, aud: resource } })).status).toBe(401);
+      expect((await post({ payload: { ...agent, aud: resource } })).status).toBe(401);
+      expect((await post({ aud: resource })).status).toBe(200);
+    } finally {
+      await mcp.close();
+    }
+  });
+});

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { identifier } from '../validation/fields.js';
 
 export const OPERATOR_ROLES = ['platform-operator', 'tenant-operator'] as const;
 export type OperatorRole = (typeof OPERATOR_ROLES)[number];
@@ -19,12 +20,6 @@ export type Principal =
       role: OperatorRole;
       scopes: ReadonlySet<string>;
     };
-
-const identifier = z
-  .string()
-  .min(1)
-  .max(200)
-  .regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/);
 
 const claimsSchema = z.object({
   sub: identifier,

@@ -2091,11 +2091,11 @@ export interface components {
             pipeline_instance_id?: string;
             session_id?: string;
             user_id?: string;
-            /** @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`. A `tenant_id` here must be the token's. */
+            /** @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`; each value at most 1,000 characters as JSON. A `tenant_id` here must be the token's. */
             context?: Record<string, unknown>;
             /** @description 1..MAX_PLAN_STEPS (default 32) steps; a longer plan is refused, never truncated. */
             plan: {
-                tool_id: string;
+                tool_id: components["schemas"]["ToolId"];
                 /** @description a semver range; default the newest non-deprecated version */
                 version?: string;
                 input: unknown;

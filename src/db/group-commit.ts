@@ -1,4 +1,4 @@
-import { isDataException } from './unavailable.js';
+import { isRecordFault } from './unavailable.js';
 
 /** An answer that fails its own request only (the rest of the batch was committed). */
 export class Failed {
@@ -6,11 +6,12 @@ export class Failed {
 }
 
 /**
- * Requests arriving while a batch commits go together in the next one. A batch PostgreSQL refused a value of is retried
- * one request at a time, so `commit` must write nothing when it throws: docs/design/database-pools.md#group-commit.
+ * Requests arriving while a batch commits go together in the next one. A batch PostgreSQL refused for the values of
+ * some of its members is committed again in halves until only those members fail, so `commit` must write nothing when
+ * it throws: docs/design/database-pools.md#group-commit.
  */
 export class GroupCommit<Request, Result> {
-  private queue: Array<{ request: Request; resolve: (result: Result) => void; reject: (error: unknown) => void }> = [];
+  private queue: Pending<Request, Result>[] = [];
   private flushing: Promise<void> | undefined;
 
   constructor(
@@ -25,15 +26,37 @@ export class GroupCommit<Request, Result> {
     });
   }
 
-  private async oneByOne(batch: typeof this.queue): Promise<void> {
-    for (const pending of batch) {
-      try {
-        const [result] = await this.commit([pending.request]);
-        settle(pending, result!);
-      } catch (error) {
-        pending.reject(error);
-      }
+  /**
+   * Commits a batch, and again without the members whose values PostgreSQL refused: a batch it threw for goes again
+   * in halves (each half in order, so arrival order holds), and the members it answered `Failed` for such a refusal
+   * (when more than one: one of them may have failed the others) go again apart from the rest. Each round is
+   * smaller than the last, so a batch of n with k bad members costs about k·log₂(n) more commits, and only the bad
+   * members fail.
+   */
+  private async commitApart(batch: Pending<Request, Result>[]): Promise<void> {
+    let answers: Array<Result | Failed>;
+    try {
+      answers = await this.commit(batch.map((pending) => pending.request));
+    } catch (error) {
+      if (batch.length > 1 && isRecordFault(error)) await this.halves(batch);
+      else for (const pending of batch) pending.reject(error);
+      return;
     }
+    const again: Pending<Request, Result>[] = [];
+    batch.forEach((pending, i) => {
+      const answer = answers[i]!;
+      if (answer instanceof Failed && isRecordFault(answer.error)) again.push(pending);
+      else settle(pending, answer);
+    });
+    if (again.length === 1) settle(again[0]!, answers[batch.indexOf(again[0]!)]!);
+    else if (again.length === batch.length) await this.halves(again);
+    else if (again.length > 1) await this.commitApart(again);
+  }
+
+  private async halves(batch: Pending<Request, Result>[]): Promise<void> {
+    const middle = Math.ceil(batch.length / 2);
+    await this.commitApart(batch.slice(0, middle));
+    await this.commitApart(batch.slice(middle));
   }
 
   /** Whether a batch is being committed, or requests wait for one. */
@@ -53,14 +76,7 @@ export class GroupCommit<Request, Result> {
       await nextTurn();
       await nextTurn();
       while (this.queue.length > 0) {
-        const batch = this.queue.splice(0, this.maxBatch);
-        try {
-          const results = await this.commit(batch.map((pending) => pending.request));
-          batch.forEach((pending, i) => settle(pending, results[i]!));
-        } catch (error) {
-          if (batch.length > 1 && isDataException(error)) await this.oneByOne(batch);
-          else for (const pending of batch) pending.reject(error);
-        }
+        await this.commitApart(this.queue.splice(0, this.maxBatch));
       }
     } finally {
       // Cleared in the same turn as the empty-queue check: a request submitted right after
@@ -68,6 +84,12 @@ export class GroupCommit<Request, Result> {
       this.flushing = undefined;
     }
   }
+}
+
+interface Pending<Request, Result> {
+  request: Request;
+  resolve: (result: Result) => void;
+  reject: (error: unknown) => void;
 }
 
 function nextTurn(): Promise<void> {

@@ -19,10 +19,22 @@ export function isDatabaseUnavailable(error: unknown): boolean {
 }
 
 /**
- * A PostgreSQL class 22 error: the data, not the database, was at fault (a NUL byte, an
- * impossible number…). Retrying the same values fails the same way.
+ * A PostgreSQL class 22 error, the data, not the database, was at fault (a NUL byte, an impossible
+ * number…), or class 54, a value past one of its limits (an index row larger than a btree page
+ * takes): retrying the same values fails the same way.
  */
 export function isDataException(error: unknown): boolean {
-  const code = (error as { code?: unknown }).code;
-  return typeof code === 'string' && /^22[0-9A-Z]{3}$/.test(code);
+  const code = (error as { code?: unknown } | null | undefined)?.code;
+  return typeof code === 'string' && /^(22|54)[0-9A-Z]{3}$/.test(code);
+}
+
+/**
+ * An error PostgreSQL raised over the values one statement carried, not over its connection: a data
+ * exception or a limit (`isDataException`), an integrity constraint (class 23: a check, a unique key)
+ * or a cardinality violation (21000: two rows of one statement on the same key). A batch that met one
+ * may succeed without some of its members; connection and resource faults (08, 53, 57) are never one.
+ */
+export function isRecordFault(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null | undefined)?.code;
+  return isDataException(error) || (typeof code === 'string' && /^(21|23)[0-9A-Z]{3}$/.test(code));
 }

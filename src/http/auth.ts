@@ -42,11 +42,16 @@ export const authPlugin = fp<AuthOptions>(
       // Agents send the same token with every call: a verified token is remembered (never past
       // its own expiry) instead of checking its signature again. Keys are fixed at start-up.
       cache: 1000,
+      // Every key mode answers the whole token, and `formatUser` keeps its verified claims: a claim
+      // named `payload` inside them is just a claim, never read as the claims.
+      complete: true,
     };
+    const formatUser = (token: { payload: unknown }) => token.payload;
     if (keys.kind === 'secret') {
-      await app.register(fastifyJwt, { secret: keys.secret, verify } as never);
+      await app.register(fastifyJwt, { secret: keys.secret, verify, formatUser } as never);
     } else {
       await app.register(fastifyJwt, {
+        formatUser,
         decode: { complete: true },
         secret: {
           public: async (_request: FastifyRequest, token: { header?: { kid?: unknown } }) => {
@@ -85,11 +90,10 @@ async function authenticate(request: FastifyRequest, options: AuthOptions): Prom
     // The reason (expired, bad signature, wrong audience…) stays in our logs, not the response.
     throw new ApiError('unauthenticated', 'the bearer token is not valid');
   }
-  const payload = (claims as { payload?: unknown }).payload ?? claims;
   // The wall clock, as fast-jwt's own `exp` and `nbf` checks use.
-  const tooLong = lifetimeProblem(payload, Math.floor(Date.now() / 1000), options.maxTtlSeconds);
+  const tooLong = lifetimeProblem(claims, Math.floor(Date.now() / 1000), options.maxTtlSeconds);
   if (tooLong) throw new ApiError('unauthenticated', `the bearer token is not valid: ${tooLong}`);
-  const result = principalFromClaims(payload);
+  const result = principalFromClaims(claims);
   if (!result.ok) throw new ApiError('unauthenticated', `the bearer token is not valid: ${result.reason}`);
   return result.principal;
 }

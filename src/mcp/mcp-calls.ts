@@ -2,7 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { ProtocolError, ProtocolErrorCode, type CallToolResult } from '@modelcontextprotocol/server';
 import { z } from 'zod';
 import type { ErrorCode } from '../errors/error-codes.js';
-import { identifier, positiveUnits } from '../http/validation.js';
+import { positiveUnits } from '../validation/values.js';
+import { identifier, runContext, toolId, versionRange } from '../validation/fields.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest, RunStatus } from '../runs/run-types.js';
 
@@ -14,8 +15,8 @@ export const RESULT_META_KEY = 'dev.toolgate/result';
 const runMeta = z.strictObject({
   run_id: identifier.optional(),
   parent_run_id: identifier.optional(),
-  version: z.string().min(1).max(100).optional(),
-  context: z.record(z.string(), z.unknown()).optional(),
+  version: versionRange.optional(),
+  context: runContext.optional(),
   budget_units: positiveUnits.optional(),
   session_id: identifier.optional(),
   user_id: identifier.optional(),
@@ -32,6 +33,13 @@ export function runRequestOf(
   args: Record<string, unknown> | undefined,
   meta: Record<string, unknown> | undefined,
 ): RunRequest {
+  // Bounded as REST bounds `plan[].tool_id`: the id reaches indexed columns (docs/operations.md#input-bounds).
+  const tool = toolId.safeParse(name);
+  if (!tool.success)
+    throw new ProtocolError(
+      ProtocolErrorCode.InvalidParams,
+      `params.name: ${tool.error.issues[0]?.message ?? 'invalid'}`,
+    );
   const parsed = runMeta.safeParse(meta?.[RUN_META_KEY] ?? {});
   if (!parsed.success) {
     const issue = parsed.error.issues[0];

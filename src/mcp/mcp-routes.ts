@@ -152,10 +152,9 @@ function originOf(request: FastifyRequest, config: Config['mcp']): string {
   return `${request.protocol}://${HOST.test(request.host) ? request.host : 'localhost'}`;
 }
 
-/** Whether a verified token's `aud` (a string or a list) names the resource. */
-function audienceNames(user: unknown, resource: string): boolean {
-  const decoded = user as { payload?: { aud?: unknown }; aud?: unknown } | undefined;
-  const aud = decoded?.payload?.aud ?? decoded?.aud;
+/** Whether a verified token's `aud` (a string or a list; its top-level claims, as auth reads them) names the resource. */
+function audienceNames(claims: unknown, resource: string): boolean {
+  const aud = (claims as { aud?: unknown } | undefined)?.aud;
   return Array.isArray(aud) ? aud.includes(resource) : aud === resource;
 }
 

@@ -17,8 +17,8 @@ export const AGENT_FORBIDDEN_CATEGORIES: ReadonlySet<ToolCategory> = new Set(['f
 /** `final_write` and `admin` tools must be at least this risky. */
 export const MINIMUM_RISK_FOR_FORBIDDEN_CATEGORIES: ReadonlySet<RiskLevel> = new Set(['high', 'critical']);
 
-/** Tool ids: dotted lower-case names such as `web.fetch` or `get_scf_control`. */
-export const TOOL_ID_PATTERN = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/;
+/** Tool ids: dotted lower-case names such as `web.fetch` (bounded with every other field in `src/validation/`). */
+export { TOOL_ID_PATTERN } from '../validation/fields.js';
 
 /** A backend header value: a literal, or the name of a `TOOLGATE_SECRET_*` variable read at start-up. */
 export type HeaderValue = string | { from_env: string };

@@ -7,12 +7,12 @@ import {
   RISK_LEVELS,
   SECRET_ENV_PATTERN,
   TOOL_CATEGORIES,
-  TOOL_ID_PATTERN,
   type HeaderValue,
   type JsonSchema,
   type ToolContent,
   type ToolDeprecation,
 } from './tool-contract.js';
+import { contextKey, toolId } from '../validation/fields.js';
 import { instant, units } from '../validation/values.js';
 import { schemaProblem } from './tool-schemas.js';
 
@@ -36,17 +36,12 @@ const RESERVED_HEADERS = new Set([
 ]);
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
 
-const toolId = z.string().max(200).regex(TOOL_ID_PATTERN, 'must be a dotted lower-case name such as web.fetch');
 const text = (max: number) => z.string().trim().min(1, 'must not be blank').max(max);
 const label = z.string().trim().min(1, 'must not be blank').max(200);
 const agentRef = z
   .string()
   .max(200)
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]*$/, 'must be an agent id or family:<name>');
-const contextKey = z
-  .string()
-  .max(100)
-  .regex(/^[A-Za-z_][A-Za-z0-9_.-]*$/, 'must be a context key such as tenant_id');
 const jsonSchema = z.union([z.record(z.string(), z.unknown()), z.boolean()], {
   error: 'must be a JSON Schema (an object or a boolean)',
 });

@@ -56,7 +56,7 @@ describe('group commit', () => {
     expect(await group.submit(3)).toBe(3);
   });
 
-  it('commits a batch one by one when PostgreSQL refused a value, so only its owner fails', async () => {
+  it('commits a batch again in halves when PostgreSQL refused a value, so only its owner fails', async () => {
     const batches: number[][] = [];
     const group = new GroupCommit<number, number>(async (batch) => {
       batches.push(batch);
@@ -71,7 +71,67 @@ describe('group commit', () => {
       '22021',
       28,
     ]);
-    expect(batches).toEqual([[11, 12, 13, 14], [11], [12], [13], [14]]);
+    expect(batches).toEqual([[11, 12, 13, 14], [11, 12], [13, 14], [13], [14]]);
+  });
+
+  // Issue 42: a 3,000-character tool id failed whole batches (54000), other tenants' calls with them.
+  it.each([
+    ['22021', 'a NUL byte'],
+    ['22P05', 'an escape jsonb cannot hold'],
+    ['54000', 'an index row larger than a btree page'],
+    ['23514', 'a check constraint'],
+    ['23505', 'a unique key'],
+    ['21000', 'two rows of one statement on one key'],
+  ])('fails only the members whose values PostgreSQL refused (%s, %s)', async (code) => {
+    const bad = new Set([3, 17, 18, 40]);
+    let commits = 0;
+    const group = new GroupCommit<number, number>(async (batch) => {
+      commits += 1;
+      if (batch.some((n) => bad.has(n))) throw Object.assign(new Error('refused'), { code });
+      return batch;
+    });
+    const members = Array.from({ length: 64 }, (_, i) => i);
+    const results = await Promise.allSettled(members.map((n) => group.submit(n)));
+    expect(results.map((r) => r.status === 'fulfilled')).toEqual(members.map((n) => !bad.has(n)));
+    for (const n of bad) expect((results[n] as PromiseRejectedResult).reason).toMatchObject({ code });
+    // Bisected, not one by one: a few commits for each bad member.
+    expect(commits).toBeLessThan(4 * 2 * Math.log2(64) + 1);
+  });
+
+  it.each([['08006'], ['57P01'], ['53300'], ['57014']])(
+    'fails the whole batch closed on a connection or resource fault (%s), without retrying',
+    async (code) => {
+      let calls = 0;
+      const group = new GroupCommit<number, number>(async () => {
+        calls += 1;
+        throw Object.assign(new Error('connection lost'), { code });
+      });
+      const results = await Promise.allSettled([1, 2, 3].map((n) => group.submit(n)));
+      expect(results.every((r) => r.status === 'rejected' && (r.reason as { code: string }).code === code)).toBe(true);
+      expect(calls).toBe(1);
+    },
+  );
+
+  it('commits again apart the members a partly committed batch failed for one bad value', async () => {
+    // A commit that answers a group of members `Failed` together (a rate bucket, the reservations beside committed
+    // closes) when one of them carried the bad value: the others go again without it.
+    const batches: number[][] = [];
+    const group = new GroupCommit<number, number>(async (batch) => {
+      batches.push(batch);
+      const refused = batch.includes(5) ? Object.assign(new Error('too long'), { code: '54000' }) : undefined;
+      return batch.map((n) => (n % 2 === 1 && refused ? new Failed(refused) : n));
+    });
+    const results = await Promise.allSettled([1, 2, 3, 4, 5, 6].map((n) => group.submit(n)));
+    expect(results.map((r) => r.status)).toEqual([
+      'fulfilled',
+      'fulfilled',
+      'fulfilled',
+      'fulfilled',
+      'rejected',
+      'fulfilled',
+    ]);
+    expect(batches[0]).toEqual([1, 2, 3, 4, 5, 6]);
+    expect(batches[1]).toEqual([1, 3, 5]);
   });
 
   it('does not retry a batch that failed for any other reason', async () => {

@@ -1,5 +1,6 @@
 import { InvalidArgumentError } from 'commander';
 import { printable } from './terminal.js';
+import type { z } from 'zod';
 
 const UNIT_SECONDS = { s: 1, m: 60, h: 3_600, d: 86_400, w: 604_800 } as const;
 
@@ -15,6 +16,18 @@ export function parseDuration(text: string): number {
 /** A duration, or a bare number of seconds (as `npm run token -- --ttl 3600` always took). */
 export function parseSecondsOrDuration(text: string): number {
   return /^\d+$/.test(text.trim()) ? parseDuration(`${text.trim()}s`) : parseDuration(text);
+}
+
+/**
+ * An option parsed by the schema the gateway's doors bound the field with (`src/validation/fields.ts`): a value the
+ * server would refuse is a usage error here, before anything is sent.
+ */
+export function parseField(schema: z.ZodType<string>): (text: string) => string {
+  return (text) => {
+    const parsed = schema.safeParse(text);
+    if (!parsed.success) throw new InvalidArgumentError(parsed.error.issues[0]?.message ?? 'invalid');
+    return parsed.data;
+  };
 }
 
 export function parseNumber(text: string): number {

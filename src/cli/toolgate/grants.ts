@@ -1,6 +1,7 @@
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
-import { collect, parseDuration, parseNumber, record, table } from './format.js';
+import { agentId, toolId } from '../../validation/fields.js';
+import { collect, parseDuration, parseField, parseNumber, record, table } from './format.js';
 import { command, IDEMPOTENCY_KEY, idempotencyHeader, listOptions, type ListOptions } from './help.js';
 import { CheckFailed, Session, UsageError } from './session.js';
 
@@ -50,8 +51,8 @@ export function grantsCommand() {
         'grant one agent one tool in one scope, for a time, for a reason',
         'toolgate grants create --agent a1 --tool web.fetch --scope per-session --ref s-42 --ttl 12h --reason "ticket 812"',
       )
-        .requiredOption('--agent <id>', 'the agent')
-        .requiredOption('--tool <id>', 'the tool')
+        .requiredOption('--agent <id>', 'the agent', parseField(agentId))
+        .requiredOption('--tool <id>', 'the tool', parseField(toolId))
         .addOption(new Option('--scope <scope>', 'what the grant is for').choices(SCOPES).makeOptionMandatory())
         .option('--ref <id>', 'the run, pipeline instance, session or user id (per-tenant: the tenant)')
         .requiredOption('--reason <text>', 'the rationale, kept with the grant')
@@ -146,8 +147,8 @@ export function grantsCommand() {
     )
       .argument('[id]', 'the grant (or give --agent and --tool)')
       .requiredOption('--reason <text>', 'why, kept with the revocation')
-      .option('--agent <id>', 'with --tool: every live grant of this agent for the tool')
-      .option('--tool <id>')
+      .option('--agent <id>', 'with --tool: every live grant of this agent for the tool', parseField(agentId))
+      .addOption(new Option('--tool <id>').argParser(parseField(toolId)))
       .option('--tenant <id>', 'platform-operators: the tenant of those grants')
       .action(
         async (
@@ -227,8 +228,8 @@ export function grantsCommand() {
       'which grant applies to a call of an agent to a tool, or why none does (exit 1 when none)',
       'toolgate grants resolve --agent a1 --tool web.fetch --session s-42',
     )
-      .requiredOption('--agent <id>')
-      .requiredOption('--tool <id>')
+      .addOption(new Option('--agent <id>').argParser(parseField(agentId)).makeOptionMandatory())
+      .addOption(new Option('--tool <id>').argParser(parseField(toolId)).makeOptionMandatory())
       .option('--tenant <id>', "default: the caller's tenant")
       .option('--run <id>')
       .option('--pipeline-instance <id>')

@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import { Option } from 'commander';
 import type { Schemas } from '../../client/index.js';
-import { cell, collectPair, parseJson, parseNumber, record, table } from './format.js';
+import { identifier, toolId, versionRange } from '../../validation/fields.js';
+import { cell, collectPair, parseField, parseJson, parseNumber, record, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
 import { Session } from './session.js';
 
@@ -155,16 +156,16 @@ export function runsCommand() {
       'call one tool as an agent (agent token), through every admission stage (exit 1 when a step is refused)',
       `toolgate runs execute --tool web.fetch --input '{"url":"https://example.com"}' --context organization_id=o1`,
     )
-      .requiredOption('--tool <id>')
-      .option('--version <range>', 'a semver range (default: the newest non-deprecated)')
+      .addOption(new Option('--tool <id>').argParser(parseField(toolId)).makeOptionMandatory())
+      .option('--version <range>', 'a semver range (default: the newest non-deprecated)', parseField(versionRange))
       .addOption(new Option('--input <json>', 'the tool input').argParser(parseJson).makeOptionMandatory())
-      .option('--run-id <id>', 'default: a new run id')
+      .option('--run-id <id>', 'default: a new run id', parseField(identifier))
       .addOption(
         new Option('--context <key=value>', 'a context key the tool requires (repeatable)').argParser(collectPair),
       )
-      .option('--session <id>')
-      .option('--user <id>')
-      .option('--pipeline-instance <id>')
+      .addOption(new Option('--session <id>').argParser(parseField(identifier)))
+      .addOption(new Option('--user <id>').argParser(parseField(identifier)))
+      .addOption(new Option('--pipeline-instance <id>').argParser(parseField(identifier)))
       .addOption(new Option('--budget <units>', "the run's own limit").argParser(parseNumber))
       .option('--dry-run', 'evaluate every stage; reserve and dispatch nothing')
       .action(

@@ -19,7 +19,7 @@ import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { agentId, identifier, parseInput, positiveUnits, toolId } from '../validation.js';
+import { agentId, identifier, parseInput, positiveUnits, runContext, toolId, versionRange } from '../validation.js';
 
 export interface RunRouteDeps {
   db: Kysely<DB>;
@@ -38,12 +38,12 @@ function executeBody(maxPlanSteps: number) {
     pipeline_instance_id: identifier.optional(),
     session_id: identifier.optional(),
     user_id: identifier.optional(),
-    context: z.record(z.string(), z.unknown()).default({}),
+    context: runContext.default({}),
     plan: z
       .array(
         z.strictObject({
-          tool_id: z.string().min(1).max(200),
-          version: z.string().min(1).max(100).optional(),
+          tool_id: toolId,
+          version: versionRange.optional(),
           input: z.unknown().refine((value) => value !== undefined, 'input is required'),
         }),
       )
