@@ -4,7 +4,9 @@
  *
  * Baseline, measured in the same run: reading every row in key order, in pages of 2,000 rows,
  * without hashing. Then the full walk (`GET /audit/verify`), and a walk from a checkpoint 10,000
- * rows before the head. Prints rows/s and the ratio of each to the baseline.
+ * rows before the head; the sequencer numbering every row into the Merkle tree (records/s), the
+ * tree's full verification (leaves/s) and one from a checkpoint 10,000 leaves before the end.
+ * Prints rates and the ratio of each to the baseline.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { loadavg } from 'node:os';
@@ -13,6 +15,9 @@ import { pino } from 'pino';
 import { GENESIS_HASH, payloadHash, sealLinked } from '../src/audit/audit-hash.js';
 import type { AuditRecord } from '../src/audit/audit-event.js';
 import { insertSealedRecords, verifyAuditChain } from '../src/audit/audit-repository.js';
+import { AuditTree } from '../src/audit/audit-tree.js';
+import { logSigner } from '../src/audit/log-key.js';
+import { LogSequencer } from '../src/audit/log-sequencer.js';
 import { openDatabase } from '../src/db/database.js';
 import { migrate } from '../src/db/migrate.js';
 import type { DB } from '../src/db/schema.js';
@@ -121,6 +126,30 @@ try {
   const tail = await timed(() => verifyAuditChain(database.control, undefined, undefined, from));
   if (!tail.value.ok) throw new Error(`the tail did not verify: ${JSON.stringify(tail.value)}`);
 
+  // The Merkle tree: the sequencer numbers every row, as it would records arriving at that rate.
+  const signer = logSigner({ origin: 'bench.toolgate/audit', signingKeyPem: undefined, dataDir: '' });
+  const sequencer = new LogSequencer({
+    database,
+    signer,
+    replicaId: 'bench',
+    intervalMs: 200,
+    logger: pino({ level: 'silent' }),
+  });
+  const sequenced = await timed(async () => {
+    let total = 0;
+    for (let round = await sequencer.round(); round > 0; round = await sequencer.round()) total += round;
+    return total;
+  });
+  if (sequenced.value !== rows) throw new Error(`the sequencer numbered ${sequenced.value} of ${rows} records`);
+  const sequenceRate = sequenced.value / sequenced.seconds;
+  const tree = new AuditTree(database, signer, 200);
+  const treeFull = await timed(() => tree.verify());
+  if (!treeFull.value.ok) throw new Error(`the tree did not verify: ${JSON.stringify(treeFull.value)}`);
+  const treeRate = treeFull.value.checked / treeFull.seconds;
+  // A checkpoint 10,000 leaves before the end: the sequencer publishes one a batch of 10,000.
+  const treeTail = await timed(() => tree.verify(Math.max(rows - 10_000, 0)));
+  if (!treeTail.value.ok) throw new Error(`the tree's tail did not verify: ${JSON.stringify(treeTail.value)}`);
+
   const fmt = (n: number) => Math.round(n).toLocaleString();
   console.log(
     `load average (1 min) ${loadBefore.toFixed(2)} before reading, ${loadavg()[0]!.toFixed(2)} after the walks`,
@@ -131,6 +160,15 @@ try {
   );
   console.log(
     `from a checkpoint ${fmt(tail.value.checked)} rows before the head  ${tail.seconds.toFixed(3)} s (${(tail.seconds / full.seconds).toFixed(4)}× the full walk)`,
+  );
+  console.log(
+    `sequencing into the Merkle tree            ${fmt(sequenceRate)} records/s (${sequenced.seconds.toFixed(2)} s), ${(sequenceRate / readRate).toFixed(2)}× the baseline`,
+  );
+  console.log(
+    `full verification of the tree             ${fmt(treeRate)} leaves/s (${treeFull.seconds.toFixed(2)} s), ${(treeRate / readRate).toFixed(2)}× the baseline`,
+  );
+  console.log(
+    `the tree from a checkpoint ${fmt(treeTail.value.checked)} leaves before the end  ${treeTail.seconds.toFixed(3)} s (${(treeTail.seconds / treeFull.seconds).toFixed(4)}× the full verification)`,
   );
 } finally {
   await database.close();
