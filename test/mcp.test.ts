@@ -246,7 +246,12 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       })) as CallToolResult;
       expect(result.isError).toBe(true);
       expect(textOf(result)).toMatch(new RegExp(`^${code}: `));
-      expect(resultMeta(result)).toEqual({ run_id: runId, status, code });
+      expect(resultMeta(result)).toEqual({
+        run_id: runId,
+        status,
+        code,
+        ...(code === 'tool_input_schema_invalid' ? { errors: [{ path: '/q', message: 'must be string' }] } : {}),
+      });
       expect(backend.hits.length).toBe(dispatched);
       const events = await auditOf(runId);
       expect(events.map((e) => [e.status, e.reason_code, e.details.via])).toContainEqual(['denied', code, 'mcp']);

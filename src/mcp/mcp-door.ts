@@ -21,9 +21,16 @@ import type { RunControls } from '../runs/run-controls.js';
 import type { RunExecutor } from '../runs/run-executor.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest } from '../runs/run-types.js';
-import { callResultOf, refusalResult, runRequestOf, traceIdOfMeta, unavailable } from './mcp-calls.js';
+import {
+  callResultOf,
+  refusalResult,
+  runRequestOf,
+  traceIdOfMeta,
+  unavailable,
+  type HeaderRunFields,
+} from './mcp-calls.js';
 import { claimsEnvelope, plainlyLegacy } from './mcp-eras.js';
-import { mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
+import { advertisedOutputSchema, mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
 
 /** Who is calling through the door, and what became of the call (for the request metrics). */
 export interface McpCaller {
@@ -31,6 +38,8 @@ export interface McpCaller {
   /** The trace of the HTTP request; a call's `_meta.traceparent` overrides it. */
   traceId: string;
   requestId: string;
+  /** Run fields from the request's `Toolgate-*` headers, under those of a call's `_meta`. */
+  runFields?: HeaderRunFields;
   /** Set by the handlers: `tool_error` for an `isError` result, `error` for a JSON-RPC error. */
   outcome?: 'ok' | 'tool_error' | 'error';
 }
@@ -183,7 +192,7 @@ export class McpDoor {
     args: Record<string, unknown> | undefined,
     meta: Record<string, unknown> | undefined,
   ): Promise<CallToolResult> {
-    const request = runRequestOf(name, args, meta);
+    const request = runRequestOf(name, args, meta, caller.runFields);
     const traceId = traceIdOfMeta(meta) ?? caller.traceId;
     const { principal } = caller;
     try {
@@ -194,11 +203,19 @@ export class McpDoor {
           { tenant_id: principal.tenantId, run_id: request.run_id },
         );
       }
-      return callResultOf(name, answer);
+      return callResultOf(name, answer, { advertisesOutput: this.advertisesOutput(answer) });
     } catch (error) {
       if (error instanceof CodedError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
       throw error;
     }
+  }
+
+  /** Whether the version a call ran advertises an output schema in the MCP listing. */
+  private advertisesOutput(answer: RunAnswer): boolean {
+    const step = answer.envelope.steps[0];
+    if (!step?.version) return false;
+    const tool = this.deps.catalog.versions(step.tool_id).find((v) => v.version === step.version);
+    return tool !== undefined && advertisedOutputSchema(tool.output_schema) !== undefined;
   }
 
   /** Whether the approval a replayed held run waits for is no longer pending (approved, or lapsed). */

@@ -8,6 +8,7 @@ import { ApiError } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
 import { inboundRequestOf } from './inbound-request.js';
+import { headerRunFieldsOf } from './mcp-calls.js';
 import { McpDoor, type McpCaller, type McpDoorDeps } from './mcp-door.js';
 import { ToolListChanges } from './tool-list-changes.js';
 
@@ -72,6 +73,11 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
   });
 
   app.setErrorHandler((error, request, reply) => {
+    // The Origin is judged before the token: a page at a foreign origin learns nothing of tokens.
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined && error instanceof ApiError && AUTH_REFUSALS.has(error.code)) throw foreign;
+    if (isUnparseableJson(error))
+      return jsonRpcError(reply, 400, -32700, 'Parse error: the body is not valid JSON', undefined);
     if (error instanceof ApiError && error.code === 'unauthenticated') {
       const presented = request.headers.authorization !== undefined;
       reply.header(
@@ -81,6 +87,18 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     }
     // The gateway's own error handler answers, in the error envelope.
     throw error;
+  });
+
+  // An allowed browser origin may read every answer of this door, refusals included (a 401's
+  // WWW-Authenticate is how a browser client finds where to get a token).
+  app.addHook('onSend', async (request, reply, payload) => {
+    const origin = request.headers.origin;
+    if (typeof origin === 'string' && config.allowedOrigins.includes(origin)) {
+      reply.header('access-control-allow-origin', origin);
+      reply.header('access-control-expose-headers', CORS_EXPOSED);
+    }
+    if (config.allowedOrigins.length > 0) reply.header('vary', 'Origin');
+    return payload;
   });
 
   app.addHook('onResponse', async (request, reply) => {
@@ -100,11 +118,16 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
         `the bearer token is not valid: its audience does not name ${config.resource}`,
       );
     }
-    const origin = request.headers.origin;
-    if (origin !== undefined && !config.allowedOrigins.includes(origin)) {
-      throw new ApiError('forbidden', `requests from origin ${origin} are not allowed on /mcp`, { origin });
-    }
-    const caller: McpCaller = { principal, traceId: request.traceId, requestId: request.id };
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined) throw foreign;
+    const runFields = headerRunFieldsOf(request.headers);
+    if (!runFields.ok) return jsonRpcError(reply, 400, -32602, runFields.message, request.body);
+    const caller: McpCaller = {
+      principal,
+      traceId: request.traceId,
+      requestId: request.id,
+      runFields: runFields.fields,
+    };
     request.mcpCaller = caller;
     const response = await door.serve(
       inboundRequestOf(request.headers, streamEnd(request, reply)),
@@ -112,6 +135,20 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
       caller,
     );
     return send(reply, response, caller);
+  });
+
+  // CORS preflight (hand-written: @fastify/cors would answer OPTIONS on every path of the gateway,
+  // and only this door serves browsers).
+  app.options('/mcp', { config: { access: 'public' } }, async (request, reply) => {
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined || request.headers.origin === undefined)
+      throw foreign ?? new ApiError('forbidden', 'a CORS preflight needs an Origin header');
+    return reply
+      .code(204)
+      .header('access-control-allow-methods', 'POST')
+      .header('access-control-allow-headers', CORS_ALLOWED)
+      .header('access-control-max-age', '600')
+      .send();
   });
 
   for (const method of ['GET', 'DELETE'] as const) {
@@ -137,6 +174,39 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     bearer_methods_supported: ['header'],
     resource_name: 'toolgate',
   }));
+}
+
+/** Request headers a browser page may send to `/mcp` (the run-field headers included). */
+const CORS_ALLOWED = [
+  'Authorization',
+  'Content-Type',
+  'Accept',
+  'Mcp-Protocol-Version',
+  'Mcp-Session-Id',
+  'Last-Event-ID',
+  'Traceparent',
+  'Toolgate-Run-Id',
+  'Toolgate-Context',
+  'Toolgate-Budget-Units',
+].join(', ');
+
+/** Answer headers a browser page may read. */
+const CORS_EXPOSED = 'WWW-Authenticate, Mcp-Protocol-Version, Mcp-Session-Id, Retry-After, X-Request-Id';
+
+/** The refusals of authentication and authorization that a foreign Origin's 403 takes the place of. */
+const AUTH_REFUSALS: ReadonlySet<string> = new Set(['unauthenticated', 'forbidden', 'agent_forbidden']);
+
+/** The 403 for a browser `Origin` not in `TOOLGATE_MCP_ALLOWED_ORIGINS`; undefined when there is none or it is allowed. */
+function foreignOrigin(request: FastifyRequest, config: Config['mcp']): ApiError | undefined {
+  const origin = request.headers.origin;
+  if (origin === undefined || config.allowedOrigins.includes(origin)) return undefined;
+  return new ApiError('forbidden', `requests from origin ${origin} are not allowed on /mcp`, { origin });
+}
+
+/** Fastify's refusal of a body that is not JSON at all (JSON-RPC's parse error). */
+function isUnparseableJson(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return code === 'FST_ERR_CTP_INVALID_JSON_BODY' || code === 'FST_ERR_CTP_EMPTY_JSON_BODY';
 }
 
 /** A Host header that is a host name or address, with an optional port. */
@@ -170,6 +240,18 @@ function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | 
     if (!reply.raw.writableFinished) aborted.abort();
   });
   return aborted.signal;
+}
+
+/** A JSON-RPC error answering the whole HTTP request (its `id` when the body had one). */
+function jsonRpcError(reply: FastifyReply, status: number, code: number, message: string, body: unknown) {
+  const id = (body as { id?: unknown } | undefined)?.id;
+  return reply
+    .code(status)
+    .send({
+      jsonrpc: '2.0',
+      error: { code, message },
+      id: typeof id === 'string' || typeof id === 'number' ? id : null,
+    });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */

@@ -20,7 +20,7 @@ type JsonObject = { [key: string]: unknown };
  * version the agent may use, its schemas, and annotations from its category.
  */
 export function mcpToolOf(view: AgentToolView): Tool {
-  const outputSchema = objectTyped(view.output_schema);
+  const outputSchema = advertisedOutputSchema(view.output_schema);
   return {
     name: view.id,
     title: view.display_name,
@@ -59,7 +59,7 @@ function inputSchemaOf(schema: AgentToolView['input_schema']): JsonObject {
 }
 
 /** An output schema MCP can carry (`structuredContent` is an object), else none. */
-function objectTyped(schema: AgentToolView['output_schema']): JsonObject | undefined {
+export function advertisedOutputSchema(schema: unknown): JsonObject | undefined {
   return isObject(schema) && schema.type === 'object' ? schema : undefined;
 }
 
