@@ -182,16 +182,8 @@ export function callResultOf(
       },
     };
   }
-  if (envelope.status === 'awaiting_approval') {
-    const approvalId = envelope.steps.find((s) => s.status === 'awaiting_approval')?.approval_id;
-    return refusalResult({
-      runId: envelope.run_id,
-      status: envelope.status,
-      code: 'awaiting_approval',
-      message: `the call waits for an operator's approval${approvalId ? ` (${approvalId})` : ''}; once approved, make the same call again with run_id ${envelope.run_id}`,
-      approvalId,
-    });
-  }
+  if (envelope.status === 'awaiting_approval')
+    return awaitingApproval(envelope.run_id, envelope.steps.find((s) => s.status === 'awaiting_approval')?.approval_id);
   const error = envelope.steps.find((s) => s.error)?.error;
   const code = error?.code ?? envelope.status;
   if (NOT_THERE.has(code)) throw unknownTool(toolId);
@@ -213,6 +205,17 @@ function inputErrorsOf(value: unknown): InputError[] | undefined {
     path: typeof e.path === 'string' ? e.path : '/',
     message: typeof e.message === 'string' ? e.message : 'invalid',
   }));
+}
+
+/** A call held for an operator's approval: the same call again, once approved, runs (SPEC §12.1). */
+export function awaitingApproval(runId: string, approvalId: string | undefined): CallToolResult {
+  return refusalResult({
+    runId,
+    status: 'awaiting_approval',
+    code: 'awaiting_approval',
+    message: `the call waits for an operator's approval${approvalId ? ` (${approvalId})` : ''}; once approved, make the same call again (same tool, arguments and context) and it runs`,
+    approvalId,
+  });
 }
 
 /** An `isError` tool result the model reads: `"<code>: <message>"`, with the code for machines in `_meta`. */

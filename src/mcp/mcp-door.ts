@@ -21,7 +21,10 @@ import type { RunControls } from '../runs/run-controls.js';
 import type { RunExecutor } from '../runs/run-executor.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest } from '../runs/run-types.js';
+import type { Approval } from '../runs/approval.js';
+import { inputSha256Of } from '../runs/approval.js';
 import {
+  awaitingApproval,
   callResultOf,
   refusalResult,
   runRequestOf,
@@ -48,7 +51,7 @@ export interface McpDoorDeps {
   catalog: ToolCatalog;
   runs: RunExecutor;
   runControls: RunControls;
-  approvals: Pick<ApprovalService, 'get'>;
+  approvals: Pick<ApprovalService, 'get' | 'openForCall'>;
   /** Whether a tenant's agents may be offered `external_call` tools (its policy). */
   externalCallEnabled: (tenantId: string) => Promise<boolean>;
   logger: Pick<Logger, 'info' | 'warn' | 'error'>;
@@ -60,8 +63,9 @@ const SERVER_NAME = 'toolgate';
 const INSTRUCTIONS =
   'toolgate governs every tool call: grants, kill switches, budgets, rate limits, approvals and an audit log. ' +
   'A refused call is an isError result whose text starts with its code; _meta["dev.toolgate/result"] carries run_id, status, code, ' +
-  'retry_after_seconds (call again after it) and approval_id (call again with the same run_id once approved). ' +
-  'Run fields (run_id, context, budget_units, version...) go in _meta["dev.toolgate/run"].';
+  'retry_after_seconds (call again after it) and approval_id (make the same call again once an operator approved it). ' +
+  'Run fields (run_id, context, budget_units, version...) go in _meta["dev.toolgate/run"] or the Toolgate-Run-Id, ' +
+  'Toolgate-Context and Toolgate-Budget-Units headers.';
 
 /**
  * The MCP door: an SDK `Server` per HTTP request, holding nothing between requests, so any replica serves any. Tool
@@ -183,8 +187,9 @@ export class McpDoor {
   }
 
   /**
-   * A one-step run through the run executor. A run held for approval that an operator has since
-   * approved is resumed by the same call (same agent, tool, input and run id).
+   * A one-step run through the run executor. A call held for approval is bound to the exact call (SPEC §12.1): the same
+   * call again by the agent, whatever its run id, answers the pending approval, or once approved resumes the held run.
+   * The same run id again resumes it too (a replay of a held run whose approval was decided).
    */
   private async callTool(
     caller: McpCaller,
@@ -195,19 +200,55 @@ export class McpDoor {
     const request = runRequestOf(name, args, meta, caller.runFields);
     const traceId = traceIdOfMeta(meta) ?? caller.traceId;
     const { principal } = caller;
+    const controller = { principal, traceId, via: 'mcp' as const };
     try {
-      let answer = await this.deps.runs.execute(principal, request, traceId, 'mcp');
-      if (answer.replayed && answer.envelope.status === 'awaiting_approval' && (await this.decided(answer))) {
-        answer = await this.deps.runControls.resume(
-          { principal, traceId, via: 'mcp' },
-          { tenant_id: principal.tenantId, run_id: request.run_id },
-        );
+      const held = await this.heldCall(principal, request);
+      if (held?.status === 'pending') {
+        caller.outcome = 'tool_error';
+        return awaitingApproval(held.run_id, held.id);
+      }
+      let answer: RunAnswer;
+      if (held) {
+        answer = await this.deps.runControls.resume(controller, { tenant_id: principal.tenantId, run_id: held.run_id });
+      } else {
+        answer = await this.deps.runs.execute(principal, request, traceId, 'mcp');
+        if (answer.replayed && answer.envelope.status === 'awaiting_approval' && (await this.decided(answer))) {
+          answer = await this.deps.runControls.resume(controller, {
+            tenant_id: principal.tenantId,
+            run_id: request.run_id,
+          });
+        }
       }
       return callResultOf(name, answer, { advertisesOutput: this.advertisesOutput(answer) });
     } catch (error) {
       if (error instanceof CodedError && error.code !== 'gateway_unavailable') return refusalOf(request, error);
       throw error;
     }
+  }
+
+  /**
+   * The open approval of this exact call by this agent, for a tool that needs one: looked up only then, so other calls
+   * cost no query. A tool the agent cannot resolve has none; the executor refuses the call as usual.
+   */
+  private async heldCall(principal: AgentPrincipal, request: RunRequest): Promise<Approval | undefined> {
+    const step = request.plan[0];
+    if (!step) return undefined;
+    const resolved = await this.deps.catalog.resolve(step.tool_id, step.version, {
+      as: 'caller',
+      agent: { agentId: principal.id, family: principal.family },
+      externalCallEnabled: () => this.deps.externalCallEnabled(principal.tenantId),
+    });
+    if (!resolved.ok || !resolved.tool.requires_approval) return undefined;
+    return this.deps.approvals.openForCall({
+      tenantId: principal.tenantId,
+      agentId: principal.id,
+      call: {
+        toolId: resolved.tool.id,
+        toolVersion: resolved.tool.version,
+        inputSha256: inputSha256Of(step.input),
+        context: request.context,
+      },
+    });
   }
 
   /** Whether the version a call ran advertises an output schema in the MCP listing. */

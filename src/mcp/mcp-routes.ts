@@ -245,13 +245,11 @@ function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | 
 /** A JSON-RPC error answering the whole HTTP request (its `id` when the body had one). */
 function jsonRpcError(reply: FastifyReply, status: number, code: number, message: string, body: unknown) {
   const id = (body as { id?: unknown } | undefined)?.id;
-  return reply
-    .code(status)
-    .send({
-      jsonrpc: '2.0',
-      error: { code, message },
-      id: typeof id === 'string' || typeof id === 'number' ? id : null,
-    });
+  return reply.code(status).send({
+    jsonrpc: '2.0',
+    error: { code, message },
+    id: typeof id === 'string' || typeof id === 'number' ? id : null,
+  });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */
