@@ -175,7 +175,7 @@ describe.skipIf(!hasPostgresServer)('two replicas on one database (needs a Postg
       });
       await until('the registration to be heard', () => heard === 1);
       expect((await client.listTools(undefined, { cacheMode: 'refresh' })).tools.map((tool) => tool.name)).toContain(
-        'registered.elsewhere',
+        'registered-elsewhere',
       );
       const policy = await h.client.put(`/tenants/${T}/policy`, {
         token: tokens.platform(),

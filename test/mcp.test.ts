@@ -157,10 +157,14 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     }>;
     expect(
       listed.tools.map((tool) => [tool.name, (tool._meta?.['dev.toolgate/tool'] as { version: string }).version]),
-    ).toEqual(items.map((item) => [item.id, item.version]));
+    ).toEqual(items.map((item) => [item.id.replaceAll('.', '-'), item.version]));
+    // Named by a mapping of the id (docs/mcp.md#tool-names); the id itself is in _meta.
+    expect(listed.tools.map((tool) => (tool._meta?.['dev.toolgate/tool'] as { id: string }).id)).toEqual(
+      items.map((item) => item.id),
+    );
     expect(listed.tools.map((tool) => tool.name)).toEqual([...listed.tools.map((tool) => tool.name)].sort());
-    expect(listed.tools.map((tool) => tool.name)).not.toContain('not.allowed');
-    expect(listed.tools.map((tool) => tool.name)).not.toContain('final.publish');
+    expect(listed.tools.map((tool) => tool.name)).not.toContain('not-allowed');
+    expect(listed.tools.map((tool) => tool.name)).not.toContain('final-publish');
     const echo = listed.tools.find((tool) => tool.name === 'echo')!;
     const echoView = items.find((item) => item.id === 'echo')!;
     expect(echo).toMatchObject({
@@ -170,6 +174,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       annotations: { readOnlyHint: true, openWorldHint: false },
       _meta: {
         'dev.toolgate/tool': {
+          id: 'echo',
           version: '1.1.0',
           category: 'read_only',
           risk_level: 'low',
@@ -179,7 +184,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
         },
       },
     });
-    expect(listed.tools.find((tool) => tool.name === 'drafts.write')!.annotations).toMatchObject({
+    expect(listed.tools.find((tool) => tool.name === 'drafts-write')!.annotations).toMatchObject({
       readOnlyHint: false,
       openWorldHint: false,
     });
@@ -276,7 +281,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     expect(hitsFor(`limited-${era}-2`)).toHaveLength(0);
   });
 
-  it.each(['not.allowed', 'final.publish', 'no.such.tool'])(
+  it.each(['not.allowed', 'not-allowed', 'final.publish', 'final-publish', 'no.such.tool', 'no-such-tool'])(
     'a tool that does not exist for the agent (%s) is -32602, as if it were not there',
     async (name) => {
       const error = await callError(client.callTool({ name, arguments: { q: 'x' } }));
@@ -395,7 +400,7 @@ describe('list changes', () => {
     });
     await until('a tools/list_changed notification', () => heard > 0);
     const tools = await client.listTools(undefined, { cacheMode: 'refresh' });
-    expect(tools.tools.map((tool) => tool.name)).toContain('arrived.later');
+    expect(tools.tools.map((tool) => tool.name)).toContain('arrived-later');
     await subscription.close();
   });
 

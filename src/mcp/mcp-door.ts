@@ -16,6 +16,7 @@ import type { ApprovalService } from '../approvals/approval-service.js';
 import { isDatabaseUnavailable, isDataException } from '../db/unavailable.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
+import { mcpNameOf } from '../registry/mcp-names.js';
 import { agentViewOf } from '../registry/tool-views.js';
 import type { RunControls } from '../runs/run-controls.js';
 import type { RunExecutor } from '../runs/run-executor.js';
@@ -74,6 +75,8 @@ const INSTRUCTIONS =
 export class McpDoor {
   private readonly bus = new InMemoryServerEventBus();
   private readonly modern: McpHttpHandler;
+  /** Tool ids by MCP name, as of a registry revision. */
+  private names: { revision: number; ids: Map<string, string> } | undefined;
 
   constructor(private readonly deps: McpDoorDeps) {
     this.modern = createMcpHandler((context) => this.server(context), {
@@ -168,6 +171,22 @@ export class McpDoor {
     return server;
   }
 
+  /**
+   * The tool id an MCP tool name stands for (`mcpNameOf`). A tool id itself is taken too, as clients
+   * of gateways that named tools by id call them. A name that is neither is left for the executor to refuse.
+   */
+  private toolIdOf(name: string): string {
+    const { catalog } = this.deps;
+    if (catalog.versions(name).length > 0) return name;
+    if (this.names?.revision !== catalog.revision) {
+      this.names = {
+        revision: catalog.revision,
+        ids: new Map(catalog.toolIds().map((id) => [mcpNameOf(id), id])),
+      };
+    }
+    return this.names.ids.get(name) ?? name;
+  }
+
   /** The agent's view of `GET /tools`, as MCP tools, a page at a time. */
   private async listTools(caller: McpCaller, cursor: string | undefined) {
     const { catalog } = this.deps;
@@ -197,7 +216,7 @@ export class McpDoor {
     args: Record<string, unknown> | undefined,
     meta: Record<string, unknown> | undefined,
   ): Promise<CallToolResult> {
-    const request = runRequestOf(name, args, meta, caller.runFields);
+    const request = runRequestOf(this.toolIdOf(name), args, meta, caller.runFields);
     const traceId = traceIdOfMeta(meta) ?? caller.traceId;
     const { principal } = caller;
     const controller = { principal, traceId, via: 'mcp' as const };
