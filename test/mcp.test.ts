@@ -143,7 +143,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     const listed = await client.listTools();
     const view = await h.client.get('/tools', { token: agentToken(era) });
     expect(view.status).toBe(200);
-    const items = view.body.items as Array<{
+    const all = view.body.items as Array<{
       id: string;
       version: string;
       display_name: string;
@@ -155,6 +155,9 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       input_schema: unknown;
       output_schema: unknown;
     }>;
+    // Only what the agent holds a live grant for: 'ungranted' has none, 'revoked' none live.
+    const items = all.filter((item) => !['ungranted', 'revoked'].includes(item.id));
+    expect(all.map((item) => item.id)).toContain('ungranted');
     expect(
       listed.tools.map((tool) => [tool.name, (tool._meta?.['dev.toolgate/tool'] as { version: string }).version]),
     ).toEqual(items.map((item) => [item.id.replaceAll('.', '-'), item.version]));
@@ -398,6 +401,7 @@ describe('list changes', () => {
       backendUrl: `${backend.url}/echo`,
       allowed_agents: Object.values(AGENTS),
     });
+    await grantTool(h.client, { tenant: T, agent: AGENTS.modern, tool: 'arrived.later' });
     await until('a tools/list_changed notification', () => heard > 0);
     const tools = await client.listTools(undefined, { cacheMode: 'refresh' });
     expect(tools.tools.map((tool) => tool.name)).toContain('arrived-later');

@@ -1,6 +1,5 @@
 import {
   createMcpHandler,
-  InMemoryServerEventBus,
   isLegacyRequest,
   ProtocolError,
   ProtocolErrorCode,
@@ -33,7 +32,9 @@ import {
   unavailable,
   type HeaderRunFields,
 } from './mcp-calls.js';
+import { ListenerBus, type Listener } from './listener-bus.js';
 import { claimsEnvelope, plainlyLegacy } from './mcp-eras.js';
+import type { ChangeAudience } from './tool-list-changes.js';
 import { advertisedOutputSchema, mcpToolOf, toolsPage, TOOLS_LIST_TTL_MS } from './mcp-tools.js';
 
 /** Who is calling through the door, and what became of the call (for the request metrics). */
@@ -55,6 +56,10 @@ export interface McpDoorDeps {
   approvals: Pick<ApprovalService, 'get' | 'openForCall'>;
   /** Whether a tenant's agents may be offered `external_call` tools (its policy). */
   externalCallEnabled: (tenantId: string) => Promise<boolean>;
+  /** The tools an agent holds a live grant for: its list offers no other. */
+  grantedTools: (agent: Listener) => Promise<ReadonlySet<string>>;
+  /** Open listen streams on this process, over all agents. */
+  maxListenStreams: number;
   logger: Pick<Logger, 'info' | 'warn' | 'error'>;
   version: string;
 }
@@ -73,15 +78,17 @@ const INSTRUCTIONS =
  * calls reach the run executor with arguments the SDK did not validate, so every refusal is toolgate's, and audited.
  */
 export class McpDoor {
-  private readonly bus = new InMemoryServerEventBus();
+  private readonly bus: ListenerBus;
   private readonly modern: McpHttpHandler;
   /** Tool ids by MCP name, as of a registry revision. */
   private names: { revision: number; ids: Map<string, string> } | undefined;
 
   constructor(private readonly deps: McpDoorDeps) {
+    this.bus = new ListenerBus((error) => deps.logger.warn({ err: error }, 'delivering an MCP list change failed'));
     this.modern = createMcpHandler((context) => this.server(context), {
       legacy: 'reject',
       bus: this.bus,
+      maxSubscriptions: deps.maxListenStreams,
       // A client's malformed request, as the SDK saw it: the client's problem, not the gateway's.
       onerror: (error) => deps.logger.info({ err: error }, 'MCP request refused by the SDK'),
     });
@@ -102,17 +109,31 @@ export class McpDoor {
       (plainlyLegacy(request, parsedBody) || (await isLegacyRequest(request, parsedBody)))
     )
       return this.serveLegacy(request, parsedBody, authInfo);
-    return this.modern.fetch(request, { authInfo, parsedBody });
+    // A listen stream opened while serving is this agent's (and hears only what concerns it).
+    const who = { tenantId: caller.principal.tenantId, agentId: caller.principal.id };
+    return this.bus.within(who, () => this.modern.fetch(request, { authInfo, parsedBody }));
   }
 
-  /** Tells every open `subscriptions/listen` stream on this replica that tool lists may have changed. */
-  toolsChanged(): void {
-    this.modern.notify.toolsChanged();
+  /** Tells the open `subscriptions/listen` streams on this replica that a change concerns that their lists may have changed. */
+  toolsChanged(audience: ChangeAudience): void {
+    const event = { kind: 'tools_list_changed' } as const;
+    if ('everyone' in audience) this.bus.publish(event);
+    else
+      this.bus.publishTo(
+        (who) =>
+          who.tenantId === audience.tenantId && (audience.agentId === undefined || who.agentId === audience.agentId),
+        event,
+      );
   }
 
-  /** Whether any client listens for changes here (checking for changes is wasted otherwise). */
-  get listening(): boolean {
-    return this.bus.listenerCount > 0;
+  /** The agents with a listen stream open here. */
+  listeners(): Listener[] {
+    return this.bus.listeners();
+  }
+
+  /** The listen streams an agent holds open here. */
+  listenStreamsOf(who: Listener): number {
+    return this.bus.countOf(who);
   }
 
   /** Ends the open listen streams and any exchange in flight. */
@@ -187,16 +208,20 @@ export class McpDoor {
     return this.names.ids.get(name) ?? name;
   }
 
-  /** The agent's view of `GET /tools`, as MCP tools, a page at a time. */
+  /** The agent's view of `GET /tools` narrowed to the tools it holds a grant for, as MCP tools, a page at a time. */
   private async listTools(caller: McpCaller, cursor: string | undefined) {
     const { catalog } = this.deps;
     const fresh = catalog.readiness();
     if (!fresh.ok) throw unavailable('the tool registry cannot be confirmed current on this replica');
     const { principal } = caller;
-    const offered = catalog.offeredTo(
-      { agentId: principal.id, family: principal.family },
-      { externalCallEnabled: await this.deps.externalCallEnabled(principal.tenantId) },
-    );
+    const [externalCallEnabled, granted] = await Promise.all([
+      this.deps.externalCallEnabled(principal.tenantId),
+      this.deps.grantedTools({ tenantId: principal.tenantId, agentId: principal.id }),
+    ]);
+    // Only what the agent may use and holds a grant for: a model offered a tool it is always refused wastes turns.
+    const offered = catalog
+      .offeredTo({ agentId: principal.id, family: principal.family }, { externalCallEnabled })
+      .filter((tool) => granted.has(tool.id));
     const page = toolsPage(
       offered.map((tool) => mcpToolOf(agentViewOf(tool))),
       cursor,

@@ -8,11 +8,12 @@ import { ApiError } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
 import { inboundRequestOf } from './inbound-request.js';
+import { grantedToolIds } from './granted-tools.js';
 import { headerRunFieldsOf } from './mcp-calls.js';
 import { McpDoor, type McpCaller, type McpDoorDeps } from './mcp-door.js';
 import { ToolListChanges } from './tool-list-changes.js';
 
-export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger'> {
+export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger' | 'grantedTools' | 'maxListenStreams'> {
   config: Config['mcp'];
   metrics: Metrics;
   catalog: ToolCatalog;
@@ -55,14 +56,20 @@ declare module 'fastify' {
  */
 export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promise<void> {
   const { config } = deps;
-  const door = new McpDoor({ ...deps, logger: app.log, version: VERSION });
+  const door = new McpDoor({
+    ...deps,
+    logger: app.log,
+    version: VERSION,
+    grantedTools: (agent) => grantedToolIds(deps.db, agent, deps.now()),
+    maxListenStreams: config.maxListenStreams,
+  });
   const changes = new ToolListChanges({
     catalog: deps.catalog,
     db: deps.db,
     now: deps.now,
     intervalMs: deps.changeCheckMs,
-    listening: () => door.listening,
-    onChange: () => door.toolsChanged(),
+    listeners: () => door.listeners(),
+    onChange: (audience) => door.toolsChanged(audience),
     logger: app.log,
   });
   app.addHook('onReady', async () => changes.start());
@@ -80,9 +87,11 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
       return jsonRpcError(reply, 400, -32700, 'Parse error: the body is not valid JSON', undefined);
     if (error instanceof ApiError && error.code === 'unauthenticated') {
       const presented = request.headers.authorization !== undefined;
+      const origin = originOf(request, config);
+      const pointer = origin === undefined ? [] : [`resource_metadata="${origin}${MCP_METADATA_PATH}"`];
       reply.header(
         'www-authenticate',
-        `Bearer ${presented ? 'error="invalid_token", ' : ''}resource_metadata="${originOf(request, config)}${MCP_METADATA_PATH}"`,
+        `Bearer ${[...(presented ? ['error="invalid_token"'] : []), ...pointer].join(', ')}`.trimEnd(),
       );
     }
     // The gateway's own error handler answers, in the error envelope.
@@ -129,11 +138,23 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
       runFields: runFields.fields,
     };
     request.mcpCaller = caller;
-    const response = await door.serve(
-      inboundRequestOf(request.headers, streamEnd(request, reply)),
-      request.body,
-      caller,
-    );
+    let end: AbortSignal | undefined;
+    if (isListen(request)) {
+      const who = { tenantId: principal.tenantId, agentId: principal.id };
+      if (door.listenStreamsOf(who) >= config.maxListenStreamsPerAgent) {
+        caller.outcome = 'error';
+        return jsonRpcError(
+          reply,
+          200,
+          -32603,
+          `Subscription limit reached: this agent holds ${config.maxListenStreamsPerAgent} listen streams here already; close one first`,
+          request.body,
+        );
+      }
+      await changes.watch(who);
+      end = streamEnd(reply, expiryOf(request.user));
+    }
+    const response = await door.serve(inboundRequestOf(request.headers, end), request.body, caller);
     return send(reply, response, caller);
   });
 
@@ -168,12 +189,18 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     });
   }
 
-  app.get(MCP_METADATA_PATH, { config: { access: 'public' } }, async (request) => ({
-    resource: config.resource ?? `${originOf(request, config)}/mcp`,
-    ...(config.authorizationServers.length > 0 ? { authorization_servers: config.authorizationServers } : {}),
-    bearer_methods_supported: ['header'],
-    resource_name: 'toolgate',
-  }));
+  app.get(MCP_METADATA_PATH, { config: { access: 'public' } }, async (request) => {
+    const origin = originOf(request, config);
+    // In production with no resource configured there is no URL to give but the one `Host` claims.
+    if (origin === undefined)
+      throw new ApiError('not_found', 'no resource is configured for /mcp (TOOLGATE_MCP_RESOURCE)');
+    return {
+      resource: config.resource ?? `${origin}/mcp`,
+      ...(config.authorizationServers.length > 0 ? { authorization_servers: config.authorizationServers } : {}),
+      bearer_methods_supported: ['header'],
+      resource_name: 'toolgate',
+    };
+  });
 }
 
 /** Request headers a browser page may send to `/mcp` (the run-field headers included). */
@@ -214,12 +241,24 @@ const HOST =
   /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
 
 /**
- * The gateway's origin as clients reach it: the configured resource's, else the request's (a
- * `Host` that is no host name gets `localhost`: it names nothing a client could reach anyway).
+ * The gateway's origin as clients reach it: the configured resource's, else (not in production) the request's (a
+ * `Host` that is no host name gets `localhost`: it names nothing a client could reach anyway); else none.
  */
-function originOf(request: FastifyRequest, config: Config['mcp']): string {
+function originOf(request: FastifyRequest, config: Config['mcp']): string | undefined {
   if (config.resource !== undefined) return new URL(config.resource).origin;
+  if (!config.hostUrls) return undefined;
   return `${request.protocol}://${HOST.test(request.host) ? request.host : 'localhost'}`;
+}
+
+/** When a verified token expires (seconds since the epoch), if it says. */
+function expiryOf(user: unknown): number | undefined {
+  const decoded = user as { payload?: { exp?: unknown }; exp?: unknown } | undefined;
+  const exp = decoded?.payload?.exp ?? decoded?.exp;
+  return typeof exp === 'number' && Number.isFinite(exp) ? exp : undefined;
+}
+
+function isListen(request: FastifyRequest): boolean {
+  return (request.body as { method?: unknown } | undefined)?.method === 'subscriptions/listen';
 }
 
 /** Whether a verified token's `aud` (a string or a list) names the resource. */
@@ -230,13 +269,19 @@ function audienceNames(user: unknown, resource: string): boolean {
 }
 
 /**
- * For a listen stream, a signal that fires when its client goes away, so that the SDK ends the
- * subscription. Other exchanges end with their answer, and a signal on a `Request` is not free.
+ * For a listen stream, a signal that fires when its client goes away or its token expires, so that the SDK ends the
+ * subscription (a stream must not outlive the authority it was opened with). Other exchanges end with their answer,
+ * and a signal on a `Request` is not free.
  */
-function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | undefined {
-  if ((request.body as { method?: unknown } | undefined)?.method !== 'subscriptions/listen') return undefined;
+function streamEnd(reply: FastifyReply, expiresAt: number | undefined): AbortSignal {
   const aborted = new AbortController();
+  const timer =
+    expiresAt === undefined
+      ? undefined
+      : setTimeout(() => aborted.abort(), Math.min(Math.max(0, expiresAt * 1000 - Date.now()), 2 ** 31 - 1));
+  timer?.unref();
   reply.raw.on('close', () => {
+    clearTimeout(timer);
     if (!reply.raw.writableFinished) aborted.abort();
   });
   return aborted.signal;
