@@ -212,6 +212,30 @@ describe('errors a client can act on', () => {
   });
 });
 
+describe('protocol versions (docs/mcp.md#protocol-versions)', () => {
+  it.each(['2024-11-05', '2025-03-26', '2025-06-18', '2025-11-25'])(
+    'answers an initialize asking for %s with that version',
+    async (version) => {
+      const answer = await rpc('initialize', {
+        protocolVersion: version,
+        capabilities: {},
+        clientInfo: { name: 'versions', version: '1' },
+      });
+      expect(answer.status).toBe(200);
+      expect((answer.body.result as { protocolVersion?: string }).protocolVersion).toBe(version);
+    },
+  );
+
+  it('answers a POST that does not accept both JSON and SSE with 406', async () => {
+    const res = await fetch(`${base}/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json', authorization: `Bearer ${agent}` },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} }),
+    });
+    expect(res.status).toBe(406);
+  });
+});
+
 describe('browsers (CORS for TOOLGATE_MCP_ALLOWED_ORIGINS)', () => {
   const preflight = (origin: string | undefined) =>
     fetch(`${base}/mcp`, {
