@@ -104,7 +104,7 @@ describe('the official SDK v1 (@modelcontextprotocol/sdk)', () => {
     return client;
   };
   const token = tokens.agent(AGENTS.sdk, { tenant: T });
-  const text = (result: { content: unknown }) => (result.content as Array<{ text: string }>)[0]!.text;
+  const text = (result: unknown) => (result as { content: Array<{ text: string }> }).content[0]!.text;
 
   it('lists, calls, sends context by header, resumes an approval and sees a refusal', async () => {
     const client = await connect(token, { 'Toolgate-Context': JSON.stringify(CONTEXT) });
@@ -212,8 +212,11 @@ describe('the Vercel AI SDK (@ai-sdk/mcp)', () => {
     try {
       const tools = await client.tools();
       expect(Object.keys(tools).sort()).toEqual(['mail-send', 'notes-search', 'refunds-issue', 'tickets-read']);
-      const run = (name: string, q: string) =>
-        tools[name]!.execute!({ q }, options) as Promise<{ isError?: boolean; content: Array<{ text: string }> }>;
+      const run = async (name: string, q: string) =>
+        (await tools[name]!.execute!({ q }, options)) as unknown as {
+          isError?: boolean;
+          content: Array<{ text: string }>;
+        };
       expect(await run('notes-search', 'ai-plain')).toMatchObject({ isError: false });
       expect(await run('tickets-read', 'ai-context')).toMatchObject({ isError: false });
 
