@@ -1,5 +1,6 @@
 import { Client, ProtocolError, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ListenerBus } from '../src/mcp/listener-bus.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { signToken, tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
@@ -147,5 +148,32 @@ describe('listen streams', () => {
     const client = await connect(token);
     const subscription = await client.listen({ toolsListChanged: true });
     expect(await subscription.closed).not.toBe('local');
+  });
+});
+
+describe('the listener bus', () => {
+  it('knows whose each subscription is, and tells each change only to those it concerns', async () => {
+    const bus = new ListenerBus(() => undefined);
+    const heard: string[] = [];
+    const subscribeAs = (tenantId: string, agentId: string) =>
+      bus.within({ tenantId, agentId }, async () => {
+        await Promise.resolve();
+        return bus.subscribe(() => heard.push(`${tenantId}/${agentId}`));
+      });
+    const stop = await subscribeAs('t1', 'a1');
+    await subscribeAs('t1', 'a2');
+    await subscribeAs('t2', 'a1');
+    bus.subscribe(() => heard.push('nobody'));
+    expect(bus.countOf({ tenantId: 't1', agentId: 'a1' })).toBe(1);
+    expect(bus.listeners()).toHaveLength(3);
+
+    bus.publishTo((who) => who.tenantId === 't1' && who.agentId === 'a1', { kind: 'tools_list_changed' });
+    expect(heard.splice(0)).toEqual(['t1/a1']);
+    bus.publishTo((who) => who.tenantId === 't2', { kind: 'tools_list_changed' });
+    expect(heard.splice(0)).toEqual(['t2/a1']);
+    bus.publish({ kind: 'tools_list_changed' });
+    expect(heard.splice(0).sort()).toEqual(['nobody', 't1/a1', 't1/a2', 't2/a1']);
+    stop();
+    expect(bus.countOf({ tenantId: 't1', agentId: 'a1' })).toBe(0);
   });
 });

@@ -30,7 +30,7 @@ export class ListenerBus implements ServerEventBus {
 
   /** Tells every listener. */
   publish(event: ServerEvent): void {
-    this.publishTo(() => true, event);
+    this.publishTo(() => true, event, true);
   }
 
   /** Tells the listeners `concerned` accepts; a stream of no known listener hears only what everyone hears. */
