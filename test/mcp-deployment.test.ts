@@ -23,7 +23,12 @@ describe('TOOLGATE_MCP_* configuration, validated at start-up', () => {
       resource: undefined,
       authorizationServers: [],
       allowedOrigins: [],
+      hostUrls: true,
+      maxListenStreamsPerAgent: 8,
+      maxListenStreams: 1024,
     });
+    // In production no URL is ever built from a request's Host.
+    expect(loadConfig({ NODE_ENV: 'production', TOOLGATE_JWT_SECRET: 'x'.repeat(32) }).mcp.hostUrls).toBe(false);
   });
 
   it('reads lists and switches', () => {
@@ -32,12 +37,17 @@ describe('TOOLGATE_MCP_* configuration, validated at start-up', () => {
       TOOLGATE_MCP_RESOURCE: RESOURCE,
       TOOLGATE_MCP_AUTHORIZATION_SERVERS: ' https://auth.example.com , https://login.example.org/tenant ',
       TOOLGATE_MCP_ALLOWED_ORIGINS: 'https://app.example.com,http://localhost:5173',
+      TOOLGATE_MCP_MAX_LISTEN_STREAMS_PER_AGENT: '2',
+      TOOLGATE_MCP_MAX_LISTEN_STREAMS: '50',
     });
     expect(config.mcp).toEqual({
       enabled: false,
       resource: RESOURCE,
       authorizationServers: ['https://auth.example.com', 'https://login.example.org/tenant'],
       allowedOrigins: ['https://app.example.com', 'http://localhost:5173'],
+      hostUrls: true,
+      maxListenStreamsPerAgent: 2,
+      maxListenStreams: 50,
     });
   });
 
@@ -48,6 +58,8 @@ describe('TOOLGATE_MCP_* configuration, validated at start-up', () => {
     ['TOOLGATE_MCP_AUTHORIZATION_SERVERS', 'https://auth.example.com,ftp://files.example.com'],
     ['TOOLGATE_MCP_ALLOWED_ORIGINS', 'https://app.example.com/'],
     ['TOOLGATE_MCP_ALLOWED_ORIGINS', '*'],
+    ['TOOLGATE_MCP_MAX_LISTEN_STREAMS_PER_AGENT', '0'],
+    ['TOOLGATE_MCP_MAX_LISTEN_STREAMS', 'many'],
   ])('refuses %s=%s, naming it', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrowError(ConfigError);
     expect(() => loadConfig({ [name]: value })).toThrowError(new RegExp(name));
@@ -114,6 +126,54 @@ describe('a gateway with a resource, authorization servers and an allowed origin
   });
 });
 
+describe('in production with no resource configured', () => {
+  it('builds no URL from Host: a bare Bearer challenge, and no metadata', async () => {
+    const h = await startHarness({ NODE_ENV: 'production' });
+    try {
+      const res = await h.client.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { host: 'evil.example.com', 'content-type': 'application/json' },
+        payload: { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} },
+      });
+      expect(res.statusCode).toBe(401);
+      expect(res.headers['www-authenticate']).toBe('Bearer');
+      const metadata = await h.client.get('/.well-known/oauth-protected-resource/mcp', {
+        headers: { host: 'evil.example.com' },
+      });
+      expect(metadata.status).toBe(404);
+      expect(metadata.text).not.toContain('evil.example.com');
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('with TOOLGATE_MCP_RESOURCE, names it whatever the Host, and checks aud', async () => {
+    const h = await startHarness({ NODE_ENV: 'production', TOOLGATE_MCP_RESOURCE: RESOURCE });
+    try {
+      const metadata = await h.client.get('/.well-known/oauth-protected-resource/mcp', {
+        headers: { host: 'evil.example.com' },
+      });
+      expect(metadata.body.resource).toBe(RESOURCE);
+      const res = await h.client.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: {
+          host: 'evil.example.com',
+          'content-type': 'application/json',
+          accept: 'application/json, text/event-stream',
+          authorization: `Bearer ${tokens.agent(AGENT, { tenant: T })}`,
+        },
+        payload: { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} },
+      });
+      expect(res.statusCode).toBe(401);
+      expect(res.headers['www-authenticate']).toContain('https://gateway.example.com/.well-known/');
+    } finally {
+      await h.close();
+    }
+  });
+});
+
 describe('a gateway with the door disabled', () => {
   it('serves neither /mcp nor its metadata', async () => {
     const h = await startHarness({ TOOLGATE_MCP_ENABLED: 'false' });
@@ -173,16 +233,19 @@ describe.skipIf(!hasPostgresServer)('two replicas on one database (needs a Postg
         backendUrl: 'http://127.0.0.1:9/echo',
         allowed_agents: [AGENT],
       });
-      await until('the registration to be heard', () => heard === 1);
+      await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'registered.elsewhere' });
+      // The registration and the grant are two changes, each told.
+      await until('the registration and the grant to be heard', () => heard >= 2);
       expect((await client.listTools(undefined, { cacheMode: 'refresh' })).tools.map((tool) => tool.name)).toContain(
-        'registered.elsewhere',
+        'registered-elsewhere',
       );
+      const before = heard;
       const policy = await h.client.put(`/tenants/${T}/policy`, {
         token: tokens.platform(),
         body: { external_call_enabled: true },
       });
       expect(policy.status).toBe(200);
-      await until('the policy change to be heard', () => heard === 2);
+      await until('the policy change to be heard', () => heard > before);
     } finally {
       await client.close().catch(() => undefined);
       await other.close();

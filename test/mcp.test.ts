@@ -143,7 +143,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     const listed = await client.listTools();
     const view = await h.client.get('/tools', { token: agentToken(era) });
     expect(view.status).toBe(200);
-    const items = view.body.items as Array<{
+    const all = view.body.items as Array<{
       id: string;
       version: string;
       display_name: string;
@@ -155,12 +155,19 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       input_schema: unknown;
       output_schema: unknown;
     }>;
+    // Only what the agent holds a live grant for: 'ungranted' has none, 'revoked' none live.
+    const items = all.filter((item) => !['ungranted', 'revoked'].includes(item.id));
+    expect(all.map((item) => item.id)).toContain('ungranted');
     expect(
       listed.tools.map((tool) => [tool.name, (tool._meta?.['dev.toolgate/tool'] as { version: string }).version]),
-    ).toEqual(items.map((item) => [item.id, item.version]));
+    ).toEqual(items.map((item) => [item.id.replaceAll('.', '-'), item.version]));
+    // Named by a mapping of the id (docs/mcp.md#tool-names); the id itself is in _meta.
+    expect(listed.tools.map((tool) => (tool._meta?.['dev.toolgate/tool'] as { id: string }).id)).toEqual(
+      items.map((item) => item.id),
+    );
     expect(listed.tools.map((tool) => tool.name)).toEqual([...listed.tools.map((tool) => tool.name)].sort());
-    expect(listed.tools.map((tool) => tool.name)).not.toContain('not.allowed');
-    expect(listed.tools.map((tool) => tool.name)).not.toContain('final.publish');
+    expect(listed.tools.map((tool) => tool.name)).not.toContain('not-allowed');
+    expect(listed.tools.map((tool) => tool.name)).not.toContain('final-publish');
     const echo = listed.tools.find((tool) => tool.name === 'echo')!;
     const echoView = items.find((item) => item.id === 'echo')!;
     expect(echo).toMatchObject({
@@ -170,6 +177,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       annotations: { readOnlyHint: true, openWorldHint: false },
       _meta: {
         'dev.toolgate/tool': {
+          id: 'echo',
           version: '1.1.0',
           category: 'read_only',
           risk_level: 'low',
@@ -179,7 +187,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
         },
       },
     });
-    expect(listed.tools.find((tool) => tool.name === 'drafts.write')!.annotations).toMatchObject({
+    expect(listed.tools.find((tool) => tool.name === 'drafts-write')!.annotations).toMatchObject({
       readOnlyHint: false,
       openWorldHint: false,
     });
@@ -246,7 +254,12 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
       })) as CallToolResult;
       expect(result.isError).toBe(true);
       expect(textOf(result)).toMatch(new RegExp(`^${code}: `));
-      expect(resultMeta(result)).toEqual({ run_id: runId, status, code });
+      expect(resultMeta(result)).toEqual({
+        run_id: runId,
+        status,
+        code,
+        ...(code === 'tool_input_schema_invalid' ? { errors: [{ path: '/q', message: 'must be string' }] } : {}),
+      });
       expect(backend.hits.length).toBe(dispatched);
       const events = await auditOf(runId);
       expect(events.map((e) => [e.status, e.reason_code, e.details.via])).toContainEqual(['denied', code, 'mcp']);
@@ -271,7 +284,7 @@ describe.each(ERAS)('over MCP, %s era', (era) => {
     expect(hitsFor(`limited-${era}-2`)).toHaveLength(0);
   });
 
-  it.each(['not.allowed', 'final.publish', 'no.such.tool'])(
+  it.each(['not.allowed', 'not-allowed', 'final.publish', 'final-publish', 'no.such.tool', 'no-such-tool'])(
     'a tool that does not exist for the agent (%s) is -32602, as if it were not there',
     async (name) => {
       const error = await callError(client.callTool({ name, arguments: { q: 'x' } }));
@@ -388,9 +401,10 @@ describe('list changes', () => {
       backendUrl: `${backend.url}/echo`,
       allowed_agents: Object.values(AGENTS),
     });
+    await grantTool(h.client, { tenant: T, agent: AGENTS.modern, tool: 'arrived.later' });
     await until('a tools/list_changed notification', () => heard > 0);
     const tools = await client.listTools(undefined, { cacheMode: 'refresh' });
-    expect(tools.tools.map((tool) => tool.name)).toContain('arrived.later');
+    expect(tools.tools.map((tool) => tool.name)).toContain('arrived-later');
     await subscription.close();
   });
 

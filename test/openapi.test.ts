@@ -27,7 +27,7 @@ describe('openapi.yaml', () => {
     const documented = new Set(
       Object.entries(openapi.paths).flatMap(([path, item]) =>
         Object.keys(item as object)
-          .filter((key) => ['get', 'post', 'put', 'patch', 'delete'].includes(key))
+          .filter((key) => ['get', 'post', 'put', 'patch', 'delete', 'options'].includes(key))
           .map((method) => `${method.toUpperCase()} ${path}`),
       ),
     );

@@ -5,11 +5,19 @@ import { sameActor, type OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
 import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
-import { approvalStatusAt, approvalUsableAt, type Approval, type ApprovalStatus } from '../runs/approval.js';
+import {
+  approvalStatusAt,
+  approvalUsableAt,
+  callSha256,
+  type Approval,
+  type ApprovalStatus,
+  type ExactCall,
+} from '../runs/approval.js';
 import {
   decideApproval,
   findApproval,
   findLatestApproval,
+  findOpenCallApproval,
   isApprovalLapsed,
   listApprovals,
   lockApproval,
@@ -53,6 +61,19 @@ export class ApprovalService implements ApprovalPort {
       approval.tool_version === query.toolVersion &&
       approval.input_sha256 === query.inputSha256;
     return exact ? { approvalId: approval.id } : undefined;
+  }
+
+  /**
+   * The approval an agent's exact call may go on with whatever its run (SPEC §12.1): pending (the call is answered with
+   * it) or approved and unused (the call resumes its run); undefined when there is none.
+   */
+  openForCall(query: { tenantId: string; agentId: string; call: ExactCall }): Promise<Approval | undefined> {
+    return findOpenCallApproval(this.deps.database.control, {
+      tenantId: query.tenantId,
+      agentId: query.agentId,
+      callSha256: callSha256(query.call),
+      now: this.deps.now(),
+    });
   }
 
   /** An approval with its status as of now: a pending proposal, or an approval unused, past its time is expired. */

@@ -580,8 +580,11 @@ export interface paths {
          * @description `(id, version)` is immutable. Registering identical content again answers `200` with the
          *     stored version; different content is `409 tool_version_conflict`. A rejected field is named
          *     in the `400` message and `details`; dependencies on unknown tools or unsatisfiable ranges
-         *     carry `details.reason` `unknown_tool` or `semver_range_no_match`. The change is a
-         *     `tool.registered` audit event.
+         *     carry `details.reason` `unknown_tool` or `semver_range_no_match`. A new version whose
+         *     `input_schema` is not an object schema (`"type": "object"`) is `400` with `details.reason`
+         *     `input_schema_not_object` (MCP and model APIs take arguments as an object). A new tool id
+         *     whose MCP name (docs/mcp.md#tool-names) another registered id already has is
+         *     `409 tool_name_conflict`. The change is a `tool.registered` audit event.
          */
         post: operations["registerTool"];
         delete?: never;
@@ -1391,7 +1394,16 @@ export interface paths {
          *
          *     A missing or invalid token, or one whose `aud` does not name `TOOLGATE_MCP_RESOURCE` when
          *     that is set, is `401` with `WWW-Authenticate: Bearer resource_metadata="<origin>/.well-known/oauth-protected-resource/mcp"`.
-         *     An operator token, or a browser `Origin` not in `TOOLGATE_MCP_ALLOWED_ORIGINS`, is `403`.
+         *     An operator token is `403`. A browser `Origin` not in `TOOLGATE_MCP_ALLOWED_ORIGINS` is
+         *     `403`, judged before the token (so also without one); an allowed origin gets
+         *     `Access-Control-Allow-Origin` on every answer, refusals included.
+         *
+         *     Run fields may also come as headers (`Toolgate-Run-Id`, `Toolgate-Context`,
+         *     `Toolgate-Budget-Units`), for clients that cannot send `_meta`; `_meta["dev.toolgate/run"]`
+         *     overrides them field by field and its context merges over the header's. A malformed one
+         *     is `400` with the JSON-RPC error `-32602` naming the header. A body that is not JSON is
+         *     `400` with the JSON-RPC error `-32700`.
+         *
          *     Protocol-level refusals of the SDK (a body that is not a JSON-RPC message, a missing
          *     `Accept`, a wrong content type, an unsupported protocol version) answer their HTTP status
          *     with a JSON-RPC error body.
@@ -1402,7 +1414,14 @@ export interface paths {
          * @description Streamable HTTP lets a client end its session with `DELETE`; this endpoint mints none, so it answers `405` with `Allow: POST`.
          */
         delete: operations["deleteMcp"];
-        options?: never;
+        /**
+         * CORS preflight for browsers at an allowed origin
+         * @description Answered `204` for an `Origin` in `TOOLGATE_MCP_ALLOWED_ORIGINS`, allowing `POST` with
+         *     `Authorization`, `Content-Type`, `Accept`, `Mcp-Protocol-Version`, `Mcp-Session-Id`,
+         *     `Last-Event-ID`, `Traceparent` and the `Toolgate-*` run-field headers. Any other origin,
+         *     or none, is `403`.
+         */
+        options: operations["preflightMcp"];
         head?: never;
         patch?: never;
         trace?: never;
@@ -1416,7 +1435,7 @@ export interface paths {
         };
         /**
          * OAuth 2.0 Protected Resource Metadata for /mcp (RFC 9728)
-         * @description Public: where an MCP client gets a token for `/mcp`. A `401` from `/mcp` points here in `WWW-Authenticate`.
+         * @description Public: where an MCP client gets a token for `/mcp`. A `401` from `/mcp` points here in `WWW-Authenticate` (not in production without `TOOLGATE_MCP_RESOURCE`, where the challenge is a bare `Bearer`).
          */
         get: operations["getMcpResourceMetadata"];
         put?: never;
@@ -1453,8 +1472,8 @@ export interface components {
          *     `grant_missing`, `grant_expired`, `grant_revoked`, `tool_scope_missing`, `kill_switch_active`,
          *     `egress_denied`, `handoff_rejected`;
          *     404 `not_found`, `tool_not_registered`, `tool_version_not_found`;
-         *     409 `run_id_conflict`, `tool_version_conflict`, `run_not_resumable`, `budget_conflict`, `grant_conflict`,
-         *     `audit_chain_broken`, `partition_not_sealed`;
+         *     409 `run_id_conflict`, `tool_version_conflict`, `tool_name_conflict`, `run_not_resumable`,
+         *     `budget_conflict`, `grant_conflict`, `audit_chain_broken`, `partition_not_sealed`;
          *     413 `payload_too_large`;
          *     422 `tool_input_schema_invalid`, `idempotency_key_reused`, `checkpoint_untrusted`;
          *     429 `rate_limited`;
@@ -1464,7 +1483,7 @@ export interface components {
          *     504 `tool_backend_timeout`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "audit_chain_broken" | "idempotency_key_reused" | "checkpoint_untrusted" | "partition_not_sealed" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout";
+        ErrorCode: "invalid_request" | "missing_required_context" | "unauthenticated" | "budget_exceeded" | "agent_forbidden" | "forbidden" | "tool_category_blocked" | "unauthorized_tool_access" | "grant_missing" | "grant_expired" | "grant_revoked" | "tool_scope_missing" | "kill_switch_active" | "egress_denied" | "handoff_rejected" | "not_found" | "tool_not_registered" | "tool_version_not_found" | "run_id_conflict" | "tool_version_conflict" | "run_not_resumable" | "budget_conflict" | "grant_conflict" | "audit_chain_broken" | "idempotency_key_reused" | "checkpoint_untrusted" | "partition_not_sealed" | "payload_too_large" | "tool_input_schema_invalid" | "rate_limited" | "internal" | "tool_backend_failed" | "tool_output_schema_invalid" | "tool_backend_not_configured" | "gateway_unavailable" | "tool_backend_timeout" | "tool_name_conflict";
         Error: {
             error: {
                 code: components["schemas"]["ErrorCode"];
@@ -4401,7 +4420,14 @@ export interface operations {
     postMcp: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description The run id of a `tools/call` (under `_meta["dev.toolgate/run"].run_id`). */
+                "Toolgate-Run-Id"?: string;
+                /** @description The run context of a `tools/call`, a JSON object (merged under `_meta`'s). */
+                "Toolgate-Context"?: string;
+                /** @description The run's budget cap in units, a positive decimal number (under `_meta`'s). */
+                "Toolgate-Budget-Units"?: string;
+            };
             path?: never;
             cookie?: never;
         };
@@ -4464,6 +4490,31 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    preflightMcp: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The preflight is allowed. */
+            204: {
+                headers: {
+                    "Access-Control-Allow-Origin"?: string;
+                    "Access-Control-Allow-Methods"?: "POST";
+                    "Access-Control-Allow-Headers"?: string;
+                    "Access-Control-Max-Age"?: string;
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     getMcpResourceMetadata: {
         parameters: {
             query?: never;
@@ -4493,6 +4544,15 @@ export interface operations {
                 };
             };
             400: components["responses"]["Error"];
+            /** @description In production (`NODE_ENV=production`) with no `TOOLGATE_MCP_RESOURCE`: no URL is built from `Host`, so there is no metadata to serve. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             503: components["responses"]["Error"];
         };
     };

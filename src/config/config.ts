@@ -90,6 +90,15 @@ export interface Config {
     authorizationServers: string[];
     /** Browser origins allowed to call `/mcp` (`TOOLGATE_MCP_ALLOWED_ORIGINS`); any other `Origin` is refused. */
     allowedOrigins: string[];
+    /**
+     * Whether URLs may be built from the request's `Host` when no resource is configured: not in production, where a
+     * forged `Host` would be reflected to clients (`NODE_ENV=production`).
+     */
+    hostUrls: boolean;
+    /** Open `subscriptions/listen` streams per agent on this process (`TOOLGATE_MCP_MAX_LISTEN_STREAMS_PER_AGENT`). */
+    maxListenStreamsPerAgent: number;
+    /** Open `subscriptions/listen` streams on this process (`TOOLGATE_MCP_MAX_LISTEN_STREAMS`). */
+    maxListenStreams: number;
   };
   /** OpenTelemetry traces from the standard `OTEL_*` variables; undefined when off (SPEC §15). */
   telemetry: TelemetrySettings | undefined;
@@ -274,6 +283,8 @@ const environmentSchema = z
       'must be a comma-separated list of origins such as https://app.example.com (scheme, host and port only)',
     ),
     ...telemetryEnvironment.shape,
+    TOOLGATE_MCP_MAX_LISTEN_STREAMS_PER_AGENT: intInRange(1, 10_000, 8),
+    TOOLGATE_MCP_MAX_LISTEN_STREAMS: intInRange(1, 1_000_000, 1024),
   })
   .superRefine((env, ctx) => {
     const keys = [env.TOOLGATE_JWT_SECRET, env.TOOLGATE_JWT_PUBLIC_KEY, env.TOOLGATE_JWT_JWKS_FILE];
@@ -392,6 +403,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       resource: e.TOOLGATE_MCP_RESOURCE,
       authorizationServers: e.TOOLGATE_MCP_AUTHORIZATION_SERVERS,
       allowedOrigins: e.TOOLGATE_MCP_ALLOWED_ORIGINS,
+      hostUrls: e.NODE_ENV !== 'production',
+      maxListenStreamsPerAgent: e.TOOLGATE_MCP_MAX_LISTEN_STREAMS_PER_AGENT,
+      maxListenStreams: e.TOOLGATE_MCP_MAX_LISTEN_STREAMS,
     },
     telemetry: telemetrySettingsOf(e),
   };

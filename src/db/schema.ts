@@ -334,6 +334,8 @@ export interface ApprovalTable {
   tool_version: string | null;
   input: ColumnType<unknown, string | null, never>;
   input_sha256: string | null;
+  /** The exact call's SHA-256 (tool call approvals from migration 0024 on; see `callSha256`). */
+  call_sha256: ColumnType<string | null, string | null | undefined, never>;
   handoff_id: string | null;
   proposed_by: string;
   status: string;

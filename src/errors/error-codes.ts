@@ -39,6 +39,7 @@ export const ERROR_CODES = [
   'tool_backend_not_configured',
   'gateway_unavailable',
   'tool_backend_timeout',
+  'tool_name_conflict',
 ] as const;
 
 export type ErrorCode = (typeof ERROR_CODES)[number];
@@ -74,6 +75,7 @@ export function statusForCode(code: ErrorCode): number {
       return 404;
     case 'run_id_conflict':
     case 'tool_version_conflict':
+    case 'tool_name_conflict':
     case 'run_not_resumable':
     case 'budget_conflict':
     case 'grant_conflict':

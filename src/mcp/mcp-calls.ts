@@ -23,15 +23,78 @@ const runMeta = z.strictObject({
   pipeline_instance_id: identifier.optional(),
 });
 
+/** Run fields sent as HTTP headers, by clients whose tool wrappers cannot send `_meta` (SPEC §12.1). */
+export interface HeaderRunFields {
+  run_id?: string;
+  context?: Record<string, unknown>;
+  budget_units?: number;
+}
+
+/** The headers that carry run fields, lowercase as Node gives them. */
+export const RUN_HEADERS = {
+  run_id: 'toolgate-run-id',
+  context: 'toolgate-context',
+  budget_units: 'toolgate-budget-units',
+} as const;
+
+const HEADER_NAMES: Record<keyof HeaderRunFields, string> = {
+  run_id: 'Toolgate-Run-Id',
+  context: 'Toolgate-Context',
+  budget_units: 'Toolgate-Budget-Units',
+};
+
+/**
+ * The run fields an HTTP request's headers carry, or what is wrong with the first that is malformed
+ * (a client's configuration error, named so it can be fixed).
+ */
+export function headerRunFieldsOf(
+  headers: Record<string, string | string[] | undefined>,
+): { ok: true; fields: HeaderRunFields } | { ok: false; message: string } {
+  const fields: HeaderRunFields = {};
+  const problem = (field: keyof HeaderRunFields, message: string) => ({
+    ok: false as const,
+    message: `${HEADER_NAMES[field]} header: ${message}`,
+  });
+  for (const field of Object.keys(RUN_HEADERS) as Array<keyof HeaderRunFields>) {
+    const raw = headers[RUN_HEADERS[field]];
+    if (raw === undefined) continue;
+    if (Array.isArray(raw)) return problem(field, 'sent more than once');
+    const value = raw.trim();
+    if (field === 'run_id') {
+      const parsed = identifier.safeParse(value);
+      if (!parsed.success) return problem(field, parsed.error.issues[0]?.message ?? 'not a run id');
+      fields.run_id = parsed.data;
+    } else if (field === 'budget_units') {
+      // A plain decimal number: `Number` alone would take `0x10`, `1e3` or an empty string.
+      const parsed = /^\d+(?:\.\d+)?$/.test(value) ? positiveUnits.safeParse(Number(value)) : undefined;
+      if (!parsed?.success) return problem(field, 'must be a positive number of units, such as 25 or 0.5');
+      fields.budget_units = parsed.data;
+    } else {
+      let context: unknown;
+      try {
+        context = JSON.parse(value);
+      } catch {
+        return problem(field, 'must be a JSON object, such as {"user_id":"u-1"}');
+      }
+      if (typeof context !== 'object' || context === null || Array.isArray(context))
+        return problem(field, 'must be a JSON object, such as {"user_id":"u-1"}');
+      fields.context = context as Record<string, unknown>;
+    }
+  }
+  return { ok: true, fields };
+}
+
 /**
  * A `tools/call` as the one-step run `POST /runs/execute` would get: `name` is the tool id,
- * `arguments` the input, the rest from `_meta["dev.toolgate/run"]`; a fresh run id when none is
+ * `arguments` the input, the rest from `_meta["dev.toolgate/run"]` over the request's run headers
+ * (field by field; the two contexts merge, `_meta`'s winning per key); a fresh run id when none is
  * given. Malformed run fields are the client's error (`-32602`), not the model's.
  */
 export function runRequestOf(
   name: string,
   args: Record<string, unknown> | undefined,
   meta: Record<string, unknown> | undefined,
+  headerFields: HeaderRunFields = {},
 ): RunRequest {
   // Bounded as REST bounds `plan[].tool_id`: the id reaches indexed columns (docs/operations.md#input-bounds).
   const tool = toolId.safeParse(name);
@@ -53,9 +116,10 @@ export function runRequestOf(
   // Absent fields stay absent: the same call over REST hashes the same, and replays the same.
   const present = Object.fromEntries(Object.entries(fields).filter(([, value]) => value !== undefined));
   return {
-    run_id: run_id ?? `mcp-${randomUUID()}`,
+    run_id: run_id ?? headerFields.run_id ?? `mcp-${randomUUID()}`,
+    ...(headerFields.budget_units !== undefined ? { budget_units: headerFields.budget_units } : {}),
     ...present,
-    context: context ?? {},
+    context: { ...headerFields.context, ...context },
     plan: [{ tool_id: name, ...(version !== undefined ? { version } : {}), input: args ?? {} }],
   };
 }
@@ -85,13 +149,30 @@ export interface Refusal {
   message: string;
   retryAfterSeconds?: number | undefined;
   approvalId?: string | undefined;
+  /** Field-level input errors (as REST's `details.errors`), so that a model can correct its arguments. */
+  errors?: InputError[] | undefined;
+  /**
+   * Whether the errors may also travel as `structuredContent`. Not for a tool that advertises an
+   * output schema: the SDK v1 client checks `structuredContent` against it even in an `isError` result.
+   */
+  structured?: boolean;
+}
+
+/** One field-level input error: a JSON pointer into the arguments and what is wrong there. */
+export interface InputError {
+  path: string;
+  message: string;
 }
 
 /**
  * The MCP answer to a run's envelope: its output, or an `isError` result naming the code of the
  * step that stopped it. A tool that does not exist for the agent is `-32602`; an outage `-32603`.
  */
-export function callResultOf(toolId: string, answer: RunAnswer): CallToolResult {
+export function callResultOf(
+  toolId: string,
+  answer: RunAnswer,
+  options: { advertisesOutput: boolean } = { advertisesOutput: false },
+): CallToolResult {
   const { envelope } = answer;
   const step = envelope.steps[0];
   if (envelope.status === 'completed' && step?.status === 'completed') {
@@ -109,16 +190,8 @@ export function callResultOf(toolId: string, answer: RunAnswer): CallToolResult 
       },
     };
   }
-  if (envelope.status === 'awaiting_approval') {
-    const approvalId = envelope.steps.find((s) => s.status === 'awaiting_approval')?.approval_id;
-    return refusalResult({
-      runId: envelope.run_id,
-      status: envelope.status,
-      code: 'awaiting_approval',
-      message: `the call waits for an operator's approval${approvalId ? ` (${approvalId})` : ''}; once approved, make the same call again with run_id ${envelope.run_id}`,
-      approvalId,
-    });
-  }
+  if (envelope.status === 'awaiting_approval')
+    return awaitingApproval(envelope.run_id, envelope.steps.find((s) => s.status === 'awaiting_approval')?.approval_id);
   const error = envelope.steps.find((s) => s.error)?.error;
   const code = error?.code ?? envelope.status;
   if (NOT_THERE.has(code)) throw unknownTool(toolId);
@@ -129,13 +202,39 @@ export function callResultOf(toolId: string, answer: RunAnswer): CallToolResult 
     code,
     message: error?.message ?? `the run is ${envelope.status}`,
     retryAfterSeconds: envelope.retry_after_seconds,
+    errors: inputErrorsOf(error?.details.errors),
+    structured: !options.advertisesOutput,
+  });
+}
+
+function inputErrorsOf(value: unknown): InputError[] | undefined {
+  if (!Array.isArray(value) || value.length === 0) return undefined;
+  return value.map((e: { path?: unknown; message?: unknown }) => ({
+    path: typeof e.path === 'string' ? e.path : '/',
+    message: typeof e.message === 'string' ? e.message : 'invalid',
+  }));
+}
+
+/** A call held for an operator's approval: the same call again, once approved, runs (SPEC §12.1). */
+export function awaitingApproval(runId: string, approvalId: string | undefined): CallToolResult {
+  return refusalResult({
+    runId,
+    status: 'awaiting_approval',
+    code: 'awaiting_approval',
+    message: `the call waits for an operator's approval${approvalId ? ` (${approvalId})` : ''}; once approved, make the same call again (same tool, arguments and context) and it runs`,
+    approvalId,
   });
 }
 
 /** An `isError` tool result the model reads: `"<code>: <message>"`, with the code for machines in `_meta`. */
 export function refusalResult(refusal: Refusal): CallToolResult {
+  const { errors } = refusal;
+  const fields = errors ? `: ${errors.map((e) => `${e.path} ${e.message}`).join('; ')}` : '';
   return {
-    content: [{ type: 'text', text: `${refusal.code}: ${refusal.message}` }],
+    content: [{ type: 'text', text: `${refusal.code}: ${refusal.message}${fields}` }],
+    ...(errors && refusal.structured
+      ? { structuredContent: { code: refusal.code, message: refusal.message, errors } }
+      : {}),
     isError: true,
     _meta: {
       [RESULT_META_KEY]: {
@@ -144,6 +243,7 @@ export function refusalResult(refusal: Refusal): CallToolResult {
         code: refusal.code,
         ...(refusal.retryAfterSeconds !== undefined ? { retry_after_seconds: refusal.retryAfterSeconds } : {}),
         ...(refusal.approvalId !== undefined ? { approval_id: refusal.approvalId } : {}),
+        ...(errors ? { errors } : {}),
       },
     },
   };

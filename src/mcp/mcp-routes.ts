@@ -8,10 +8,12 @@ import { ApiError } from '../http/errors.js';
 import type { Metrics } from '../metrics/metrics.js';
 import type { ToolCatalog } from '../registry/tool-catalog.js';
 import { inboundRequestOf } from './inbound-request.js';
+import { grantedToolIds } from './granted-tools.js';
+import { headerRunFieldsOf } from './mcp-calls.js';
 import { McpDoor, type McpCaller, type McpDoorDeps } from './mcp-door.js';
 import { ToolListChanges } from './tool-list-changes.js';
 
-export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger'> {
+export interface McpRouteDeps extends Omit<McpDoorDeps, 'version' | 'logger' | 'grantedTools' | 'maxListenStreams'> {
   config: Config['mcp'];
   metrics: Metrics;
   catalog: ToolCatalog;
@@ -54,14 +56,20 @@ declare module 'fastify' {
  */
 export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promise<void> {
   const { config } = deps;
-  const door = new McpDoor({ ...deps, logger: app.log, version: VERSION });
+  const door = new McpDoor({
+    ...deps,
+    logger: app.log,
+    version: VERSION,
+    grantedTools: (agent) => grantedToolIds(deps.db, agent, deps.now()),
+    maxListenStreams: config.maxListenStreams,
+  });
   const changes = new ToolListChanges({
     catalog: deps.catalog,
     db: deps.db,
     now: deps.now,
     intervalMs: deps.changeCheckMs,
-    listening: () => door.listening,
-    onChange: () => door.toolsChanged(),
+    listeners: () => door.listeners(),
+    onChange: (audience) => door.toolsChanged(audience),
     logger: app.log,
   });
   app.addHook('onReady', async () => changes.start());
@@ -72,15 +80,34 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
   });
 
   app.setErrorHandler((error, request, reply) => {
+    // The Origin is judged before the token: a page at a foreign origin learns nothing of tokens.
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined && error instanceof ApiError && AUTH_REFUSALS.has(error.code)) throw foreign;
+    if (isUnparseableJson(error))
+      return jsonRpcError(reply, 400, -32700, 'Parse error: the body is not valid JSON', undefined);
     if (error instanceof ApiError && error.code === 'unauthenticated') {
       const presented = request.headers.authorization !== undefined;
+      const origin = originOf(request, config);
+      const pointer = origin === undefined ? [] : [`resource_metadata="${origin}${MCP_METADATA_PATH}"`];
       reply.header(
         'www-authenticate',
-        `Bearer ${presented ? 'error="invalid_token", ' : ''}resource_metadata="${originOf(request, config)}${MCP_METADATA_PATH}"`,
+        `Bearer ${[...(presented ? ['error="invalid_token"'] : []), ...pointer].join(', ')}`.trimEnd(),
       );
     }
     // The gateway's own error handler answers, in the error envelope.
     throw error;
+  });
+
+  // An allowed browser origin may read every answer of this door, refusals included (a 401's
+  // WWW-Authenticate is how a browser client finds where to get a token).
+  app.addHook('onSend', async (request, reply, payload) => {
+    const origin = request.headers.origin;
+    if (typeof origin === 'string' && config.allowedOrigins.includes(origin)) {
+      reply.header('access-control-allow-origin', origin);
+      reply.header('access-control-expose-headers', CORS_EXPOSED);
+    }
+    if (config.allowedOrigins.length > 0) reply.header('vary', 'Origin');
+    return payload;
   });
 
   app.addHook('onResponse', async (request, reply) => {
@@ -100,18 +127,49 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
         `the bearer token is not valid: its audience does not name ${config.resource}`,
       );
     }
-    const origin = request.headers.origin;
-    if (origin !== undefined && !config.allowedOrigins.includes(origin)) {
-      throw new ApiError('forbidden', `requests from origin ${origin} are not allowed on /mcp`, { origin });
-    }
-    const caller: McpCaller = { principal, traceId: request.traceId, requestId: request.id };
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined) throw foreign;
+    const runFields = headerRunFieldsOf(request.headers);
+    if (!runFields.ok) return jsonRpcError(reply, 400, -32602, runFields.message, request.body);
+    const caller: McpCaller = {
+      principal,
+      traceId: request.traceId,
+      requestId: request.id,
+      runFields: runFields.fields,
+    };
     request.mcpCaller = caller;
-    const response = await door.serve(
-      inboundRequestOf(request.headers, streamEnd(request, reply)),
-      request.body,
-      caller,
-    );
+    let end: AbortSignal | undefined;
+    if (isListen(request)) {
+      const who = { tenantId: principal.tenantId, agentId: principal.id };
+      if (door.listenStreamsOf(who) >= config.maxListenStreamsPerAgent) {
+        caller.outcome = 'error';
+        return jsonRpcError(
+          reply,
+          200,
+          -32603,
+          `Subscription limit reached: this agent holds ${config.maxListenStreamsPerAgent} listen streams here already; close one first`,
+          request.body,
+        );
+      }
+      await changes.watch(who);
+      end = streamEnd(reply, expiryOf(request.user));
+    }
+    const response = await door.serve(inboundRequestOf(request.headers, end), request.body, caller);
     return send(reply, response, caller);
+  });
+
+  // CORS preflight (hand-written: @fastify/cors would answer OPTIONS on every path of the gateway,
+  // and only this door serves browsers).
+  app.options('/mcp', { config: { access: 'public' } }, async (request, reply) => {
+    const foreign = foreignOrigin(request, config);
+    if (foreign !== undefined || request.headers.origin === undefined)
+      throw foreign ?? new ApiError('forbidden', 'a CORS preflight needs an Origin header');
+    return reply
+      .code(204)
+      .header('access-control-allow-methods', 'POST')
+      .header('access-control-allow-headers', CORS_ALLOWED)
+      .header('access-control-max-age', '600')
+      .send();
   });
 
   for (const method of ['GET', 'DELETE'] as const) {
@@ -131,12 +189,51 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     });
   }
 
-  app.get(MCP_METADATA_PATH, { config: { access: 'public' } }, async (request) => ({
-    resource: config.resource ?? `${originOf(request, config)}/mcp`,
-    ...(config.authorizationServers.length > 0 ? { authorization_servers: config.authorizationServers } : {}),
-    bearer_methods_supported: ['header'],
-    resource_name: 'toolgate',
-  }));
+  app.get(MCP_METADATA_PATH, { config: { access: 'public' } }, async (request) => {
+    const origin = originOf(request, config);
+    // In production with no resource configured there is no URL to give but the one `Host` claims.
+    if (origin === undefined)
+      throw new ApiError('not_found', 'no resource is configured for /mcp (TOOLGATE_MCP_RESOURCE)');
+    return {
+      resource: config.resource ?? `${origin}/mcp`,
+      ...(config.authorizationServers.length > 0 ? { authorization_servers: config.authorizationServers } : {}),
+      bearer_methods_supported: ['header'],
+      resource_name: 'toolgate',
+    };
+  });
+}
+
+/** Request headers a browser page may send to `/mcp` (the run-field headers included). */
+const CORS_ALLOWED = [
+  'Authorization',
+  'Content-Type',
+  'Accept',
+  'Mcp-Protocol-Version',
+  'Mcp-Session-Id',
+  'Last-Event-ID',
+  'Traceparent',
+  'Toolgate-Run-Id',
+  'Toolgate-Context',
+  'Toolgate-Budget-Units',
+].join(', ');
+
+/** Answer headers a browser page may read. */
+const CORS_EXPOSED = 'WWW-Authenticate, Mcp-Protocol-Version, Mcp-Session-Id, Retry-After, X-Request-Id';
+
+/** The refusals of authentication and authorization that a foreign Origin's 403 takes the place of. */
+const AUTH_REFUSALS: ReadonlySet<string> = new Set(['unauthenticated', 'forbidden', 'agent_forbidden']);
+
+/** The 403 for a browser `Origin` not in `TOOLGATE_MCP_ALLOWED_ORIGINS`; undefined when there is none or it is allowed. */
+function foreignOrigin(request: FastifyRequest, config: Config['mcp']): ApiError | undefined {
+  const origin = request.headers.origin;
+  if (origin === undefined || config.allowedOrigins.includes(origin)) return undefined;
+  return new ApiError('forbidden', `requests from origin ${origin} are not allowed on /mcp`, { origin });
+}
+
+/** Fastify's refusal of a body that is not JSON at all (JSON-RPC's parse error). */
+function isUnparseableJson(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return code === 'FST_ERR_CTP_INVALID_JSON_BODY' || code === 'FST_ERR_CTP_EMPTY_JSON_BODY';
 }
 
 /** A Host header that is a host name or address, with an optional port. */
@@ -144,12 +241,23 @@ const HOST =
   /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
 
 /**
- * The gateway's origin as clients reach it: the configured resource's, else the request's (a
- * `Host` that is no host name gets `localhost`: it names nothing a client could reach anyway).
+ * The gateway's origin as clients reach it: the configured resource's, else (not in production) the request's (a
+ * `Host` that is no host name gets `localhost`: it names nothing a client could reach anyway); else none.
  */
-function originOf(request: FastifyRequest, config: Config['mcp']): string {
+function originOf(request: FastifyRequest, config: Config['mcp']): string | undefined {
   if (config.resource !== undefined) return new URL(config.resource).origin;
+  if (!config.hostUrls) return undefined;
   return `${request.protocol}://${HOST.test(request.host) ? request.host : 'localhost'}`;
+}
+
+/** When a verified token expires (seconds since the epoch), if it says: its top-level claims, as auth reads them. */
+function expiryOf(claims: unknown): number | undefined {
+  const exp = (claims as { exp?: unknown } | undefined)?.exp;
+  return typeof exp === 'number' && Number.isFinite(exp) ? exp : undefined;
+}
+
+function isListen(request: FastifyRequest): boolean {
+  return (request.body as { method?: unknown } | undefined)?.method === 'subscriptions/listen';
 }
 
 /** Whether a verified token's `aud` (a string or a list; its top-level claims, as auth reads them) names the resource. */
@@ -159,16 +267,32 @@ function audienceNames(claims: unknown, resource: string): boolean {
 }
 
 /**
- * For a listen stream, a signal that fires when its client goes away, so that the SDK ends the
- * subscription. Other exchanges end with their answer, and a signal on a `Request` is not free.
+ * For a listen stream, a signal that fires when its client goes away or its token expires, so that the SDK ends the
+ * subscription (a stream must not outlive the authority it was opened with). Other exchanges end with their answer,
+ * and a signal on a `Request` is not free.
  */
-function streamEnd(request: FastifyRequest, reply: FastifyReply): AbortSignal | undefined {
-  if ((request.body as { method?: unknown } | undefined)?.method !== 'subscriptions/listen') return undefined;
+function streamEnd(reply: FastifyReply, expiresAt: number | undefined): AbortSignal {
   const aborted = new AbortController();
+  const timer =
+    expiresAt === undefined
+      ? undefined
+      : setTimeout(() => aborted.abort(), Math.min(Math.max(0, expiresAt * 1000 - Date.now()), 2 ** 31 - 1));
+  timer?.unref();
   reply.raw.on('close', () => {
+    clearTimeout(timer);
     if (!reply.raw.writableFinished) aborted.abort();
   });
   return aborted.signal;
+}
+
+/** A JSON-RPC error answering the whole HTTP request (its `id` when the body had one). */
+function jsonRpcError(reply: FastifyReply, status: number, code: number, message: string, body: unknown) {
+  const id = (body as { id?: unknown } | undefined)?.id;
+  return reply.code(status).send({
+    jsonrpc: '2.0',
+    error: { code, message },
+    id: typeof id === 'string' || typeof id === 'number' ? id : null,
+  });
 }
 
 /** A JSON answer is sent whole (with its length); a stream (a listen subscription) as it comes. */

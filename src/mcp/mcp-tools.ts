@@ -1,4 +1,5 @@
 import type { Tool } from '@modelcontextprotocol/server';
+import { mcpNameOf } from '../registry/mcp-names.js';
 import type { AgentToolView } from '../registry/tool-views.js';
 
 /** The `_meta` key under which a listed tool carries toolgate's facts about it. */
@@ -16,13 +17,13 @@ export const TOOLS_LIST_TTL_MS = 10_000;
 type JsonObject = { [key: string]: unknown };
 
 /**
- * One MCP tool from an agent's view of a tool (`GET /tools`): named by its tool id, its newest
+ * One MCP tool from an agent's view of a tool (`GET /tools`): named after its tool id (`mcpNameOf`), its newest
  * version the agent may use, its schemas, and annotations from its category.
  */
 export function mcpToolOf(view: AgentToolView): Tool {
-  const outputSchema = objectTyped(view.output_schema);
+  const outputSchema = advertisedOutputSchema(view.output_schema);
   return {
-    name: view.id,
+    name: mcpNameOf(view.id),
     title: view.display_name,
     description: view.description,
     inputSchema: inputSchemaOf(view.input_schema) as Tool['inputSchema'],
@@ -35,6 +36,7 @@ export function mcpToolOf(view: AgentToolView): Tool {
     },
     _meta: {
       [TOOL_META_KEY]: {
+        id: view.id,
         version: view.version,
         category: view.category,
         risk_level: view.risk_level,
@@ -59,7 +61,7 @@ function inputSchemaOf(schema: AgentToolView['input_schema']): JsonObject {
 }
 
 /** An output schema MCP can carry (`structuredContent` is an object), else none. */
-function objectTyped(schema: AgentToolView['output_schema']): JsonObject | undefined {
+export function advertisedOutputSchema(schema: unknown): JsonObject | undefined {
   return isObject(schema) && schema.type === 'object' ? schema : undefined;
 }
 
@@ -68,14 +70,15 @@ function isObject(value: unknown): value is JsonObject {
 }
 
 /**
- * A page of tools (sorted by id, as the views are) after an opaque cursor; undefined for a cursor
- * this gateway did not issue.
+ * A page of tools, sorted by name, after an opaque cursor (the last name of the page before);
+ * undefined for a cursor this gateway did not issue.
  */
 export function toolsPage(
-  tools: Tool[],
+  unsorted: Tool[],
   cursor: string | undefined,
   pageSize = TOOLS_PAGE_SIZE,
 ): { tools: Tool[]; nextCursor?: string } | undefined {
+  const tools = unsorted.toSorted((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   let start = 0;
   if (cursor !== undefined) {
     const after = decodeCursor(cursor);

@@ -4,12 +4,14 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import type { DB } from '../db/schema.js';
 import { dependencyNodeOf, resolveDependency, type DependencyReason } from './dependency-resolution.js';
 import type { ToolContent, ToolContract, ToolDeprecation } from './tool-contract.js';
+import { mcpNameOf, mcpNameTakenBy } from './mcp-names.js';
 import { contentOf, type ToolRegistration } from './tool-registration.js';
 import {
   advanceRevision,
   findToolVersion,
   findVersionsOf,
   insertToolVersion,
+  listToolIds,
   lockRegistry,
   setDeprecation,
   toolExists,
@@ -23,12 +25,12 @@ export interface RegistryActor {
   now: Date;
 }
 
-/** A registration that cannot be accepted because of another tool: the field and a typed reason. */
+/** A registration that cannot be accepted because of another tool, or of its own new version: the field and a typed reason. */
 export interface RegistryInvalid {
   ok: false;
   code: 'invalid_request';
   message: string;
-  details: { field: string; reason: DependencyReason; tool_id: string; range?: string };
+  details: { field: string; reason: DependencyReason | 'input_schema_not_object'; tool_id: string; range?: string };
 }
 
 export type RegistrationResult =
@@ -39,7 +41,18 @@ export type RegistrationResult =
       message: string;
       details: { tool_id: string; version: string; differing_fields: string[] };
     }
+  | {
+      ok: false;
+      code: 'tool_name_conflict';
+      message: string;
+      details: { tool_id: string; mcp_name: string; conflicting_tool_id: string };
+    }
   | RegistryInvalid;
+
+/** An input schema whose instances are objects, as MCP's `inputSchema` must be. */
+function isObjectSchema(schema: unknown): boolean {
+  return typeof schema === 'object' && schema !== null && (schema as { type?: unknown }).type === 'object';
+}
 
 /** The SHA-256 idempotency compares: over the immutable content only, never the deprecation. */
 export function contentSha256(content: ToolContent): string {
@@ -88,6 +101,27 @@ export async function registerToolVersion(
           differing_fields: differingFields(existing.tool, content),
         },
       };
+    }
+    if (!isObjectSchema(content.input_schema)) {
+      return {
+        ok: false,
+        code: 'invalid_request',
+        message:
+          'body.input_schema: a new tool version needs an object schema ("type": "object"): MCP clients and model APIs send arguments as an object',
+        details: { field: 'body.input_schema', reason: 'input_schema_not_object', tool_id: content.id },
+      };
+    }
+    if (!(await toolExists(trx, content.id))) {
+      const taken = mcpNameTakenBy(content.id, await listToolIds(trx));
+      if (taken !== undefined) {
+        const name = mcpNameOf(content.id);
+        return {
+          ok: false,
+          code: 'tool_name_conflict',
+          message: `${content.id} would be named ${name} over MCP, as ${taken} already is; choose another id`,
+          details: { tool_id: content.id, mcp_name: name, conflicting_tool_id: taken },
+        };
+      }
     }
     const invalid = await checkDependencies(trx, content, by.now);
     if (invalid) return invalid;
@@ -166,6 +200,12 @@ async function checkDependencies(
 export type DeprecationResult =
   | { ok: true; changed: boolean; tool: ToolContract; revision: number }
   | { ok: false; code: 'tool_not_registered' | 'tool_version_not_found'; message: string }
+  | {
+      ok: false;
+      code: 'tool_name_conflict';
+      message: string;
+      details: { tool_id: string; mcp_name: string; conflicting_tool_id: string };
+    }
   | RegistryInvalid;
 
 /**

@@ -60,6 +60,12 @@ export async function findVersionsOf(
   return rows.map(toStored);
 }
 
+/** Every registered tool id (registration compares a new id's MCP name with theirs). */
+export async function listToolIds(db: Kysely<DB> | Transaction<DB>): Promise<string[]> {
+  const rows = await db.selectFrom('tool_versions').select('tool_id').distinct().execute();
+  return rows.map((row) => row.tool_id);
+}
+
 export async function toolExists(db: Kysely<DB> | Transaction<DB>, toolId: string): Promise<boolean> {
   const row = await db
     .selectFrom('tool_versions')

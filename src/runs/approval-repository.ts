@@ -8,8 +8,11 @@ type Db = Kysely<DB> | Transaction<DB>;
 /** A proposal as it is recorded: pending, undecided. */
 export type NewApproval = Omit<Approval, 'status' | 'decided_by' | 'decided_at' | 'rationale'>;
 
-/** Records a proposal, pending. */
-export async function insertApproval(trx: Transaction<DB>, approval: NewApproval): Promise<Approval> {
+/** Records a proposal, pending; a tool call's with the SHA-256 of the exact call (`callSha256`). */
+export async function insertApproval(
+  trx: Transaction<DB>,
+  approval: NewApproval & { call_sha256?: string },
+): Promise<Approval> {
   const row = await trx
     .insertInto('approvals')
     .values({
@@ -23,6 +26,32 @@ export async function insertApproval(trx: Transaction<DB>, approval: NewApproval
     .returningAll()
     .executeTakeFirstOrThrow();
   return toApproval(row);
+}
+
+/**
+ * The newest approval of an agent's exact call that may still let it through: pending and not past its time, or approved,
+ * not past its time and unused (its run still waits for it). Runs that moved on used theirs, or will not.
+ */
+export async function findOpenCallApproval(
+  db: Db,
+  query: { tenantId: string; agentId: string; callSha256: string; now: Date },
+): Promise<Approval | undefined> {
+  const row = await db
+    .selectFrom('approvals')
+    .innerJoin('runs', (join) =>
+      join.onRef('runs.tenant_id', '=', 'approvals.tenant_id').onRef('runs.run_id', '=', 'approvals.run_id'),
+    )
+    .selectAll('approvals')
+    .where('approvals.tenant_id', '=', query.tenantId)
+    .where('approvals.agent_id', '=', query.agentId)
+    .where('approvals.call_sha256', '=', query.callSha256)
+    .where('approvals.status', 'in', ['pending', 'approved'])
+    .where('approvals.expires_at', '>', query.now)
+    .where('runs.status', '=', 'awaiting_approval')
+    .orderBy('approvals.created_at', 'desc')
+    .limit(1)
+    .executeTakeFirst();
+  return row ? toApproval(row) : undefined;
 }
 
 /** An approval by id, unlocked. */

@@ -1,3 +1,5 @@
+import { payloadHash } from '../audit/audit-hash.js';
+
 /** What an approval is about: one tool call with its exact input, or a hand-off to a sub-agent. */
 export const APPROVAL_KINDS = ['tool_call', 'handoff'] as const;
 export type ApprovalKind = (typeof APPROVAL_KINDS)[number];
@@ -52,4 +54,27 @@ export function approvalStatusAt(
 /** Whether an approval still lets its action through at `now`. */
 export function approvalUsableAt(approval: Pick<Approval, 'status' | 'expires_at'>, now: Date): boolean {
   return approval.status === 'approved' && approval.expires_at.getTime() > now.getTime();
+}
+
+/** What makes two tool calls the same call for an approval (SPEC §12.1); the agent is compared beside it. */
+export interface ExactCall {
+  toolId: string;
+  toolVersion: string;
+  inputSha256: string;
+  context: Record<string, unknown>;
+}
+
+/** The SHA-256 of a tool call's input, as stage 8 binds an approval to it. */
+export function inputSha256Of(input: unknown): string {
+  return payloadHash(input);
+}
+
+/** The SHA-256 an approval of a tool call is found by, whatever the run of an identical call. */
+export function callSha256(call: ExactCall): string {
+  return payloadHash({
+    tool_id: call.toolId,
+    tool_version: call.toolVersion,
+    input_sha256: call.inputSha256,
+    context: call.context,
+  });
 }

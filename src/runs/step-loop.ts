@@ -4,6 +4,7 @@ import { grantQueryOf } from '../admission/stages/04-grant.js';
 import type { AdmissibleTool, Denial, GrantAssumed, Hold } from '../admission/ports.js';
 import type { StepRequest, StepState } from '../admission/step.js';
 import { cancelPendingApprovals, insertApproval } from './approval-repository.js';
+import { callSha256 } from './approval.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
@@ -587,6 +588,12 @@ export class StepLoop {
           tool_version: tool.version,
           input: request.plan[index]!.input,
           input_sha256: held.inputSha256,
+          call_sha256: callSha256({
+            toolId: tool.id,
+            toolVersion: tool.version,
+            inputSha256: held.inputSha256,
+            context: request.context,
+          }),
           handoff_id: null,
           proposed_by: exec.actor,
           created_at: now,

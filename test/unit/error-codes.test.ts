@@ -26,6 +26,7 @@ const SPEC_STATUS: Record<string, number> = {
   tool_version_not_found: 404,
   run_id_conflict: 409,
   tool_version_conflict: 409,
+  tool_name_conflict: 409,
   run_not_resumable: 409,
   budget_conflict: 409,
   grant_conflict: 409,
