@@ -6,10 +6,14 @@ import { openDatabase } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { ed25519Pem } from './helpers/signing-keys.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { signToken, tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
 import { grantTool, registerTool } from './helpers/world.js';
+
+/** Production refuses to start without a key to sign the audit log's checkpoints. */
+const AUDIT_KEY = { TOOLGATE_AUDIT_SIGNING_KEY: ed25519Pem().privatePem };
 
 /** The MCP door as deployments configure it (SPEC §12 `TOOLGATE_MCP_*`), and when its database goes away. */
 const T = 'tenant-mcp-deploy';
@@ -28,7 +32,9 @@ describe('TOOLGATE_MCP_* configuration, validated at start-up', () => {
       maxListenStreams: 1024,
     });
     // In production no URL is ever built from a request's Host.
-    expect(loadConfig({ NODE_ENV: 'production', TOOLGATE_JWT_SECRET: 'x'.repeat(32) }).mcp.hostUrls).toBe(false);
+    expect(loadConfig({ NODE_ENV: 'production', TOOLGATE_JWT_SECRET: 'x'.repeat(32), ...AUDIT_KEY }).mcp.hostUrls).toBe(
+      false,
+    );
   });
 
   it('reads lists and switches', () => {
@@ -128,7 +134,7 @@ describe('a gateway with a resource, authorization servers and an allowed origin
 
 describe('in production with no resource configured', () => {
   it('builds no URL from Host: a bare Bearer challenge, and no metadata', async () => {
-    const h = await startHarness({ NODE_ENV: 'production' });
+    const h = await startHarness({ NODE_ENV: 'production', ...AUDIT_KEY });
     try {
       const res = await h.client.app.inject({
         method: 'POST',
@@ -149,7 +155,7 @@ describe('in production with no resource configured', () => {
   });
 
   it('with TOOLGATE_MCP_RESOURCE, names it whatever the Host, and checks aud', async () => {
-    const h = await startHarness({ NODE_ENV: 'production', TOOLGATE_MCP_RESOURCE: RESOURCE });
+    const h = await startHarness({ NODE_ENV: 'production', TOOLGATE_MCP_RESOURCE: RESOURCE, ...AUDIT_KEY });
     try {
       const metadata = await h.client.get('/.well-known/oauth-protected-resource/mcp', {
         headers: { host: 'evil.example.com' },

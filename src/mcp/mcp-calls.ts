@@ -3,6 +3,7 @@ import { ProtocolError, ProtocolErrorCode, type CallToolResult } from '@modelcon
 import { z } from 'zod';
 import type { ErrorCode } from '../errors/error-codes.js';
 import { positiveUnits } from '../validation/values.js';
+import { MCP_NAME_PATTERN } from '../registry/mcp-names.js';
 import { identifier, runContext, toolId, versionRange } from '../validation/fields.js';
 import type { RunAnswer } from '../runs/run-types.js';
 import type { RunRequest, RunStatus } from '../runs/run-types.js';
@@ -98,6 +99,8 @@ export function runRequestOf(
 ): RunRequest {
   // Bounded as REST bounds `plan[].tool_id`: the id reaches indexed columns (docs/operations.md#input-bounds).
   const tool = toolId.safeParse(name);
+  // A well-formed MCP tool name no tool has (ids hold no `-`): unknown, as the SDK says of any name it lacks.
+  if (!tool.success && MCP_NAME_PATTERN.test(name)) throw unknownTool(name);
   if (!tool.success)
     throw new ProtocolError(
       ProtocolErrorCode.InvalidParams,

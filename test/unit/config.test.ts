@@ -43,6 +43,21 @@ describe('configuration', () => {
     expect(() => loadConfig({ NODE_ENV: 'production' })).toThrowError(/TOOLGATE_JWT_PUBLIC_KEY/);
   });
 
+  it("refuses to run in production without a key to sign the audit log's checkpoints", () => {
+    expect(() => loadConfig({ NODE_ENV: 'production', TOOLGATE_JWT_SECRET: 'x'.repeat(40) })).toThrowError(
+      /TOOLGATE_AUDIT_SIGNING_KEY/,
+    );
+  });
+
+  it('reads the log origin and the sequencing interval, within bounds', () => {
+    expect(loadConfig({}).auditLog).toEqual({ origin: 'toolgate.local/audit', sequenceIntervalMs: 200 });
+    expect(loadConfig({ TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS: '50' }).auditLog.sequenceIntervalMs).toBe(50);
+    expect(() => loadConfig({ TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS: '2000' })).toThrowError(/50 to 1000/);
+    expect(() => loadConfig({ TOOLGATE_AUDIT_LOG_ORIGIN: 'has space/audit' })).toThrowError(
+      /TOOLGATE_AUDIT_LOG_ORIGIN/,
+    );
+  });
+
   it('keeps finished runs 90 days by default, swept every 10 minutes', () => {
     expect(loadConfig({}).retention).toEqual({ days: 90, sweepIntervalMs: 600_000 });
     expect(loadConfig({ TOOLGATE_RETENTION_DAYS: '400' }).retention.days).toBe(400);
