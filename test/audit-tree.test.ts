@@ -3,6 +3,7 @@ import canonicalizeJcs from 'canonicalize';
 import { sql } from 'kysely';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readLeafRecords } from '../src/audit/chain-walk.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
@@ -240,6 +241,16 @@ describe('the verifiable audit log (SPEC §8.1)', () => {
     expect((await h.client.get(`/runs/${runId}/receipt`, { token: stranger })).status).toBe(404);
     expect((await h.client.get('/audit/events/not-a-uuid', { token: platform })).status).toBe(400);
     expect((await h.client.get(`/audit/checkpoint`, { token: agent, query: { tree_size: '01' } })).status).toBe(400);
+  });
+
+  it('reads only the records asked for, even those lying close together (a receipt holds its run alone)', async () => {
+    const [a, , c] = await h.client.app.services.audit.appendMany(
+      ['t-a', 't-b', 't-c'].map((tenant) => ({ event_type: 'tree.test', actor: 'system.test', tenant_id: tenant })),
+    );
+    const read = await h.db.database.control
+      .transaction()
+      .execute((trx) => readLeafRecords(trx, { seqs: [a!.seq, c!.seq] }));
+    expect(read.map((r) => r.eventId)).toEqual([a!.event_id, c!.event_id]);
   });
 
   it('verifies every leaf against the stored records, and finds the first one edited', async () => {

@@ -326,17 +326,26 @@ export async function readLeafRecords(
   which: { afterSeq: number; limit: number } | { seqs: number[] },
 ): Promise<LeafRecord[]> {
   const { shape, selected } = await readingRows(trx);
-  const where =
-    'seqs' in which
-      ? sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`
-      : sql`audit_events.seq > ${which.afterSeq}`;
+  // Seqs close together (leaves sequenced in seq order) are read as a range: one index scan, not one per seq.
+  const dense =
+    'seqs' in which &&
+    which.seqs.length > 0 &&
+    Math.max(...which.seqs) - Math.min(...which.seqs) < 2 * which.seqs.length;
+  const where = !('seqs' in which)
+    ? sql`audit_events.seq > ${which.afterSeq}`
+    : dense
+      ? sql`audit_events.seq between ${Math.min(...which.seqs)} and ${Math.max(...which.seqs)}`
+      : sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`;
   const limit = 'seqs' in which ? sql`` : sql`limit ${which.limit}`;
   const { rows } = await sql<PageRow>`
     select ${selected} from audit_events where ${where} order by audit_events.seq ${limit}`.execute(trx);
-  return rows.map((raw) => {
-    const row = toWalked(raw, shape);
-    return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
-  });
+  const wanted = 'seqs' in which ? new Set(which.seqs) : undefined;
+  return rows
+    .filter((raw) => wanted === undefined || wanted.has(Number(raw.seq)))
+    .map((raw) => {
+      const row = toWalked(raw, shape);
+      return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
+    });
 }
 
 const LINKED = String(HASH_SCHEME.linked);
