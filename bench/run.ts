@@ -764,7 +764,33 @@ async function main(): Promise<void> {
          from audit_events where agent_id = $1`,
       [agentId],
     );
+    // Every record sequenced into the Merkle tree, and how long after it was written a signed checkpoint covered it.
+    await new Promise((r) => setTimeout(r, 2_000));
+    const { rows: tree } = await check.query<{
+      records: number;
+      sequenced: number;
+      p50: number;
+      p99: number;
+      max: number;
+    }>(
+      `select count(*)::int as records, count(c.published_at)::int as sequenced,
+              percentile_cont(0.5) within group (order by extract(epoch from c.published_at - e.occurred_at)) as p50,
+              percentile_cont(0.99) within group (order by extract(epoch from c.published_at - e.occurred_at)) as p99,
+              max(extract(epoch from c.published_at - e.occurred_at))::float8 as max
+         from audit_events e
+         left join audit_leaves l on l.event_id = e.event_id
+         left join lateral (select published_at from audit_tree_checkpoints k where k.tree_size > l.leaf_index
+                            order by k.tree_size limit 1) c on true
+        where e.agent_id = $1`,
+      [agentId],
+    );
     await check.end();
+    const sequenced = tree[0]!;
+    console.log(
+      `audit tree: ${sequenced.sequenced} of ${sequenced.records} records sequenced; from a record's writing to the signed ` +
+        `checkpoint covering it p50 ${fmt(sequenced.p50 * 1000)} ms, p99 ${fmt(sequenced.p99 * 1000)} ms, max ${fmt(sequenced.max * 1000)} ms`,
+    );
+    if (sequenced.sequenced !== sequenced.records) process.exitCode = 1;
     const { outcomes, intents } = counted[0]!;
     console.log(
       `audit: ${outcomes} outcome records and ${intents} intent records for ${made} calls made: ${outcomes === made && intents === made ? 'exact' : 'MISMATCH'}`,
