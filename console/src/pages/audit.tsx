@@ -1,5 +1,5 @@
 import { useCallback, useEffect, useState } from 'preact/hooks';
-import { attempt, getText, type Schemas } from '../api.js';
+import { attempt, getText, type Outcome, type Schemas } from '../api.js';
 import { formValues, Id, Listing, PageFrame, RefusalNote, When } from '../components.js';
 import { useAction, usePaged } from '../hooks.js';
 import { isPlatform, useSession } from '../session.js';
@@ -17,7 +17,24 @@ type Verification = {
   checked: number;
   first_bad_seq: number | null;
   head: { seq: number; hash: string } | null;
+  tree?: {
+    ok: boolean;
+    tree_size: number;
+    checked: number;
+    first_bad_leaf_index: number | null;
+    reason: string | null;
+  };
 };
+
+/** The chain's verification with the tree's beside it: what `GET /audit/verify` answers without `from_tree_size`. */
+async function verifyLog(client: ReturnType<typeof useSession>['client']): Promise<Outcome<Verification>> {
+  const outcome = await attempt(client.GET('/audit/verify'));
+  if (!outcome.ok || 'head' in outcome.data) return outcome as Outcome<Verification>;
+  return {
+    ok: false,
+    refusal: { status: 0, code: 'internal', message: 'the gateway answered a tree-only verification' },
+  };
+}
 
 /** Event types an operator most often looks for; the field takes any. */
 const COMMON_TYPES = [
@@ -144,11 +161,7 @@ function Verify({ platform }: { platform: boolean }) {
           ? 'Walks the whole chain and reports its state and head. Keep the head outside the database as an anchor.'
           : 'Verifying the chain is for platform-operators; the API will refuse it for you.'}
       </p>
-      <button
-        type="button"
-        disabled={verify.busy}
-        onClick={() => void verify.run(() => attempt(client.GET('/audit/verify')))}
-      >
+      <button type="button" disabled={verify.busy} onClick={() => void verify.run(() => verifyLog(client))}>
         Verify
       </button>
       <RefusalNote refusal={verify.refusal} />
@@ -159,6 +172,18 @@ function Verify({ platform }: { platform: boolean }) {
             {result.checked} rows checked
             {result.first_bad_seq !== null ? `; first bad seq ${result.first_bad_seq}` : ''}.
           </p>
+          {result.tree ? (
+            <p>
+              Merkle tree: <strong class={result.tree.ok ? 'good' : 'bad'}>{result.tree.ok ? 'ok' : 'broken'}</strong>,{' '}
+              {result.tree.checked} of {result.tree.tree_size} leaves checked
+              {result.tree.first_bad_leaf_index !== null
+                ? `; first bad leaf ${result.tree.first_bad_leaf_index} (${result.tree.reason})`
+                : result.tree.reason
+                  ? ` (${result.tree.reason})`
+                  : ''}
+              .
+            </p>
+          ) : null}
           {result.head ? (
             <p>
               Head: seq {result.head.seq}, hash <code class="hash">{result.head.hash}</code>
