@@ -414,6 +414,57 @@ describe('toolgate, run as an operator runs it', () => {
     );
   }, 120_000);
 
+  it('witnesses the log (a kept checkpoint, then the next checked to extend it) and proves a record is in it', async () => {
+    const state = join(mkdtempSync(join(tmpdir(), 'toolgate-witness-')), 'witness.json');
+    const first = await toolgate(['audit', 'witness', '--state', state]);
+    expect(first.stderr).toBe('');
+    expect(first.stdout).toMatch(/^checkpoint of \d+ leaves verified and kept/);
+    const kept = JSON.parse(readFileSync(state, 'utf8')) as { size: number; root: string; verifier_key: string };
+    // Something happens, and is sequenced into the tree within a round.
+    expect((await toolgate(['audit', 'checkpoint'])).status).toBe(0);
+    let second: Outcome | undefined;
+    for (let i = 0; i < 50; i += 1) {
+      second = await toolgate(['audit', 'witness', '--state', state, '--json']);
+      if (json(second).tree_size > kept.size) break;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    expect(second!.status).toBe(0);
+    expect(json(second!)).toMatchObject({ ok: true, previous_tree_size: kept.size });
+    const now = JSON.parse(readFileSync(state, 'utf8')) as { size: number; root: string };
+    expect(now.size).toBeGreaterThan(kept.size);
+
+    // A kept checkpoint the log's tree does not extend (a root it never had) fails the witness, and is kept as it was.
+    const forged = { ...now, root: Buffer.alloc(32, 7).toString('base64') };
+    writeFileSync(state, JSON.stringify(forged));
+    const refused = await toolgate(['audit', 'witness', '--state', state]);
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).toContain('does not extend the kept one');
+    expect(JSON.parse(readFileSync(state, 'utf8'))).toEqual(forged);
+
+    const [event] = json(await toolgate(['audit', 'list', '--limit', '1', '--json'])).items as Array<{
+      event_id: string;
+    }>;
+    let proved: Outcome | undefined;
+    for (let i = 0; i < 50; i += 1) {
+      proved = await toolgate(['audit', 'prove', event!.event_id]);
+      if (proved.status === 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    expect(proved!.stderr).toBe('');
+    expect(proved!.stdout).toMatch(
+      new RegExp(`^record ${event!.event_id} is leaf \\d+ of the signed tree of \\d+ leaves`),
+    );
+    const wrongKey = await toolgate([
+      'audit',
+      'prove',
+      event!.event_id,
+      '--log-key',
+      kept.verifier_key.replace(/\+[0-9a-f]{8}\+/, '+00000000+'),
+    ]);
+    expect(wrongKey.status).toBe(1);
+    expect(wrongKey.stderr).toContain('not signed by its key');
+  }, 120_000);
+
   it.skipIf(!hasPostgresServer)(
     'verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)',
     async () => {
