@@ -254,7 +254,6 @@ export function buildServices(options: ServiceOptions): Services {
     logger,
     intervalSeconds: config.auditCheckpoints.intervalSeconds,
   });
-  const auditPartitions = new AuditPartitions({ database, signer, now, logger });
   const noteSigner = logSigner({
     origin: config.auditLog.origin,
     signingKeyPem: config.auditCheckpoints.signingKey,
@@ -266,6 +265,7 @@ export function buildServices(options: ServiceOptions): Services {
     config.auditLog.sequenceIntervalMs,
     config.auditCheckpoints.verifyKeys,
   );
+  const auditPartitions = new AuditPartitions({ database, signer, tree: auditTree, now, logger });
   const auditSequencer = new LogSequencer({
     database,
     signer: noteSigner,

@@ -6,6 +6,7 @@ import {
   inclusionProof,
   leafHash,
   rootOf,
+  subtreesAfter,
   verifyConsistency,
   verifyInclusion,
   type NodeReader,
@@ -105,6 +106,26 @@ describe('the Merkle tree (RFC 9162 §2.1)', () => {
     many.forEach((leaf) => compact.append(leaf));
     expect(compact.root().equals(rootOf(read, 70_000))).toBe(true);
     expect(CompactRange.of(read, 65_537).root().equals(rootOf(read, 65_537))).toBe(true);
+  });
+
+  it('proves a range of leaves from the subtrees before and after it, as an export carries them', () => {
+    const many = Array.from({ length: 5_000 }, (_, i) => leafHash(`leaf ${i}`));
+    const { read } = tiled(many, 777);
+    for (const [first, last, size] of [
+      [0, 2, 9],
+      [3, 6, 9],
+      [256, 511, 5_000],
+      [1_000, 1_234, 4_321],
+      [4_999, 4_999, 5_000],
+    ] as const) {
+      const range = CompactRange.fromHashes(first, CompactRange.of(read, first).hashes())!;
+      for (let i = first; i <= last; i += 1) range.append(many[i]!);
+      for (const { level, index } of subtreesAfter(last + 1, size)) range.appendSubtree(level, read(level, index));
+      expect(range.size).toBe(size);
+      expect(range.root().equals(rootOf(read, size))).toBe(true);
+    }
+    expect(CompactRange.fromHashes(6, [leaves[0]!])).toBeUndefined();
+    expect(() => new CompactRange(3).appendSubtree(1, leaves[0]!)).toThrow(RangeError);
   });
 
   it('reads each proof from a few tiles, named before they are fetched', () => {

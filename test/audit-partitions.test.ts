@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,7 +8,8 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NO_OPTIONAL_FIELDS } from './helpers/audit.js';
-import { sealRecord } from '../src/audit/audit-hash.js';
+import { canonicalJson, sealRecord } from '../src/audit/audit-hash.js';
+import { NoteSigner } from '../src/audit/signed-note.js';
 import { AuditLog } from '../src/audit/audit-log.js';
 import { readChainHead, verifyAuditChain, walkRange } from '../src/audit/audit-repository.js';
 import { CheckpointSigner } from '../src/audit/checkpoint-signer.js';
@@ -21,6 +22,7 @@ import { AppClient, startHarness, type Harness, type TestResponse } from './help
 import { ManualClock } from './helpers/manual-clock.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
 import { ed25519Pem } from './helpers/signing-keys.js';
 
 const platform = tokens.platform();
@@ -152,6 +154,58 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
       ok: false,
       reason: expect.stringMatching(/trailer/),
     });
+  });
+
+  it("carries the Merkle tree's evidence: its records verify offline as leaves of the log's signed tree", async () => {
+    const logKey = (await h.client.get('/audit/log-info', { token: platform })).body.verifier_key as string;
+    const exportOf = async () =>
+      (await h.client.get(`/audit/partitions/${partitionOf(m1)}/export`, { token: platform })).text;
+    await until(
+      'the month to be covered by a checkpoint',
+      async () => JSON.parse((await exportOf()).split('\n')[0]!).tree,
+    );
+    const text = await exportOf();
+    const lines = text.trimEnd().split('\n');
+    const header = JSON.parse(lines[0]!);
+    expect(header).toMatchObject({ format: 'toolgate-audit-partition-v3', tree: { first_leaf_index: 0, left: [] } });
+    expect(header.tree.right.length).toBeGreaterThan(0);
+    const withLog = (file: string, verifierKey = logKey) => {
+      const verifier = new PartitionFileVerifier({ publicKeyPem: key.publicPem, logKey: verifierKey });
+      for (const line of file.trimEnd().split('\n')) verifier.line(line);
+      return verifier.end();
+    };
+    expect(withLog(text)).toMatchObject({
+      ok: true,
+      checked: 3,
+      tree: { tree_size: header.tree.tree_size, first_leaf_index: 0 },
+    });
+    // Another log's key.
+    const stranger = NoteSigner.fromNoteKey(
+      'PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz',
+    ).verifierKey;
+    expect(withLog(text, stranger)).toMatchObject({
+      ok: false,
+      reason: expect.stringMatching(/not signed by the log key/),
+    });
+    // Evidence that does not lead to the signed root, the file otherwise consistent (its digest made anew).
+    const relinked = (edited: Record<string, unknown>) => {
+      const body = [canonicalJson(edited)!, ...lines.slice(1, -1)];
+      const digest = createHash('sha256')
+        .update(body.map((line) => `${line}\n`).join(''))
+        .digest('hex');
+      return [...body, canonicalJson({ ...JSON.parse(lines.at(-1)!), lines_sha256: digest })!].join('\n');
+    };
+    const right = [Buffer.alloc(32, 9).toString('base64'), ...header.tree.right.slice(1)];
+    expect(withLog(relinked({ ...header, tree: { ...header.tree, right } }))).toMatchObject({
+      ok: false,
+      reason: expect.stringMatching(/not the leaves the signed tree holds/),
+    });
+    expect(withLog(relinked({ ...header, tree: undefined }))).toMatchObject({
+      ok: false,
+      reason: expect.stringMatching(/no Merkle tree evidence/),
+    });
+    // Without a log key, the chain's checks alone, as before.
+    expect(verifyFile(text)).toMatchObject({ ok: true, tree: null });
   });
 
   it('refuses an export whose checkpoint is forged, or checked against another key', async () => {

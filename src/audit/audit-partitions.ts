@@ -2,6 +2,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { PassThrough, type Readable } from 'node:stream';
 import type { Logger } from 'pino';
+import type { AuditTree } from './audit-tree.js';
 import { BackgroundTask } from '../db/background-task.js';
 import type { Database } from '../db/database.js';
 import { CodedError } from '../errors/coded-error.js';
@@ -59,6 +60,8 @@ export interface AuditPartition {
 export interface AuditPartitionsOptions {
   database: Database;
   signer: CheckpointSigner;
+  /** The log's tree, whose evidence an export carries. */
+  tree?: AuditTree;
   now: () => Date;
   logger: Logger;
 }
@@ -189,6 +192,8 @@ export class AuditPartitions {
       rows: last.seq - first.seq + 1,
       exported_at: this.options.now().toISOString(),
     };
+    const evidence = await this.options.tree?.rangeEvidence(first.seq, last.seq);
+    if (evidence !== undefined) header.tree = evidence;
     const stream = new PassThrough();
     const digest = createHash('sha256');
     const write = async (lines: string[]): Promise<void> => {

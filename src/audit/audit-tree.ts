@@ -5,10 +5,19 @@ import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import { readArchivedRanges } from './audit-repository.js';
 import { readLeafRecords, type LeafRecord } from './chain-walk.js';
-import { CompactRange, consistencyProof, inclusionProof, leafHash, type Hash, type NodeReader } from './merkle.js';
+import {
+  CompactRange,
+  consistencyProof,
+  inclusionProof,
+  leafHash,
+  subtreesAfter,
+  type Hash,
+  type NodeReader,
+} from './merkle.js';
 import { TILE_WIDTH, tileReader, tilesRead } from './merkle-tiles.js';
 import { openNote, parseCheckpoint, verifierKeyOf, type NoteSigner } from './signed-note.js';
 import {
+  eventIdsAt,
   findLeaves,
   findTreeCheckpoint,
   leafSeqs,
@@ -40,6 +49,18 @@ export interface Receipt {
   tree_size: number;
   records: Array<{ record: Record<string, unknown>; leaf_index: number; leaf_hash: string; proof: string[] }>;
   pending: Array<{ record: Record<string, unknown> }>;
+}
+
+/** The tree's evidence for a contiguous range of records: see `AuditTree.rangeEvidence`. */
+export interface RangeEvidence {
+  /** The signed note of the checkpoint the range is proven against. */
+  checkpoint: string;
+  tree_size: number;
+  first_leaf_index: number;
+  /** The compact range of the leaves before the range (its complete subtrees, largest first). */
+  left: string[];
+  /** The complete subtrees after the range, in order, up to `tree_size`. */
+  right: string[];
 }
 
 export interface TreeVerification {
@@ -166,6 +187,35 @@ export class AuditTree {
       pending: records
         .filter((r) => !covered.includes(r))
         .map((r) => ({ record: JSON.parse(r.canonical) as Record<string, unknown> })),
+    };
+  }
+
+  /**
+   * What proves, offline, that the records `firstSeq` … `lastSeq` (sequenced in seq order) are leaves of the latest
+   * checkpoint's tree: that checkpoint, the index of the first, and the subtrees before and after the range
+   * (a partition's export carries it). Undefined while the range is not all covered by a checkpoint.
+   */
+  async rangeEvidence(firstSeq: number, lastSeq: number): Promise<RangeEvidence | undefined> {
+    const db = this.database.control;
+    const ids = await eventIdsAt(db, [firstSeq, lastSeq]);
+    const leaves = await findLeaves(db, [...ids.values()]);
+    const first = leaves.get(ids.get(firstSeq) ?? '');
+    const last = leaves.get(ids.get(lastSeq) ?? '');
+    const latest = await findTreeCheckpoint(db);
+    if (first === undefined || last === undefined || latest === undefined || last.leafIndex >= latest.treeSize)
+      return undefined;
+    if (last.leafIndex - first.leafIndex !== lastSeq - firstSeq) return undefined;
+    const size = latest.treeSize;
+    const { left, right } = await this.prove((read) => ({
+      left: CompactRange.of(read, first.leafIndex).hashes(),
+      right: subtreesAfter(last.leafIndex + 1, size).map(({ level, index }) => read(level, index)),
+    }));
+    return {
+      checkpoint: latest.note,
+      tree_size: size,
+      first_leaf_index: first.leafIndex,
+      left: left.map(b64),
+      right: right.map(b64),
     };
   }
 

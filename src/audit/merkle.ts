@@ -156,6 +156,18 @@ export function verifyConsistency(
   return sn === 0 && fr.equals(firstRoot) && sr.equals(secondRoot);
 }
 
+/** The complete subtrees that follow leaf `from` up to `size`, in order: what extends a range ending there to the whole tree. */
+export function subtreesAfter(from: number, size: number): Array<{ level: number; index: number }> {
+  const subtrees: Array<{ level: number; index: number }> = [];
+  for (let at = from; at < size;) {
+    let level = 0;
+    while (at % 2 ** (level + 1) === 0 && at + 2 ** (level + 1) <= size) level += 1;
+    subtrees.push({ level, index: at / 2 ** level });
+    at += 2 ** level;
+  }
+  return subtrees;
+}
+
 function isPowerOfTwo(n: number): boolean {
   return levelOf(n) >= 0;
 }
@@ -190,8 +202,15 @@ export class CompactRange {
 
   /** Appends a leaf hash; calls `completed` for each complete subtree this finishes (level ≥ 1). */
   append(leaf: Hash, completed?: (level: number, index: number, hash: Hash) => void): void {
-    let node = { level: 0, hash: leaf };
-    let index = this.size;
+    this.appendSubtree(0, leaf, completed);
+  }
+
+  /** Appends the root of a complete subtree of 2^level leaves; the range's size must be a multiple of 2^level. */
+  appendSubtree(level: number, hash: Hash, completed?: (level: number, index: number, hash: Hash) => void): void {
+    const width = 2 ** level;
+    if (this.size % width !== 0) throw new RangeError(`a subtree of ${width} leaves cannot follow ${this.size}`);
+    let node = { level, hash };
+    let index = this.size / width;
     while (this.nodes.length > 0 && this.nodes[this.nodes.length - 1]!.level === node.level) {
       const left = this.nodes.pop()!;
       index = Math.floor(index / 2);
@@ -199,7 +218,23 @@ export class CompactRange {
       completed?.(node.level, index, node.hash);
     }
     this.nodes.push(node);
-    this.size += 1;
+    this.size += width;
+  }
+
+  /** The hashes of the range's complete subtrees, largest first. */
+  hashes(): Hash[] {
+    return this.nodes.map((node) => node.hash);
+  }
+
+  /** The range [0, size) from the hashes `hashes()` gave: their levels follow from the size. */
+  static fromHashes(size: number, hashes: Hash[]): CompactRange | undefined {
+    const levels: number[] = [];
+    for (let level = 52; level >= 0; level -= 1) if (Math.floor(size / 2 ** level) % 2 === 1) levels.push(level);
+    if (levels.length !== hashes.length) return undefined;
+    return new CompactRange(
+      size,
+      levels.map((level, i) => ({ level, hash: hashes[i]! })),
+    );
   }
 
   root(): Hash {

@@ -1,13 +1,21 @@
 import { createHash, createPublicKey } from 'node:crypto';
 import { canonicalJson, HASH_SCHEME, linkHash } from './audit-hash.js';
+import type { RangeEvidence } from './audit-tree.js';
 import { CheckpointSigner, keyIdOf, type Checkpoint } from './checkpoint-signer.js';
+import { CompactRange, leafHash, subtreesAfter } from './merkle.js';
+import { openNote, parseCheckpoint } from './signed-note.js';
 
 /**
  * The export format's name, in its header: a file names the rules it is verified by. Version 2 adds
- * records linked in the database (`hash_scheme` 2); a version 1 file verifies by the same rules.
+ * records linked in the database (`hash_scheme` 2); version 3 the Merkle tree's evidence for the
+ * records (`tree` in the header); older files verify by the same rules, without it.
  */
-export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v2';
-const READABLE_FORMATS: readonly string[] = ['toolgate-audit-partition-v1', PARTITION_FILE_FORMAT];
+export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v3';
+const READABLE_FORMATS: readonly string[] = [
+  'toolgate-audit-partition-v1',
+  'toolgate-audit-partition-v2',
+  PARTITION_FILE_FORMAT,
+];
 
 /** The first line of an exported partition. */
 export interface PartitionFileHeader {
@@ -28,6 +36,8 @@ export interface PartitionFileHeader {
   last_hash: string;
   rows: number;
   exported_at: string;
+  /** That the records are leaves `first_leaf_index` … of a signed checkpoint's tree (absent: not yet covered). */
+  tree?: RangeEvidence;
 }
 
 /** The last line: the checkpoint at `last_seq` that vouches for the range, and a digest of the lines before. */
@@ -54,6 +64,8 @@ export interface PartitionFileVerification {
   checkpoint: Pick<Checkpoint, 'id' | 'seq' | 'hash' | 'key_id'> | null;
   /** Whether the checkpoint's signature was checked against the given key (false only when unsigned and allowed). */
   signature_checked: boolean;
+  /** The signed tree the records were proven leaves of, when a log key was given. */
+  tree: { tree_size: number; first_leaf_index: number } | null;
 }
 
 const HASH_SUFFIX = /,"hash":"([0-9a-f]{64})"\}$/;
@@ -74,7 +86,17 @@ export class PartitionFileVerifier {
   private failure: { line: number; reason: string } | null = null;
   private readonly digest = createHash('sha256');
 
-  constructor(private readonly options: { publicKeyPem?: string | undefined; allowUnsigned?: boolean } = {}) {}
+  /** The records' leaves, on the left range the header names, while a log key is given. */
+  private leaves: CompactRange | undefined;
+
+  constructor(
+    private readonly options: {
+      publicKeyPem?: string | undefined;
+      allowUnsigned?: boolean;
+      /** The log's note verifier key: the records must be proven leaves of the tree it signed. */
+      logKey?: string | undefined;
+    } = {},
+  ) {}
 
   /** Feeds the next line (without its newline). */
   line(text: string): void {
@@ -104,6 +126,10 @@ export class PartitionFileVerifier {
           ? null
           : { id: checkpoint.id, seq: checkpoint.seq, hash: checkpoint.hash, key_id: checkpoint.key_id },
       signature_checked: this.failure === null && checkpoint?.signature != null,
+      tree:
+        this.failure === null && this.options.logKey !== undefined && this.header?.tree
+          ? { tree_size: this.header.tree.tree_size, first_leaf_index: this.header.tree.first_leaf_index }
+          : null,
     };
   }
 
@@ -142,6 +168,15 @@ export class PartitionFileVerifier {
     this.header = header;
     this.expectedSeq = header.first_seq;
     this.prevHash = header.prev_hash;
+    if (this.options.logKey === undefined) return;
+    if (header.tree === undefined)
+      return this.fail('no Merkle tree evidence in the header (exported before it was covered?)');
+    const left = CompactRange.fromHashes(
+      header.tree.first_leaf_index,
+      header.tree.left.map((hash) => Buffer.from(hash, 'base64')),
+    );
+    if (left === undefined) return this.fail("the tree evidence's left range does not fit its first leaf index");
+    this.leaves = left;
   }
 
   private readRecord(text: string): void {
@@ -158,10 +193,34 @@ export class PartitionFileVerifier {
     if (record.prev_hash !== this.prevHash) return this.fail(`seq ${this.expectedSeq}: prev_hash does not chain`);
     if (recordHash(record, body) !== hash)
       return this.fail(`seq ${this.expectedSeq}: the hash does not match the record`);
+    this.leaves?.append(leafHash(leafBytes(record, body)));
     this.firstHash ??= hash;
     this.prevHash = hash;
     this.expectedSeq += 1;
     this.checked += 1;
+  }
+
+  /** Whether the records, between the evidence's subtrees, make the root of the checkpoint the log key signed. */
+  private treeHolds(tree: RangeEvidence): boolean {
+    const at = this.lineNo;
+    const text = openNote(tree.checkpoint, this.options.logKey!);
+    const head = text === undefined ? undefined : parseCheckpoint(text);
+    if (head === undefined || head.size !== tree.tree_size) {
+      this.fail("the tree's checkpoint is not signed by the log key", at);
+      return false;
+    }
+    const range = this.leaves!;
+    const after = subtreesAfter(range.size, head.size);
+    if (after.length !== tree.right.length) {
+      this.fail("the tree evidence's right side does not fit the checkpoint's size", at);
+      return false;
+    }
+    after.forEach(({ level }, i) => range.appendSubtree(level, Buffer.from(tree.right[i]!, 'base64')));
+    if (!range.root().equals(head.root)) {
+      this.fail('the records are not the leaves the signed tree holds there', at);
+      return false;
+    }
+    return true;
   }
 
   private readTrailer(text: string): void {
@@ -180,6 +239,7 @@ export class PartitionFileVerifier {
       return this.fail(`the records end at seq ${this.expectedSeq - 1}, the header says ${header.last_seq}`, at);
     if (this.firstHash !== header.first_hash || this.prevHash !== header.last_hash)
       return this.fail("the records' first or last hash is not the header's", at);
+    if (this.leaves !== undefined && !this.treeHolds(header.tree!)) return;
     const checkpoint = trailer.checkpoint;
     if (checkpoint?.seq !== header.last_seq || checkpoint.hash !== header.last_hash)
       return this.fail('the checkpoint is not at the last record', at);
@@ -195,6 +255,13 @@ export class PartitionFileVerifier {
     const distrust = new CheckpointSigner({ verifyKeysPem: [this.options.publicKeyPem] }).distrust(checkpoint);
     if (distrust !== null) this.fail(`the checkpoint's signature does not verify (${distrust})`, at);
   }
+}
+
+/** The leaf bytes of an exported record: the canonical JSON its chain hash covers (a linked record's content). */
+function leafBytes(record: Record<string, unknown>, body: string): string {
+  if (record.hash_scheme === undefined) return body;
+  const { seq: _seq, prev_hash: _prev, hash_scheme: _scheme, ...content } = record;
+  return canonicalJson(content) ?? '{}';
 }
 
 /** A record's hash by its scheme, from its parsed fields and its canonical bytes without the hash. */

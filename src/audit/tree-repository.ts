@@ -174,3 +174,18 @@ export async function runRecordSeqs(
   const rows = await query.orderBy('seq').execute();
   return rows.map((row) => Number(row.seq));
 }
+
+/** The ids of the records at these seqs. */
+export async function eventIdsAt(db: Kysely<DB>, seqs: number[]): Promise<Map<number, string>> {
+  if (seqs.length === 0) return new Map();
+  const rows = await db
+    .selectFrom('audit_events')
+    .select(['seq', 'event_id'])
+    .where(
+      'seq',
+      'in',
+      seqs.map((seq) => String(seq)),
+    )
+    .execute();
+  return new Map(rows.map((row) => [Number(row.seq), row.event_id]));
+}

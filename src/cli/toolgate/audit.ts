@@ -78,10 +78,14 @@ async function readAnchor(file: string): Promise<Anchor | undefined> {
 /** Verifies an exported partition file offline, line by line (no gateway, no database). */
 async function verifyFile(
   file: string,
-  options: { key?: string; allowUnsigned?: boolean },
+  options: { key?: string; allowUnsigned?: boolean; logKey?: string },
 ): Promise<PartitionFileVerification> {
   const publicKeyPem = options.key ? await readFile(options.key, 'utf8') : undefined;
-  const verifier = new PartitionFileVerifier({ publicKeyPem, allowUnsigned: options.allowUnsigned ?? false });
+  const verifier = new PartitionFileVerifier({
+    publicKeyPem,
+    allowUnsigned: options.allowUnsigned ?? false,
+    logKey: options.logKey,
+  });
   for await (const line of createInterface({ input: createReadStream(file), crlfDelay: Infinity })) verifier.line(line);
   return verifier.end();
 }
@@ -90,7 +94,10 @@ function fileVerdict(file: string, result: PartitionFileVerification): string {
   if (!result.ok) return `${file}: BROKEN at line ${result.first_bad_line}: ${result.reason}`;
   const h = result.header!;
   const signed = result.signature_checked ? `signed by key ${result.checkpoint?.key_id}` : 'UNSIGNED checkpoint';
-  return `${file}: intact, ${result.checked} records of ${h.partition}, seq ${h.first_seq}-${h.last_seq}, last ${h.last_hash}; checkpoint ${result.checkpoint?.id} ${signed}`;
+  const tree = result.tree
+    ? `; leaves ${result.tree.first_leaf_index}-${result.tree.first_leaf_index + result.checked - 1} of the signed tree of ${result.tree.tree_size}`
+    : '';
+  return `${file}: intact, ${result.checked} records of ${h.partition}, seq ${h.first_seq}-${h.last_seq}, last ${h.last_hash}; checkpoint ${result.checkpoint?.id} ${signed}${tree}`;
 }
 
 function partitionsCommands(): ReturnType<typeof command>[] {
@@ -151,7 +158,11 @@ function partitionsCommands(): ReturnType<typeof command>[] {
     .argument('<file>')
     .option('--key <public.pem>', "the gateway's checkpoint public key (SPKI PEM)")
     .option('--allow-unsigned', 'accept an unsigned checkpoint (the gateway signs none): chain-consistent only')
-    .action(async (file: string, options: { key?: string; allowUnsigned?: boolean }, cmd) => {
+    .option(
+      '--log-key <key>',
+      "the log's note verifier key (GET /audit/log-info): the records must be leaves of its signed tree",
+    )
+    .action(async (file: string, options: { key?: string; allowUnsigned?: boolean; logKey?: string }, cmd) => {
       const json = Boolean((cmd as Command).optsWithGlobals<{ json?: boolean }>().json);
       const result = await verifyFile(file, options);
       process.stdout.write(`${json ? jsonText(result, 2) : printable(fileVerdict(file, result))}\n`);
