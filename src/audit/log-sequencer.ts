@@ -4,7 +4,7 @@ import type { Database } from '../db/database.js';
 import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
 import { readLeafRecords } from './chain-walk.js';
 import { leafHash, rootOf } from './merkle.js';
-import { edgeTiles, TreeEdge, type Tile } from './merkle-tiles.js';
+import { edgeTiles, tileKey, TreeEdge, type Tile } from './merkle-tiles.js';
 import { checkpointText, type NoteSigner } from './signed-note.js';
 import {
   findTreeCheckpoint,
@@ -32,6 +32,8 @@ export interface LogSequencerOptions {
 
 /** How long the lease holds without a round: another replica takes over after it. */
 const LEASE_MS = 3_000;
+/** Records a transaction sequences at most, unless the options say otherwise. */
+const BATCH_SIZE = 10_000;
 /** A round catching up stops after this long, so that its lease and the next round stay timely. */
 const ROUND_MS = 1_000;
 
@@ -73,7 +75,7 @@ export class LogSequencer {
     for (;;) {
       const sequenced = await this.step();
       total += sequenced ?? 0;
-      if (sequenced === undefined || sequenced < (this.options.batchSize ?? 10_000)) return total;
+      if (sequenced === undefined || sequenced < (this.options.batchSize ?? BATCH_SIZE)) return total;
       if (performance.now() - started > ROUND_MS) return total;
     }
   }
@@ -81,7 +83,7 @@ export class LogSequencer {
   /** One transaction: the records sequenced, or undefined when another replica sequences. */
   private async step(): Promise<number | undefined> {
     const { database, signer, replicaId } = this.options;
-    const limit = this.options.batchSize ?? 10_000;
+    const limit = this.options.batchSize ?? BATCH_SIZE;
     const delays: number[] = [];
     const sequenced = await database.control
       .transaction()
@@ -135,7 +137,7 @@ export class LogSequencer {
     const wanted = edgeTiles(size);
     const stored = await readTiles(trx, wanted);
     const tiles = wanted.flatMap(({ level, index }) => {
-      const hashes = stored.get(`${level}/${index}`);
+      const hashes = stored.get(tileKey(level, index));
       return hashes === undefined ? [] : [{ level, index, hashes }];
     });
     this.edge = new TreeEdge(size, tiles);

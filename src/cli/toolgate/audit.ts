@@ -1,17 +1,16 @@
 import { createReadStream, createWriteStream } from 'node:fs';
-import { readFile, rename, writeFile } from 'node:fs/promises';
+import { readFile, rename } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import { Option, type Command } from 'commander';
-import { canonicalJson } from '../../audit/audit-hash.js';
-import { leafHash, verifyConsistency, verifyInclusion } from '../../audit/merkle.js';
 import { PartitionFileVerifier, type PartitionFileVerification } from '../../audit/partition-file.js';
-import { openNote, parseCheckpoint } from '../../audit/signed-note.js';
 import type { Schemas } from '../../client/index.js';
 import { cell, parseDuration, parseInteger, table } from './format.js';
 import { command, listOptions, type ListOptions } from './help.js';
+import { treeCommands } from './audit-tree.js';
+import { keep, readKept } from './kept.js';
 import { CheckFailed, followOnce, Session, UsageError } from './session.js';
 import { jsonText, printable } from './terminal.js';
 
@@ -62,14 +61,8 @@ interface Anchor {
 }
 
 async function readAnchor(file: string): Promise<Anchor | undefined> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw error;
-  }
-  const anchor = JSON.parse(text) as Partial<Anchor>;
+  const anchor = (await readKept(file)) as Partial<Anchor> | undefined;
+  if (anchor === undefined) return undefined;
   if (!Number.isSafeInteger(anchor.seq) || typeof anchor.hash !== 'string')
     throw new UsageError(`${file}: not an anchor ({"seq": N, "hash": "..."})`);
   return anchor as Anchor;
@@ -331,12 +324,11 @@ export function auditCommand() {
         if (!('head' in answer)) throw new Error('the gateway answered a tree-only verification');
         const result = answer;
         if (result.ok && result.head && options.anchor) {
-          // Written aside, then renamed: an interrupted write never leaves half an anchor.
-          await writeFile(
-            `${options.anchor}.tmp`,
-            `${JSON.stringify({ seq: result.head.seq, hash: result.head.hash, verified_at: new Date().toISOString() })}\n`,
-          );
-          await rename(`${options.anchor}.tmp`, options.anchor);
+          await keep(options.anchor, {
+            seq: result.head.seq,
+            hash: result.head.hash,
+            verified_at: new Date().toISOString(),
+          });
         }
         s.print(result, () => {
           if (!result.ok && result.first_bad_seq === null && result.tree && !result.tree.ok) {
@@ -395,120 +387,9 @@ export function auditCommand() {
         );
       }),
   );
-  audit.addCommand(
-    command(
-      'witness',
-      "check the log's latest signed checkpoint and that the log only grew since the one kept in FILE, then keep it",
-      'toolgate audit witness --state witness.json',
-    )
-      .requiredOption('--state <file>', 'where the last checkpoint checked is kept (created on the first run)')
-      .option('--log-key <key>', "the log's note verifier key (default: the one kept in FILE, else the gateway's)")
-      .action(async (options: { state: string; logKey?: string }, cmd) => {
-        const s = new Session(cmd);
-        const kept = await readWitnessState(options.state);
-        const info = await s.call(s.api.GET('/audit/log-info', {}));
-        const key = options.logKey ?? kept?.verifier_key ?? info.verifier_key;
-        const head = await signedHead(s, key, info.origin);
-        if (kept !== undefined) {
-          if (head.size < kept.size)
-            throw new CheckFailed(`the log shrank: checkpoint of ${head.size} leaves after one of ${kept.size}`);
-          const proof = await s.call(
-            s.api.GET('/audit/consistency', { params: { query: { first: kept.size, second: head.size } } }),
-          );
-          const ok = verifyConsistency(
-            kept.size,
-            head.size,
-            Buffer.from(kept.root, 'base64'),
-            head.root,
-            proof.proof.map((h) => Buffer.from(h, 'base64')),
-          );
-          if (!ok)
-            throw new CheckFailed(`the log's tree of ${head.size} leaves does not extend the kept one of ${kept.size}`);
-        }
-        const state: WitnessState = {
-          verifier_key: key,
-          size: head.size,
-          root: head.root.toString('base64'),
-          note: head.note,
-        };
-        await writeFile(`${options.state}.tmp`, `${JSON.stringify(state)}\n`);
-        await rename(`${options.state}.tmp`, options.state);
-        s.print(
-          { ok: true, tree_size: head.size, root: state.root, previous_tree_size: kept?.size ?? null },
-          () =>
-            `checkpoint of ${head.size} leaves verified${kept === undefined ? ' and kept' : `, consistent with the kept one of ${kept.size}`}`,
-        );
-      }),
-  );
-  audit.addCommand(
-    command(
-      'prove',
-      'check here that a record is in the log: its leaf, its inclusion proof and the signed checkpoint',
-      'toolgate audit prove 0b6f…-event-id',
-    )
-      .argument('<event-id>')
-      .option('--log-key <key>', "the log's note verifier key (default: the gateway's)")
-      .action(async (eventId: string, options: { logKey?: string }, cmd) => {
-        const s = new Session(cmd);
-        const info = await s.call(s.api.GET('/audit/log-info', {}));
-        const head = await signedHead(s, options.logKey ?? info.verifier_key, info.origin);
-        const event = await s.call(s.api.GET('/audit/events/{event_id}', { params: { path: { event_id: eventId } } }));
-        const leaf = leafHash(canonicalJson(event.record) ?? '{}');
-        if (event.leaf_hash === null) throw new CheckFailed(`record ${eventId} is not sequenced yet`);
-        if (leaf.toString('base64') !== event.leaf_hash)
-          throw new CheckFailed(`record ${eventId} does not hash to its leaf: it was changed after it was logged`);
-        const inclusion = await s.call(
-          s.api.GET('/audit/events/{event_id}/inclusion', {
-            params: { path: { event_id: eventId }, query: { tree_size: head.size } },
-          }),
-        );
-        const proof = inclusion.proof.map((h) => Buffer.from(h, 'base64'));
-        if (!verifyInclusion(inclusion.leaf_index, head.size, leaf, proof, head.root))
-          throw new CheckFailed(`record ${eventId}'s inclusion proof does not lead to the signed root`);
-        s.print(
-          { ok: true, event_id: eventId, leaf_index: inclusion.leaf_index, tree_size: head.size },
-          () => `record ${eventId} is leaf ${inclusion.leaf_index} of the signed tree of ${head.size} leaves`,
-        );
-      }),
-  );
+  for (const sub of treeCommands()) audit.addCommand(sub);
   for (const sub of partitionsCommands()) audit.addCommand(sub);
   return audit;
-}
-
-/** What `audit witness` keeps between runs: the log's key and the last checkpoint it checked. */
-interface WitnessState {
-  verifier_key: string;
-  size: number;
-  root: string;
-  note: string;
-}
-
-async function readWitnessState(file: string): Promise<WitnessState | undefined> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw error;
-  }
-  const state = JSON.parse(text) as Partial<WitnessState>;
-  if (typeof state.verifier_key !== 'string' || !Number.isSafeInteger(state.size) || typeof state.root !== 'string')
-    throw new UsageError(`${file} is not a state kept by toolgate audit witness`);
-  return state as WitnessState;
-}
-
-/** The latest checkpoint, its signature checked here against `key` and its origin against the log's. */
-async function signedHead(
-  s: Session,
-  key: string,
-  origin: string,
-): Promise<{ size: number; root: Buffer; note: string }> {
-  const note = await s.call(s.api.GET('/audit/checkpoint', { parseAs: 'text' }));
-  const text = openNote(note, key);
-  const head = text === undefined ? undefined : parseCheckpoint(text);
-  if (head === undefined) throw new CheckFailed("the log's checkpoint is not signed by its key");
-  if (head.origin !== origin) throw new CheckFailed(`the checkpoint names origin ${head.origin}, not ${origin}`);
-  return { size: head.size, root: head.root, note };
 }
 
 /** `1 row`, `2 rows`. */
