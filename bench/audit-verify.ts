@@ -12,8 +12,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import { GENESIS_HASH, payloadHash, sealLinked } from '../src/audit/audit-hash.js';
-import type { AuditRecord } from '../src/audit/audit-event.js';
+import { GENESIS_HASH, payloadHash, sealLinked, type UnsealedLink } from '../src/audit/audit-hash.js';
 import { insertSealedRecords, verifyAuditChain } from '../src/audit/audit-repository.js';
 import { AuditTree } from '../src/audit/audit-tree.js';
 import { logSigner } from '../src/audit/log-key.js';
@@ -28,7 +27,7 @@ const rows = Number(process.env.BENCH_AUDIT_ROWS ?? 1_000_000);
 const PAGE = 2000;
 const INSERT_BATCH = 5000;
 
-function recordAt(seq: number, prevHash: string, start: number): Omit<AuditRecord, 'hash' | 'hash_scheme'> {
+function recordAt(seq: number, prevHash: string, start: number): UnsealedLink {
   const call = Math.floor(seq / 2);
   const outcome = seq % 2 === 1;
   return {

@@ -7,7 +7,7 @@ import { AuditLog } from '../src/audit/audit-log.js';
 import { insertSealedRecords, readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
 
 import type { DB } from '../src/db/schema.js';
-import { chainOf } from './helpers/audit.js';
+import { chainOf, chainRecord, type ChainRecord } from './helpers/audit.js';
 import { hasPostgresServer, openPool } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
@@ -317,8 +317,8 @@ describe('tamper evidence', () => {
 async function insertForgedRow(
   db: Kysely<DB>,
   template: AuditRecord,
-  at: Pick<AuditRecord, 'seq' | 'prev_hash'>,
-): Promise<AuditRecord> {
+  at: Pick<ChainRecord, 'seq' | 'prev_hash'>,
+): Promise<ChainRecord> {
   const { hash: _hash, hash_scheme: _scheme, ...unhashed } = template;
   const forged = { ...unhashed, ...at, event_id: randomUUID(), actor: 'operator:mallory' };
   const sealed = sealLinked(forged);
@@ -339,13 +339,15 @@ async function withTriggerOff(db: Kysely<DB>, tamper: () => Promise<unknown>): P
 // Each case tampers with a chain of its own, so that one case's evidence cannot mask another's.
 describe('tamper evidence, each on a fresh chain', () => {
   async function withChain(
-    test: (t: { h: Harness; db: Kysely<DB>; records: AuditRecord[] }) => Promise<void>,
+    test: (t: { h: Harness; db: Kysely<DB>; records: ChainRecord[] }) => Promise<void>,
   ): Promise<void> {
-    const fresh = await startHarness();
+    const fresh = await startHarness({}, { chain: 'open' });
     try {
-      const records = await fresh.client.app.services.audit.appendMany(
-        ['first', 'second', 'third'].map((n) => ({ event_type: 'chain.test', actor: `system.${n}` })),
-      );
+      const records = (
+        await fresh.client.app.services.audit.appendMany(
+          ['first', 'second', 'third'].map((n) => ({ event_type: 'chain.test', actor: `system.${n}` })),
+        )
+      ).map(chainRecord);
       await test({ h: fresh, db: fresh.db.database.control, records });
     } finally {
       await fresh.close();
@@ -567,9 +569,9 @@ describe('tamper evidence, each on a fresh chain', () => {
     );
 
   /** Replaces the chain from `from` on with well-chained forgeries and moves the head onto them. */
-  async function forgeTail(db: Kysely<DB>, records: AuditRecord[], from: number): Promise<AuditRecord[]> {
+  async function forgeTail(db: Kysely<DB>, records: ChainRecord[], from: number): Promise<ChainRecord[]> {
     await withTriggerOff(db, () => sql`delete from audit_events where seq >= ${from}`.execute(db));
-    const forged: AuditRecord[] = [];
+    const forged: ChainRecord[] = [];
     let prev = records.find((r) => r.seq === from - 1)?.hash ?? GENESIS_HASH;
     for (const template of records.filter((r) => r.seq >= from)) {
       const row = await insertForgedRow(db, template, { seq: template.seq, prev_hash: prev });

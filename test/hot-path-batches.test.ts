@@ -62,6 +62,7 @@ import { GrantService } from '../src/grants/grant-service.js';
 import { GrantUses } from '../src/grants/grant-admission.js';
 import { recordGrantUsesIf } from '../src/grants/grant-snapshot-repository.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { chainRecord } from './helpers/audit.js';
 
 // The statements the hot path of POST /runs/execute group-commits: many callers, one statement.
 // Each is called directly here, with batches that mix every case, against a real database.
@@ -432,7 +433,7 @@ describe('an append linked in the database, carrying run ends', () => {
     expect(stored.map((row) => [Number(row.seq), row.prev_hash, row.hash, row.hash_scheme])).toEqual(
       records.map((r) => [r.seq, r.prev_hash, r.hash, 2]),
     );
-    for (const record of records) {
+    for (const record of records.map(chainRecord)) {
       const { hash, hash_scheme: _scheme, ...unhashed } = record;
       expect(sealLinked(unhashed).hash).toBe(hash);
     }

@@ -462,6 +462,9 @@ describe.skipIf(!hasPostgresServer)('a replica that is alive (needs a PostgreSQL
   });
 });
 
+/** An audit append as `pg_stat_activity` shows its start (it keeps a statement's first kilobyte), linked or not. */
+const APPEND_STATEMENT = '%from audit_chain_head where id = 1 and%';
+
 describe.skipIf(!hasPostgresServer)(
   'a run taken for lost while its executor settles its call (needs a PostgreSQL server)',
   () => {
@@ -585,7 +588,7 @@ describe.skipIf(!hasPostgresServer)(
         // (The outcome record's statement: its start, since pg_stat_activity keeps only a statement's first kilobyte.)
         await until(
           'the settlement to wait',
-          async () => (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
+          async () => (await lockWaits(watcher, APPEND_STATEMENT)) === 1,
           patiently,
         );
         await subCounterHolder.query('commit');
@@ -595,7 +598,7 @@ describe.skipIf(!hasPostgresServer)(
           'both to wait on the ledger',
           async () =>
             (await lockWaits(watcher, '%with applicable as%')) === 1 &&
-            (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
+            (await lockWaits(watcher, APPEND_STATEMENT)) === 1,
           patiently,
         );
         await budgetCounterHolder.query('commit');
@@ -812,11 +815,7 @@ describe.skipIf(!hasPostgresServer)(
         await subBudgetHolder!.query('begin');
         await subBudgetHolder!.query('select 1 from budget_counters where counter_key = $1 for update', [counter.key]);
         await bucketHolder!.query('commit');
-        await until(
-          'the release to wait',
-          async () => (await lockWaits(watcher, '%with recursive current as materialized%')) === 1,
-          patiently,
-        );
+        await until('the release to wait', async () => (await lockWaits(watcher, APPEND_STATEMENT)) === 1, patiently);
         // Recovery takes its counters (the sub-run's run total among them), then meets the reservation.
         await parentBudgetHolder!.query('commit');
         await until('recovery to wait for the reservation', async () => (await lockWaits(watcher)) === 2, patiently);

@@ -48,10 +48,11 @@ export interface AuditRecord {
   duration_ms: number | null;
   cost_units: number | null;
   details: Record<string, unknown>;
-  prev_hash: string;
-  hash: string;
-  /** How `hash` was made: 1, over the whole record; 2, linking its content's hash (see audit-hash.ts). */
-  hash_scheme: 1 | 2;
+  /** Null for a leaf record (scheme 3): the Merkle tree, not a chain, orders and covers it. */
+  prev_hash: string | null;
+  hash: string | null;
+  /** How `hash` was made: 1, over the whole record; 2, linking its content's hash; 3, none (see audit-hash.ts). */
+  hash_scheme: 1 | 2 | 3;
 }
 
 export const OPTIONAL_FIELDS = [

@@ -10,9 +10,10 @@ export const canonicalJson = configure({ deterministic: true, bigint: false, cir
 /**
  * How a row's `hash` is made (its `hash_scheme`). `record`: over the canonical JSON of the whole
  * row. `linked`: over its seq, its predecessor's hash and its content's hash, so that the database
- * can link a record the gateway hashed without knowing where it would fall.
+ * can link a record the gateway hashed without knowing where it would fall. `leaf`: none, once the
+ * chain is closed: the record is a leaf of the Merkle tree only (its leaf bytes are its content).
  */
-export const HASH_SCHEME = { record: 1, linked: 2 } as const;
+export const HASH_SCHEME = { record: 1, linked: 2, leaf: 3 } as const;
 
 /** A record without what `linked` hashing leaves to the database: where it falls in the chain, and how. */
 export type AuditContent = Omit<AuditRecord, 'seq' | 'prev_hash' | 'hash' | 'hash_scheme'>;
@@ -42,11 +43,14 @@ export function linkHash(seq: number, prevHash: string, contentHash: string): st
   return digest('sha256', `${seq}:${prevHash}:${contentHash}`, 'hex');
 }
 
+/** A record of the chain before it is hashed: where it falls in the chain, without its own hash. */
+export type UnsealedLink = Omit<AuditRecord, 'hash' | 'hash_scheme' | 'prev_hash'> & { prev_hash: string };
+
 /**
  * A `linked` record's hash and its JSON, `hash` last as an export writes it: what a verifier
  * outside toolgate recomputes, and how tests and benches make rows without the gateway.
  */
-export function sealLinked(record: Omit<AuditRecord, 'hash' | 'hash_scheme'>): { hash: string; json: string } {
+export function sealLinked(record: UnsealedLink): { hash: string; json: string } {
   const { seq, prev_hash, ...content } = record;
   const hash = linkHash(seq, prev_hash, sealContent(content).contentHash);
   const canonical = canonicalJson({ ...record, hash_scheme: HASH_SCHEME.linked }) ?? '{}';

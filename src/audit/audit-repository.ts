@@ -127,10 +127,14 @@ export function linkSql(
 }
 
 /**
- * Appends events in one statement, linked in order after the chain head it locks: the database
- * numbers them and hashes each link (`linkHash`) from the content hashes the gateway made, so no
- * writer needs to know the head beforehand. The changes the events carry go in the same statement,
- * after the head's lock (the lock order's first), and commit with the rows.
+ * Whether this process last found the chain closed: appends try that form first. Closing is one-way and
+ * each statement checks the state it assumes, so a wrong guess (another database in a test) costs a retry.
+ */
+let chainClosedHint = false;
+
+/**
+ * Appends events in one statement: while the chain is open, linked after the head it locks (below);
+ * once it is closed, as leaf records (`appendLeaves`). The changes the events carry commit with the rows.
  * docs/design/audit-chain.md#appending-linked-in-the-database
  */
 export async function appendCarrying<T, R, G = never, A = never>(
@@ -140,9 +144,130 @@ export async function appendCarrying<T, R, G = never, A = never>(
   guard?: AppendGuard<G, A>,
 ): Promise<Appended<R | A>> {
   if (events.length === 0) return { records: [], appended: [], answers: [] };
+  const prepared = prepareAppend(events, rider, guard);
+  const first = chainClosedHint ? appendLeaves : appendLinked;
+  const done = await first(db, prepared);
+  if (done !== undefined) return done;
+  chainClosedHint = !chainClosedHint;
+  const retried = await (chainClosedHint ? appendLeaves : appendLinked)(db, prepared);
+  if (retried === undefined) throw new Error('the audit chain head is missing');
+  return retried;
+}
+
+/** An append's events as its statements take them: contents hashed, riders and guards sorted out. */
+interface PreparedAppend<T, R, G, A> {
+  events: TimedAuditEvent<T, G>[];
+  contents: AuditContent[];
+  hashes: string[];
+  json: string;
+  rider: AppendRider<T, R> | undefined;
+  guard: AppendGuard<G, A> | undefined;
+  items: T[];
+  guarded: { items: G[]; ordinals: Array<number | null> };
+}
+
+function prepareAppend<T, R, G, A>(
+  events: TimedAuditEvent<T, G>[],
+  rider: AppendRider<T, R> | undefined,
+  guard: AppendGuard<G, A> | undefined,
+): PreparedAppend<T, R, G, A> {
   const { contents, hashes, json } = contentsOf(events);
-  const items = ridersOf(events, rider);
-  const guarded = guardsOf(events, guard);
+  return {
+    events,
+    contents,
+    hashes,
+    json,
+    rider,
+    guard,
+    items: ridersOf(events, rider),
+    guarded: guardsOf(events, guard),
+  };
+}
+
+/** What the statement of either form answers of the guarded events and the riders. */
+function answersOf<T, R, G, A>(
+  prepared: PreparedAppend<T, R, G, A>,
+  changed: unknown,
+  guardedChanged: unknown,
+): Array<R | A | undefined> {
+  const { events, rider, guard, items, guarded } = prepared;
+  const guardAnswers = guarded.items.length > 0 && guard!.answers ? guard!.answers(guarded.items, guardedChanged) : [];
+  const riderAnswers = spreadOver(events, items.length > 0 ? rider!.answers(items, changed) : []);
+  return riderAnswers.map((answer, i) => {
+    const ord = guarded.ordinals[i];
+    return ord === null || ord === undefined ? answer : guardAnswers[ord - 1];
+  });
+}
+
+/** Which guarded events a batch keeps: the unguarded ones, and those whose change was made. */
+function keptSql(guarded: { ordinals: Array<number | null> }, made: string): RawBuilder<unknown> {
+  return sql`(${guarded.ordinals}::int[])[r.n] is null
+    or (${guarded.ordinals}::int[])[r.n] in (select ord from ${sql.table(made)})`;
+}
+
+/**
+ * Appends events as leaf records once the chain is closed: plain INSERTs numbered by a sequence, each
+ * listed in `audit_unsequenced` for the sequencer, with no lock that other appends share. Undefined,
+ * writing nothing, while the chain is still open.
+ */
+async function appendLeaves<T, R, G, A>(
+  db: Kysely<DB>,
+  prepared: PreparedAppend<T, R, G, A>,
+): Promise<Appended<R | A> | undefined> {
+  const { contents, json, items, guarded, rider, guard } = prepared;
+  const when = sql`exists (select 1 from closed)`;
+  const riding = items.length > 0 ? rider!.steps(items, when) : undefined;
+  const guarding = guarded.items.length > 0 ? guard!.steps(guarded.items, when) : undefined;
+  // `closed` is a plain read: closing is one-way, so a snapshot that sees the chain closed is right to the end.
+  const result = await sql<{ closed: boolean; seqs: string[] | null; changed: unknown; guarded: unknown }>`
+    with closed as materialized (
+      select 1 from audit_chain_head where id = 1 and closed
+    )${guarding ? sql`, ${guarding.ctes}` : sql``}, batch as materialized (
+      select r.n, r.content, nextval('audit_record_seq') as seq
+      from jsonb_array_elements(${json}::jsonb) with ordinality r(content, n)
+      where exists (select 1 from closed) ${guarding ? sql`and (${keptSql(guarded, guarding.made)})` : sql``}
+      order by r.n
+    ), appended as (
+      insert into audit_events
+      select e.* from batch b
+      cross join lateral jsonb_populate_record(null::audit_events, b.content || jsonb_build_object(
+        'seq', b.seq, 'prev_hash', null, 'hash', null, 'hash_scheme', ${HASH_SCHEME.leaf}::int,
+        'input_sha256', decode(b.content->>'input_sha256', 'hex'),
+        'output_sha256', decode(b.content->>'output_sha256', 'hex'))) e
+      returning seq
+    ), queued as (
+      insert into audit_unsequenced select seq from appended
+    )${riding ? sql`, ${riding.ctes}` : sql``}
+    select exists (select 1 from closed) as closed,
+      (select array_agg(n::text || ':' || seq::text order by n) from batch) as seqs,
+      ${riding ? riding.changed : sql`null::json`} as changed,
+      ${guarding?.changed ?? sql`null::json`} as guarded`.execute(db);
+  const row = result.rows[0];
+  if (row === undefined || !row.closed) return undefined;
+  const seqOf = new Map((row.seqs ?? []).map((pair) => pair.split(':').map(Number) as [number, number]));
+  if (!guarding && seqOf.size !== contents.length)
+    throw new Error(`the audit append wrote ${seqOf.size} of ${contents.length} records`);
+  const records: AuditRecord[] = [];
+  const appended = contents.map((content, i) => {
+    const seq = seqOf.get(i + 1);
+    if (seq === undefined) return false;
+    records.push({ ...content, seq, prev_hash: null, hash: null, hash_scheme: HASH_SCHEME.leaf });
+    return true;
+  });
+  return { records, appended, answers: answersOf(prepared, row.changed, row.guarded) };
+}
+
+/**
+ * Appends events linked in order after the chain head it locks, while the chain is open: the database
+ * numbers them and hashes each link (`linkHash`) from the content hashes the gateway made, so no writer
+ * needs to know the head beforehand. The changes the events carry go in the same statement, after the
+ * head's lock (the lock order's first). Undefined, writing nothing, once the chain is closed.
+ */
+async function appendLinked<T, R, G, A>(
+  db: Kysely<DB>,
+  prepared: PreparedAppend<T, R, G, A>,
+): Promise<Appended<R | A> | undefined> {
+  const { events, contents, hashes, json, items, guarded, rider, guard } = prepared;
   const riding = items.length > 0 ? rider!.steps(items, sql`exists (select 1 from moved)`) : undefined;
   const ctes = riding ? sql`, ${riding.ctes}` : sql``;
   const changed = riding ? riding.changed : sql`null::json`;
@@ -151,6 +276,7 @@ export async function appendCarrying<T, R, G = never, A = never>(
   const guardChanged = guarding?.changed ?? sql`null::json`;
   // `current` locks the head and reads it as it stands (a plain read would see it as it stood when
   // the statement began); everything after it follows from it, so it is the statement's first lock.
+  // A closed chain's head is not locked: it is left out before the lock.
   const result = await sql<{
     seq: string;
     hash: string;
@@ -161,16 +287,11 @@ export async function appendCarrying<T, R, G = never, A = never>(
     guarded: unknown;
   }>`
     with recursive current as materialized (
-      select seq, hash from audit_chain_head where id = 1 for no key update
+      select seq, hash from audit_chain_head where id = 1 and not closed for no key update
     )${guarding ? sql`, ${guarding.ctes}` : sql``}, batch as materialized (
       select r.n, r.content, row_number() over (order by r.n) as k
       from jsonb_array_elements(${json}::jsonb) with ordinality r(content, n)
-      ${
-        guarding
-          ? sql`where (${guarded.ordinals}::int[])[r.n] is null
-              or (${guarded.ordinals}::int[])[r.n] in (select ord from ${sql.table(guarding.made)})`
-          : sql``
-      }
+      ${guarding ? sql`where ${keptSql(guarded, guarding.made)}` : sql``}
     ), linked (k, seq, hash) as (
       select 0::bigint, seq, hash from current
       union all
@@ -200,7 +321,7 @@ export async function appendCarrying<T, R, G = never, A = never>(
       ${changed} as changed, ${guardChanged} as guarded
     from current c`.execute(db);
   const row = result.rows[0];
-  if (!row) throw new Error('the audit chain has no head row');
+  if (!row) return undefined;
   const kept = new Set((row.kept ?? []).map(Number));
   const linkedHashes = row.hashes ?? [];
   if (Number(row.n) !== kept.size || linkedHashes.length !== kept.size || (!guarding && kept.size !== events.length))
@@ -216,16 +337,11 @@ export async function appendCarrying<T, R, G = never, A = never>(
     prevHash = hash;
     return true;
   });
-  const guardAnswers = guarded.items.length > 0 && guard!.answers ? guard!.answers(guarded.items, row.guarded) : [];
-  const riderAnswers = spreadOver(events, items.length > 0 ? rider!.answers(items, row.changed) : []);
   return {
     records,
     after: { seq: Number(row.seq), hash: row.hash },
     appended,
-    answers: riderAnswers.map((answer, i) => {
-      const ord = guarded.ordinals[i];
-      return ord === null || ord === undefined ? answer : guardAnswers[ord - 1];
-    }),
+    answers: answersOf(prepared, row.changed, row.guarded),
   };
 }
 
@@ -280,6 +396,24 @@ export async function insertSealedRecords(db: Kysely<DB>, records: string[]): Pr
       'output_sha256', decode(r.record->>'output_sha256', 'hex'),
       -- A record hashed whole names no scheme (as in an export file).
       'hash_scheme', coalesce((r.record->>'hash_scheme')::int, ${HASH_SCHEME.record}))) e`.execute(db);
+}
+
+/**
+ * Closes the linear chain at its head as it stands (once; later calls change nothing): from then on
+ * records are written as leaf records (`appendLeaves`), numbered after the head, and the old walk
+ * checks the chain up to it. Answers the head the chain ended at.
+ */
+export async function closeAuditChain(db: Kysely<DB>): Promise<ChainHead> {
+  return db.transaction().execute(async (trx) => {
+    // The head's lock waits out a linked append in flight; those that follow find the chain closed.
+    const closing = await sql<{ seq: string; hash: string }>`
+      update audit_chain_head set closed = true where id = 1 and not closed returning seq, hash`.execute(trx);
+    const row = closing.rows[0];
+    if (row === undefined) return readChainHead(trx);
+    const seq = Number(row.seq);
+    await sql`select setval('audit_record_seq', ${Math.max(seq, 1)}, ${seq > 0})`.execute(trx);
+    return { seq, hash: row.hash };
+  });
 }
 
 export async function readChainHead(db: Kysely<DB>): Promise<ChainHead> {
@@ -548,7 +682,8 @@ export async function walkRange(
             .where('seq', '=', String(start.seq + chunkRows))
             .executeTakeFirst()
         : undefined;
-    const end: ChainHead = stored === undefined ? to : { seq: start.seq + chunkRows, hash: stored.hash };
+    const end: ChainHead =
+      stored?.hash === undefined || stored.hash === null ? to : { seq: start.seq + chunkRows, hash: stored.hash };
     const walked = await db
       .transaction()
       .setIsolationLevel('repeatable read')

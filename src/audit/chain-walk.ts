@@ -230,11 +230,13 @@ function toWalked(row: PageRow, shape: RowShape): WalkedRow {
   const { json: texts, escaped } = jsonTexts(row['$texts'] as string, shape.count);
   const scheme = textOf(texts[shape.scheme], escaped);
   const linked = scheme === LINKED;
+  // A leaf record's bytes are its content, as a linked record's are: it has no chain fields to leave out.
+  const content = linked || scheme === LEAF;
   let canonical = '{';
   let readExactly = true;
   let inexactDetails: unknown;
   for (const column of shape.columns) {
-    if (linked && column.link) continue;
+    if (content && column.link) continue;
     const { kind } = column;
     let json: string;
     if (kind === 'json') {
@@ -289,7 +291,9 @@ function toWalked(row: PageRow, shape: RowShape): WalkedRow {
 }
 
 /** How rows are selected and read as the gateway hashed them, in this transaction. */
-async function readingRows(trx: Transaction<DB>): Promise<{ shape: RowShape; selected: RawBuilder<unknown> }> {
+async function readingRows(
+  trx: Transaction<DB>,
+): Promise<{ shape: RowShape; selected: RawBuilder<unknown>; schemed: boolean }> {
   // The texts the conversion expects, whatever the session's settings were.
   await sql`select set_config('timezone', 'UTC', true), set_config('datestyle', 'ISO, YMD', true),
     set_config('extra_float_digits', '1', true)`.execute(trx);
@@ -303,7 +307,7 @@ async function readingRows(trx: Transaction<DB>): Promise<{ shape: RowShape; sel
       .filter((column) => column.kind === 'json')
       .map((column) => sql`${sql.ref(`audit_events.${column.name}`)}::text as ${sql.ref(column.name)}`),
   ]);
-  return { shape, selected };
+  return { shape, selected, schemed };
 }
 
 /**
@@ -323,7 +327,7 @@ export interface LeafRecord {
  */
 export async function readLeafRecords(
   trx: Transaction<DB>,
-  which: { afterSeq: number; limit: number } | { seqs: number[] },
+  which: { afterSeq: number; throughSeq?: number; limit: number } | { seqs: number[] },
 ): Promise<LeafRecord[]> {
   const { shape, selected } = await readingRows(trx);
   // Seqs close together (leaves sequenced in seq order) are read as a range: one index scan, not one per seq.
@@ -332,7 +336,9 @@ export async function readLeafRecords(
     which.seqs.length > 0 &&
     Math.max(...which.seqs) - Math.min(...which.seqs) < 2 * which.seqs.length;
   const where = !('seqs' in which)
-    ? sql`audit_events.seq > ${which.afterSeq}`
+    ? which.throughSeq === undefined
+      ? sql`audit_events.seq > ${which.afterSeq}`
+      : sql`audit_events.seq > ${which.afterSeq} and audit_events.seq <= ${which.throughSeq}`
     : dense
       ? sql`audit_events.seq between ${Math.min(...which.seqs)} and ${Math.max(...which.seqs)}`
       : sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`;
@@ -350,6 +356,7 @@ export async function readLeafRecords(
 
 const LINKED = String(HASH_SCHEME.linked);
 const RECORD = String(HASH_SCHEME.record);
+const LEAF = String(HASH_SCHEME.leaf);
 
 /** A verified row as a line of an export: the whole record in canonical JSON, `hash` last. */
 function exportLine(row: WalkedRow): string {
@@ -378,7 +385,7 @@ export async function walkChain(
 ): Promise<WalkResult> {
   const archives = options.archives ?? new Map<number, ArchivedRange>();
   const crossed: ArchivedRange[] = [];
-  const { shape, selected } = await readingRows(trx);
+  const { shape, selected, schemed } = await readingRows(trx);
   type Page = Promise<{ rows: PageRow[] }>;
   const page = (after: number | undefined): Page =>
     sql<PageRow>`
@@ -386,6 +393,8 @@ export async function walkChain(
       where true
       ${after === undefined ? sql`` : sql`and audit_events.seq > ${after}`}
       ${options.bounded ? sql`and audit_events.seq <= ${head.seq}` : sql``}
+      -- Leaf records after a closed chain's head are the tree's to verify, not the chain's.
+      ${schemed ? sql`and (audit_events.seq <= ${head.seq} or audit_events.hash_scheme <> ${HASH_SCHEME.leaf})` : sql``}
       order by audit_events.seq limit ${pageSize}`.execute(trx);
   // An archived range that starts where the walk stands and chains on is crossed: its file holds its records.
   const crossArchives = (): void => {

@@ -10,7 +10,9 @@ import {
   findTreeCheckpoint,
   insertTreeCheckpoint,
   lockTreeState,
+  readChainEnd,
   readTiles,
+  takeUnsequenced,
   releaseSequencerLease,
   renewSequencerLease,
   writeSequenced,
@@ -39,8 +41,9 @@ const ROUND_MS = 1_000;
 
 /**
  * Sequences committed records into the Merkle tree: one replica at a time (the lease in `audit_tree_state`),
- * every `intervalMs`, it numbers the records after the last sequenced in seq order, extends the tiles and
- * publishes a signed checkpoint, in one transaction. docs/design/audit-chain.md#sequencing
+ * every `intervalMs`, it numbers the committed records not sequenced yet (the chain's in seq order, then leaf
+ * records from their queue), extends the tiles and publishes a signed checkpoint, in one transaction.
+ * docs/design/audit-chain.md#sequencing
  */
 export class LogSequencer {
   private readonly task: BackgroundTask;
@@ -94,7 +97,19 @@ export class LogSequencer {
           return undefined;
         }
         await renewSequencerLease(trx, replicaId, LEASE_MS);
-        const records = await readLeafRecords(trx, { afterSeq: state.lastSeq, limit });
+        const chain = await readChainEnd(trx);
+        // The chain's records commit in seq order, so those after the last sequenced come next; once it is
+        // closed and sequenced to its end, leaf records (committing in any order) come through their queue.
+        const records =
+          !chain.closed || state.lastSeq < chain.seq
+            ? await readLeafRecords(trx, {
+                afterSeq: state.lastSeq,
+                ...(chain.closed ? { throughSeq: chain.seq } : {}),
+                limit,
+              })
+            : await takeUnsequenced(trx, limit).then((seqs) =>
+                seqs.length === 0 ? [] : readLeafRecords(trx, { seqs }),
+              );
         if (records.length === 0) {
           // The first round of a log publishes the checkpoint of its empty tree.
           if ((await findTreeCheckpoint(trx, state.treeSize)) === undefined) {
@@ -114,7 +129,10 @@ export class LogSequencer {
           leaves: records.map((record) => ({ seq: record.seq, eventId: record.eventId })),
           tiles,
           treeSize: edge.size,
-          lastSeq: records[records.length - 1]!.seq,
+          lastSeq: Math.max(
+            state.lastSeq,
+            Math.min(records[records.length - 1]!.seq, chain.closed ? chain.seq : Infinity),
+          ),
           rootHash,
           note,
         });

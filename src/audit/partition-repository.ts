@@ -56,16 +56,19 @@ function parseBound(bound: string): Pick<PartitionRow, 'range_start' | 'range_en
   };
 }
 
-/** The stored `prev_hash` and `hash` of the row at `seq`, if it is there. */
+/** The stored `prev_hash` and `hash` of the row at `seq`, if it is there and linked (a leaf record has none). */
 export async function findLink(
   db: Kysely<DB> | Transaction<DB>,
   seq: number,
 ): Promise<{ prev_hash: string; hash: string } | undefined> {
-  return db
+  const row = await db
     .selectFrom('audit_events')
     .select([hexOf('prev_hash').as('prev_hash'), hexOf('hash').as('hash')])
     .where('seq', '=', String(seq))
     .executeTakeFirst();
+  return row?.prev_hash === null || row?.hash === null || row === undefined
+    ? undefined
+    : { prev_hash: row.prev_hash, hash: row.hash };
 }
 
 /** Gives the month holding `at` a partition (migration 0017's function), giving up on a lock after 5 s. */

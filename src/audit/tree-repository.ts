@@ -151,15 +151,38 @@ export async function leafSeqs(db: Kysely<DB> | Transaction<DB>, from: number, t
   return rows.map((row) => Number(row.seq));
 }
 
-/** The seq of a record not sequenced yet, by its id (only records after the last sequenced are looked at). */
+/** The seq of a record not sequenced yet (no leaf is it), by its id. */
 export async function unsequencedSeqOf(db: Kysely<DB>, eventId: string): Promise<number | undefined> {
   const row = await db
     .selectFrom('audit_events')
     .select('seq')
     .where('event_id', '=', eventId)
-    .where('seq', '>', (eb) => eb.selectFrom('audit_tree_state').select('last_seq').where('id', '=', 1))
+    .where(({ not, exists, selectFrom }) =>
+      not(exists(selectFrom('audit_leaves').select('leaf_index').where('audit_leaves.event_id', '=', eventId))),
+    )
     .executeTakeFirst();
   return row === undefined ? undefined : Number(row.seq);
+}
+
+/** Where the linear chain stands: its last seq, and whether it is closed (records are leaves only since). */
+export async function readChainEnd(trx: Transaction<DB>): Promise<{ seq: number; closed: boolean }> {
+  const row = await trx
+    .selectFrom('audit_chain_head')
+    .select(['seq', 'closed'])
+    .where('id', '=', 1)
+    .executeTakeFirstOrThrow();
+  return { seq: Number(row.seq), closed: row.closed };
+}
+
+/**
+ * Takes the lowest seqs of leaf records waiting to be sequenced, in this transaction: they are gone from the queue
+ * exactly when the leaves made of them commit.
+ */
+export async function takeUnsequenced(trx: Transaction<DB>, limit: number): Promise<number[]> {
+  const { rows } = await sql<{ seq: string }>`
+    delete from audit_unsequenced where seq in (select seq from audit_unsequenced order by seq limit ${limit})
+    returning seq`.execute(trx);
+  return rows.map((row) => Number(row.seq)).sort((a, b) => a - b);
 }
 
 /** The seqs of a run's records, in order; with `agentId`, only if they are that agent's. */

@@ -1557,17 +1557,19 @@ export interface components {
             duration_ms: number | null;
             cost_units: number | null;
             details: Record<string, unknown>;
-            prev_hash: string;
-            hash: string;
+            prev_hash: string | null;
+            hash: string | null;
             /**
-             * @description How `hash` was made. `2` (records appended since migration 0019): SHA-256 of the
+             * @description How `hash` was made. `3` (records written once the linear chain closed): none —
+             *     `prev_hash` and `hash` are null, and the record is covered by the Merkle tree alone (its
+             *     leaf, `GET /audit/events/{event_id}`). `2` (records appended since migration 0019): SHA-256 of the
              *     UTF-8 text `<seq>:<prev_hash>:<content_hash>`, where `content_hash` is the SHA-256 of the
              *     canonical JSON (keys sorted, no spaces) of the record without `seq`, `prev_hash`, `hash`
              *     and `hash_scheme`. `1` (earlier records): SHA-256 of the canonical JSON of the record
              *     without `hash` and `hash_scheme`.
              * @enum {unknown}
              */
-            hash_scheme: 1 | 2;
+            hash_scheme: 1 | 2 | 3;
         };
         /**
          * @description The chain held row `seq` with `hash` at `at`. `signature` is Ed25519 (base64url) over the

@@ -26,15 +26,22 @@ export interface AuditEventTable {
   duration_ms: number | null;
   cost_units: number | null;
   details: ColumnType<Record<string, unknown>, string, never>;
-  prev_hash: Buffer;
-  hash: Buffer;
-  hash_scheme: ColumnType<1 | 2, 1 | 2, never>;
+  prev_hash: Buffer | null;
+  hash: Buffer | null;
+  hash_scheme: ColumnType<1 | 2 | 3, 1 | 2 | 3, never>;
 }
 
 export interface AuditChainHeadTable {
   id: number;
   seq: string | number | bigint;
   hash: string;
+  /** Since migration 0026: once true, records are leaves only and the chain ends at this head. */
+  closed: ColumnType<boolean, never, boolean>;
+}
+
+/** Leaf records committed and not yet sequenced; migration 0026. */
+export interface AuditUnsequencedTable {
+  seq: string | number | bigint;
 }
 
 export interface AuditCheckpointTable {
@@ -219,6 +226,7 @@ export interface DB {
   audit_leaves: AuditLeafTable;
   audit_tree_tiles: AuditTreeTileTable;
   audit_tree_checkpoints: AuditTreeCheckpointTable;
+  audit_unsequenced: AuditUnsequencedTable;
   schema_migrations: SchemaMigrationTable;
   grants: GrantTable;
   grant_state: GrantStateTable;

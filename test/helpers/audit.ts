@@ -1,4 +1,4 @@
-import { OPTIONAL_FIELDS } from '../../src/audit/audit-event.js';
+import { OPTIONAL_FIELDS, type AuditRecord } from '../../src/audit/audit-event.js';
 
 /** Every optional field of an audit record, null: the start of a record a test writes as an older gateway did. */
 export const NO_OPTIONAL_FIELDS = Object.fromEntries(OPTIONAL_FIELDS.map((field) => [field, null])) as Record<
@@ -10,4 +10,13 @@ export const NO_OPTIONAL_FIELDS = Object.fromEntries(OPTIONAL_FIELDS.map((field)
 export function chainOf<T extends Record<string, unknown>>(body: T): Omit<T, 'tree'> {
   const { tree: _tree, ...chain } = body;
   return chain;
+}
+
+/** A record of the linear chain: its link fields present. */
+export type ChainRecord = AuditRecord & { prev_hash: string; hash: string };
+
+/** The record as one of the chain, or the test fails: a leaf record has no link to check. */
+export function chainRecord(record: AuditRecord): ChainRecord {
+  if (record.prev_hash === null || record.hash === null) throw new Error(`record ${record.seq} is not linked`);
+  return record as ChainRecord;
 }

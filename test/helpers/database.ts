@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { pino } from 'pino';
 import { inject } from 'vitest';
+import { closeAuditChain } from '../../src/audit/audit-repository.js';
 import { openDatabase, type Database } from '../../src/db/database.js';
 import { migrate, migrationsDir } from '../../src/db/migrate.js';
 
@@ -18,8 +19,21 @@ export interface TestDatabase {
   drop(): Promise<void>;
 }
 
+/**
+ * How a test database's audit log starts: its linear chain open (as a migrated database is today), or closed
+ * so that records are leaves only. `TOOLGATE_TEST_AUDIT_CHAIN=closed` closes it for every test that does not say.
+ */
+export type ChainState = 'open' | 'closed';
+const defaultChain: ChainState = process.env.TOOLGATE_TEST_AUDIT_CHAIN === 'closed' ? 'closed' : 'open';
+
 /** Creates a fresh, migrated database for one test file, so that runs never collide. */
-export async function createTestDatabase(): Promise<TestDatabase> {
+export async function createTestDatabase(options: { chain?: ChainState } = {}): Promise<TestDatabase> {
+  const made = await createMigrated();
+  if ((options.chain ?? defaultChain) === 'closed') await closeAuditChain(made.database.control);
+  return made;
+}
+
+async function createMigrated(): Promise<TestDatabase> {
   const logger = pino({ level: 'silent' });
   const serverUrl = inject('testDatabaseUrl');
   if (!serverUrl) {

@@ -5,7 +5,7 @@ import { loadVerificationKeys } from '../../src/auth/jwt-keys.js';
 import { loadConfig, type Config } from '../../src/config/config.js';
 import type { Database } from '../../src/db/database.js';
 import { contractViolations } from './contract.js';
-import { createTestDatabase, type TestDatabase } from './database.js';
+import { createTestDatabase, type ChainState, type TestDatabase } from './database.js';
 import { TEST_JWT_SECRET } from './tokens.js';
 
 export interface RequestOptions {
@@ -104,10 +104,11 @@ export interface Harness {
 
 export async function startHarness(
   env: Record<string, string> = {},
-  options: Pick<AppOptions, 'resolver' | 'now'> = {},
+  options: Pick<AppOptions, 'resolver' | 'now'> & { chain?: ChainState } = {},
 ): Promise<Harness> {
-  const db = await createTestDatabase();
-  const client = await AppClient.start(db.database, env, options);
+  const { chain, ...appOptions } = options;
+  const db = await createTestDatabase(chain === undefined ? {} : { chain });
+  const client = await AppClient.start(db.database, env, appOptions);
   return {
     db,
     client,

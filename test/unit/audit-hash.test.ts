@@ -8,9 +8,9 @@ import {
   sealLinked,
   sealRecord,
 } from '../../src/audit/audit-hash.js';
-import type { AuditRecord } from '../../src/audit/audit-event.js';
+import type { UnsealedLink } from '../../src/audit/audit-hash.js';
 
-const unhashed: Omit<AuditRecord, 'hash' | 'hash_scheme'> = {
+const unhashed: UnsealedLink = {
   seq: 7,
   event_id: '3f1c2d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f',
   occurred_at: '2026-11-30T12:00:00.000Z',

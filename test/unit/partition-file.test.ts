@@ -1,14 +1,14 @@
 import { createHash, generateKeyPairSync } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { sealLinked, sealRecord } from '../../src/audit/audit-hash.js';
-import type { AuditRecord } from '../../src/audit/audit-event.js';
+import type { UnsealedLink } from '../../src/audit/audit-hash.js';
 import { CheckpointSigner } from '../../src/audit/checkpoint-signer.js';
 import { PARTITION_FILE_FORMAT, PartitionFileVerifier, fileLine } from '../../src/audit/partition-file.js';
 import { ed25519Pem } from '../helpers/signing-keys.js';
 
 const { privatePem, publicPem } = ed25519Pem();
 
-function record(seq: number, prevHash: string): Omit<AuditRecord, 'hash' | 'hash_scheme'> {
+function record(seq: number, prevHash: string): UnsealedLink {
   return {
     seq,
     event_id: `00000000-0000-4000-8000-${String(seq).padStart(12, '0')}`,
