@@ -1,7 +1,7 @@
 import { generateKeyPairSync, randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { hexOf } from '../src/audit/audit-repository.js';
+import { hexOf } from '../src/audit/audit-listing.js';
 import { ConfigError } from '../src/config/config.js';
 import type { DB } from '../src/db/schema.js';
 import { AppClient, startHarness, testConfig, type Harness } from './helpers/harness.js';

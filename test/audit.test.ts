@@ -4,7 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditRecord } from '../src/audit/audit-event.js';
 import { GENESIS_HASH, HASH_SCHEME, sealLinked } from '../src/audit/audit-hash.js';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { insertSealedRecords, readChainHead, verifyAuditChain } from '../src/audit/audit-repository.js';
+import { insertSealedRecords, readChainHead } from '../src/audit/audit-repository.js';
+import { verifyAuditChain } from '../src/audit/chain-verification.js';
 
 import type { DB } from '../src/db/schema.js';
 import { chainOf, chainRecord, type ChainRecord } from './helpers/audit.js';

@@ -40,14 +40,14 @@ import type { AgentPrincipal, StepRequest, StepState } from '../src/admission/st
 import { AuditLog } from '../src/audit/audit-log.js';
 import {
   appendCarrying,
-  hexOf,
   linkSql,
   readChainHead,
-  verifyAuditChain,
   writeAuditEvents,
   type AppendRider,
   type TimedAuditEvent,
 } from '../src/audit/audit-repository.js';
+import { hexOf } from '../src/audit/audit-listing.js';
+import { verifyAuditChain } from '../src/audit/chain-verification.js';
 import { linkHash, sealLinked } from '../src/audit/audit-hash.js';
 import {
   callEndRider,

@@ -5,7 +5,7 @@ import { sql } from 'kysely';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { AuditLog } from '../src/audit/audit-log.js';
-import { verifyAuditChain } from '../src/audit/audit-repository.js';
+import { verifyAuditChain } from '../src/audit/chain-verification.js';
 import { openDatabase } from '../src/db/database.js';
 import { MigrationChangedError, migrate, migrationsDir } from '../src/db/migrate.js';
 import { AppClient } from './helpers/harness.js';

@@ -6,7 +6,8 @@ import type { Database } from '../db/database.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import { GENESIS_HASH } from './audit-hash.js';
-import { verifyAuditChain, writeAuditEvents, type ChainHead, type ChainVerification } from './audit-repository.js';
+import { writeAuditEvents, type ChainHead } from './audit-repository.js';
+import { verifyAuditChain, type ChainVerification } from './chain-verification.js';
 import { checkpointsNewestFirst, findCheckpoint, insertCheckpoint, listCheckpoints } from './checkpoint-repository.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 

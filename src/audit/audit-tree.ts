@@ -3,7 +3,7 @@ import type { Kysely, Transaction } from 'kysely';
 import type { Database } from '../db/database.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
-import { readArchivedRanges } from './audit-repository.js';
+import { readArchivedRanges } from './chain-verification.js';
 import { readLeafRecords, type LeafRecord } from './chain-walk.js';
 import {
   CompactRange,

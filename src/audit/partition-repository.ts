@@ -1,6 +1,6 @@
 import { sql, type Kysely, type Selectable, type Transaction } from 'kysely';
 import type { AuditPartitionArchiveTable, DB } from '../db/schema.js';
-import { hexOf } from './audit-repository.js';
+import { hexOf } from './audit-listing.js';
 
 /** A partition of `audit_events` as the catalogue describes it, with its first and last seq. */
 export interface PartitionRow {

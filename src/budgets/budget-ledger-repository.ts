@@ -1,5 +1,5 @@
 import { sql, type Kysely, type RawBuilder, type Selectable, type Transaction } from 'kysely';
-import { findRecordedCosts } from '../audit/audit-repository.js';
+import { findRecordedCosts } from '../audit/audit-listing.js';
 import type { BudgetTable, DB } from '../db/schema.js';
 import type { Budget, ChargeSubject } from './budget.js';
 import { toBudget } from './budget-repository.js';

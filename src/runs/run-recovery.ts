@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
-import { listRunCallRecords, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
+import { listRunCallRecords, type RunCallRecord } from '../audit/audit-listing.js';
 import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
 import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
