@@ -572,6 +572,21 @@ async function main(): Promise<void> {
     const rows: Array<[string, ReturnType<typeof summary>]> = [];
     const moderate = moderateConcurrency;
     const heavy = Number(process.env.BENCH_HEAVY ?? 64);
+    // CPU per call beside the floor (process CPU from /proc over the same closed-loop load): far
+    // steadier on a shared machine than latency. The floor's process and the gateway's apart,
+    // PostgreSQL's (every backend) in each.
+    const cpuBeside: Array<[number, { gateway: number; postgres: number }, { gateway: number; postgres: number }]> = [];
+    for (const concurrency of [1, 32]) {
+      const perCallOf = (spent: { result: Phase; gateways: number; postgres: number }) => ({
+        gateway: (spent.gateways * TICK_MS) / spent.result.requests,
+        postgres: (spent.postgres * TICK_MS) / spent.result.requests,
+      });
+      const floorSpent = await cpuDuring([floors[0]!.pid!], () => load('floor', concurrency, seconds, callFloor));
+      const gatewaySpent = await cpuDuring([gateways[0]!.pid!], () =>
+        load('gateway', concurrency, seconds, callGateway(1)),
+      );
+      cpuBeside.push([concurrency, perCallOf(gatewaySpent), perCallOf(floorSpent)]);
+    }
     const d8 = summary(await load('direct', moderate, seconds, callDirect));
     const g8 = await gatewayPhase(`gateway x1, concurrency ${moderate}`, 1, (call) =>
       load('gateway', moderate, seconds, call),
@@ -729,6 +744,12 @@ async function main(): Promise<void> {
     }
     for (const [label, s] of rows.filter(([l]) => l.startsWith('floor') && l.endsWith(`concurrency ${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} calls/s (${fmt(s.rps / d64.rps)} of direct)`);
+    }
+    for (const [concurrency, g, f] of cpuBeside) {
+      console.log(
+        `CPU per call beside the floor at concurrency ${concurrency}: gateway process ${fmt(g.gateway)} ms vs the floor's ${fmt(f.gateway)} ms (${fmt(g.gateway / f.gateway)}×), ` +
+          `PostgreSQL ${fmt(g.postgres)} ms vs ${fmt(f.postgres)} ms (${fmt(g.postgres / f.postgres)}×)`,
+      );
     }
     for (const [label, n] of perCall) {
       console.log(
