@@ -23,15 +23,14 @@ import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
 import {
   claimRuns,
-  findRun,
-  insertSubRun,
-  endRuns,
   type ClaimedRunStart,
   type ClaimedRunStartAnswer,
   type EndedRunStart,
   type NewRun,
-  type RunEnding,
-} from '../src/runs/run-repository.js';
+} from '../src/runs/run-claim-repository.js';
+import { endRuns, type RunEnding } from '../src/runs/run-end-repository.js';
+import { findRun } from '../src/runs/run-repository.js';
+import { insertSubRun } from '../src/runs/sub-run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';

@@ -20,7 +20,8 @@ import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf } from './run-lifecycle.js';
 import type { RunRecovery } from './run-recovery.js';
-import type { ClaimedRunStartAnswer, RunRecord } from './run-repository.js';
+import type { ClaimedRunStartAnswer } from './run-claim-repository.js';
+import type { RunRecord } from './run-repository.js';
 import type { CallEnd, CallEndAnswer, RunStartChange } from './run-end-rider.js';
 import {
   newToolCallId,

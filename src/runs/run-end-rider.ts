@@ -6,15 +6,12 @@ import type { PreparedReservations, ReserveRequest } from '../budgets/budget-led
 import {
   claimedRunStartSteps,
   claimedRunStartsOf,
-  endedOf,
   endedRunStartSteps,
   type ClaimedRunStart,
   type ClaimedRunStartAnswer,
-  runEndSteps,
   type EndedRunStart,
-  type EndedRunRow,
-  type RunEnding,
-} from './run-repository.js';
+} from './run-claim-repository.js';
+import { endedOf, runEndSteps, type EndedRunRow, type RunEnding } from './run-end-repository.js';
 
 /**
  * A run's end riding on its call's last audit record: ended in the same commit, only if the

@@ -13,17 +13,13 @@ import { findHandoffOfSubRun } from './handoff-repository.js';
 import { CodedError } from '../errors/coded-error.js';
 import {
   claimRuns,
-  findRun,
-  lockRun,
-  resumeThrottledRun,
-  startQueuedRun,
   unclaimedRecordOf,
   type ClaimedRun,
   type ClaimedRunStart,
   type NewRun,
-  type RunRecord,
-  type RunStart,
-} from './run-repository.js';
+} from './run-claim-repository.js';
+import { findRun, lockRun, type RunRecord, type RunStart } from './run-repository.js';
+import { resumeThrottledRun, startQueuedRun } from './run-take-up-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type StepResult, type Via } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import {

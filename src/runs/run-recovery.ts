@@ -7,11 +7,11 @@ import { BackgroundTask } from '../db/background-task.js';
 import { retryOnConflict } from '../db/group-commit.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
+import { releaseLostRun } from './run-end-repository.js';
 import {
   findBusyRunsToCheck,
   lockOpenRunTrees,
   lockRun,
-  releaseLostRun,
   replicaAlive,
   type RunKey,
   type RunRecord,

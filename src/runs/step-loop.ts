@@ -10,15 +10,9 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
 import { releaseOf } from '../budgets/budget-ledger.js';
 import { statusForCode } from '../errors/error-codes.js';
-import {
-  releaseRun,
-  readRunStanding,
-  readRunStandingSettled,
-  type ClaimedRunStart,
-  type ClaimedRunStartAnswer,
-  type NewRun,
-  type RunEnding,
-} from './run-repository.js';
+import type { ClaimedRunStart, ClaimedRunStartAnswer, NewRun } from './run-claim-repository.js';
+import { releaseRun, type RunEnding } from './run-end-repository.js';
+import { readRunStanding, readRunStandingSettled } from './run-repository.js';
 import { isTerminal, statusAfter, type RunEnvelope, type RunStatus, type StepResult } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import {
