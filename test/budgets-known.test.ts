@@ -10,7 +10,7 @@ import {
   type BudgetDraft,
 } from '../src/budgets/budget-service.js';
 import { runCounterKey } from '../src/budgets/budget.js';
-import { readCounters } from '../src/budgets/budget-ledger-repository.js';
+import { readCounters } from '../src/budgets/budget-counter-repository.js';
 import { runTotalCounter } from '../src/budgets/known-ledger.js';
 import type { DB } from '../src/db/schema.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';

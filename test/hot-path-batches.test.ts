@@ -9,13 +9,9 @@ import {
   type BudgetReservation,
   type ReserveResult,
 } from '../src/budgets/budget-ledger.js';
-import {
-  closeAndUncharge,
-  counterId,
-  readCounters,
-  writeLedgerIf,
-  type CounterRef,
-} from '../src/budgets/budget-ledger-repository.js';
+import { counterId, readCounters, type CounterRef } from '../src/budgets/budget-counter-repository.js';
+import { writeLedgerIf } from '../src/budgets/budget-ledger-repository.js';
+import { closeAndUncharge } from '../src/budgets/reservation-close-repository.js';
 import { periodStart } from '../src/budgets/budget-period.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { DB } from '../src/db/schema.js';

@@ -7,37 +7,40 @@ import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-co
 import type { DB } from '../db/schema.js';
 import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
 import {
-  closeAndUncharge,
   counterChanges,
   counterId,
   findBudgetsFor,
-  findExpiredReservations,
   lockBudgetCounters,
-  lockLedgerForReservations,
   readBudgetCounters,
   readCounters,
+  type CounterDelta,
+  type CounterRef,
+  type Windows,
+} from './budget-counter-repository.js';
+import {
+  lockLedgerForReservations,
   ledgerWriteOutcome,
   ledgerWriteResult,
   ledgerWriteSteps,
   writeLedger,
   writeLedgerIf,
-  type ClosedStatus,
+  type LedgerStepOptions,
+  type LedgerWriteIf,
+  type LedgerWriteRow,
+  type NewReservation,
+} from './budget-ledger-repository.js';
+import { findExpiredReservations, type ExpiredReservation } from './open-reservation-repository.js';
+import {
+  closeAndUncharge,
   closedOf,
   closesChanged,
   closeSteps,
   firstCloses,
   type Closed,
+  type ClosedStatus,
   type ClosesRow,
-  type LedgerStepOptions,
-  type LedgerWriteIf,
-  type LedgerWriteRow,
-  type CounterDelta,
-  type CounterRef,
-  type ExpiredReservation,
-  type NewReservation,
   type ReservationClose,
-  type Windows,
-} from './budget-ledger-repository.js';
+} from './reservation-close-repository.js';
 import { periodStart } from './budget-period.js';
 import { keptRunTotals, KnownLedger, runTotalCounter } from './known-ledger.js';
 import { fromMicros, toMicros, type Micros } from './budget-units.js';

@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
 import { listRunCallRecords, writeAuditEvents, type RunCallRecord } from '../audit/audit-repository.js';
-import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
+import { closeLostRunReservations } from '../budgets/reservation-close-repository.js';
 import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import { retryOnConflict } from '../db/group-commit.js';
