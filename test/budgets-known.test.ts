@@ -1,7 +1,8 @@
 import type { Kysely, KyselyPlugin } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import type { ReserveRequest, ReserveResult } from '../src/budgets/budget-reservation.js';
 import {
   changeBudgetLimits,
   createBudget,

@@ -3,12 +3,8 @@ import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCounterKey } from '../src/budgets/budget.js';
-import {
-  BudgetLedger,
-  settlementOf,
-  type BudgetReservation,
-  type ReserveResult,
-} from '../src/budgets/budget-ledger.js';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import { settlementOf, type BudgetReservation, type ReserveResult } from '../src/budgets/budget-reservation.js';
 import { counterId, readCounters, type CounterRef } from '../src/budgets/budget-counter-repository.js';
 import { writeLedgerIf } from '../src/budgets/budget-ledger-repository.js';
 import { closeAndUncharge } from '../src/budgets/reservation-close-repository.js';

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { AdmissibleTool, Reservation } from '../admission/ports.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
-import { settlementOf } from '../budgets/budget-ledger.js';
+import { settlementOf } from '../budgets/budget-reservation.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
 import { jsonProblem } from '../db/json-limits.js';
 import { CodedError } from '../errors/coded-error.js';

@@ -8,7 +8,7 @@ import {
 } from '../grants/grant-snapshot-repository.js';
 import { bucketStillAt, type BucketAt } from '../rate-limits/rate-bucket-repository.js';
 import { isTerminal } from './run-types.js';
-import type { BudgetReservation, PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { BudgetReservation, PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import type { BudgetExceededDetails } from '../budgets/budget-verdict.js';
 import { toRecord, unitsText, type RunKey, type RunRecord, type RunStart } from './run-repository.js';
 import type { RunEnding } from './run-end-repository.js';

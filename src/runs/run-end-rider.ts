@@ -1,8 +1,7 @@
 import { sql } from 'kysely';
 import type { AppendGuard, AppendRider } from '../audit/audit-repository.js';
-import type { CloseOutcome } from '../budgets/budget-ledger.js';
+import type { CloseOutcome, PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import type { ReservationClose } from '../budgets/reservation-close-repository.js';
-import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
 import {
   claimedRunStartSteps,
   claimedRunStartsOf,

@@ -1,7 +1,7 @@
 import type { Kysely } from 'kysely';
 import { admitStep } from '../admission/admission-pipeline.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
-import type { BudgetReservation, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { BudgetReservation, ReserveRequest } from '../budgets/budget-reservation.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';

@@ -8,7 +8,7 @@ import { callSha256 } from './approval.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents } from '../audit/audit-repository.js';
 import { readRunUsage } from '../budgets/run-allowance.js';
-import { releaseOf } from '../budgets/budget-ledger.js';
+import { releaseOf } from '../budgets/budget-reservation.js';
 import { statusForCode } from '../errors/error-codes.js';
 import type { ClaimedRunStart, ClaimedRunStartAnswer, NewRun } from './run-claim-repository.js';
 import { releaseRun, type RunEnding } from './run-end-repository.js';
