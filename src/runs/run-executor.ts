@@ -35,6 +35,7 @@ import {
 import { Dispatcher } from './dispatch.js';
 import { RunEnder } from './run-ender.js';
 import { StepLoop } from './step-loop.js';
+import { StepRefusals } from './step-refusals.js';
 import type { RunAnswer } from './run-types.js';
 
 /**
@@ -45,11 +46,15 @@ export class RunExecutor {
   /** Claims of runs that happen at the same moment share one statement (group commit). */
   private readonly claims: GroupCommit<NewRun, ClaimedRun | undefined>;
   private readonly loop: StepLoop;
+  private readonly refusals: StepRefusals;
 
   constructor(private readonly deps: RunExecutorDeps) {
     // A claim is made durable by the call's intent record, committed synchronously before dispatch.
     this.claims = new GroupCommit((runs) => retryOnConflict(() => this.claim(runs)));
-    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps), () => this.claimsWithIntent());
+    this.refusals = new StepRefusals(deps);
+    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps), this.refusals, () =>
+      this.claimsWithIntent(),
+    );
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
@@ -174,7 +179,7 @@ export class RunExecutor {
         taken = unclaimed.taken === true;
       }
       if (presumedMissing || (decided && !decided.ok)) {
-        const refused = await this.loop.refuseBeforeClaim(
+        const refused = await this.refusals.refuseBeforeClaim(
           await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
           claim,
           decided && !decided.ok
