@@ -34,7 +34,7 @@ import {
   type CallEndAnswer,
   type RunStartChange,
 } from './runs/run-end-rider.js';
-import type { ClaimedRunStartAnswer } from './runs/run-repository.js';
+import type { ClaimedRunStartAnswer } from './runs/run-claim-repository.js';
 import { AuditCheckpoints } from './audit/audit-checkpoints.js';
 import { AuditPartitions } from './audit/audit-partitions.js';
 import { CheckpointSigner } from './audit/checkpoint-signer.js';

@@ -1,6 +1,7 @@
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BudgetLedger, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import type { ReserveResult } from '../src/budgets/budget-reservation.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { Database } from '../src/db/database.js';
 import { createTestDatabase, hasPostgresServer, openPool, type TestDatabase } from './helpers/database.js';

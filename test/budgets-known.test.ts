@@ -1,7 +1,8 @@
 import type { Kysely, KyselyPlugin } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { BudgetLedger, type ReserveRequest, type ReserveResult } from '../src/budgets/budget-ledger.js';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import type { ReserveRequest, ReserveResult } from '../src/budgets/budget-reservation.js';
 import {
   changeBudgetLimits,
   createBudget,
@@ -10,7 +11,7 @@ import {
   type BudgetDraft,
 } from '../src/budgets/budget-service.js';
 import { runCounterKey } from '../src/budgets/budget.js';
-import { readCounters } from '../src/budgets/budget-ledger-repository.js';
+import { readCounters } from '../src/budgets/budget-counter-repository.js';
 import { runTotalCounter } from '../src/budgets/known-ledger.js';
 import type { DB } from '../src/db/schema.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';

@@ -3,19 +3,11 @@ import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCounterKey } from '../src/budgets/budget.js';
-import {
-  BudgetLedger,
-  settlementOf,
-  type BudgetReservation,
-  type ReserveResult,
-} from '../src/budgets/budget-ledger.js';
-import {
-  closeAndUncharge,
-  counterId,
-  readCounters,
-  writeLedgerIf,
-  type CounterRef,
-} from '../src/budgets/budget-ledger-repository.js';
+import { BudgetLedger } from '../src/budgets/budget-ledger.js';
+import { settlementOf, type BudgetReservation, type ReserveResult } from '../src/budgets/budget-reservation.js';
+import { counterId, readCounters, type CounterRef } from '../src/budgets/budget-counter-repository.js';
+import { writeLedgerIf } from '../src/budgets/budget-ledger-repository.js';
+import { closeAndUncharge } from '../src/budgets/reservation-close-repository.js';
 import { periodStart } from '../src/budgets/budget-period.js';
 import { createBudget, getBudget } from '../src/budgets/budget-service.js';
 import type { DB } from '../src/db/schema.js';
@@ -23,15 +15,14 @@ import type { Grant, GrantScope } from '../src/grants/grant.js';
 import { findGrantCandidates, insertGrant, revokeGrant } from '../src/grants/grant-repository.js';
 import {
   claimRuns,
-  findRun,
-  insertSubRun,
-  endRuns,
   type ClaimedRunStart,
   type ClaimedRunStartAnswer,
   type EndedRunStart,
   type NewRun,
-  type RunEnding,
-} from '../src/runs/run-repository.js';
+} from '../src/runs/run-claim-repository.js';
+import { endRuns, type RunEnding } from '../src/runs/run-end-repository.js';
+import { findRun } from '../src/runs/run-repository.js';
+import { insertSubRun } from '../src/runs/sub-run-repository.js';
 import type { RunEnvelope } from '../src/runs/run-types.js';
 import { createTestDatabase, hasPostgresServer, type TestDatabase } from './helpers/database.js';
 import type { AdmissibleTool, AdmissionPorts } from '../src/admission/ports.js';

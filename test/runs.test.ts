@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { runCounterKey } from '../src/budgets/budget.js';
-import { closeLostRunReservations } from '../src/budgets/budget-ledger-repository.js';
+import { closeLostRunReservations } from '../src/budgets/reservation-close-repository.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestBackend } from './helpers/backend.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';

@@ -4,7 +4,8 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { sameActor, type OperatorRole } from '../auth/principal.js';
 import type { DB } from '../db/schema.js';
 import { endRunTrees } from '../runs/run-lifecycle.js';
-import { lockRun, releaseApprovedSubRun } from '../runs/run-repository.js';
+import { lockRun } from '../runs/run-repository.js';
+import { releaseApprovedSubRun } from '../runs/sub-run-repository.js';
 import {
   approvalStatusAt,
   approvalUsableAt,

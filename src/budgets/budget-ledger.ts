@@ -1,112 +1,55 @@
-import { nanoid } from 'nanoid';
-import type { Kysely, RawBuilder } from 'kysely';
+import type { Kysely } from 'kysely';
 import { Counter, type Registry } from 'prom-client';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { writeAuditEvents, type AppendRider } from '../audit/audit-repository.js';
 import { findRecordedCosts, type RecordedCost } from '../audit/audit-listing.js';
 import { Failed, GroupCommit, isConflict, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
-import { budgetApplies, type Budget, type ChargeSubject } from './budget.js';
 import {
-  closeAndUncharge,
-  counterChanges,
   counterId,
   findBudgetsFor,
-  findExpiredReservations,
   lockBudgetCounters,
-  lockLedgerForReservations,
   readBudgetCounters,
   readCounters,
+} from './budget-counter-repository.js';
+import {
+  lockLedgerForReservations,
   ledgerWriteOutcome,
   ledgerWriteResult,
   ledgerWriteSteps,
   writeLedger,
   writeLedgerIf,
-  type ClosedStatus,
+  type LedgerWriteIf,
+  type LedgerWriteRow,
+} from './budget-ledger-repository.js';
+import { findExpiredReservations, type ExpiredReservation } from './open-reservation-repository.js';
+import {
+  closeAndUncharge,
   closedOf,
   closesChanged,
   closeSteps,
   firstCloses,
   type Closed,
   type ClosesRow,
-  type LedgerStepOptions,
-  type LedgerWriteIf,
-  type LedgerWriteRow,
-  type CounterDelta,
-  type CounterRef,
-  type ExpiredReservation,
-  type NewReservation,
   type ReservationClose,
-  type Windows,
-} from './budget-ledger-repository.js';
-import { periodStart } from './budget-period.js';
-import { keptRunTotals, KnownLedger, runTotalCounter } from './known-ledger.js';
-import { fromMicros, toMicros, type Micros } from './budget-units.js';
+} from './reservation-close-repository.js';
 import {
-  decideReservation,
-  exceededDetails,
-  warningsOf,
-  type BudgetExceededDetails,
-  type BudgetVerdict,
-  type CounterLevel,
-  type Limit,
-} from './budget-verdict.js';
+  checkedMicros,
+  releaseOf,
+  settlementOf,
+  type BudgetCheckResult,
+  type BudgetReservation,
+  type CloseOutcome,
+  type PreparedReservations,
+  type ReserveRequest,
+  type ReserveResult,
+} from './budget-reservation.js';
+import { decideBatch, limitsFor, windowsAt, type ReserveOp } from './reservation-batch.js';
+import { keptRunTotals, KnownLedger } from './known-ledger.js';
+import { toMicros } from './budget-units.js';
+import { decideReservation, exceededDetails, warningsOf } from './budget-verdict.js';
 import type { Database } from '../db/database.js';
 import { changeInLockOrder } from '../db/lock-order.js';
-
-/** A reservation the pipeline asks for before dispatching a call. */
-export interface ReserveRequest {
-  tenantId: string;
-  agentId: string;
-  runId: string;
-  /** The call's cost units (the tool's `cost_units`). */
-  units: number;
-  /** The request's own `budget_units` for this run: an extra limit on the run's total, never a loosening. */
-  requestLimitUnits?: number | undefined;
-  /** The id its reservation is to have, when the caller named it before (a record that cites it was made first). */
-  reservationId?: string | undefined;
-}
-
-/** Reservations `prepare` decided, for a statement of another room to write. */
-export interface PreparedReservations {
-  /** The CTEs that write them (`LedgerStepOptions` says how they fit in the statement). */
-  steps(options: LedgerStepOptions): RawBuilder<unknown>;
-  /** The scalar that statement answers the outcome with (under the same `prefix` as the steps). */
-  outcome(prefix?: string): RawBuilder<unknown>;
-  /** Each request's answer if the steps write: what `written` will answer then. */
-  decided: ReserveResult[];
-  /**
-   * After it ran, given that scalar: each request's answer, in order — its reservation, written, or its
-   * refusal, which the statement found the very levels and budgets of — or undefined when nothing stood.
-   */
-  written(outcome: unknown): ReserveResult[] | undefined;
-}
-
-/** Units held against every budget that applies to a call, until it is settled or released. */
-export interface BudgetReservation {
-  readonly id: string;
-  readonly tenantId: string;
-  readonly agentId: string;
-  readonly runId: string;
-  readonly units: number;
-}
-
-/** `reserve`'s answer: admitted with a verdict and warnings, or refused. */
-export type ReserveResult =
-  | { ok: true; reservation: BudgetReservation; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
-  | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };
-
-/** A dry run's answer: what `reserve` would decide now, with nothing held. */
-export type BudgetCheckResult =
-  | { ok: true; verdict: Exclude<BudgetVerdict, 'exceeded'>; warnings: string[] }
-  | { ok: false; code: 'budget_exceeded'; details: BudgetExceededDetails };
-
-/**
- * `already_closed`: the reservation was settled or released before (or, for a release, expired);
- * nothing changed. `settled_after_expiry`: it had expired, its units given back, before the call
- * it held for settled; what the call cost is charged now.
- */
-export type CloseOutcome = ClosedStatus | 'settled_after_expiry' | 'already_closed';
 
 /** What the composition root gives the ledger. */
 export interface BudgetLedgerOptions {
@@ -120,9 +63,7 @@ export interface BudgetLedgerOptions {
   onSweepError?: (error: unknown) => void;
 }
 
-type LedgerOp =
-  | { kind: 'reserve'; request: ReserveRequest; unitsMicros: Micros; requestLimitMicros: Micros | undefined }
-  | { kind: 'close'; close: ReservationClose };
+type LedgerOp = ReserveOp | { kind: 'close'; close: ReservationClose };
 
 type LedgerOpResult = ReserveResult | CloseOutcome;
 
@@ -502,158 +443,3 @@ const SWEEP_CHUNK = 50;
 
 /** How many compare-and-set writes a reservation batch tries before it decides under row locks. */
 const RESERVE_ATTEMPTS = 4;
-
-type ReserveOp = Extract<LedgerOp, { kind: 'reserve' }>;
-
-/** A new reservation's id. */
-export function newReservationId(): string {
-  // nanoid draws from a pool of random bytes: randomBytes costs microseconds per call.
-  return `bres_${nanoid(16)}`;
-}
-
-/**
- * Reservations decided in arrival order against `levels` (which it updates as it goes): each
- * one's answer, the counter changes, and the reservations to record.
- */
-function decideBatch(
-  reserves: ReserveOp[],
-  budgets: Budget[],
-  levels: Map<string, CounterLevel>,
-  now: Date,
-): {
-  results: ReserveResult[];
-  deltas: CounterDelta[];
-  created: NewReservation[];
-  bounds: Map<string, Micros | null> | undefined;
-} {
-  const { deltas, add } = counterChanges(levels);
-  const created: NewReservation[] = [];
-  // The most each counter may hold after the batch with every limit on it still `ok`.
-  const okCeilings = new Map<string, Micros>();
-  const results = reserves.map((op): ReserveResult => {
-    const { request, unitsMicros } = op;
-    const { limits, charges } = limitsFor(request, op.requestLimitMicros, budgets, now);
-    for (const limit of limits)
-      okCeilings.set(limit.counter, Math.min(okCeilings.get(limit.counter) ?? Infinity, okCeiling(limit)));
-    const decision = decideReservation(unitsMicros, limits, levels);
-    if (!decision.ok)
-      return { ok: false, code: 'budget_exceeded', details: exceededDetails(unitsMicros, decision.checks) };
-    for (const charge of charges) add(charge, 0, unitsMicros);
-    const reservation: BudgetReservation = {
-      id: request.reservationId ?? newReservationId(),
-      tenantId: request.tenantId,
-      agentId: request.agentId,
-      runId: request.runId,
-      units: fromMicros(unitsMicros),
-    };
-    created.push({ ...reservation, unitsMicros, charges });
-    return { ok: true, reservation, verdict: decision.verdict, warnings: warningsOf(decision.checks) };
-  });
-  const plain = results.every((result) => result.ok && result.verdict === 'ok');
-  return {
-    results,
-    deltas: [...deltas.values()],
-    created,
-    bounds: plain ? boundsOf(levels, deltas, okCeilings) : undefined,
-  };
-}
-
-/**
- * For an all-`ok` batch: the most each counter may hold before the batch for its answers to stand (`null`: any level).
- * Consumption only grows through the batch, so a call's level is at most the level before it plus the batch's adds.
- */
-function boundsOf(
-  levels: ReadonlyMap<string, CounterLevel>,
-  deltas: ReadonlyMap<string, CounterDelta>,
-  okCeilings: ReadonlyMap<string, Micros>,
-): Map<string, Micros | null> {
-  const bounds = new Map<string, Micros | null>();
-  for (const id of levels.keys()) {
-    const ceiling = okCeilings.get(id);
-    bounds.set(
-      id,
-      ceiling === undefined
-        ? null
-        : ceiling - (deltas.get(id)?.reservedMicros ?? 0) - (deltas.get(id)?.spentMicros ?? 0),
-    );
-  }
-  return bounds;
-}
-
-/** The most a counter may hold, this call included, for `limit`'s verdict to be `ok` (see `verdictFor`). */
-function okCeiling(limit: Limit): Micros {
-  return limit.warnRatio === null
-    ? limit.limitMicros
-    : Math.min(limit.limitMicros, Math.round(limit.warnRatio * limit.limitMicros) - 1);
-}
-
-/**
- * The limits a call is checked against and the counters it is charged to: each applicable
- * budget's current window, and the run's own running total where it is kept (so a later
- * request's `budget_units` counts what the run spent before it).
- */
-function limitsFor(
-  subject: ChargeSubject,
-  requestLimitMicros: Micros | undefined,
-  budgets: Budget[],
-  now: Date,
-): { limits: Limit[]; charges: CounterRef[] } {
-  const limits: Limit[] = [];
-  const charges: CounterRef[] = [];
-  // Broadest first, so a denial names the same budget whichever replica decided it.
-  const applicable = budgets.filter((budget) => budgetApplies(budget, subject)).sort(broadestFirst);
-  for (const budget of applicable) {
-    const ref = { key: budget.id, periodStart: periodStart(budget.period, now) };
-    charges.push(ref);
-    limits.push({
-      counter: counterId(ref),
-      limitMicros: toMicros(budget.limit_units),
-      graceMicros: toMicros(budget.grace_units),
-      warnRatio: budget.warn_ratio,
-      label: { source: 'budget', budgetId: budget.id, scope: budget.scope, period: budget.period },
-    });
-  }
-  if (subject.keepsRunTotal === false && requestLimitMicros === undefined) return { limits, charges };
-  const runTotal = runTotalCounter(subject);
-  charges.push(runTotal);
-  if (requestLimitMicros !== undefined) {
-    limits.push({
-      counter: counterId(runTotal),
-      limitMicros: requestLimitMicros,
-      graceMicros: 0,
-      warnRatio: null,
-      label: { source: 'request' },
-    });
-  }
-  return { limits, charges };
-}
-
-function windowsAt(now: Date): Windows {
-  return { day: periodStart('day', now), month: periodStart('month', now), total: periodStart('total', now) };
-}
-
-const SCOPE_ORDER = ['tenant', 'agent', 'run'];
-const PERIOD_ORDER = ['total', 'month', 'day'];
-
-function broadestFirst(a: Budget, b: Budget): number {
-  return (
-    SCOPE_ORDER.indexOf(a.scope) - SCOPE_ORDER.indexOf(b.scope) ||
-    PERIOD_ORDER.indexOf(a.period) - PERIOD_ORDER.indexOf(b.period) ||
-    (a.id < b.id ? -1 : a.id > b.id ? 1 : 0)
-  );
-}
-
-/** What `release` writes: for a refused call's record to carry (`settlements`). */
-export function releaseOf(reservation: { id: string }): ReservationClose {
-  return { id: reservation.id, status: 'released', actualMicros: null };
-}
-
-/** What `settle` writes for a call that cost `actualUnits`: for a record to carry (`settlements`). */
-export function settlementOf(reservation: { id: string }, actualUnits: number): ReservationClose {
-  return { id: reservation.id, status: 'settled', actualMicros: checkedMicros(actualUnits, 'actualUnits') };
-}
-
-function checkedMicros(units: number, name: string): Micros {
-  if (!Number.isFinite(units) || units < 0) throw new RangeError(`${name} must be a finite number ≥ 0, got ${units}`);
-  return toMicros(units);
-}

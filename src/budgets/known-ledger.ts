@@ -1,5 +1,5 @@
 import { budgetApplies, runCounterKey, type Budget, type ChargeSubject } from './budget.js';
-import { counterId, type CounterRef } from './budget-ledger-repository.js';
+import { counterId, type CounterRef } from './budget-counter-repository.js';
 import { periodStart } from './budget-period.js';
 import type { CounterLevel } from './budget-verdict.js';
 

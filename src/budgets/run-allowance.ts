@@ -4,15 +4,17 @@ import { runCounterKey } from './budget.js';
 import {
   counterChanges,
   counterId,
-  findOpenReservationsCharging,
   lockBudgetCounters,
-  lockOpenReservationsCharging,
   readCounters,
-  rechargeReservations,
-  writeLedger,
   type CounterRef,
+} from './budget-counter-repository.js';
+import { writeLedger } from './budget-ledger-repository.js';
+import {
+  findOpenReservationsCharging,
+  lockOpenReservationsCharging,
+  rechargeReservations,
   type OpenReservation,
-} from './budget-ledger-repository.js';
+} from './open-reservation-repository.js';
 import { periodStart } from './budget-period.js';
 import { fromMicros, toMicros } from './budget-units.js';
 import type { CounterLevel } from './budget-verdict.js';

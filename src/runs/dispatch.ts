@@ -2,13 +2,14 @@ import { randomUUID } from 'node:crypto';
 import type { AdmissibleTool, Reservation } from '../admission/ports.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import { payloadHash } from '../audit/audit-hash.js';
-import { settlementOf } from '../budgets/budget-ledger.js';
+import { settlementOf } from '../budgets/budget-reservation.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
 import { jsonProblem } from '../db/json-limits.js';
 import { CodedError } from '../errors/coded-error.js';
 import type { ErrorCode } from '../errors/error-codes.js';
 import { callEnd } from './run-end-rider.js';
-import type { ClaimedRunStart, ClaimedRunStartAnswer, RunEnding } from './run-repository.js';
+import type { ClaimedRunStart, ClaimedRunStartAnswer } from './run-claim-repository.js';
+import type { RunEnding } from './run-end-repository.js';
 import { SECURITY_DENIALS, auditSpan, type Dispatched, type Execution, type RunExecutorDeps } from './execution.js';
 import { endedWith, inClientSpan, traceparentOf } from '../telemetry/spans.js';
 

@@ -12,7 +12,7 @@ import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import { chargeOf } from '../admission/stages/10-cost.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
 import type { AuditLog } from '../audit/audit-log.js';
-import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import { actorOf } from '../auth/principal.js';
 import type { Handoff } from './handoff.js';
 import type { ErrorCode } from '../errors/error-codes.js';
@@ -20,7 +20,8 @@ import type { Metrics } from '../metrics/metrics.js';
 import type { BackendClient } from '../proxy/backend-client.js';
 import { attributionOf } from './run-lifecycle.js';
 import type { RunRecovery } from './run-recovery.js';
-import type { ClaimedRunStartAnswer, RunRecord } from './run-repository.js';
+import type { ClaimedRunStartAnswer } from './run-claim-repository.js';
+import type { RunRecord } from './run-repository.js';
 import type { CallEnd, CallEndAnswer, RunStartChange } from './run-end-rider.js';
 import {
   newToolCallId,

@@ -9,15 +9,9 @@ import { CodedError } from '../errors/coded-error.js';
 import type { RunExecutor } from './run-executor.js';
 import type { RunAnswer } from './run-types.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
-import {
-  lockRun,
-  claimIdleRun,
-  writeRunAwaitingApproval,
-  writeRunPaused,
-  writeRunStatus,
-  type RunKey,
-  type RunRecord,
-} from './run-repository.js';
+import { writeRunAwaitingApproval, writeRunPaused, writeRunStatus } from './run-end-repository.js';
+import { lockRun, type RunKey, type RunRecord } from './run-repository.js';
+import { claimIdleRun } from './run-take-up-repository.js';
 import { isTerminal, type LapsedApprovals, type RunEnvelope, type RunStatus, type Via } from './run-types.js';
 import type { Database } from '../db/database.js';
 import { changeInLockOrder, type ChainHeld } from '../db/lock-order.js';

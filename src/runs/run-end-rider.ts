@@ -1,20 +1,16 @@
 import { sql } from 'kysely';
 import type { AppendGuard, AppendRider } from '../audit/audit-repository.js';
-import type { CloseOutcome } from '../budgets/budget-ledger.js';
-import type { ReservationClose } from '../budgets/budget-ledger-repository.js';
-import type { PreparedReservations, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { CloseOutcome, PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
+import type { ReservationClose } from '../budgets/reservation-close-repository.js';
 import {
   claimedRunStartSteps,
   claimedRunStartsOf,
-  endedOf,
   endedRunStartSteps,
   type ClaimedRunStart,
   type ClaimedRunStartAnswer,
-  runEndSteps,
   type EndedRunStart,
-  type EndedRunRow,
-  type RunEnding,
-} from './run-repository.js';
+} from './run-claim-repository.js';
+import { endedOf, runEndSteps, type EndedRunRow, type RunEnding } from './run-end-repository.js';
 
 /**
  * A run's end riding on its call's last audit record: ended in the same commit, only if the

@@ -3,7 +3,8 @@ import { writeAuditEvents } from '../audit/audit-repository.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import { statusForCode } from '../errors/error-codes.js';
 import { followRunEnd } from './run-lifecycle.js';
-import { releaseRun, endRuns, readRunStanding, type RunEnding } from './run-repository.js';
+import { releaseRun, endRuns, type RunEnding } from './run-end-repository.js';
+import { readRunStanding } from './run-repository.js';
 import {
   isTerminal,
   type RunEnvelope,

@@ -1,7 +1,6 @@
 import type { Kysely } from 'kysely';
-import { admitStep } from '../admission/admission-pipeline.js';
 import { grantQueryOf } from '../admission/stages/04-grant.js';
-import type { BudgetReservation, ReserveRequest } from '../budgets/budget-ledger.js';
+import type { BudgetReservation, ReserveRequest } from '../budgets/budget-reservation.js';
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
@@ -13,32 +12,22 @@ import { findHandoffOfSubRun } from './handoff-repository.js';
 import { CodedError } from '../errors/coded-error.js';
 import {
   claimRuns,
-  findRun,
-  lockRun,
-  resumeThrottledRun,
-  startQueuedRun,
   unclaimedRecordOf,
   type ClaimedRun,
   type ClaimedRunStart,
   type NewRun,
-  type RunRecord,
-  type RunStart,
-} from './run-repository.js';
-import { isTerminal, statusAfter, type RunEnvelope, type RunRequest, type StepResult, type Via } from './run-types.js';
+} from './run-claim-repository.js';
+import { findRun, lockRun, type RunRecord, type RunStart } from './run-repository.js';
+import { resumeThrottledRun, startQueuedRun } from './run-take-up-repository.js';
+import { isTerminal, type RunRequest, type StepResult, type Via } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
-import {
-  chargeOfStep,
-  elapsed,
-  errorOf,
-  relianceOf,
-  stepHead,
-  stepRequest,
-  type Execution,
-  type RunExecutorDeps,
-} from './execution.js';
+import { chargeOfStep, relianceOf, stepRequest, type Execution, type RunExecutorDeps } from './execution.js';
 import { Dispatcher } from './dispatch.js';
 import { RunEnder } from './run-ender.js';
 import { StepLoop } from './step-loop.js';
+import { StepRefusals } from './step-refusals.js';
+import { dryRun } from './dry-run.js';
+import { notOwned, refuseRequest } from './request-refusal.js';
 import type { RunAnswer } from './run-types.js';
 
 /**
@@ -49,15 +38,19 @@ export class RunExecutor {
   /** Claims of runs that happen at the same moment share one statement (group commit). */
   private readonly claims: GroupCommit<NewRun, ClaimedRun | undefined>;
   private readonly loop: StepLoop;
+  private readonly refusals: StepRefusals;
 
   constructor(private readonly deps: RunExecutorDeps) {
     // A claim is made durable by the call's intent record, committed synchronously before dispatch.
     this.claims = new GroupCommit((runs) => retryOnConflict(() => this.claim(runs)));
-    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps), () => this.claimsWithIntent());
+    this.refusals = new StepRefusals(deps);
+    this.loop = new StepLoop(deps, new RunEnder(deps), new Dispatcher(deps), this.refusals, () =>
+      this.claimsWithIntent(),
+    );
   }
 
   async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
-    if (request.dry_run) return this.dryRun(principal, request, traceId);
+    if (request.dry_run) return dryRun(this.deps, principal, request);
     const release = this.track({ tenant_id: principal.tenantId, run_id: request.run_id });
     try {
       return await this.executeTracked(principal, request, traceId, via);
@@ -96,9 +89,10 @@ export class RunExecutor {
       // Another principal's run id is a conflict, whatever it is: what its runs are made of is not
       // this caller's to learn.
       if (existing && existing.agent_id !== principal.id)
-        return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
+        return refuseRequest(this.deps, principal, request, traceId, via, 'run.rejected', notOwned(request));
       if (!existing || existing.parent_run_id === null) {
-        return this.refuse(
+        return refuseRequest(
+          this.deps,
           principal,
           request,
           traceId,
@@ -178,7 +172,7 @@ export class RunExecutor {
         taken = unclaimed.taken === true;
       }
       if (presumedMissing || (decided && !decided.ok)) {
-        const refused = await this.loop.refuseBeforeClaim(
+        const refused = await this.refusals.refuseBeforeClaim(
           await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
           claim,
           decided && !decided.ok
@@ -208,7 +202,8 @@ export class RunExecutor {
         existing = await findRun(this.deps.database.control, principal.tenantId, request.run_id);
       }
       if (!existing)
-        return this.refuse(
+        return refuseRequest(
+          this.deps,
           principal,
           request,
           traceId,
@@ -297,10 +292,11 @@ export class RunExecutor {
     via: Via | undefined,
   ): Promise<{ replay: RunAnswer } | { run: RunRecord }> {
     if (run.agent_id !== principal.id)
-      return this.refuse(principal, request, traceId, via, 'run.rejected', notOwned(request));
+      return refuseRequest(this.deps, principal, request, traceId, via, 'run.rejected', notOwned(request));
     if (run.request_sha256 === null) {
       if (run.parent_run_id !== (request.parent_run_id ?? null)) {
-        return this.refuse(
+        return refuseRequest(
+          this.deps,
           principal,
           request,
           traceId,
@@ -329,7 +325,8 @@ export class RunExecutor {
       // Still waiting for its hand-off's approval: one that lapsed is expired, as a resume would.
       if (run.status === 'awaiting_approval')
         await this.refuseLapsedApproval(principal, run, traceId, handoffApprovalOf);
-      return this.refuse(
+      return refuseRequest(
+        this.deps,
         principal,
         request,
         traceId,
@@ -342,7 +339,8 @@ export class RunExecutor {
       );
     }
     if (run.request_sha256 !== start.request_sha256) {
-      return this.refuse(
+      return refuseRequest(
+        this.deps,
         principal,
         request,
         traceId,
@@ -385,7 +383,8 @@ export class RunExecutor {
       );
       if (resumed) return { run: resumed };
     }
-    return this.refuse(
+    return refuseRequest(
+      this.deps,
       principal,
       request,
       traceId,
@@ -420,39 +419,6 @@ export class RunExecutor {
     if (refusal) throw new CodedError(refusal.code, refusal.message, refusal.details);
   }
 
-  /**
-   * Refuses a whole request, on record as every denial is: under the run id asked for
-   * and the agent that asked, saying no more than the answer does. The parent_run_id the request
-   * named is `parent_run_id`, or `requested_parent_run_id` when the answer names the run's own.
-   */
-  private async refuse(
-    principal: AgentPrincipal,
-    request: RunRequest,
-    traceId: string,
-    via: Via | undefined,
-    eventType: string,
-    error: CodedError,
-  ): Promise<never> {
-    const named =
-      request.parent_run_id === undefined
-        ? {}
-        : 'parent_run_id' in error.details
-          ? { requested_parent_run_id: request.parent_run_id }
-          : { parent_run_id: request.parent_run_id };
-    await this.deps.audit.append({
-      event_type: eventType,
-      actor: actorOf(principal),
-      tenant_id: principal.tenantId,
-      agent_id: principal.id,
-      run_id: request.run_id,
-      trace_id: traceId,
-      status: 'denied',
-      reason_code: error.code,
-      details: { ...error.details, message: error.message, ...named, ...(via ? { via } : {}) },
-    });
-    throw error;
-  }
-
   private async execution(
     run: RunRecord,
     principal: AgentPrincipal,
@@ -465,75 +431,11 @@ export class RunExecutor {
       run.depth > 0 ? await findHandoffOfSubRun(this.deps.database.control, run.tenant_id, run.run_id) : undefined;
     return { principal, request, traceId, via, run, delegation, actor };
   }
-
-  /** Steps 1–11 for every step, reserving and dispatching nothing. */
-  private async dryRun(principal: AgentPrincipal, request: RunRequest, _traceId: string): Promise<RunAnswer> {
-    const within = request.parent_run_id === undefined ? undefined : await this.subRunBounds(principal, request);
-    const steps: StepResult[] = [];
-    const warnings: string[] = [];
-    for (let index = 0; index < request.plan.length; index += 1) {
-      const started = performance.now();
-      const admission = await admitStep(stepRequest(principal, request, index, true, within), this.deps.ports);
-      // An outage is no verdict on a step: a stage that cannot judge (a registry copy or kill-switch
-      // snapshot unconfirmed) fails the dry run closed, as a stage meeting the database's outage does.
-      if (admission.denial?.code === 'gateway_unavailable')
-        throw new CodedError('gateway_unavailable', admission.denial.message, admission.denial.details);
-      warnings.push(...admission.state.warnings);
-      const head = stepHead(request, index, admission.state.tool);
-      const common = { duration_ms: elapsed(started), audit_id: null, verdicts: admission.verdicts };
-      steps.push(
-        admission.ok
-          ? { ...head, ...common, status: 'admissible', cost_units: admission.state.tool?.cost_units ?? 0 }
-          : admission.held
-            ? { ...head, ...common, status: 'awaiting_approval', cost_units: 0 }
-            : { ...head, ...common, status: 'denied', error: errorOf(admission.denial!), cost_units: 0 },
-      );
-    }
-    const firstStop = steps.find((s) => s.status === 'denied' || s.status === 'awaiting_approval');
-    const envelope: RunEnvelope = {
-      run_id: request.run_id,
-      status: firstStop?.error ? statusAfter(firstStop.error.code) : firstStop ? 'awaiting_approval' : 'completed',
-      dry_run: true,
-      steps,
-      warnings,
-    };
-    return { httpStatus: 200, envelope, replayed: false };
-  }
-
-  /**
-   * What bounds a dry run of a sub-run, as they would bound it executed: the run its hand-off
-   * made (refused as execution refuses a run no hand-off gave, or another agent's), the
-   * hand-off's envelope, and its budget, which the request's `budget_units` only lowers.
-   */
-  private async subRunBounds(
-    principal: AgentPrincipal,
-    request: RunRequest,
-  ): Promise<Pick<Execution, 'run' | 'delegation'>> {
-    const run = await findRun(this.deps.database.control, principal.tenantId, request.run_id);
-    if (run && run.agent_id !== principal.id) throw notOwned(request);
-    if (!run || run.parent_run_id === null || run.parent_run_id !== request.parent_run_id) {
-      throw new CodedError(
-        'handoff_rejected',
-        `no hand-off from ${request.parent_run_id} created run ${request.run_id}`,
-        { reason: 'handoff_missing' },
-      );
-    }
-    const delegation = await findHandoffOfSubRun(this.deps.database.control, run.tenant_id, run.run_id);
-    const budgets = [run.budget_units, request.budget_units].filter(
-      (units): units is number => typeof units === 'number',
-    );
-    return { run: { ...run, budget_units: budgets.length > 0 ? Math.min(...budgets) : null }, delegation };
-  }
 }
 
 /** A sub-run's hand-off approval (its only approval before it starts). */
 function handoffApprovalOf(db: Kysely<DB>, run: RunRecord): Promise<Approval | undefined> {
   return findLatestApproval(db, run.tenant_id, run.run_id, null);
-}
-
-/** Another principal's run id: a conflict, whatever the run is. */
-function notOwned(request: RunRequest): CodedError {
-  return new CodedError('run_id_conflict', `run_id ${request.run_id} belongs to another principal`);
 }
 
 /** The leading completed steps of a run's stored envelope: where a continued run picks up. */

@@ -6,7 +6,8 @@ import { returnSubRunAllowances } from '../budgets/run-allowance.js';
 import type { DB } from '../db/schema.js';
 import { closeHandoff, findOpenHandoffsOfSubRuns } from './handoff-repository.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
-import { lockOpenRunTrees, writeRunEnd, type RunKey, type RunRecord } from './run-repository.js';
+import { writeRunEnd } from './run-end-repository.js';
+import { lockOpenRunTrees, type RunKey, type RunRecord } from './run-repository.js';
 import type { Attribution, RunEnvelope, RunStop, StepResult, TerminalStatus } from './run-types.js';
 import { holdAuditChain, type ChainHeld } from '../db/lock-order.js';
 

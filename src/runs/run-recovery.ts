@@ -1,18 +1,18 @@
 import type { Logger } from 'pino';
 import { Counter, type Registry } from 'prom-client';
-import { writeAuditEvents } from '../audit/audit-repository.js';
 import { listRunCallRecords, type RunCallRecord } from '../audit/audit-listing.js';
-import { closeLostRunReservations } from '../budgets/budget-ledger-repository.js';
+import { writeAuditEvents } from '../audit/audit-repository.js';
+import { closeLostRunReservations } from '../budgets/reservation-close-repository.js';
 import { lockRunTreeLedger } from '../budgets/run-allowance.js';
 import { BackgroundTask } from '../db/background-task.js';
 import { retryOnConflict } from '../db/group-commit.js';
 import { statusForCode, type ErrorCode } from '../errors/error-codes.js';
 import { attributionOf, endRunTrees } from './run-lifecycle.js';
+import { releaseLostRun } from './run-end-repository.js';
 import {
   findBusyRunsToCheck,
   lockOpenRunTrees,
   lockRun,
-  releaseLostRun,
   replicaAlive,
   type RunKey,
   type RunRecord,
