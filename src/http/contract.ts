@@ -16,7 +16,10 @@ const METHODS = new Set(['get', 'put', 'post', 'delete', 'patch', 'options', 'he
 
 let loading: Promise<Json> | undefined;
 
-/** `openapi.yaml`, read and parsed once per process: the one source of the HTTP contract. */
+/**
+ * `openapi.yaml`, read and parsed once per process: the one source of the HTTP contract. Frozen,
+ * as every app and `/openapi.json` share it.
+ */
 export function loadOpenApiDocument(): Promise<Json> {
   loading ??= readFile(openapiPath, 'utf8').then((text) => deepFreeze(parse(text) as Json));
   return loading;
@@ -38,16 +41,10 @@ export function serializerSchemas(document: Json): Json {
       if (!METHODS.has(method)) continue;
       const { operationId, responses } = operation as { operationId: string; responses: Record<string, Json> };
       const inline = Object.entries(responses).filter(([, response]) => response.$ref === undefined);
-      operations[operationId] = Object.fromEntries(
-        inline.flatMap(([status, response]) => (jsonSchemaOf(response) ? [[status, jsonSchemaOf(response)]] : [])),
-      );
+      operations[operationId] = jsonSchemasOf(inline);
     }
   }
-  const responses = Object.fromEntries(
-    Object.entries(components.responses ?? {}).flatMap(([name, response]) =>
-      jsonSchemaOf(response) ? [[name, jsonSchemaOf(response)]] : [],
-    ),
-  );
+  const responses = jsonSchemasOf(Object.entries(components.responses ?? {}));
   return openObjects({
     $id: CONTRACT_ID,
     components: { schemas: components.schemas },
@@ -60,6 +57,18 @@ function jsonSchemaOf(response: Json): unknown {
   return (response.content as Record<string, Json> | undefined)?.['application/json']?.schema;
 }
 
+function jsonSchemasOf(responses: Array<[string, Json]>): Record<string, unknown> {
+  return Object.fromEntries(
+    responses.flatMap(([key, response]) => {
+      const schema = jsonSchemaOf(response);
+      return schema === undefined ? [] : [[key, schema]];
+    }),
+  );
+}
+
+/** Keywords whose values are data, not schemas: left as written. */
+const DATA_KEYWORDS = new Set(['const', 'enum', 'example', 'examples']);
+
 function openObjects(node: unknown): unknown {
   if (Array.isArray(node)) return node.map(openObjects);
   if (!isObject(node)) return node;
@@ -68,8 +77,9 @@ function openObjects(node: unknown): unknown {
     // A default is what a request may leave out; fast-json-stringify would write it into answers.
     if (key === 'default') continue;
     // A properties map is not itself a schema: only its values are.
-    copy[key] =
-      (key === 'properties' || key === 'patternProperties') && isObject(value)
+    copy[key] = DATA_KEYWORDS.has(key)
+      ? value
+      : (key === 'properties' || key === 'patternProperties') && isObject(value)
         ? Object.fromEntries(Object.entries(value).map(([name, schema]) => [name, openObjects(schema)]))
         : openObjects(value);
   }
@@ -133,23 +143,30 @@ export const contractPlugin = fp(
   { name: 'toolgate-contract' },
 );
 
-const compilers = new WeakMap<Json, Map<string, (data: unknown) => string>>();
+interface Compiled {
+  externals: Record<string, Json>;
+  serializers: Map<string, (data: unknown) => string>;
+}
+
+const compiled = new WeakMap<Json, Compiled>();
 
 /**
  * One serializer per schema reference, shared by every route and app of the process: dozens of
  * routes answer with the same `Error` or `Run`, and compiling each once keeps start-up short.
  */
 function compilerFor(document: Json): FastifySerializerCompiler<unknown> {
-  let built = compilers.get(document);
-  if (!built) compilers.set(document, (built = new Map()));
-  const cache = built;
-  const externals = { [CONTRACT_ID]: serializerSchemas(document) };
+  let done = compiled.get(document);
+  if (!done) {
+    done = { externals: { [CONTRACT_ID]: serializerSchemas(document) }, serializers: new Map() };
+    compiled.set(document, done);
+  }
+  const { externals, serializers } = done;
   return ({ schema }) => {
     const key = JSON.stringify(schema);
-    let serializer = cache.get(key);
+    let serializer = serializers.get(key);
     if (!serializer) {
       serializer = fastJsonStringify(schema as never, { schema: externals as never });
-      cache.set(key, serializer);
+      serializers.set(key, serializer);
     }
     return serializer;
   };
