@@ -3,6 +3,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import type { VerificationKeys } from './auth/jwt-keys.js';
 import { jsonProblem } from './db/json-limits.js';
 import { authPlugin } from './http/auth.js';
+import { contractPlugin } from './http/contract.js';
 import { clientErrorHandler, frameworkErrors, installErrorHandlers } from './http/error-handler.js';
 import { ApiError } from './http/errors.js';
 import { idempotencyPlugin } from './http/idempotency.js';
@@ -148,6 +149,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     await services.close();
   });
 
+  // Before any route: each takes its response schemas from openapi.yaml as it is registered.
+  await app.register(contractPlugin);
   await app.register(authPlugin, {
     keys: options.keys,
     issuer: config.jwt.issuer,

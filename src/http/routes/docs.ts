@@ -1,16 +1,9 @@
-import { readFile } from 'node:fs/promises';
-import { fileURLToPath } from 'node:url';
 import fastifySwagger from '@fastify/swagger';
 import fastifySwaggerUi from '@fastify/swagger-ui';
 import type { FastifyInstance } from 'fastify';
-import { parse } from 'yaml';
+import { loadOpenApiDocument } from '../contract.js';
 
-export const openapiPath = fileURLToPath(new URL('../../../openapi.yaml', import.meta.url));
-
-/** Loads `openapi.yaml`, the contract every response is tested against. */
-export async function loadOpenApiDocument(): Promise<Record<string, unknown>> {
-  return parse(await readFile(openapiPath, 'utf8')) as Record<string, unknown>;
-}
+export { openapiPath } from '../contract.js';
 
 // Swagger UI loads its scripts and styles from /docs/static and calls this gateway only. It shares
 // an origin with /console, so no other site may frame it (clickjacking "Try it out" or the console).
