@@ -415,6 +415,8 @@ async function main(): Promise<void> {
     let made = 0;
     let refusedMade = 0;
     /** A granted call through the pool `pick` chooses. */
+    /** The first answers of calls that failed, printed at the end: what an error count alone hides. */
+    const failures: string[] = [];
     const callGatewayThrough = (pick: () => Pool) => async () => {
       counter += 1;
       const pool = pick();
@@ -428,8 +430,9 @@ async function main(): Promise<void> {
           plan: [{ tool_id: 'bench.echo', input: { q: 'hello' } }],
         }),
       });
-      await res.body.text();
+      const text = await res.body.text();
       made += 1;
+      if (res.statusCode !== 200 && failures.length < 5) failures.push(`${res.statusCode} ${text.slice(0, 300)}`);
       return res.statusCode === 200;
     };
     const callGateway = (count: number) => callGatewayThrough(() => gatewayPools[counter % count]!);
@@ -745,6 +748,7 @@ async function main(): Promise<void> {
     for (const [label, s] of rows.filter(([l]) => l.startsWith('floor') && l.endsWith(`concurrency ${heavy}`))) {
       console.log(`${label}: ${fmt(s.rps)} calls/s (${fmt(s.rps / d64.rps)} of direct)`);
     }
+    for (const failure of failures) console.log(`a call that failed: ${failure}`);
     for (const [concurrency, g, f] of cpuBeside) {
       console.log(
         `CPU per call beside the floor at concurrency ${concurrency}: gateway process ${fmt(g.gateway)} ms vs the floor's ${fmt(f.gateway)} ms (${fmt(g.gateway / f.gateway)}×), ` +

@@ -10,7 +10,7 @@ import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { execute, step } from './helpers/runs.js';
 import { tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
-import { grantTool, newRunId, registerTool } from './helpers/world.js';
+import { createBudget, grantTool, newRunId, registerTool } from './helpers/world.js';
 
 /*
  * Once the linear chain is closed, a record is a plain INSERT (SPEC §8.1 "Writing"): no lock that every
@@ -25,6 +25,7 @@ describe.skipIf(!hasPostgresServer)('leaf records after the chain is closed (nee
   let backend: TestBackend;
   let chainEnd: { seq: number; hash: string };
   let replica: { database: Database; client: AppClient };
+  let budgetId: string;
 
   const leafOf = async (eventId: string) =>
     (await h.client.get(`/audit/events/${eventId}`, { token: platform })).body as {
@@ -37,8 +38,18 @@ describe.skipIf(!hasPostgresServer)('leaf records after the chain is closed (nee
     // The chain open at first: what a log written before its closing holds.
     h = await startHarness({ TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS: '50' }, { chain: 'open' });
     backend = await new TestBackend().start();
-    await registerTool(h.client, { id: 'leaves.echo', backendUrl: `${backend.url}/echo`, allowed_agents: [AGENT] });
+    await registerTool(h.client, {
+      id: 'leaves.echo',
+      backendUrl: `${backend.url}/echo`,
+      allowed_agents: [AGENT],
+      cost_units: 1,
+    });
     await grantTool(h.client, { tenant: T, agent: AGENT, tool: 'leaves.echo' });
+    budgetId = (await createBudget(h.client, { tenant: T, limit_units: 1000 })).id;
+    // One charged call while the chain is open: this process appends linked records until it finds the chain closed.
+    expect((await execute(h.client, agent, { run_id: newRunId('open'), plan: [step('leaves.echo')] })).status).toBe(
+      200,
+    );
     chainEnd = await closeAuditChain(h.db.database.control);
     const database = await openDatabase({
       databaseUrl: h.db.url,
@@ -61,6 +72,11 @@ describe.skipIf(!hasPostgresServer)('leaf records after the chain is closed (nee
   });
 
   it('closes once, at the head the chain reached, and numbers records after it', async () => {
+    // The first append after the closing is tried linked, writes nothing, and goes in as leaf records, charged once.
+    const first = await execute(h.client, agent, { run_id: newRunId('closed'), plan: [step('leaves.echo')] });
+    expect(first.status, JSON.stringify(first.body)).toBe(200);
+    const usage = await h.client.get(`/budgets/${budgetId}`, { token: platform });
+    expect(usage.body).toMatchObject({ spent_units: 2, reserved_units: 0 });
     expect(chainEnd.seq).toBeGreaterThan(0);
     expect(await closeAuditChain(h.db.database.control)).toEqual(chainEnd);
     const [record] = await h.client.app.services.audit.appendMany([

@@ -265,7 +265,8 @@ export function claimedRunStartSteps(
   const charged = starts.filter((start) => prepared && (start.claim ?? start.held).charge);
   const ledger = prepared
     ? sql`, ${prepared.steps({
-        when: sql`not exists (
+        // Nothing unless the statement's `when`: with no start claimed, the check below would hold vacuously.
+        when: sql`(${when}) and not exists (
             select 1 from claim_starts w where w.charged
               and not exists (select 1 from grant_uses_standing s where s.tenant_id = w.tenant_id and s.run_id = w.run_id))`,
         lockedFirst: sql`grant_uses_live`,
