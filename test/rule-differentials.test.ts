@@ -4,7 +4,11 @@ import { budgetApplies, type Budget, type ChargeSubject } from '../src/budgets/b
 import { BUDGET_PERIODS } from '../src/budgets/budget-period.js';
 import { insertBudget } from '../src/budgets/budget-repository.js';
 import { findBudgetsFor, liveBudgetsOf } from '../src/budgets/budget-counter-repository.js';
+import { Registry } from 'prom-client';
+import { bucketStillAt } from '../src/rate-limits/rate-bucket-repository.js';
+import { RateLimiter } from '../src/rate-limits/rate-limiter.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { ManualClock } from './helpers/manual-clock.js';
 
 /*
  * A rule written twice, in TypeScript and in SQL, must decide alike: each case here draws many worlds at
@@ -87,5 +91,52 @@ describe('which budgets apply to a call: budgetApplies, findBudgetsFor and liveB
         expect(bySql.sort(), label).toEqual([...byRule].sort());
       }
     }
+  });
+});
+
+describe("a refusal from a bucket's known level: refusalFromKnown and bucketStillAt agree on that level", () => {
+  it('for every refusal of random takes under random rules and clocks, and not once the bucket moved', async () => {
+    const db = testDb.database.control;
+    const next = random(43);
+    const clock = new ManualClock(new Date('2026-12-07T10:00:00.000Z'));
+    const limiter = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
+    const other = new RateLimiter(testDb.database, { now: clock.now, registry: new Registry() });
+    const stillAt = async (level: {
+      tenantId: string;
+      agentId: string;
+      toolId: string;
+      tokens: number;
+      updatedAtMs: number;
+    }) =>
+      (
+        await sql<{ ok: boolean }>`select ${bucketStillAt(
+          sql`${level.tenantId}::text`,
+          sql`${level.agentId}::text`,
+          sql`${level.toolId}::text`,
+          sql`${level.tokens}::float8`,
+          sql`${new Date(level.updatedAtMs).toISOString()}::timestamptz`,
+        )} as ok`.execute(db)
+      ).rows[0]!.ok;
+    let refusals = 0;
+    for (let bucket = 0; bucket < 20; bucket += 1) {
+      // Rules whose refill is no round number of tokens per millisecond, so levels are fractions.
+      const rule = { capacity: 1 + Math.floor(next() * 4), refillPerSecond: [0.1, 0.3, 1 / 3, 2.5, 7][bucket % 5]! };
+      const request = { tenantId: 't', agentId: `a${bucket}`, toolId: 'tool', ...rule };
+      for (let i = 0; i < 12; i += 1) {
+        clock.advance(Math.floor(next() * 700));
+        await limiter.take(request);
+        const known = limiter.refusalFromKnown(request);
+        if (known === undefined) continue;
+        refusals += 1;
+        expect(await stillAt(known.level), JSON.stringify(known.level)).toBe(true);
+        if (next() < 0.3) {
+          // Another replica's take moves the bucket (once it holds a token again): the level no longer stands.
+          clock.advance(Math.ceil(1000 / rule.refillPerSecond));
+          expect((await other.take(request)).ok).toBe(true);
+          expect(await stillAt(known.level)).toBe(false);
+        }
+      }
+    }
+    expect(refusals).toBeGreaterThan(20);
   });
 });
