@@ -4,7 +4,7 @@ import type { Database } from '../db/database.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import { readArchivedRanges } from './chain-verification.js';
-import { readLeafRecords, type LeafRecord } from './chain-walk.js';
+import { leafRecordReader, readLeafRecords, type LeafRecord } from './chain-walk.js';
 import {
   CompactRange,
   consistencyProof,
@@ -256,10 +256,11 @@ export class AuditTree {
         const archived = [...(await readArchivedRanges(trx)).values()];
         const inArchive = (seq: number) => archived.some((r) => r.from_seq <= seq && seq <= r.to_seq);
         let checked = 0;
+        const read = await leafRecordReader(trx);
         for (let at = fromTreeSize; at < size; at += pageSize) {
           const end = Math.min(size, at + pageSize);
           const seqs = await leafSeqs(trx, at, end);
-          const records = new Map((await readLeafRecords(trx, { seqs })).map((r) => [r.seq, r]));
+          const records = new Map((await read({ seqs })).map((r) => [r.seq, r]));
           const stored = await readTiles(
             trx,
             range0Tiles(at, end).map((index) => ({ level: 0, index })),

@@ -321,37 +321,46 @@ export interface LeafRecord {
   canonical: string;
 }
 
+/** Which records `readLeafRecords` reads: those after a seq (up to another, at most `limit`), or those of these seqs. */
+export type LeafRecordQuery = { afterSeq: number; throughSeq?: number; limit: number } | { seqs: number[] };
+
 /**
  * Records as leaves, in seq order: those after `afterSeq` (at most `limit`), or those of the given seqs.
  * Runs in the caller's transaction, whose settings it sets for reading rows as they were hashed.
  */
-export async function readLeafRecords(
+export async function readLeafRecords(trx: Transaction<DB>, which: LeafRecordQuery): Promise<LeafRecord[]> {
+  return (await leafRecordReader(trx))(which);
+}
+
+/** `readLeafRecords` for many reads in one transaction: its settings and the table's columns looked up once. */
+export async function leafRecordReader(
   trx: Transaction<DB>,
-  which: { afterSeq: number; throughSeq?: number; limit: number } | { seqs: number[] },
-): Promise<LeafRecord[]> {
+): Promise<(which: LeafRecordQuery) => Promise<LeafRecord[]>> {
   const { shape, selected } = await readingRows(trx);
-  // Seqs close together (leaves sequenced in seq order) are read as a range: one index scan, not one per seq.
-  const dense =
-    'seqs' in which &&
-    which.seqs.length > 0 &&
-    Math.max(...which.seqs) - Math.min(...which.seqs) < 2 * which.seqs.length;
-  const where = !('seqs' in which)
-    ? which.throughSeq === undefined
-      ? sql`audit_events.seq > ${which.afterSeq}`
-      : sql`audit_events.seq > ${which.afterSeq} and audit_events.seq <= ${which.throughSeq}`
-    : dense
-      ? sql`audit_events.seq between ${Math.min(...which.seqs)} and ${Math.max(...which.seqs)}`
-      : sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`;
-  const limit = 'seqs' in which ? sql`` : sql`limit ${which.limit}`;
-  const { rows } = await sql<PageRow>`
-    select ${selected} from audit_events where ${where} order by audit_events.seq ${limit}`.execute(trx);
-  const wanted = 'seqs' in which ? new Set(which.seqs) : undefined;
-  return rows
-    .filter((raw) => wanted === undefined || wanted.has(Number(raw.seq)))
-    .map((raw) => {
-      const row = toWalked(raw, shape);
-      return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
-    });
+  return async (which) => {
+    // Seqs close together (leaves sequenced in seq order) are read as a range: one index scan, not one per seq.
+    const dense =
+      'seqs' in which &&
+      which.seqs.length > 0 &&
+      Math.max(...which.seqs) - Math.min(...which.seqs) < 2 * which.seqs.length;
+    const where = !('seqs' in which)
+      ? which.throughSeq === undefined
+        ? sql`audit_events.seq > ${which.afterSeq}`
+        : sql`audit_events.seq > ${which.afterSeq} and audit_events.seq <= ${which.throughSeq}`
+      : dense
+        ? sql`audit_events.seq between ${Math.min(...which.seqs)} and ${Math.max(...which.seqs)}`
+        : sql`audit_events.seq = any(${which.seqs.map(String)}::bigint[])`;
+    const limit = 'seqs' in which ? sql`` : sql`limit ${which.limit}`;
+    const { rows } = await sql<PageRow>`
+      select ${selected} from audit_events where ${where} order by audit_events.seq ${limit}`.execute(trx);
+    const wanted = 'seqs' in which ? new Set(which.seqs) : undefined;
+    return rows
+      .filter((raw) => wanted === undefined || wanted.has(Number(raw.seq)))
+      .map((raw) => {
+        const row = toWalked(raw, shape);
+        return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
+      });
+  };
 }
 
 const LINKED = String(HASH_SCHEME.linked);
