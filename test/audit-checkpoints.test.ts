@@ -41,7 +41,7 @@ const verifyFrom = (h: { client: AppClient }, id: string) =>
 describe('audit checkpoints, signed', () => {
   let h: Harness;
   beforeAll(async () => {
-    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem });
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem }, { chain: 'open' });
   });
   afterAll(() => h.close());
 
@@ -104,7 +104,7 @@ describe('forged and foreign checkpoints', () => {
   let h: Harness;
   let made: { id: string; seq: number; hash: string; key_id: string | null; signature: string | null };
   beforeAll(async () => {
-    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem });
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem }, { chain: 'open' });
     await appendEvents(h, 3);
     made = await checkpoint(h);
     await appendEvents(h, 2);
@@ -181,7 +181,7 @@ describe('forged and foreign checkpoints', () => {
 
 describe('key rotation and unsigned checkpoints', () => {
   it('trusts an earlier key only when it is listed among the verify keys', async () => {
-    const h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem });
+    const h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: keyA.privatePem }, { chain: 'open' });
     try {
       await appendEvents(h, 2);
       const made = await checkpoint(h);
@@ -202,7 +202,7 @@ describe('key rotation and unsigned checkpoints', () => {
   });
 
   it('records unsigned checkpoints without a key, and verifies from them', async () => {
-    const h = await startHarness();
+    const h = await startHarness({}, { chain: 'open' });
     try {
       await appendEvents(h, 4);
       const made = await checkpoint(h);
@@ -215,7 +215,7 @@ describe('key rotation and unsigned checkpoints', () => {
   });
 
   it('checkpoints the head periodically only when it moved, once across replicas', async () => {
-    const h = await startHarness();
+    const h = await startHarness({}, { chain: 'open' });
     try {
       const checkpoints = h.client.app.services.auditCheckpoints;
       await appendEvents(h, 3);

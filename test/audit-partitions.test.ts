@@ -63,7 +63,7 @@ describe('audit partitions: monthly, sealed, exported, verified offline and deta
     (await h.client.get('/audit/partitions', { token: platform })).body.items as Array<Record<string, any>>;
 
   beforeAll(async () => {
-    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now, chain: 'open' });
     // What the gateway does in the background soon after start: this month and the next three.
     await h.client.app.services.auditPartitions.addMonthsAhead();
     await append(3, new Date(m1.getTime() + days(4)));
@@ -398,7 +398,7 @@ describe('audit partitions whose records interleave at a month boundary', () => 
   };
 
   beforeAll(async () => {
-    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now, chain: 'open' });
     await h.client.app.services.auditPartitions.addMonthsAhead();
     await append('system.1', new Date(m1.getTime() + days(4)));
     await append('system.2', new Date(m1.getTime() + days(5)));
@@ -461,7 +461,7 @@ describe('toolgate audit: partitions, seal, export, verify-file and detach', () 
 
   beforeAll(async () => {
     writeFileSync(publicKey, key.publicPem);
-    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now });
+    h = await startHarness({ TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem }, { now: clock.now, chain: 'open' });
     await h.client.app.services.audit.appendMany([
       { event_type: 'partition.test', actor: 'system.a', details: { n: 1.5 } },
       { event_type: 'partition.test', actor: 'system.b' },
@@ -645,7 +645,7 @@ function sortKeys(value: unknown): unknown {
 
 describe.skipIf(!hasPostgresServer)('audit partitions when the database goes away (needs a PostgreSQL server)', () => {
   it('answers 503 gateway_unavailable on every partition route', async () => {
-    const h = await startHarness();
+    const h = await startHarness({}, { chain: 'open' });
     const server = new URL(h.db.url!);
     const proxy = await new TcpProxy(server.hostname, Number(server.port || 5432)).start();
     const database = await openDatabase({ databaseUrl: proxy.urlFor(h.db.url!), dataDir: '', poolSize: 2, logger });
@@ -677,7 +677,7 @@ describe.skipIf(!hasPostgresServer)('audit partitions when the database goes awa
 
 describe('a long range walked in chunks, one snapshot each', () => {
   it('verifies across chunk ends, streams every record once, and still finds an edit in a later chunk', async () => {
-    const h = await startHarness();
+    const h = await startHarness({}, { chain: 'open' });
     try {
       const db = h.db.database.control;
       await h.client.app.services.audit.appendMany(

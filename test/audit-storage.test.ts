@@ -176,7 +176,7 @@ describe('SHA-256s stored as bytes', () => {
   let h: Harness;
   let records: AuditRecord[];
   beforeAll(async () => {
-    h = await startHarness();
+    h = await startHarness({}, { chain: 'open' });
     records = await h.client.app.services.audit.appendMany(
       [1, 2, 3].map((n) => ({
         event_type: 'storage.test',

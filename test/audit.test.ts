@@ -17,7 +17,7 @@ let h: Harness;
 const platform = tokens.platform();
 
 beforeAll(async () => {
-  h = await startHarness();
+  h = await startHarness({}, { chain: 'open' });
   const audit = h.client.app.services.audit;
   await audit.appendMany([
     { event_type: 'tool.registered', actor: 'operator:ops', tenant_id: null, tool_id: 'web.fetch' },
@@ -595,7 +595,7 @@ describe('tamper evidence, each on a fresh chain', () => {
     }));
 
   it('answers no head for an empty log, and an anchor there as missing', async () => {
-    const empty = await startHarness();
+    const empty = await startHarness({}, { chain: 'open' });
     try {
       expect(await readChainHead(empty.db.database.control)).toEqual({ seq: 0, hash: GENESIS_HASH });
       expect(await verify({ h: empty })).toEqual({ ok: true, checked: 0, first_bad_seq: null, head: null });

@@ -63,7 +63,7 @@ const clock = new ManualClock('2030-04-08T10:00:00.000Z');
 let seq = 0;
 
 beforeAll(async () => {
-  testDb = await createTestDatabase();
+  testDb = await createTestDatabase({ chain: 'open' });
   db = testDb.database.control;
 });
 afterAll(async () => {
