@@ -3,7 +3,7 @@ import canonicalizeJcs from 'canonicalize';
 import { sql } from 'kysely';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readLeafRecords } from '../src/audit/chain-walk.js';
+import { readLeafRecords } from '../src/audit/hashed-rows.js';
 import { openDatabase, type Database } from '../src/db/database.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';

@@ -4,7 +4,7 @@ import type { Database } from '../db/database.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
 import { readArchivedRanges } from './chain-verification.js';
-import { leafRecordReader, readLeafRecords, type LeafRecord } from './chain-walk.js';
+import { leafRecordReader, readLeafRecords, type LeafRecord } from './hashed-rows.js';
 import {
   CompactRange,
   consistencyProof,

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { BackgroundTask } from '../db/background-task.js';
 import type { Database } from '../db/database.js';
 import { CLOSE_STEP_WAIT_MS, waitAtMost } from '../db/wait-at-most.js';
-import { readLeafRecords } from './chain-walk.js';
+import { readLeafRecords } from './hashed-rows.js';
 import { leafHash, rootOf } from './merkle.js';
 import { edgeTiles, tileKey, TreeEdge, type Tile } from './merkle-tiles.js';
 import { checkpointText, type NoteSigner } from './signed-note.js';
