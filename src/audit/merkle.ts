@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, hash } from 'node:crypto';
 
 /**
  * The Merkle tree of RFC 9162 §2.1 (the same as RFC 6962's): leaves hashed as SHA-256(0x00 ‖ leaf),
@@ -8,14 +8,21 @@ import { createHash } from 'node:crypto';
 export type Hash = Buffer;
 
 const LEAF = Buffer.from([0]);
-const NODE = Buffer.from([1]);
+/** 0x01 ‖ left ‖ right, filled for each node: one-shot hashing of one buffer is about twice a hasher's speed. */
+const NODE_INPUT = Buffer.alloc(65, 1);
 
 export function leafHash(leaf: string | Buffer): Hash {
-  return createHash('sha256').update(LEAF).update(leaf).digest();
+  // U+0000 is the one byte 0x00 in UTF-8.
+  return typeof leaf === 'string'
+    ? hash('sha256', `\u0000${leaf}`, 'buffer')
+    : hash('sha256', Buffer.concat([LEAF, leaf]), 'buffer');
 }
 
 export function nodeHash(left: Hash, right: Hash): Hash {
-  return createHash('sha256').update(NODE).update(left).update(right).digest();
+  if (left.length !== 32 || right.length !== 32) throw new RangeError('a tree node hashes two SHA-256s');
+  left.copy(NODE_INPUT, 1);
+  right.copy(NODE_INPUT, 33);
+  return hash('sha256', NODE_INPUT, 'buffer');
 }
 
 export const EMPTY_ROOT: Hash = createHash('sha256').digest();
