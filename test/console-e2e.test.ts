@@ -76,7 +76,8 @@ describe.skipIf(!hasChromium)(
       // The gateway serves dist/console: build it as `npm run build` would, so the test sees this tree.
       await build({ configFile: join(root, 'console', 'vite.config.ts'), logLevel: 'silent' });
       await mkdir(screenshots, { recursive: true });
-      h = await startHarness();
+      // On an open chain: the Audit page shows the chain's head beside the tree.
+      h = await startHarness({}, { chain: 'open' });
       url = await h.client.app.listen({ port: 0, host: '127.0.0.1' });
       backend = await new TestBackend().start();
       const agents = { allowed_agents: [AGENT, OTHER_AGENT], category: 'draft_write' };
