@@ -536,6 +536,27 @@ async function main(): Promise<void> {
         },
       ]
     > = [];
+    /** What a phase cost per call, between the gateways' counters before and after it and the CPU it took. */
+    type Counters = Awaited<ReturnType<typeof gatewayCounters>>;
+    const recordPerCall = (
+      label: string,
+      before: Counters,
+      after: Counters,
+      cpu: { result: Phase; gateways: number; postgres: number },
+    ) => {
+      const calls = cpu.result.requests;
+      perCall.push([
+        label,
+        {
+          statements: (after.statements - before.statements) / calls,
+          lost: lostPerCall(before.lost, after.lost, calls),
+          gatewayCpuMs: (cpu.gateways * TICK_MS) / calls,
+          postgresCpuMs: (cpu.postgres * TICK_MS) / calls,
+          majorGcs: after.majorGcs - before.majorGcs,
+          gcPauseMs: ((after.gcSeconds - before.gcSeconds) * 1000) / calls,
+        },
+      ]);
+    };
     /** Calls through `count` gateways, driven by `drive` (a closed or an open loop); `POST /runs/execute` unless `call` says otherwise. */
     const gatewayPhase = async (
       label: string,
@@ -548,20 +569,8 @@ async function main(): Promise<void> {
         gateways.slice(0, count).map((g) => g.pid!),
         () => drive(call),
       );
-      const phase = cpu.result;
-      const after = await gatewayCounters(count);
-      perCall.push([
-        label,
-        {
-          statements: (after.statements - before.statements) / phase.requests,
-          lost: lostPerCall(before.lost, after.lost, phase.requests),
-          gatewayCpuMs: (cpu.gateways * TICK_MS) / phase.requests,
-          postgresCpuMs: (cpu.postgres * TICK_MS) / phase.requests,
-          majorGcs: after.majorGcs - before.majorGcs,
-          gcPauseMs: ((after.gcSeconds - before.gcSeconds) * 1000) / phase.requests,
-        },
-      ]);
-      return summary(phase);
+      recordPerCall(label, before, await gatewayCounters(count), cpu);
+      return summary(cpu.result);
     };
 
     const bytesAtStart = await databaseBytes();
@@ -624,19 +633,8 @@ async function main(): Promise<void> {
     const infoCpu = await cpuDuring([infoGateway.pid!], () => load('info', moderate, seconds, callInfo));
     const infoAfter = await gatewayCounters(1, [infoPort]);
     const infoLabel = `gateway x1 at LOG_LEVEL=info, concurrency ${moderate}`;
-    const infoCalls = infoCpu.result.requests;
     rows.push([infoLabel, summary(infoCpu.result)]);
-    perCall.push([
-      infoLabel,
-      {
-        statements: (infoAfter.statements - infoBefore.statements) / infoCalls,
-        lost: lostPerCall(infoBefore.lost, infoAfter.lost, infoCalls),
-        gatewayCpuMs: (infoCpu.gateways * TICK_MS) / infoCalls,
-        postgresCpuMs: (infoCpu.postgres * TICK_MS) / infoCalls,
-        majorGcs: infoAfter.majorGcs - infoBefore.majorGcs,
-        gcPauseMs: ((infoAfter.gcSeconds - infoBefore.gcSeconds) * 1000) / infoCalls,
-      },
-    ]);
+    recordPerCall(infoLabel, infoBefore, infoAfter, infoCpu);
     // The same calls through a gateway exporting traces, every call sampled: what tracing costs.
     const traceSink = await startTraceSink();
     traceSinkClose = traceSink.close;
@@ -664,17 +662,7 @@ async function main(): Promise<void> {
     const tracedLabel = `gateway x1 tracing every call (OTLP), concurrency ${moderate}`;
     const tracedCalls = tracedCpu.result.requests;
     rows.push([tracedLabel, summary(tracedCpu.result)]);
-    perCall.push([
-      tracedLabel,
-      {
-        statements: (tracedAfter.statements - tracedBefore.statements) / tracedCalls,
-        lost: lostPerCall(tracedBefore.lost, tracedAfter.lost, tracedCalls),
-        gatewayCpuMs: (tracedCpu.gateways * TICK_MS) / tracedCalls,
-        postgresCpuMs: (tracedCpu.postgres * TICK_MS) / tracedCalls,
-        majorGcs: tracedAfter.majorGcs - tracedBefore.majorGcs,
-        gcPauseMs: ((tracedAfter.gcSeconds - tracedBefore.gcSeconds) * 1000) / tracedCalls,
-      },
-    ]);
+    recordPerCall(tracedLabel, tracedBefore, tracedAfter, tracedCpu);
     const exportedKbPerCall = (exportedAfter.bytes - exportedBefore.bytes) / 1024 / tracedCalls;
     // Refusals: back-pressure must cost no more than admission.
     const bytesBeforeRefusals = await databaseBytes();

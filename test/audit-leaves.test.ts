@@ -4,6 +4,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { closeAuditChain, writeAuditEvents } from '../src/audit/audit-repository.js';
 import { openDatabase, type Database } from '../src/db/database.js';
+import { withTriggerOff } from './helpers/audit.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
@@ -175,12 +176,9 @@ describe.skipIf(!hasPostgresServer)('leaf records after the chain is closed (nee
       .where('seq', '>', String(chainEnd.seq))
       .orderBy('leaf_index')
       .executeTakeFirstOrThrow();
-    await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
-    try {
-      await sql`update audit_events set actor = 'operator:mallory' where seq = ${leaf.seq}`.execute(db);
-    } finally {
-      await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
-    }
+    await withTriggerOff(db, () =>
+      sql`update audit_events set actor = 'operator:mallory' where seq = ${leaf.seq}`.execute(db),
+    );
     const tampered = await h.client.get('/audit/verify', { token: platform });
     expect(tampered.body).toMatchObject({
       ok: false,

@@ -5,6 +5,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readLeafRecords } from '../src/audit/hashed-rows.js';
 import { openDatabase, type Database } from '../src/db/database.js';
+import { withTriggerOff } from './helpers/audit.js';
 import { TestBackend } from './helpers/backend.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
@@ -272,12 +273,9 @@ describe('the verifiable audit log (SPEC §8.1)', () => {
       .select(['leaf_index', 'seq'])
       .where('leaf_index', '=', '3' as never)
       .executeTakeFirstOrThrow();
-    await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
-    try {
-      await sql`update audit_events set actor = 'operator:mallory' where seq = ${leaf.seq}`.execute(db);
-    } finally {
-      await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
-    }
+    await withTriggerOff(db, () =>
+      sql`update audit_events set actor = 'operator:mallory' where seq = ${leaf.seq}`.execute(db),
+    );
     const tampered = await h.client.get('/audit/verify', { token: platform });
     expect(tampered.body.ok).toBe(false);
     expect(tampered.body.tree).toMatchObject({

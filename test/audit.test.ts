@@ -8,7 +8,7 @@ import { insertSealedRecords, readChainHead } from '../src/audit/audit-repositor
 import { verifyAuditChain } from '../src/audit/chain-verification.js';
 
 import type { DB } from '../src/db/schema.js';
-import { chainOf, chainRecord, type ChainRecord } from './helpers/audit.js';
+import { chainOf, chainRecord, withTriggerOff, type ChainRecord } from './helpers/audit.js';
 import { hasPostgresServer, openPool } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
@@ -325,16 +325,6 @@ async function insertForgedRow(
   const sealed = sealLinked(forged);
   await insertSealedRecords(db, [sealed.json]);
   return { ...forged, hash: sealed.hash, hash_scheme: HASH_SCHEME.linked };
-}
-
-/** Runs `tamper` with the append-only trigger off, as a superuser could. */
-async function withTriggerOff(db: Kysely<DB>, tamper: () => Promise<unknown>): Promise<void> {
-  await sql`alter table audit_events disable trigger audit_events_no_update_delete`.execute(db);
-  try {
-    await tamper();
-  } finally {
-    await sql`alter table audit_events enable trigger audit_events_no_update_delete`.execute(db);
-  }
 }
 
 // Each case tampers with a chain of its own, so that one case's evidence cannot mask another's.

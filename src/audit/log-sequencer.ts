@@ -100,16 +100,14 @@ export class LogSequencer {
         const chain = await readChainEnd(trx);
         // The chain's records commit in seq order, so those after the last sequenced come next; once it is
         // closed and sequenced to its end, leaf records (committing in any order) come through their queue.
-        const records =
-          !chain.closed || state.lastSeq < chain.seq
-            ? await readLeafRecords(trx, {
-                afterSeq: state.lastSeq,
-                ...(chain.closed ? { throughSeq: chain.seq } : {}),
-                limit,
-              })
-            : await takeUnsequenced(trx, limit).then((seqs) =>
-                seqs.length === 0 ? [] : readLeafRecords(trx, { seqs }),
-              );
+        const fromQueue = chain.closed && state.lastSeq >= chain.seq;
+        const records = fromQueue
+          ? await takeUnsequenced(trx, limit).then((seqs) => (seqs.length === 0 ? [] : readLeafRecords(trx, { seqs })))
+          : await readLeafRecords(trx, {
+              afterSeq: state.lastSeq,
+              ...(chain.closed ? { throughSeq: chain.seq } : {}),
+              limit,
+            });
         if (records.length === 0) {
           // The first round of a log publishes the checkpoint of its empty tree.
           if ((await findTreeCheckpoint(trx, state.treeSize)) === undefined) {
@@ -129,10 +127,8 @@ export class LogSequencer {
           leaves: records.map((record) => ({ seq: record.seq, eventId: record.eventId })),
           tiles,
           treeSize: edge.size,
-          lastSeq: Math.max(
-            state.lastSeq,
-            Math.min(records[records.length - 1]!.seq, chain.closed ? chain.seq : Infinity),
-          ),
+          // `last_seq` follows the chain's records only: leaf records are found through their queue.
+          lastSeq: fromQueue ? state.lastSeq : records[records.length - 1]!.seq,
           rootHash,
           note,
         });
