@@ -614,17 +614,30 @@ describe('audit partitions on the embedded database (PGlite)', () => {
       await audit.appendMany([{ event_type: 'partition.test', actor: 'system.b' }]);
       clock.set(new Date(monthStart(3).getTime() + days(2)));
       const name = partitionOf(monthStart(1));
-      expect((await client.post(`/audit/partitions/${name}/seal`, { token: platform })).status).toBe(201);
+      // A new log is leaves only: its month is sealed once the tree covers it.
+      const seal = () => client!.post(`/audit/partitions/${name}/seal`, { token: platform });
+      await until('the month to be under a checkpoint', async () => (await seal()).status === 201);
       const exported = await client.get(`/audit/partitions/${name}/export`, { token: platform });
       const file = verifyFile(exported.text);
-      expect(file).toMatchObject({ ok: true, checked: 1 });
+      expect(file).toMatchObject({
+        ok: true,
+        checked: 1,
+        header: { format: 'toolgate-audit-partition-v4', first_leaf_index: 0, last_leaf_index: 0 },
+      });
       const detached = await client.post(`/audit/partitions/${name}/detach`, {
         token: platform,
         body: { last_seq: 1, last_hash: file.header!.last_hash },
       });
       expect(detached.status).toBe(200);
+      await until('the detachment to be under a checkpoint', async () => {
+        const verified = await client!.get('/audit/verify', { token: platform });
+        return verified.body.tree.tree_size >= 4;
+      });
       const verified = await client.get('/audit/verify', { token: platform });
-      expect(verified.body).toMatchObject({ ok: true, archived: [{ from_seq: 1, to_seq: 1, partition: name }] });
+      expect(verified.body).toMatchObject({ ok: true, tree: { ok: true } });
+      expect(await client.get(`/audit/partitions`, { token: platform })).toMatchObject({
+        body: { items: expect.arrayContaining([expect.objectContaining({ name, state: 'detached' })]) },
+      });
     } finally {
       await client?.close();
       await database.close();

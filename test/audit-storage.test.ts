@@ -15,6 +15,7 @@ import type { DB } from '../src/db/schema.js';
 import { createEmptyDatabaseUrl, hasPostgresServer, migrationsUpTo } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
 import { tokens } from './helpers/tokens.js';
+import { until } from './helpers/waits.js';
 
 const platform = tokens.platform();
 const logger = pino({ level: 'silent' });
@@ -186,6 +187,13 @@ describe('SHA-256s stored as bytes', () => {
         output_sha256: n === 2 ? null : payloadHash({ out: n }),
       })),
     );
+    // Sequenced before any is edited: a leaf made of an edited record would stay wrong once the edit is undone.
+    await until('the records to be leaves', async () => {
+      const { rows } = await sql<{ n: number }>`select count(*)::int as n from audit_leaves`.execute(
+        h.db.database.control,
+      );
+      return rows[0]!.n >= 3;
+    });
   });
   afterAll(() => h.close());
 

@@ -100,7 +100,9 @@ export class AuditCheckpoints {
   /** Verifies only the rows after a checkpoint, once its signature is checked. */
   async verifyFrom(id: string, anchor?: ChainHead): Promise<VerificationFromCheckpoint> {
     const checkpoint = await findCheckpoint(this.options.database.control, id);
-    if (checkpoint === undefined) throw new CodedError('not_found', `no checkpoint ${id}`);
+    // A seal of leaves vouches for the tree, which `/audit/verify` checks whole.
+    if (checkpoint === undefined || checkpoint.leaf_index !== undefined)
+      throw new CodedError('not_found', `no checkpoint of the chain ${id}`);
     const distrust = this.options.signer.distrust(checkpoint);
     if (distrust !== null) {
       throw new CodedError('checkpoint_untrusted', `checkpoint ${id} is not trusted: ${distrust.replace('_', ' ')}`, {

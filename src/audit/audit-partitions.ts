@@ -11,6 +11,8 @@ import { writeAuditEvents, type ChainHead } from './audit-repository.js';
 import { detachReportsBetween, walkRange } from './chain-verification.js';
 import { checkpointsAt, checkpointsNewestFirst, insertCheckpoint } from './checkpoint-repository.js';
 import { recordCheckpointCreated } from './audit-checkpoints.js';
+import { LeafPartitions } from './leaf-partitions.js';
+import { readChainEnd } from './tree-repository.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 import {
   PARTITION_FILE_FORMAT,
@@ -80,8 +82,12 @@ export interface PartitionExport {
  */
 export class AuditPartitions {
   private readonly task: BackgroundTask;
+  /** The months of leaf records, archived as ranges of the tree (absent without a tree: none are sealed). */
+  private readonly leaves: LeafPartitions | undefined;
 
   constructor(private readonly options: AuditPartitionsOptions) {
+    const { tree } = options;
+    this.leaves = tree === undefined ? undefined : new LeafPartitions({ ...options, tree });
     let rounds = 0;
     this.task = new BackgroundTask({
       name: 'audit partition maintenance',
@@ -118,8 +124,8 @@ export class AuditPartitions {
   /** Every partition, attached or detached, oldest first. */
   async list(): Promise<AuditPartition[]> {
     const db = this.options.database.control;
-    const [rows, archives] = await Promise.all([listPartitionRows(db), listArchives(db)]);
-    const attached = await Promise.all(rows.map((row) => this.describe(row)));
+    const [rows, archives, chain] = await Promise.all([listPartitionRows(db), listArchives(db), readChainEnd(db)]);
+    const attached = await Promise.all(rows.map((row) => this.describe(row, chain)));
     const detached: AuditPartition[] = archives.map((a) => ({
       name: a.partition,
       state: 'detached',
@@ -140,7 +146,13 @@ export class AuditPartitions {
    * there when the partition is sealed (`created` false).
    */
   async seal(name: string, actor: string): Promise<{ checkpoint: Checkpoint; created: boolean }> {
-    const { partition, last } = await this.closed(name);
+    const closed = await this.closed(name);
+    if (closed.kind === 'leaves') {
+      const existing = await closed.leaves.sealOf(closed.range);
+      if (existing !== undefined) return { checkpoint: existing, created: false };
+      return { checkpoint: await closed.leaves.seal(name, closed.range, actor), created: true };
+    }
+    const { partition, last } = closed;
     const existing = await this.sealOf(partition);
     if (existing !== undefined) return { checkpoint: existing, created: false };
     const db = this.options.database.control;
@@ -177,7 +189,12 @@ export class AuditPartitions {
    * stream with an error, so a file without its trailer was cut short.
    */
   async export(name: string): Promise<PartitionExport> {
-    const { partition, last, first } = await this.sealed(name);
+    const sealed = await this.sealed(name);
+    if (sealed.kind === 'leaves') {
+      const stream = sealed.leaves.export(sealed.row, sealed.range, sealed.partition.checkpoint);
+      return { filename: `${name}.jsonl`, stream };
+    }
+    const { partition, last, first } = sealed;
     const { checkpoint } = partition;
     const header: PartitionFileHeader = {
       type: 'header',
@@ -228,7 +245,25 @@ export class AuditPartitions {
    * The table stays in the database, detached, for the operator to drop once the file is safe.
    */
   async detach(name: string, actor: string, confirm: ChainHead): Promise<AuditPartition> {
-    const { partition, last, first } = await this.sealed(name);
+    const sealed = await this.sealed(name);
+    if (sealed.kind === 'leaves') {
+      const { checkpoint } = sealed.partition;
+      const done = await busyIfLocked(name, () =>
+        sealed.leaves.detach(sealed.row, sealed.range, checkpoint, actor, confirm, DETACH_LOCK_TIMEOUT),
+      );
+      return {
+        name,
+        state: 'detached',
+        range_start: null,
+        range_end: null,
+        first_seq: done.first_seq,
+        last_seq: done.last_seq,
+        checkpoint_id: checkpoint.id,
+        rows: done.rows,
+        detached: { by: actor, at: done.at.toISOString(), event_seq: done.eventSeq },
+      };
+    }
+    const { partition, last, first } = sealed;
     if (confirm.seq !== last.seq || confirm.hash !== last.hash) {
       throw new CodedError('partition_not_sealed', `${name} does not end at the record named as exported`, {
         partition: name,
@@ -258,8 +293,8 @@ export class AuditPartitions {
       archived_records: await detachReportsBetween(db, first.seq, last.seq),
     };
     const at = this.options.now();
-    try {
-      const eventSeq = await db.transaction().execute(async (trx) => {
+    const eventSeq = await busyIfLocked(name, () =>
+      db.transaction().execute(async (trx) => {
         await detachPartition(trx, name, DETACH_LOCK_TIMEOUT);
         const [record] = await writeAuditEvents(trx, [
           { event: { event_type: 'audit.partition_detached', actor, details }, occurredAt: at },
@@ -278,31 +313,20 @@ export class AuditPartitions {
           detached_at: at,
         });
         return record!.seq;
-      });
-      // As the listing shows it from then on: the range it archived.
-      return {
-        name,
-        state: 'detached',
-        range_start: null,
-        range_end: null,
-        first_seq: first.seq,
-        last_seq: last.seq,
-        checkpoint_id: partition.checkpoint.id,
-        rows: details.rows,
-        detached: { by: actor, at: at.toISOString(), event_seq: eventSeq },
-      };
-    } catch (error) {
-      if ((error as { code?: string }).code === '55P03') {
-        throw new CodedError(
-          'gateway_unavailable',
-          'the audit log is busy (a long read holds it); detach again later',
-          {
-            partition: name,
-          },
-        );
-      }
-      throw error;
-    }
+      }),
+    );
+    // As the listing shows it from then on: the range it archived.
+    return {
+      name,
+      state: 'detached',
+      range_start: null,
+      range_end: null,
+      first_seq: first.seq,
+      last_seq: last.seq,
+      checkpoint_id: partition.checkpoint.id,
+      rows: details.rows,
+      detached: { by: actor, at: at.toISOString(), event_seq: eventSeq },
+    };
   }
 
   private async hashAt(seq: number): Promise<string | undefined> {
@@ -312,7 +336,7 @@ export class AuditPartitions {
     return archives.find((a) => Number(a.to_seq) === seq)?.last_hash;
   }
 
-  private async describe(row: PartitionRow): Promise<AuditPartition> {
+  private async describe(row: PartitionRow, chain: ChainEnd): Promise<AuditPartition> {
     const base = {
       name: row.name,
       range_start: row.range_start?.toISOString() ?? null,
@@ -326,6 +350,14 @@ export class AuditPartitions {
     if (row.is_default) return { ...base, state: 'default' };
     if (!this.isOver(row)) return { ...base, state: 'open' };
     if (row.last_seq === null) return { ...base, state: 'empty' };
+    if (this.leaves !== undefined && holdsLeavesOnly(row, chain)) {
+      const range = await this.leaves.range(row, chain.seq);
+      if (range === 'empty') return { ...base, state: 'empty' };
+      const sealed = range === 'unsequenced' ? undefined : await this.leaves.sealOf(range);
+      return sealed === undefined
+        ? { ...base, state: 'unsealed' }
+        : { ...base, state: 'sealed', checkpoint_id: sealed.id };
+    }
     const seal = await this.sealOf(row);
     return seal === undefined ? { ...base, state: 'unsealed' } : { ...base, state: 'sealed', checkpoint_id: seal.id };
   }
@@ -361,9 +393,26 @@ export class AuditPartitions {
     if (row.is_default) refuse('default', 'the default partition holds months without their own; it is never sealed');
     if (!this.isOver(row)) refuse('open', `${name}'s month is not over (an hour after its end)`);
     const start = (p: PartitionRow) => p.range_start?.getTime() ?? -Infinity;
-    const older = rows.find((p) => !p.is_default && p.first_seq !== null && start(p) < start(row));
-    if (older !== undefined) refuse('not_oldest', `${older.name} holds older records: archive it first`);
-    const from = archives.reduce((max, a) => Math.max(max, Number(a.to_seq)), 0) + 1;
+    const chain = await readChainEnd(db);
+    for (const older of rows.filter((p) => !p.is_default && p.first_seq !== null && start(p) < start(row))) {
+      // A month of leaves whose records all sit in ranges archived before (exported in their files) holds nothing back.
+      const archived =
+        this.leaves !== undefined &&
+        holdsLeavesOnly(older, chain) &&
+        (await this.leaves.range(older, chain.seq)) === 'empty';
+      if (!archived) refuse('not_oldest', `${older.name} holds older records: archive it first`);
+    }
+    if (this.leaves !== undefined && holdsLeavesOnly(row, chain)) {
+      const range = await this.leaves.range(row, chain.seq);
+      if (range === 'empty') return refuse('empty', `${name} holds no records past the archived ranges`);
+      if (range === 'unsequenced')
+        return refuse('unsequenced', `${name} holds records the tree does not cover yet: seal it once it does`);
+      return { kind: 'leaves' as const, row, range, leaves: this.leaves };
+    }
+    if (row.last_seq !== null && row.last_seq > chain.seq)
+      refuse('mixed', `${name} holds records of the chain and leaf records; it stays attached`);
+    const chainArchives = archives.filter((a) => a.to_leaf === null);
+    const from = chainArchives.reduce((max, a) => Math.max(max, Number(a.to_seq)), 0) + 1;
     if (row.last_seq === null || row.last_seq < from)
       return refuse('empty', `${name} holds no records past the archived ranges`);
     const [first, last] = await Promise.all([findLink(db, from), findLink(db, row.last_seq)]);
@@ -373,6 +422,7 @@ export class AuditPartitions {
       });
     }
     return {
+      kind: 'chain' as const,
       partition: row,
       first: { seq: from, ...first },
       last: { seq: row.last_seq, hash: last.hash },
@@ -381,20 +431,47 @@ export class AuditPartitions {
 
   private async sealed(name: string) {
     const closed = await this.closed(name);
-    const checkpoint = await this.sealOf(closed.partition);
-    if (checkpoint === undefined) {
-      throw new CodedError(
-        'partition_not_sealed',
-        `${name} has no trusted checkpoint at its last record: seal it first`,
-        {
-          partition: name,
-          reason: 'unsealed',
-        },
-      );
+    if (closed.kind === 'leaves') {
+      const checkpoint = await closed.leaves.sealOf(closed.range);
+      if (checkpoint === undefined) return unsealed(name);
+      return { ...closed, partition: { checkpoint } };
     }
+    const checkpoint = await this.sealOf(closed.partition);
+    if (checkpoint === undefined) return unsealed(name);
     return {
       ...closed,
-      partition: { ...(await this.describe(closed.partition)), checkpoint },
+      partition: {
+        ...(await this.describe(closed.partition, await readChainEnd(this.options.database.control))),
+        checkpoint,
+      },
     };
+  }
+}
+
+type ChainEnd = { seq: number; closed: boolean };
+
+/** A month all of whose records came after the chain closed: it archives a range of leaves. */
+function holdsLeavesOnly(row: PartitionRow, chain: ChainEnd): boolean {
+  return chain.closed && row.first_seq !== null && row.first_seq > chain.seq;
+}
+
+function unsealed(name: string): never {
+  throw new CodedError('partition_not_sealed', `${name} has no trusted checkpoint at its last record: seal it first`, {
+    partition: name,
+    reason: 'unsealed',
+  });
+}
+
+/** A detach that waited its time for the log's lock is refused as busy, rather than stall appends behind it. */
+async function busyIfLocked<T>(name: string, detach: () => Promise<T>): Promise<T> {
+  try {
+    return await detach();
+  } catch (error) {
+    if ((error as { code?: string }).code === '55P03') {
+      throw new CodedError('gateway_unavailable', 'the audit log is busy (a long read holds it); detach again later', {
+        partition: name,
+      });
+    }
+    throw error;
   }
 }

@@ -121,7 +121,7 @@ export function linkSql(
  * Whether this process last found the chain closed: appends try that form first. Closing is one-way and
  * each statement checks the state it assumes, so a wrong guess (another database in a test) costs a retry.
  */
-let chainClosedHint = false;
+let chainClosedHint = true;
 
 /**
  * Appends events in one statement: while the chain is open, linked after the head it locks (below);

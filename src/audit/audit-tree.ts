@@ -3,7 +3,9 @@ import type { Kysely, Transaction } from 'kysely';
 import type { Database } from '../db/database.js';
 import type { DB } from '../db/schema.js';
 import { CodedError } from '../errors/coded-error.js';
+import { firstUnreportedLeaves, readArchivedLeaves } from './archived-leaves.js';
 import { readArchivedRanges } from './chain-verification.js';
+import { canonicalJson, HASH_SCHEME } from './audit-hash.js';
 import { leafRecordReader, readLeafRecords, type LeafRecord } from './hashed-rows.js';
 import {
   CompactRange,
@@ -21,6 +23,7 @@ import {
   findLeaves,
   findTreeCheckpoint,
   leafSeqs,
+  leafSeqsAt,
   readTiles,
   runRecordSeqs,
   unsequencedSeqOf,
@@ -62,6 +65,33 @@ export interface RangeEvidence {
   /** The complete subtrees after the range, in order, up to `tree_size`. */
   right: string[];
 }
+
+/** Why a range of leaves does not verify: not under a valid checkpoint yet, a record gone or edited. */
+export type LeafWalkFailure = 'not_covered' | 'record_missing' | 'root_mismatch';
+
+/** A range's first or last leaf: its place, its record's seq and its leaf hash (hex). */
+export interface LeafEnd {
+  leaf_index: number;
+  seq: number;
+  hash: string;
+}
+
+/** A range of leaves as the stored tree gives it: see `AuditTree.leafRange`. */
+export interface LeafRangeHead {
+  evidence: RangeEvidence;
+  first: LeafEnd;
+  last: LeafEnd;
+  rootHash: Buffer;
+  left: CompactRange;
+  right: Array<{ level: number; hash: Hash }>;
+}
+
+export type LeafWalk =
+  | { ok: true; evidence: RangeEvidence; first: LeafEnd; last: LeafEnd }
+  | { ok: false; first_bad_leaf_index: number | null; reason: LeafWalkFailure };
+
+/** Leaves read per page by `walkLeaves`. */
+const LEAF_PAGE = 10_000;
 
 export interface TreeVerification {
   ok: boolean;
@@ -220,6 +250,80 @@ export class AuditTree {
   }
 
   /**
+   * The evidence for leaves `from` … `to` under a valid checkpoint (the latest, or that of `treeSize`), and the
+   * leaves at both ends, from the stored tree alone: what an export's header says before its records prove it.
+   */
+  async leafRange(from: number, to: number, treeSize?: number): Promise<LeafRangeHead | undefined> {
+    const db = this.database.control;
+    const checkpoint = await findTreeCheckpoint(db, treeSize);
+    if (checkpoint === undefined || to >= checkpoint.treeSize || !this.valid(checkpoint)) return undefined;
+    const size = checkpoint.treeSize;
+    const after = subtreesAfter(to + 1, size);
+    const { left, right, first, last } = await this.prove((read) => ({
+      left: CompactRange.of(read, from),
+      right: after.map(({ level, index }) => read(level, index)),
+      first: read(0, from),
+      last: read(0, to),
+    }));
+    const [firstSeq, lastSeq] = await leafSeqsAt(db, from, to);
+    if (firstSeq === undefined || lastSeq === undefined) return undefined;
+    return {
+      evidence: {
+        checkpoint: checkpoint.note,
+        tree_size: size,
+        first_leaf_index: from,
+        left: left.hashes().map(b64),
+        right: right.map(b64),
+      },
+      first: { leaf_index: from, seq: firstSeq, hash: first.toString('hex') },
+      last: { leaf_index: to, seq: lastSeq, hash: last.toString('hex') },
+      rootHash: checkpoint.rootHash,
+      left,
+      right: right.map((hash, i) => ({ level: after[i]!.level, hash })),
+    };
+  }
+
+  /**
+   * Walks leaves `from` … `to` in leaf order, recomputing each from its record, and proves them, between the
+   * stored subtrees on either side, the leaves of a valid checkpoint's tree (the latest, or that of `treeSize`):
+   * what seals, exports and detaches a month of leaf records. With `onLines`, each page as lines of an export.
+   */
+  async walkLeaves(
+    from: number,
+    to: number,
+    onLines?: (lines: string[]) => Promise<void>,
+    treeSize?: number,
+  ): Promise<LeafWalk> {
+    const db = this.database.control;
+    const head = await this.leafRange(from, to, treeSize);
+    if (head === undefined) return { ok: false, first_bad_leaf_index: null, reason: 'not_covered' };
+    const range = head.left;
+    const bad = (at: number, reason: LeafWalkFailure): LeafWalk => ({ ok: false, first_bad_leaf_index: at, reason });
+    for (let at = from; at <= to; at += LEAF_PAGE) {
+      const end = Math.min(to + 1, at + LEAF_PAGE);
+      // A page at a time, in its own transaction: one held for a month's export would keep vacuum from every table.
+      const page = await db.transaction().execute(async (trx) => {
+        const seqs = await leafSeqs(trx, at, end);
+        const records = new Map((await readLeafRecords(trx, { seqs })).map((r) => [r.seq, r]));
+        return seqs.map((seq) => ({ seq, record: records.get(seq) }));
+      });
+      const lines: string[] = [];
+      for (let i = 0; i < end - at; i += 1) {
+        const { seq, record } = page[i] ?? {};
+        if (seq === undefined || record === undefined) return bad(at + i, 'record_missing');
+        range.append(leafHash(record.canonical));
+        if (onLines === undefined) continue;
+        const fields = JSON.parse(record.canonical) as Record<string, unknown>;
+        lines.push(canonicalJson({ ...fields, hash_scheme: HASH_SCHEME.leaf, leaf_index: at + i, seq }) ?? '{}');
+      }
+      if (onLines !== undefined) await onLines(lines);
+    }
+    for (const { level, hash } of head.right) range.appendSubtree(level, hash);
+    if (!range.root().equals(head.rootHash)) return { ok: false, first_bad_leaf_index: null, reason: 'root_mismatch' };
+    return { ok: true, evidence: head.evidence, first: head.first, last: head.last };
+  }
+
+  /**
    * Recomputes leaves from the stored records and the root of the latest checkpoint: all of them, or those
    * appended after the checkpoint of `fromTreeSize` (whose tree the stored tiles must still give).
    */
@@ -252,9 +356,15 @@ export class AuditTree {
           range = await proveWith(trx, (read) => CompactRange.of(read, fromTreeSize));
           if (!range.root().equals(from.rootHash)) return result({ reason: 'root_mismatch' });
         }
-        // Records of partitions detached after export are not in the database: their leaves stand as stored.
+        // Records of partitions detached after export are not in the database: their leaves stand as stored,
+        // once the log reports each detachment as it was made.
         const archived = [...(await readArchivedRanges(trx)).values()];
-        const inArchive = (seq: number) => archived.some((r) => r.from_seq <= seq && seq <= r.to_seq);
+        const archivedLeaves = await readArchivedLeaves(trx);
+        const unreported = await firstUnreportedLeaves(trx, archivedLeaves);
+        if (unreported !== undefined) return result({ first_bad_leaf_index: unreported, reason: 'record_missing' });
+        const inArchive = (seq: number, index: number) =>
+          archived.some((r) => r.from_seq <= seq && seq <= r.to_seq) ||
+          archivedLeaves.some((r) => r.from_leaf <= index && index <= r.to_leaf);
         let checked = 0;
         const read = await leafRecordReader(trx);
         for (let at = fromTreeSize; at < size; at += pageSize) {
@@ -269,7 +379,7 @@ export class AuditTree {
           for (let i = 0; i < end - at; i += 1) {
             const seq = seqs[i];
             const record = seq === undefined ? undefined : records.get(seq);
-            if (record === undefined && seq !== undefined && inArchive(seq)) {
+            if (record === undefined && seq !== undefined && inArchive(seq, at + i)) {
               range.append(storedLeaf(0, at + i));
               continue;
             }

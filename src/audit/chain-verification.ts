@@ -17,16 +17,23 @@ export interface ChainVerification {
   archived?: { from_seq: number; to_seq: number; partition: string }[];
 }
 
-/** The ranges operators detached after export, keyed by their first seq. */
+/** The ranges of the chain operators detached after export, keyed by their first seq (not ranges of leaves). */
 export async function readArchivedRanges(db: Kysely<DB> | Transaction<DB>): Promise<Map<number, ArchivedRange>> {
-  const rows = await db
-    .selectFrom('audit_partition_archives')
-    .select(['partition', 'from_seq', 'to_seq', 'prev_hash', 'last_hash', 'event_seq'])
-    .execute();
+  // Every column, filtered here: a log migrated before ranges of leaves existed has no `from_leaf`.
+  const rows = (await db.selectFrom('audit_partition_archives').selectAll().execute()).filter(
+    (row) => row.from_leaf === null || row.from_leaf === undefined,
+  );
   return new Map(
     rows.map((row) => [
       Number(row.from_seq),
-      { ...row, from_seq: Number(row.from_seq), to_seq: Number(row.to_seq), event_seq: Number(row.event_seq) },
+      {
+        partition: row.partition,
+        last_hash: row.last_hash,
+        prev_hash: row.prev_hash ?? '',
+        from_seq: Number(row.from_seq),
+        to_seq: Number(row.to_seq),
+        event_seq: Number(row.event_seq),
+      },
     ]),
   );
 }

@@ -11,6 +11,7 @@ function toCheckpoint(row: Selectable<AuditCheckpointTable>): Checkpoint {
     key_id: row.key_id,
     signature: row.signature,
     created_by: row.created_by,
+    ...(row.leaf_index === null ? {} : { leaf_index: Number(row.leaf_index) }),
   };
 }
 
@@ -26,12 +27,16 @@ export async function findCheckpoint(db: Kysely<DB>, id: string): Promise<Checkp
   return row === undefined ? undefined : toCheckpoint(row);
 }
 
-/** Checkpoints newest first (by seq, then id), `limit` a page, after the cursor's `(seq, id)`. */
+/**
+ * Checkpoints newest first (by seq, then id), `limit` a page, after the cursor's `(seq, id)`; with
+ * `chainOnly`, those of the chain, without the seals of leaves.
+ */
 export async function listCheckpoints(
   db: Kysely<DB>,
-  query: { limit: number; before?: { seq: number; id: string } | undefined },
+  query: { limit: number; before?: { seq: number; id: string } | undefined; chainOnly?: boolean },
 ): Promise<{ items: Checkpoint[]; next: { seq: number; id: string } | null }> {
   let q = db.selectFrom('audit_checkpoints').selectAll();
+  if (query.chainOnly === true) q = q.where('leaf_index', 'is', null);
   const before = query.before;
   if (before !== undefined) {
     q = q.where((eb) =>
@@ -51,24 +56,36 @@ export async function listCheckpoints(
   return { items, next: rows.length > query.limit && last ? { seq: last.seq, id: last.id } : null };
 }
 
-/** The newest checkpoints first (at or below `atMost`), a page at a time: where an incremental verification may start. */
+/** The chain's newest checkpoints first (at or below `atMost`), a page at a time: where an incremental verification may start. */
 export async function* checkpointsNewestFirst(db: Kysely<DB>, atMost?: number): AsyncGenerator<Checkpoint> {
   // No id sorts below '': the first page is every checkpoint at or below `atMost`.
   let before: { seq: number; id: string } | undefined = atMost === undefined ? undefined : { seq: atMost + 1, id: '' };
   for (;;) {
-    const page = await listCheckpoints(db, { limit: 100, before });
+    const page = await listCheckpoints(db, { limit: 100, before, chainOnly: true });
     yield* page.items;
     if (page.next === null) return;
     before = page.next;
   }
 }
 
-/** The checkpoints recorded at exactly `seq`. */
+/** The chain's checkpoints recorded at exactly `seq`. */
 export async function checkpointsAt(db: Kysely<DB>, seq: number): Promise<Checkpoint[]> {
   const rows = await db
     .selectFrom('audit_checkpoints')
     .selectAll()
     .where('seq', '=', String(seq))
+    .where('leaf_index', 'is', null)
+    .orderBy('id')
+    .execute();
+  return rows.map(toCheckpoint);
+}
+
+/** The seals recorded at exactly the leaf `leafIndex`. */
+export async function sealsAtLeaf(db: Kysely<DB>, leafIndex: number): Promise<Checkpoint[]> {
+  const rows = await db
+    .selectFrom('audit_checkpoints')
+    .selectAll()
+    .where('leaf_index', '=', String(leafIndex))
     .orderBy('id')
     .execute();
   return rows.map(toCheckpoint);

@@ -1,11 +1,15 @@
 import { createHash, createPrivateKey, createPublicKey, sign, verify, type KeyObject } from 'node:crypto';
 import { canonicalJson } from './audit-hash.js';
 
-/** A checkpoint of the audit chain: the chain held row `seq` with `hash` at `at`. */
+/**
+ * A checkpoint of the audit chain: the chain held row `seq` with `hash` at `at`. With `leaf_index`, it
+ * seals a range of leaves instead: the record `seq` is the leaf at `leaf_index`, and `hash` its leaf hash.
+ */
 export interface Checkpoint {
   id: string;
   seq: number;
   hash: string;
+  leaf_index?: number;
   at: string;
   /** The signing key's id (a fingerprint of its public key); null for an unsigned checkpoint. */
   key_id: string | null;
@@ -19,10 +23,14 @@ export type CheckpointDistrust = 'bad_signature' | 'unknown_key' | 'unsigned';
 
 /** The domain tag keeps a checkpoint signature from being replayed as a signature over anything else. */
 const SIGNED_PREFIX = 'toolgate-audit-checkpoint-v1\n';
+/** A seal of leaves is signed apart, so that it never passes for a checkpoint of the chain. */
+const SIGNED_LEAF_PREFIX = 'toolgate-audit-leaf-seal-v1\n';
 
 function signedBytes(checkpoint: Omit<Checkpoint, 'signature' | 'created_by'>): Buffer {
-  const { id, seq, hash, at, key_id } = checkpoint;
-  return Buffer.from(SIGNED_PREFIX + canonicalJson({ id, seq, hash, at, key_id }), 'utf8');
+  const { id, seq, hash, at, key_id, leaf_index } = checkpoint;
+  if (leaf_index === undefined)
+    return Buffer.from(SIGNED_PREFIX + canonicalJson({ id, seq, hash, at, key_id }), 'utf8');
+  return Buffer.from(SIGNED_LEAF_PREFIX + canonicalJson({ id, seq, hash, at, key_id, leaf_index }), 'utf8');
 }
 
 /** A key's id: the first 16 hex digits of the SHA-256 of its public key (SPKI DER). */

@@ -3,7 +3,7 @@ import { canonicalJson, HASH_SCHEME, linkHash } from './audit-hash.js';
 import type { RangeEvidence } from './audit-tree.js';
 import { CheckpointSigner, keyIdOf, type Checkpoint } from './checkpoint-signer.js';
 import { CompactRange, leafHash, subtreesAfter } from './merkle.js';
-import { openNote, parseCheckpoint } from './signed-note.js';
+import { openNote, parseCheckpoint, verifierKeyOf } from './signed-note.js';
 
 /**
  * The export format's name, in its header: a file names the rules it is verified by. Version 2 adds
@@ -11,10 +11,13 @@ import { openNote, parseCheckpoint } from './signed-note.js';
  * records (`tree` in the header); older files verify by the same rules, without it.
  */
 export const PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v3';
+/** A month of leaf records: a range of the tree's leaves, bound by its evidence to a signed checkpoint. */
+export const LEAF_PARTITION_FILE_FORMAT = 'toolgate-audit-partition-v4';
 const READABLE_FORMATS: readonly string[] = [
   'toolgate-audit-partition-v1',
   'toolgate-audit-partition-v2',
   PARTITION_FILE_FORMAT,
+  LEAF_PARTITION_FILE_FORMAT,
 ];
 
 /** The first line of an exported partition. */
@@ -40,6 +43,27 @@ export interface PartitionFileHeader {
   tree?: RangeEvidence;
 }
 
+/**
+ * The first line of an exported month of leaf records: leaves `first_leaf_index` … `last_leaf_index`, the
+ * records there (`first_seq`, `last_seq`) and their leaf hashes, and the tree's evidence for the range.
+ */
+export interface LeafPartitionFileHeader {
+  type: 'header';
+  format: typeof LEAF_PARTITION_FILE_FORMAT;
+  partition: string;
+  range_start: string | null;
+  range_end: string | null;
+  first_leaf_index: number;
+  last_leaf_index: number;
+  first_seq: number;
+  last_seq: number;
+  first_hash: string;
+  last_hash: string;
+  rows: number;
+  exported_at: string;
+  tree: RangeEvidence;
+}
+
 /** The last line: the checkpoint at `last_seq` that vouches for the range, and a digest of the lines before. */
 export interface PartitionFileTrailer {
   type: 'trailer';
@@ -49,7 +73,7 @@ export interface PartitionFileTrailer {
 }
 
 /** One line of JSON as the file holds it: canonical, so that a byte changed anywhere shows. */
-export function fileLine(value: PartitionFileHeader | PartitionFileTrailer): string {
+export function fileLine(value: PartitionFileHeader | LeafPartitionFileHeader | PartitionFileTrailer): string {
   return canonicalJson(value) ?? '{}';
 }
 
@@ -60,7 +84,7 @@ export interface PartitionFileVerification {
   /** The first line (1-based) that does not verify, and why. */
   first_bad_line: number | null;
   reason: string | null;
-  header: PartitionFileHeader | null;
+  header: PartitionFileHeader | LeafPartitionFileHeader | null;
   checkpoint: Pick<Checkpoint, 'id' | 'seq' | 'hash' | 'key_id'> | null;
   /** Whether the checkpoint's signature was checked against the given key (false only when unsigned and allowed). */
   signature_checked: boolean;
@@ -78,6 +102,11 @@ const HASH_SUFFIX = /,"hash":"([0-9a-f]{64})"\}$/;
 export class PartitionFileVerifier {
   private lineNo = 0;
   private header: PartitionFileHeader | null = null;
+  /** A month of leaf records (v4): its header, and where its records stand. */
+  private leafHeader: LeafPartitionFileHeader | null = null;
+  private expectedLeaf = 0;
+  private firstSeq: number | null = null;
+  private lastSeq: number | null = null;
   private trailer: PartitionFileTrailer | null = null;
   private checked = 0;
   private expectedSeq = 0;
@@ -111,7 +140,7 @@ export class PartitionFileVerifier {
 
   /** The verdict once every line was fed. */
   end(): PartitionFileVerification {
-    if (this.failure === null && this.header === null) this.fail('an empty file');
+    if (this.failure === null && this.header === null && this.leafHeader === null) this.fail('an empty file');
     if (this.failure === null && this.trailer === null) this.fail('no trailer: the file is cut short');
     if (this.failure === null) this.checkTrailer();
     const checkpoint = this.trailer?.checkpoint;
@@ -120,17 +149,19 @@ export class PartitionFileVerifier {
       checked: this.checked,
       first_bad_line: this.failure?.line ?? null,
       reason: this.failure?.reason ?? null,
-      header: this.header,
+      header: this.leafHeader ?? this.header,
       checkpoint:
         checkpoint === undefined
           ? null
           : { id: checkpoint.id, seq: checkpoint.seq, hash: checkpoint.hash, key_id: checkpoint.key_id },
       signature_checked: this.failure === null && checkpoint?.signature != null,
-      tree:
-        this.failure === null && this.options.logKey !== undefined && this.header?.tree
-          ? { tree_size: this.header.tree.tree_size, first_leaf_index: this.header.tree.first_leaf_index }
-          : null,
+      tree: this.failure === null ? this.treeChecked() : null,
     };
+  }
+
+  private treeChecked(): { tree_size: number; first_leaf_index: number } | null {
+    const tree = this.leafHeader?.tree ?? (this.options.logKey !== undefined ? this.header?.tree : undefined);
+    return tree === undefined ? null : { tree_size: tree.tree_size, first_leaf_index: tree.first_leaf_index };
   }
 
   private fail(reason: string, line = this.lineNo): void {
@@ -162,6 +193,8 @@ export class PartitionFileVerifier {
     if (value === undefined) return;
     if (value.type !== 'header' || !READABLE_FORMATS.includes(value.format as string))
       return this.fail(`not a ${READABLE_FORMATS.join(' or ')} header`);
+    if (value.format === LEAF_PARTITION_FILE_FORMAT)
+      return this.readLeafHeader(value as unknown as LeafPartitionFileHeader);
     const header = value as unknown as PartitionFileHeader;
     if (!Number.isSafeInteger(header.first_seq) || !Number.isSafeInteger(header.last_seq))
       return this.fail('a header without first_seq and last_seq');
@@ -171,15 +204,48 @@ export class PartitionFileVerifier {
     if (this.options.logKey === undefined) return;
     if (header.tree === undefined)
       return this.fail('no Merkle tree evidence in the header (exported before it was covered?)');
+    this.leaves = this.leftRange(header.tree);
+  }
+
+  private readLeafHeader(header: LeafPartitionFileHeader): void {
+    const indexes = [header.first_leaf_index, header.last_leaf_index, header.first_seq, header.last_seq];
+    if (!indexes.every(Number.isSafeInteger)) return this.fail('a header without its leaves and seqs');
+    if (header.tree === undefined) return this.fail('no Merkle tree evidence in the header');
+    this.leafHeader = header;
+    this.expectedLeaf = header.first_leaf_index;
+    this.leaves = this.leftRange(header.tree);
+  }
+
+  private leftRange(tree: RangeEvidence): CompactRange | undefined {
     const left = CompactRange.fromHashes(
-      header.tree.first_leaf_index,
-      header.tree.left.map((hash) => Buffer.from(hash, 'base64')),
+      tree.first_leaf_index,
+      tree.left.map((hash) => Buffer.from(hash, 'base64')),
     );
-    if (left === undefined) return this.fail("the tree evidence's left range does not fit its first leaf index");
-    this.leaves = left;
+    if (left === undefined) this.fail("the tree evidence's left range does not fit its first leaf index");
+    return left;
+  }
+
+  /** A record of a month of leaf records: its content, its place (`leaf_index`, `seq`) and its scheme. */
+  private readLeafRecord(text: string): void {
+    const record = this.parseCanonical(text);
+    if (record === undefined) return;
+    const { leaf_index, seq, hash_scheme, ...content } = record;
+    if (leaf_index !== this.expectedLeaf)
+      return this.fail(`leaf ${String(leaf_index)} where ${this.expectedLeaf} was due`);
+    if (hash_scheme !== HASH_SCHEME.leaf || !Number.isSafeInteger(seq))
+      return this.fail(`leaf ${this.expectedLeaf}: not a leaf record with its seq`);
+    const leaf = leafHash(canonicalJson(content) ?? '{}');
+    this.leaves?.append(leaf);
+    this.firstHash ??= leaf.toString('hex');
+    this.prevHash = leaf.toString('hex');
+    this.firstSeq ??= seq as number;
+    this.lastSeq = seq as number;
+    this.expectedLeaf += 1;
+    this.checked += 1;
   }
 
   private readRecord(text: string): void {
+    if (this.leafHeader !== null) return this.readLeafRecord(text);
     const suffix = HASH_SUFFIX.exec(text);
     if (suffix === null) return this.fail('a record without its hash at the end');
     const hash = suffix[1]!;
@@ -201,9 +267,9 @@ export class PartitionFileVerifier {
   }
 
   /** Whether the records, between the evidence's subtrees, make the root of the checkpoint the log key signed. */
-  private treeHolds(tree: RangeEvidence): boolean {
+  private treeHolds(tree: RangeEvidence, logKey: string): boolean {
     const at = this.lineNo;
-    const text = openNote(tree.checkpoint, this.options.logKey!);
+    const text = openNote(tree.checkpoint, logKey);
     const head = text === undefined ? undefined : parseCheckpoint(text);
     if (head === undefined || head.size !== tree.tree_size) {
       this.fail("the tree's checkpoint is not signed by the log key", at);
@@ -230,6 +296,7 @@ export class PartitionFileVerifier {
   }
 
   private checkTrailer(): void {
+    if (this.leafHeader !== null) return this.checkLeafTrailer(this.leafHeader);
     const header = this.header!;
     const trailer = this.trailer!;
     const at = this.lineNo;
@@ -239,10 +306,51 @@ export class PartitionFileVerifier {
       return this.fail(`the records end at seq ${this.expectedSeq - 1}, the header says ${header.last_seq}`, at);
     if (this.firstHash !== header.first_hash || this.prevHash !== header.last_hash)
       return this.fail("the records' first or last hash is not the header's", at);
-    if (this.leaves !== undefined && !this.treeHolds(header.tree!)) return;
+    if (this.leaves !== undefined && !this.treeHolds(header.tree!, this.options.logKey!)) return;
     const checkpoint = trailer.checkpoint;
     if (checkpoint?.seq !== header.last_seq || checkpoint.hash !== header.last_hash)
       return this.fail('the checkpoint is not at the last record', at);
+    this.checkSignature(checkpoint, at);
+  }
+
+  /**
+   * A month of leaf records holds when its records, between the evidence's subtrees, make the root of a
+   * checkpoint signed by the log's key (given, or made from the public key and the note's origin) and the
+   * seal at its last leaf is signed: the records are bound by the tree, the range's end by the seal.
+   */
+  private checkLeafTrailer(header: LeafPartitionFileHeader): void {
+    const trailer = this.trailer!;
+    const at = this.lineNo;
+    if (trailer.lines_sha256 !== this.digest.digest('hex'))
+      return this.fail('the lines before the trailer are not the ones it digests', at);
+    if (this.checked !== header.rows || this.expectedLeaf - 1 !== header.last_leaf_index)
+      return this.fail(
+        `the records end at leaf ${this.expectedLeaf - 1}, the header says ${header.last_leaf_index}`,
+        at,
+      );
+    if (this.firstHash !== header.first_hash || this.prevHash !== header.last_hash)
+      return this.fail("the records' first or last leaf hash is not the header's", at);
+    if (this.firstSeq !== header.first_seq || this.lastSeq !== header.last_seq)
+      return this.fail("the records' first or last seq is not the header's", at);
+    const origin = header.tree.checkpoint.split('\n', 1)[0]!;
+    const logKey =
+      this.options.logKey ??
+      (this.options.publicKeyPem === undefined
+        ? undefined
+        : verifierKeyOf(origin, createPublicKey(this.options.publicKeyPem)));
+    if (logKey === undefined) return this.fail("the records are proven by the log's key: a key is needed", at);
+    if (!this.treeHolds(header.tree, logKey)) return;
+    const checkpoint = trailer.checkpoint;
+    if (
+      checkpoint?.leaf_index !== header.last_leaf_index ||
+      checkpoint.seq !== header.last_seq ||
+      checkpoint.hash !== header.last_hash
+    )
+      return this.fail('the seal is not at the last leaf', at);
+    this.checkSignature(checkpoint, at);
+  }
+
+  private checkSignature(checkpoint: Checkpoint, at: number): void {
     if (checkpoint.signature === null || checkpoint.key_id === null) {
       if (!this.options.allowUnsigned) this.fail('the checkpoint is unsigned', at);
       return;

@@ -100,13 +100,15 @@ export async function insertArchive(
     partition: string;
     from_seq: number;
     to_seq: number;
-    prev_hash: string;
+    prev_hash: string | null;
     first_hash: string;
     last_hash: string;
     row_count: number;
     checkpoint_id: string;
     detached_by: string;
     detached_at: Date;
+    from_leaf?: number;
+    to_leaf?: number;
   },
 ): Promise<void> {
   await trx.insertInto('audit_partition_archives').values(archive).execute();
@@ -114,4 +116,32 @@ export async function insertArchive(
 
 export async function listArchives(db: Kysely<DB>): Promise<ArchiveRow[]> {
   return db.selectFrom('audit_partition_archives').selectAll().orderBy('from_seq').execute();
+}
+
+/**
+ * The last leaf any of a partition's records is, and how many of them are not leaves yet (one scan of the
+ * partition: what a month of leaf records archives up to, and whether it may be sealed).
+ */
+export async function lastLeafOf(
+  db: Kysely<DB>,
+  name: string,
+): Promise<{ lastLeaf: number | null; unsequenced: number }> {
+  const { rows } = await sql<{ last_leaf: string | null; unsequenced: string }>`
+    select max(l.leaf_index) as last_leaf, count(*) filter (where l.leaf_index is null) as unsequenced
+    from ${sql.table(name)} e left join audit_leaves l on l.event_id = e.event_id`.execute(db);
+  const row = rows[0];
+  return {
+    lastLeaf: row?.last_leaf === null || row === undefined ? null : Number(row.last_leaf),
+    unsequenced: Number(row?.unsequenced ?? 0),
+  };
+}
+
+/** The `audit.partition_detached` records a partition holds, with their seq: they leave with it. */
+export async function detachReportsIn(
+  db: Kysely<DB>,
+  name: string,
+): Promise<Array<{ event_seq: number; details: Record<string, unknown> }>> {
+  const { rows } = await sql<{ seq: string; details: Record<string, unknown> }>`
+    select seq, details from ${sql.table(name)} where event_type = 'audit.partition_detached' order by seq`.execute(db);
+  return rows.map((row) => ({ event_seq: Number(row.seq), details: row.details }));
 }

@@ -151,6 +151,24 @@ export async function leafSeqs(db: Kysely<DB> | Transaction<DB>, from: number, t
   return rows.map((row) => Number(row.seq));
 }
 
+/** The seqs of the records at these leaves, in the order asked (undefined where there is no such leaf). */
+export async function leafSeqsAt(
+  db: Kysely<DB> | Transaction<DB>,
+  ...indexes: number[]
+): Promise<Array<number | undefined>> {
+  const rows = await db
+    .selectFrom('audit_leaves')
+    .select(['leaf_index', 'seq'])
+    .where(
+      'leaf_index',
+      'in',
+      indexes.map((index) => String(index) as never),
+    )
+    .execute();
+  const seqs = new Map(rows.map((row) => [Number(row.leaf_index), Number(row.seq)]));
+  return indexes.map((index) => seqs.get(index));
+}
+
 /** The seq of a record not sequenced yet (no leaf is it), by its id. */
 export async function unsequencedSeqOf(db: Kysely<DB>, eventId: string): Promise<number | undefined> {
   const row = await db
@@ -165,7 +183,7 @@ export async function unsequencedSeqOf(db: Kysely<DB>, eventId: string): Promise
 }
 
 /** Where the linear chain stands: its last seq, and whether it is closed (records are leaves only since). */
-export async function readChainEnd(trx: Transaction<DB>): Promise<{ seq: number; closed: boolean }> {
+export async function readChainEnd(trx: Kysely<DB> | Transaction<DB>): Promise<{ seq: number; closed: boolean }> {
   const row = await trx
     .selectFrom('audit_chain_head')
     .select(['seq', 'closed'])

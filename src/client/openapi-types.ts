@@ -1576,10 +1576,15 @@ export interface components {
          *     UTF-8 bytes of `toolgate-audit-checkpoint-v1` and a newline followed by the canonical JSON
          *     (keys sorted, no spaces) of `{at, hash, id, key_id, seq}`; `key_id` is the first 16 hex
          *     digits of the SHA-256 of the public key (SPKI DER). Both are null for an unsigned checkpoint.
+         *     With `leaf_index`, it seals a month of leaf records instead (`POST /audit/partitions/{name}/seal`):
+         *     the record `seq` is the leaf at `leaf_index` and `hash` its leaf hash (hex), and the signature
+         *     is over `toolgate-audit-leaf-seal-v1`, a newline and the canonical JSON of
+         *     `{at, hash, id, key_id, leaf_index, seq}`.
          */
         AuditCheckpoint: {
             id: string;
             seq: number;
+            leaf_index?: number;
             hash: string;
             /** Format: date-time */
             at: string;

@@ -52,6 +52,8 @@ export interface AuditCheckpointTable {
   key_id: string | null;
   signature: string | null;
   created_by: string;
+  /** Set on a checkpoint that seals a range of leaves: its last leaf, whose leaf hash `hash` is. */
+  leaf_index: ColumnType<string | null, number | null | undefined, never>;
 }
 
 /** The Merkle tree as the sequencer last left it, and its lease (one row). */
@@ -92,10 +94,14 @@ export interface AuditPartitionArchiveTable {
   partition: string;
   from_seq: ColumnType<string, number, never>;
   to_seq: ColumnType<string, number, never>;
-  prev_hash: string;
+  /** Null for a range of leaves, which chains from nothing. */
+  prev_hash: string | null;
   first_hash: string;
   last_hash: string;
   row_count: ColumnType<string, number, never>;
+  /** The leaves a detached month of leaf records archives; null for a range of the chain. */
+  from_leaf: ColumnType<string | null, number | null | undefined, never>;
+  to_leaf: ColumnType<string | null, number | null | undefined, never>;
   checkpoint_id: string;
   detached_by: string;
   detached_at: ColumnType<Date, Date, never>;

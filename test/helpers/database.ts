@@ -5,8 +5,9 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { pino } from 'pino';
 import { inject } from 'vitest';
-import { closeAuditChain } from '../../src/audit/audit-repository.js';
+import type { Kysely } from 'kysely';
 import { openDatabase, type Database } from '../../src/db/database.js';
+import type { DB } from '../../src/db/schema.js';
 import { migrate, migrationsDir } from '../../src/db/migrate.js';
 
 /** True when tests run against a real PostgreSQL server (several connections, LISTEN/NOTIFY across processes). */
@@ -20,17 +21,29 @@ export interface TestDatabase {
 }
 
 /**
- * How a test database's audit log starts: its linear chain open (as a migrated database is today), or closed
- * so that records are leaves only. `TOOLGATE_TEST_AUDIT_CHAIN=closed` closes it for every test that does not say.
+ * How a test database's audit log starts: closed at its genesis, records leaves only (as a new log is), or
+ * its linear chain open (as a log written before the chain closed). `TOOLGATE_TEST_AUDIT_CHAIN=open` opens
+ * it for every test that does not say.
  */
 export type ChainState = 'open' | 'closed';
-const defaultChain: ChainState = process.env.TOOLGATE_TEST_AUDIT_CHAIN === 'closed' ? 'closed' : 'open';
+const defaultChain: ChainState = process.env.TOOLGATE_TEST_AUDIT_CHAIN === 'open' ? 'open' : 'closed';
 
 /** Creates a fresh, migrated database for one test file, so that runs never collide. */
 export async function createTestDatabase(options: { chain?: ChainState } = {}): Promise<TestDatabase> {
   const made = await createMigrated();
-  if ((options.chain ?? defaultChain) === 'closed') await closeAuditChain(made.database.control);
+  if ((options.chain ?? defaultChain) === 'open') await openEmptyChain(made.database.control);
   return made;
+}
+
+/** A migrated log with no record opened as a log from before the chain closed was (what no gateway does). */
+async function openEmptyChain(db: Kysely<DB>): Promise<void> {
+  const { numUpdatedRows } = await db
+    .updateTable('audit_chain_head')
+    .set({ closed: false })
+    .where('id', '=', 1)
+    .where('seq', '=', '0' as never)
+    .executeTakeFirst();
+  if (numUpdatedRows !== 1n) throw new Error('the test database has records: its chain cannot be opened');
 }
 
 async function createMigrated(): Promise<TestDatabase> {

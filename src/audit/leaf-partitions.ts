@@ -1,0 +1,230 @@
+import { createHash, randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { PassThrough } from 'node:stream';
+import type { Logger } from 'pino';
+import type { Database } from '../db/database.js';
+import { CodedError } from '../errors/coded-error.js';
+import { writeAuditEvents, type ChainHead } from './audit-repository.js';
+import type { AuditTree, LeafWalk } from './audit-tree.js';
+import { recordCheckpointCreated } from './audit-checkpoints.js';
+import type { LeafDetachReport } from './archived-leaves.js';
+import { insertCheckpoint, sealsAtLeaf } from './checkpoint-repository.js';
+import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
+import {
+  LEAF_PARTITION_FILE_FORMAT,
+  fileLine,
+  type LeafPartitionFileHeader,
+  type PartitionFileTrailer,
+} from './partition-file.js';
+import {
+  detachPartition,
+  detachReportsIn,
+  insertArchive,
+  lastLeafOf,
+  listArchives,
+  type PartitionRow,
+} from './partition-repository.js';
+import { leafSeqsAt } from './tree-repository.js';
+
+/** The leaves a month of leaf records archives: from where the last archived range ended to its last leaf. */
+export interface LeafRange {
+  from_leaf: number;
+  to_leaf: number;
+}
+
+export interface LeafPartitionsOptions {
+  database: Database;
+  signer: CheckpointSigner;
+  tree: AuditTree;
+  now: () => Date;
+  logger: Logger;
+}
+
+/**
+ * The months of a log that is leaves only: each archives a contiguous range of the Merkle tree's leaves,
+ * sealed by a signed checkpoint at its last leaf, exported with the tree's evidence for the range, and
+ * detached once exported (docs/design/audit-chain.md#leaf-partitions).
+ */
+export class LeafPartitions {
+  constructor(private readonly options: LeafPartitionsOptions) {}
+
+  /**
+   * The range a finished month archives, or why it cannot yet: `unsequenced` while a record of it is not a
+   * leaf, `empty` when its records all sit in ranges archived before.
+   */
+  async range(row: PartitionRow, chainEnd: number): Promise<LeafRange | 'unsequenced' | 'empty'> {
+    const db = this.options.database.control;
+    const [{ lastLeaf, unsequenced }, archives] = await Promise.all([lastLeafOf(db, row.name), listArchives(db)]);
+    if (unsequenced > 0) return 'unsequenced';
+    // The chain's records are its first leaves, in seq order: leaf records start after them.
+    const from = archives.reduce(
+      (end, a) => (a.to_leaf === null ? end : Math.max(end, Number(a.to_leaf) + 1)),
+      chainEnd,
+    );
+    if (lastLeaf === null || lastLeaf < from) return 'empty';
+    return { from_leaf: from, to_leaf: lastLeaf };
+  }
+
+  /** A trusted seal at the range's last leaf, naming the record there. */
+  async sealOf(range: LeafRange): Promise<Checkpoint | undefined> {
+    const db = this.options.database.control;
+    const [seals, [seq]] = await Promise.all([sealsAtLeaf(db, range.to_leaf), leafSeqsAt(db, range.to_leaf)]);
+    return seals.find((c) => c.seq === seq && this.options.signer.distrust(c) === null);
+  }
+
+  /** Proves the range's leaves under the latest checkpoint, then signs a seal at its last leaf. */
+  async seal(name: string, range: LeafRange, actor: string): Promise<Checkpoint> {
+    const walked = this.proven(name, await this.options.tree.walkLeaves(range.from_leaf, range.to_leaf));
+    const checkpoint = this.options.signer.sign({
+      id: `ckpt_${randomUUID()}`,
+      seq: walked.last.seq,
+      hash: walked.last.hash,
+      leaf_index: range.to_leaf,
+      at: this.options.now().toISOString(),
+      created_by: actor,
+    });
+    await this.options.database.control.transaction().execute(async (trx) => {
+      await insertCheckpoint(trx, checkpoint);
+      await recordCheckpointCreated(trx, checkpoint, actor, this.options.now(), {
+        partition: name,
+        leaf_index: range.to_leaf,
+      });
+    });
+    return checkpoint;
+  }
+
+  /** The range as JSON Lines (format v4): its records in leaf order, proven as they are read. */
+  export(partition: PartitionRow, range: LeafRange, seal: Checkpoint): PassThrough {
+    const stream = new PassThrough();
+    const digest = createHash('sha256');
+    const write = async (lines: string[]): Promise<void> => {
+      const text = lines.map((line) => `${line}\n`).join('');
+      digest.update(text);
+      if (stream.destroyed) throw new Error('the export was abandoned');
+      if (!stream.write(text)) await Promise.race([once(stream, 'drain'), once(stream, 'close')]);
+    };
+    const produce = async (): Promise<void> => {
+      // The header says what the stored tree holds; the records are then proven under that same checkpoint.
+      const head = await this.options.tree.leafRange(range.from_leaf, range.to_leaf);
+      if (head === undefined) throw new Error(`${partition.name}'s last leaf is not under a valid checkpoint`);
+      const header: LeafPartitionFileHeader = {
+        type: 'header',
+        format: LEAF_PARTITION_FILE_FORMAT,
+        partition: partition.name,
+        range_start: partition.range_start?.toISOString() ?? null,
+        range_end: partition.range_end?.toISOString() ?? null,
+        first_leaf_index: range.from_leaf,
+        last_leaf_index: range.to_leaf,
+        first_seq: head.first.seq,
+        last_seq: head.last.seq,
+        first_hash: head.first.hash,
+        last_hash: head.last.hash,
+        rows: range.to_leaf - range.from_leaf + 1,
+        exported_at: this.options.now().toISOString(),
+        tree: head.evidence,
+      };
+      await write([fileLine(header)]);
+      const size = head.evidence.tree_size;
+      const walked = await this.options.tree.walkLeaves(range.from_leaf, range.to_leaf, write, size);
+      if (!walked.ok || walked.last.hash !== seal.hash)
+        throw new Error(`${partition.name}'s leaves do not verify as sealed`);
+      const trailer: PartitionFileTrailer = { type: 'trailer', checkpoint: seal, lines_sha256: digest.digest('hex') };
+      stream.end(`${fileLine(trailer)}\n`);
+    };
+    produce().catch((error: unknown) => {
+      this.options.logger.warn({ err: error, partition: partition.name }, 'audit partition export failed');
+      stream.destroy(error instanceof Error ? error : new Error(String(error)));
+    });
+    return stream;
+  }
+
+  /**
+   * Detaches the month once its range still ends at the record named as exported and its leaves still
+   * verify, recording `audit.partition_detached` and the archived range in one transaction.
+   */
+  async detach(
+    partition: PartitionRow,
+    range: LeafRange,
+    seal: Checkpoint,
+    actor: string,
+    confirm: ChainHead,
+    lockTimeout: string,
+  ): Promise<{ eventSeq: number; at: Date; rows: number; first_seq: number; last_seq: number }> {
+    const name = partition.name;
+    if (confirm.seq !== seal.seq || confirm.hash !== seal.hash) {
+      throw new CodedError('partition_not_sealed', `${name} does not end at the record named as exported`, {
+        partition: name,
+        reason: 'mismatch',
+        last_seq: seal.seq,
+        last_hash: seal.hash,
+      });
+    }
+    const db = this.options.database.control;
+    const walked = this.proven(name, await this.options.tree.walkLeaves(range.from_leaf, range.to_leaf));
+    if (walked.last.hash !== seal.hash) {
+      throw new CodedError('audit_chain_broken', `${name} no longer ends as sealed; it stays attached`, {
+        first_bad_leaf_index: range.to_leaf,
+      });
+    }
+    const rows = range.to_leaf - range.from_leaf + 1;
+    const details = {
+      partition: name,
+      from_leaf: range.from_leaf,
+      to_leaf: range.to_leaf,
+      first_seq: walked.first.seq,
+      last_seq: walked.last.seq,
+      first_hash: walked.first.hash,
+      last_hash: walked.last.hash,
+      rows,
+      checkpoint_id: seal.id,
+      // The reports this month holds leave with it: verification finds them here once it is gone.
+      archived_records: (await detachReportsIn(db, name)).flatMap(({ event_seq, details: report }) => {
+        const held = report as unknown as LeafDetachReport;
+        // With the ones it carried: the newest report left in the log carries every report that left before it.
+        return [{ event_seq, ...reportOf(held) }, ...(held.archived_records ?? [])];
+      }),
+    };
+    const at = this.options.now();
+    const eventSeq = await db.transaction().execute(async (trx) => {
+      await detachPartition(trx, name, lockTimeout);
+      const [record] = await writeAuditEvents(trx, [
+        { event: { event_type: 'audit.partition_detached', actor, details }, occurredAt: at },
+      ]);
+      await insertArchive(trx, {
+        event_seq: record!.seq,
+        partition: name,
+        from_seq: walked.first.seq,
+        to_seq: walked.last.seq,
+        prev_hash: null,
+        first_hash: walked.first.hash,
+        last_hash: walked.last.hash,
+        row_count: rows,
+        checkpoint_id: seal.id,
+        detached_by: actor,
+        detached_at: at,
+        from_leaf: range.from_leaf,
+        to_leaf: range.to_leaf,
+      });
+      return record!.seq;
+    });
+    return { eventSeq, at, rows, first_seq: walked.first.seq, last_seq: walked.last.seq };
+  }
+
+  private proven(name: string, walked: LeafWalk): Extract<LeafWalk, { ok: true }> {
+    if (walked.ok) return walked;
+    if (walked.reason === 'not_covered') {
+      throw new CodedError('partition_not_sealed', `${name}'s last leaf is not under a signed checkpoint yet`, {
+        partition: name,
+        reason: 'unsequenced',
+      });
+    }
+    throw new CodedError('audit_chain_broken', `${name}'s leaves do not verify against the signed tree`, {
+      first_bad_leaf_index: walked.first_bad_leaf_index,
+    });
+  }
+}
+
+function reportOf(report: LeafDetachReport): Omit<LeafDetachReport, 'archived_records'> {
+  const { partition, from_leaf, to_leaf, last_hash } = report;
+  return { partition, from_leaf, to_leaf, last_hash };
+}
