@@ -3,6 +3,7 @@ import pg from 'pg';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { canonicalJson } from '../src/audit/audit-hash.js';
+import { closeAuditChain } from '../src/audit/audit-repository.js';
 import { leafHash } from '../src/audit/merkle.js';
 import { PartitionFileVerifier } from '../src/audit/partition-file.js';
 import { hasPostgresServer } from './helpers/database.js';
@@ -279,13 +280,135 @@ describe.skipIf(!hasPostgresServer)('audit partitions of leaf records (needs a P
     await sql`
       insert into audit_partition_archives
         (event_seq, partition, from_seq, to_seq, prev_hash, first_hash, last_hash, row_count, checkpoint_id,
-         detached_by, detached_at, from_leaf, to_leaf)
+         detached_by, detached_at, from_leaf, to_leaf, last_leaf_hash)
       values (1000, 'audit_events_forged', 1000, 1000, null, ${'0'.repeat(64)}, ${'0'.repeat(64)}, 1, 'x',
-        'someone', now(), 100, 100)`.execute(h.db.database.control);
+        'someone', now(), 100, 100, ${'0'.repeat(64)})`.execute(h.db.database.control);
     const verified = await h.client.get('/audit/verify', { token: platform });
     expect(verified.body).toMatchObject({
       ok: false,
       tree: { ok: false, first_bad_leaf_index: 100, reason: 'record_missing' },
+    });
+  });
+});
+
+/*
+ * A log written before the chain closed: its chain's months are archived as ranges of the chain, the month it
+ * closed in as a range of leaves holding the chain's last records, and the months after as leaves only.
+ */
+describe.skipIf(!hasPostgresServer)('the month the chain closed in (needs a PostgreSQL server)', () => {
+  let h: Harness;
+  const clock = new ManualClock(new Date(monthStart(1).getTime() + days(4)));
+  const [m1, m2, m3] = [monthStart(1), monthStart(2), monthStart(3)];
+  let chainEnd: { seq: number; hash: string };
+
+  const append = (n: number, at: Date, tag: string) => {
+    clock.set(at);
+    return h.client.app.services.audit.appendMany(
+      Array.from({ length: n }, (_, i) => ({ event_type: 'partition.test', actor: `system.${tag}.${i}` })),
+    );
+  };
+  const seal = (name: string) => h.client.post(`/audit/partitions/${name}/seal`, { token: platform });
+  const exportOf = async (name: string) =>
+    (await h.client.get(`/audit/partitions/${name}/export`, { token: platform })).text;
+  const detachAs = (name: string, file: string) => {
+    const header = JSON.parse(file.split('\n')[0]!);
+    return h.client.post(`/audit/partitions/${name}/detach`, {
+      token: platform,
+      body: { last_seq: header.last_seq, last_hash: header.last_hash },
+    });
+  };
+  const covered = () =>
+    until('every record to be a leaf under a checkpoint', async () => {
+      const { rows } = await sql<{ size: number; records: number }>`
+        select coalesce((select max(tree_size) from audit_tree_checkpoints), 0)::int as size,
+          (select count(*) from audit_events)::int as records`.execute(h.db.database.control);
+      return rows[0]!.size >= rows[0]!.records;
+    });
+
+  beforeAll(async () => {
+    h = await startHarness(
+      { TOOLGATE_AUDIT_SIGNING_KEY: key.privatePem, TOOLGATE_AUDIT_SEQUENCE_INTERVAL_MS: '50' },
+      { now: clock.now, chain: 'open' },
+    );
+    await h.client.app.services.auditPartitions.addMonthsAhead();
+    await append(3, new Date(m1.getTime() + days(4)), 'm1');
+    await append(2, new Date(m2.getTime() + days(4)), 'm2.linked');
+    chainEnd = await closeAuditChain(h.db.database.control);
+    await append(2, new Date(m2.getTime() + days(5)), 'm2.leaf');
+    await append(2, new Date(m3.getTime() + days(4)), 'm3');
+    await covered();
+    clock.set(new Date(m3.getTime() + days(40)));
+  });
+  afterAll(() => h?.close());
+
+  it("archives the chain's month as a range of the chain, then the month it closed in as leaves with its last records", async () => {
+    expect(chainEnd.seq).toBe(5);
+    expect((await seal(partitionOf(m1))).status).toBe(201);
+    const first = await exportOf(partitionOf(m1));
+    expect(JSON.parse(first.split('\n')[0]!)).toMatchObject({ format: 'toolgate-audit-partition-v3', last_seq: 3 });
+    expect((await detachAs(partitionOf(m1), first)).status).toBe(200);
+
+    const sealed = await seal(partitionOf(m2));
+    expect(sealed.status, JSON.stringify(sealed.body)).toBe(201);
+    // Leaves 3–6: the chain's records 4 and 5, then the month's leaf records 6 and 7.
+    expect(sealed.body).toMatchObject({ leaf_index: 6, seq: 7 });
+    const file = await exportOf(partitionOf(m2));
+    const lines = file.trimEnd().split('\n');
+    expect(JSON.parse(lines[0]!)).toMatchObject({
+      format: 'toolgate-audit-partition-v4',
+      first_leaf_index: 3,
+      last_leaf_index: 6,
+      first_seq: 4,
+      last_seq: 7,
+      chain: {
+        from_seq: 4,
+        to_seq: 5,
+        prev_hash: JSON.parse(first.split('\n')[0]!).last_hash,
+        last_hash: chainEnd.hash,
+      },
+    });
+    expect(lines.slice(1, -1).map((line) => JSON.parse(line).hash_scheme)).toEqual([2, 2, 3, 3]);
+    expect(verifyFile(file, { publicKeyPem: key.publicPem })).toMatchObject({ ok: true, checked: 4 });
+    // A record of the chain whose link is rewritten (its content, and so its leaf, unchanged).
+    const relinked = redigested(file, (body) =>
+      body.map((line, i) =>
+        i === 2 ? line.replace(/"prev_hash":"[0-9a-f]{64}"/, `"prev_hash":"${'1'.repeat(64)}"`) : line,
+      ),
+    );
+    expect(verifyFile(relinked, { publicKeyPem: key.publicPem })).toMatchObject({
+      ok: false,
+      first_bad_line: 3,
+      reason: expect.stringMatching(/does not chain or hash/),
+    });
+
+    expect((await detachAs(partitionOf(m2), file)).status).toBe(200);
+    await covered();
+    const verified = await h.client.get('/audit/verify', { token: platform });
+    expect(verified.body).toMatchObject({
+      ok: true,
+      checked: 0,
+      archived: [
+        { from_seq: 1, to_seq: 3, partition: partitionOf(m1) },
+        { from_seq: 4, to_seq: 5, partition: partitionOf(m2) },
+      ],
+      tree: { ok: true },
+    });
+  });
+
+  it('archives the months after it as leaves only, from the leaf after', async () => {
+    const sealed = await seal(partitionOf(m3));
+    expect(sealed.status, JSON.stringify(sealed.body)).toBe(201);
+    expect(sealed.body).toMatchObject({ leaf_index: 8, seq: 9 });
+    const file = await exportOf(partitionOf(m3));
+    const header = JSON.parse(file.split('\n')[0]!);
+    expect(header).toMatchObject({ first_leaf_index: 7, last_leaf_index: 8 });
+    expect(header.chain).toBeUndefined();
+    expect(verifyFile(file, { publicKeyPem: key.publicPem })).toMatchObject({ ok: true, checked: 2 });
+    expect((await detachAs(partitionOf(m3), file)).status).toBe(200);
+    await covered();
+    expect((await h.client.get('/audit/verify', { token: platform })).body).toMatchObject({
+      ok: true,
+      tree: { ok: true },
     });
   });
 });

@@ -134,7 +134,7 @@ describe.skipIf(!hasPostgresServer)('migration 0022 on a populated log', () => {
           anchor: { seq: head.seq, ok: true, reason: null },
         });
 
-        // Appends go on after them, linked in the database.
+        // Appends go on after them as leaf records: the upgrade closed the chain at its head.
         const after = await client.app.services.audit.appendMany([
           { event_type: 'storage.test', actor: 'agent:agent.7', input_sha256: payloadHash({ seq: 7 }) },
           {
@@ -144,8 +144,15 @@ describe.skipIf(!hasPostgresServer)('migration 0022 on a populated log', () => {
             output_sha256: payloadHash({ out: 8 }),
           },
         ]);
-        expect(after[0]!.prev_hash).toBe(head.hash);
-        expect((await client.get('/audit/verify', { token: platform })).body).toMatchObject({ ok: true, checked: 8 });
+        expect(after.map((r) => [r.hash_scheme, r.prev_hash, r.seq > head.seq])).toEqual([
+          [3, null, true],
+          [3, null, true],
+        ]);
+        expect((await client.get('/audit/verify', { token: platform })).body).toMatchObject({
+          ok: true,
+          checked: 6,
+          head,
+        });
         const latest = await client.get('/audit', { token: platform, query: { limit: 2 } });
         expect(latest.body.items).toEqual([...after].reverse());
       } finally {

@@ -409,8 +409,9 @@ describe('toolgate, run as an operator runs it', () => {
     expect(listed.stdout).toContain(`${checkpoint.id}  seq ${checkpoint.seq}`);
     const verified = await toolgate(['audit', 'verify', '--from-checkpoint', checkpoint.id]);
     expect(verified.status).toBe(0);
+    // A new log is leaves only: its chain closed at its genesis, and the tree holds every record.
     expect(verified.stdout).toMatch(
-      new RegExp(`^audit chain intact: 1 row, .*; from checkpoint ${checkpoint.id} at seq ${checkpoint.seq}`),
+      new RegExp(`^audit chain intact: 0 rows; from checkpoint ${checkpoint.id} at seq 0`),
     );
   }, 120_000);
 
@@ -466,30 +467,34 @@ describe('toolgate, run as an operator runs it', () => {
   }, 120_000);
 
   it.skipIf(!hasPostgresServer)(
-    'verifies the audit chain against an anchor it keeps, and detects a rewritten row (needs PostgreSQL: the test rewrites a row)',
+    'verifies the log, refuses to anchor a chain with no record, and detects a rewritten record (needs PostgreSQL: the test rewrites a row)',
     async () => {
       const anchor = join(mkdtempSync(join(tmpdir(), 'toolgate-anchor-')), 'anchor.json');
-      const first = await toolgate(['audit', 'verify', '--anchor', anchor]);
+      const anchored = await toolgate(['audit', 'verify', '--anchor', anchor]);
+      expect(anchored.status).toBe(2);
+      expect(anchored.stderr).toContain('toolgate audit witness --state FILE');
+      expect(existsSync(anchor)).toBe(false);
+      const first = await toolgate(['audit', 'verify']);
       expect(first.status).toBe(0);
-      expect(first.stdout).toMatch(/^audit chain intact: \d+ rows, head seq \d+/);
-      expect(existsSync(anchor)).toBe(true);
-      const kept = JSON.parse(readFileSync(anchor, 'utf8'));
+      expect(first.stdout).toMatch(/^audit chain intact: 0 rows; tree intact: \d+ of \d+ leaves checked/);
 
       const client = new pg.Client({ connectionString: databaseUrl });
       await client.connect();
       try {
+        const { rows } = await client.query<{ seq: string }>('select seq from audit_leaves where leaf_index = 1');
         await client.query('alter table audit_events disable trigger audit_events_no_update_delete');
-        await client.query(`update audit_events set actor = 'operator:someone-else' where seq = $1`, [kept.seq - 1]);
+        await client.query(`update audit_events set actor = 'operator:someone-else' where seq = $1`, [rows[0]!.seq]);
         await client.query('alter table audit_events enable trigger audit_events_no_update_delete');
       } finally {
         await client.end();
       }
-      const second = await toolgate(['audit', 'verify', '--anchor', anchor, '--json']);
+      const second = await toolgate(['audit', 'verify', '--json']);
       expect(second.status).toBe(1);
-      expect(json(second)).toMatchObject({ ok: false, first_bad_seq: kept.seq - 1 });
-      expect(second.stderr).toContain(`toolgate: audit chain broken at seq ${kept.seq - 1}`);
-      // A broken chain leaves the anchor as it was.
-      expect(JSON.parse(readFileSync(anchor, 'utf8'))).toEqual(kept);
+      expect(json(second)).toMatchObject({
+        ok: false,
+        tree: { ok: false, first_bad_leaf_index: 1, reason: 'record_changed' },
+      });
+      expect(second.stderr).toContain('toolgate: audit tree broken at leaf 1 (record_changed)');
     },
     120_000,
   );

@@ -350,7 +350,7 @@ export class AuditPartitions {
     if (row.is_default) return { ...base, state: 'default' };
     if (!this.isOver(row)) return { ...base, state: 'open' };
     if (row.last_seq === null) return { ...base, state: 'empty' };
-    if (this.leaves !== undefined && holdsLeavesOnly(row, chain)) {
+    if (this.leaves !== undefined && holdsLeaves(row, chain)) {
       const range = await this.leaves.range(row, chain.seq);
       if (range === 'empty') return { ...base, state: 'empty' };
       const sealed = range === 'unsequenced' ? undefined : await this.leaves.sealOf(range);
@@ -398,19 +398,17 @@ export class AuditPartitions {
       // A month of leaves whose records all sit in ranges archived before (exported in their files) holds nothing back.
       const archived =
         this.leaves !== undefined &&
-        holdsLeavesOnly(older, chain) &&
+        holdsLeaves(older, chain) &&
         (await this.leaves.range(older, chain.seq)) === 'empty';
       if (!archived) refuse('not_oldest', `${older.name} holds older records: archive it first`);
     }
-    if (this.leaves !== undefined && holdsLeavesOnly(row, chain)) {
+    if (this.leaves !== undefined && holdsLeaves(row, chain)) {
       const range = await this.leaves.range(row, chain.seq);
       if (range === 'empty') return refuse('empty', `${name} holds no records past the archived ranges`);
       if (range === 'unsequenced')
         return refuse('unsequenced', `${name} holds records the tree does not cover yet: seal it once it does`);
       return { kind: 'leaves' as const, row, range, leaves: this.leaves };
     }
-    if (row.last_seq !== null && row.last_seq > chain.seq)
-      refuse('mixed', `${name} holds records of the chain and leaf records; it stays attached`);
     const chainArchives = archives.filter((a) => a.to_leaf === null);
     const from = chainArchives.reduce((max, a) => Math.max(max, Number(a.to_seq)), 0) + 1;
     if (row.last_seq === null || row.last_seq < from)
@@ -450,9 +448,9 @@ export class AuditPartitions {
 
 type ChainEnd = { seq: number; closed: boolean };
 
-/** A month all of whose records came after the chain closed: it archives a range of leaves. */
-function holdsLeavesOnly(row: PartitionRow, chain: ChainEnd): boolean {
-  return chain.closed && row.first_seq !== null && row.first_seq > chain.seq;
+/** A month holding records of after the chain closed: it archives a range of leaves (the chain's last among them). */
+function holdsLeaves(row: PartitionRow, chain: ChainEnd): boolean {
+  return chain.closed && row.last_seq !== null && row.last_seq > chain.seq;
 }
 
 function unsealed(name: string): never {

@@ -86,8 +86,18 @@ export interface LeafRangeHead {
   right: Array<{ level: number; hash: Hash }>;
 }
 
+/** The records of the linear chain a range of leaves holds (its first leaves, in seq order), as stored. */
+export interface ChainPart {
+  from_seq: number;
+  to_seq: number;
+  /** The hash the first chains from, the first one's and the last one's. */
+  prev_hash: string;
+  first_hash: string;
+  last_hash: string;
+}
+
 export type LeafWalk =
-  | { ok: true; evidence: RangeEvidence; first: LeafEnd; last: LeafEnd }
+  | { ok: true; evidence: RangeEvidence; first: LeafEnd; last: LeafEnd; chain: ChainPart | undefined }
   | { ok: false; first_bad_leaf_index: number | null; reason: LeafWalkFailure };
 
 /** Leaves read per page by `walkLeaves`. */
@@ -298,6 +308,7 @@ export class AuditTree {
     const head = await this.leafRange(from, to, treeSize);
     if (head === undefined) return { ok: false, first_bad_leaf_index: null, reason: 'not_covered' };
     const range = head.left;
+    let chain: ChainPart | undefined;
     const bad = (at: number, reason: LeafWalkFailure): LeafWalk => ({ ok: false, first_bad_leaf_index: at, reason });
     for (let at = from; at <= to; at += LEAF_PAGE) {
       const end = Math.min(to + 1, at + LEAF_PAGE);
@@ -312,15 +323,24 @@ export class AuditTree {
         const { seq, record } = page[i] ?? {};
         if (seq === undefined || record === undefined) return bad(at + i, 'record_missing');
         range.append(leafHash(record.canonical));
-        if (onLines === undefined) continue;
-        const fields = JSON.parse(record.canonical) as Record<string, unknown>;
-        lines.push(canonicalJson({ ...fields, hash_scheme: HASH_SCHEME.leaf, leaf_index: at + i, seq }) ?? '{}');
+        if (record.chain !== undefined) {
+          chain ??= {
+            from_seq: seq,
+            to_seq: seq,
+            prev_hash: record.chain.prevHash,
+            first_hash: record.chain.hash,
+            last_hash: record.chain.hash,
+          };
+          chain.to_seq = seq;
+          chain.last_hash = record.chain.hash;
+        }
+        if (onLines !== undefined) lines.push(exportLine(record, at + i));
       }
       if (onLines !== undefined) await onLines(lines);
     }
     for (const { level, hash } of head.right) range.appendSubtree(level, hash);
     if (!range.root().equals(head.rootHash)) return { ok: false, first_bad_leaf_index: null, reason: 'root_mismatch' };
-    return { ok: true, evidence: head.evidence, first: head.first, last: head.last };
+    return { ok: true, evidence: head.evidence, first: head.first, last: head.last, chain };
   }
 
   /**
@@ -442,4 +462,28 @@ function range0Tiles(from: number, to: number): number[] {
   const tiles: number[] = [];
   for (let index = Math.floor(from / TILE_WIDTH); index * TILE_WIDTH < to; index += 1) tiles.push(index);
   return tiles;
+}
+
+/**
+ * A record as a line of a range's export: its fields and its place. A leaf record's leaf bytes are the line
+ * without `leaf_index`, `seq` and `hash_scheme`; a linked record's also without `prev_hash` and `hash`; an
+ * older record's (hashed whole, its seq inside) without `leaf_index` and `hash`.
+ */
+function exportLine(record: LeafRecord, leafIndex: number): string {
+  const fields = JSON.parse(record.canonical) as Record<string, unknown>;
+  const { chain, seq } = record;
+  const line =
+    chain === undefined
+      ? { ...fields, hash_scheme: HASH_SCHEME.leaf, leaf_index: leafIndex, seq }
+      : chain.scheme === 'linked'
+        ? {
+            ...fields,
+            hash: chain.hash,
+            hash_scheme: HASH_SCHEME.linked,
+            leaf_index: leafIndex,
+            prev_hash: chain.prevHash,
+            seq,
+          }
+        : { ...fields, hash: chain.hash, leaf_index: leafIndex };
+  return canonicalJson(line) ?? '{}';
 }

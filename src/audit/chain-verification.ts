@@ -2,6 +2,7 @@ import type { Kysely, Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
 import { GENESIS_HASH } from './audit-hash.js';
 import { hexOf } from './audit-listing.js';
+import { detachReports } from './archived-leaves.js';
 import { readChainHead, type ChainHead } from './audit-repository.js';
 import { walkChain, type ArchivedRange, type WalkResult } from './chain-walk.js';
 
@@ -17,11 +18,12 @@ export interface ChainVerification {
   archived?: { from_seq: number; to_seq: number; partition: string }[];
 }
 
-/** The ranges of the chain operators detached after export, keyed by their first seq (not ranges of leaves). */
+/** The ranges of the chain operators detached after export, keyed by their first seq. */
 export async function readArchivedRanges(db: Kysely<DB> | Transaction<DB>): Promise<Map<number, ArchivedRange>> {
-  // Every column, filtered here: a log migrated before ranges of leaves existed has no `from_leaf`.
+  // A range of leaves holding none of the chain's records has no link; the chain's own, and a range of leaves
+  // holding its last records, have. (Every column, filtered here: a log migrated before leaves has fewer.)
   const rows = (await db.selectFrom('audit_partition_archives').selectAll().execute()).filter(
-    (row) => row.from_leaf === null || row.from_leaf === undefined,
+    (row) => row.prev_hash !== null,
   );
   return new Map(
     rows.map((row) => [
@@ -188,8 +190,10 @@ async function firstUnreportedArchive(trx: Transaction<DB>, crossed: ArchivedRan
     if (container === undefined) return undefined;
     return reportOf(container)?.archived_records?.find((r) => r.event_seq === range.event_seq);
   };
+  const carried = await detachReports(trx);
   const bad = crossed.filter((range) => {
-    const report = reportOf(range);
+    // A report that left with a month of leaves is carried by that month's report.
+    const report = reportOf(range) ?? (carried.get(range.event_seq) as DetachReport | undefined);
     return (
       report === undefined ||
       report.partition !== range.partition ||

@@ -288,6 +288,8 @@ export interface LeafRecord {
   eventId: string;
   occurredAt: string | null;
   canonical: string;
+  /** A record of the chain: its link (`linked`), or its whole-record hash (`record`, whose bytes hold its seq). */
+  chain?: { scheme: 'linked' | 'record'; prevHash: string; hash: string };
 }
 
 /** Which records `readLeafRecords` reads: those after a seq (up to another, at most `limit`), or those of these seqs. */
@@ -327,7 +329,15 @@ export async function leafRecordReader(
       .filter((raw) => wanted === undefined || wanted.has(Number(raw.seq)))
       .map((raw) => {
         const row = toWalked(raw, shape);
-        return { seq: row.seq, eventId: row.eventId, occurredAt: row.occurredAt, canonical: row.canonical };
+        const record: LeafRecord = {
+          seq: row.seq,
+          eventId: row.eventId,
+          occurredAt: row.occurredAt,
+          canonical: row.canonical,
+        };
+        if (row.computed !== undefined)
+          record.chain = { scheme: row.linked ? 'linked' : 'record', prevHash: row.prevHash, hash: row.hash };
+        return record;
       });
   };
 }

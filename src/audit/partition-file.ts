@@ -62,6 +62,11 @@ export interface LeafPartitionFileHeader {
   rows: number;
   exported_at: string;
   tree: RangeEvidence;
+  /**
+   * The records of the linear chain among the leaves (its last ones, from a log whose chain closed in this
+   * month): they chain from `prev_hash` to `last_hash`, as the archive records for the chain's walk.
+   */
+  chain?: { from_seq: number; to_seq: number; prev_hash: string; last_hash: string };
 }
 
 /** The last line: the checkpoint at `last_seq` that vouches for the range, and a digest of the lines before. */
@@ -107,6 +112,8 @@ export class PartitionFileVerifier {
   private expectedLeaf = 0;
   private firstSeq: number | null = null;
   private lastSeq: number | null = null;
+  /** The chain's records among the leaves: where the next one is due, and the hash it chains from. */
+  private chainAt: { seq: number; hash: string } | null = null;
   private trailer: PartitionFileTrailer | null = null;
   private checked = 0;
   private expectedSeq = 0;
@@ -213,6 +220,7 @@ export class PartitionFileVerifier {
     if (header.tree === undefined) return this.fail('no Merkle tree evidence in the header');
     this.leafHeader = header;
     this.expectedLeaf = header.first_leaf_index;
+    if (header.chain !== undefined) this.chainAt = { seq: header.chain.from_seq, hash: header.chain.prev_hash };
     this.leaves = this.leftRange(header.tree);
   }
 
@@ -225,23 +233,42 @@ export class PartitionFileVerifier {
     return left;
   }
 
-  /** A record of a month of leaf records: its content, its place (`leaf_index`, `seq`) and its scheme. */
+  /** A record of a month of leaf records: its fields and its place, and for a record of the chain its link. */
   private readLeafRecord(text: string): void {
     const record = this.parseCanonical(text);
     if (record === undefined) return;
-    const { leaf_index, seq, hash_scheme, ...content } = record;
+    const { leaf_index, ...fields } = record;
     if (leaf_index !== this.expectedLeaf)
       return this.fail(`leaf ${String(leaf_index)} where ${this.expectedLeaf} was due`);
-    if (hash_scheme !== HASH_SCHEME.leaf || !Number.isSafeInteger(seq))
-      return this.fail(`leaf ${this.expectedLeaf}: not a leaf record with its seq`);
-    const leaf = leafHash(canonicalJson(content) ?? '{}');
+    const bytes = this.leafBytesOf(fields);
+    if (bytes === undefined) return;
+    const leaf = leafHash(bytes);
     this.leaves?.append(leaf);
     this.firstHash ??= leaf.toString('hex');
     this.prevHash = leaf.toString('hex');
-    this.firstSeq ??= seq as number;
-    this.lastSeq = seq as number;
+    const seq = typeof fields.seq === 'number' ? fields.seq : null;
+    this.firstSeq ??= seq;
+    this.lastSeq = seq;
     this.expectedLeaf += 1;
     this.checked += 1;
+  }
+
+  /** A leaf record's bytes, or a chain record's once its hash and link check: the tree binds both the same way. */
+  private leafBytesOf(fields: Record<string, unknown>): string | undefined {
+    const at = `leaf ${this.expectedLeaf}`;
+    const { seq, hash_scheme, prev_hash, hash, ...content } = fields;
+    if (hash_scheme === HASH_SCHEME.leaf && Number.isSafeInteger(seq) && prev_hash === undefined && hash === undefined)
+      return canonicalJson(content) ?? '{}';
+    const chain = this.chainAt;
+    if (chain === null) return void this.fail(`${at}: not a leaf record with its seq`);
+    if (seq !== chain.seq) return void this.fail(`${at}: seq ${String(seq)} where ${chain.seq} of the chain was due`);
+    const { hash: _hash, ...whole } = fields;
+    const bytes = hash_scheme === undefined ? canonicalJson(whole) : canonicalJson(content);
+    const record = hash_scheme === undefined ? whole : { ...content, seq, prev_hash, hash_scheme };
+    if (prev_hash !== chain.hash || typeof hash !== 'string' || recordHash(record, bytes ?? '') !== hash)
+      return void this.fail(`${at}: the record of the chain at seq ${chain.seq} does not chain or hash`);
+    this.chainAt = { seq: chain.seq + 1, hash };
+    return bytes;
   }
 
   private readRecord(text: string): void {
@@ -332,6 +359,9 @@ export class PartitionFileVerifier {
       return this.fail("the records' first or last leaf hash is not the header's", at);
     if (this.firstSeq !== header.first_seq || this.lastSeq !== header.last_seq)
       return this.fail("the records' first or last seq is not the header's", at);
+    const chain = header.chain;
+    if (chain !== undefined && (this.chainAt?.seq !== chain.to_seq + 1 || this.chainAt.hash !== chain.last_hash))
+      return this.fail('the records of the chain do not end where the header says', at);
     const origin = header.tree.checkpoint.split('\n', 1)[0]!;
     const logKey =
       this.options.logKey ??

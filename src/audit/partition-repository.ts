@@ -109,6 +109,7 @@ export async function insertArchive(
     detached_at: Date;
     from_leaf?: number;
     to_leaf?: number;
+    last_leaf_hash?: string;
   },
 ): Promise<void> {
   await trx.insertInto('audit_partition_archives').values(archive).execute();

@@ -368,9 +368,13 @@ export interface paths {
          *     records (months are archived in order): verifies the chain from the newest trusted checkpoint
          *     at or below its last record up to it, then records a checkpoint there (signed when the
          *     gateway signs), recorded as `audit.checkpoint_created`. `201` with the new checkpoint; `200`
-         *     with the one already there. `409 partition_not_sealed` (`details.reason`: `open`, `empty`,
-         *     `default`, `not_oldest`, `detached`) when it cannot be sealed; `409 audit_chain_broken` when
-         *     the chain does not verify.
+         *     with the one already there. A month of leaf records (a log that is leaves only) is sealed
+         *     once every record of it is a leaf under a signed checkpoint: its leaves are proven against
+         *     the signed tree and the checkpoint names the range's last leaf (`leaf_index`).
+         *     `409 partition_not_sealed` (`details.reason`: `open`, `empty`, `default`, `not_oldest`,
+         *     `detached`, `unsequenced` — a record of it is not a leaf under a checkpoint yet) when it
+         *     cannot be sealed; `409
+         *     audit_chain_broken` when the chain, or the month's leaves, do not verify.
          */
         post: operations["sealAuditPartition"];
         delete?: never;
@@ -399,8 +403,17 @@ export interface paths {
          *     scheme 1, as every record of a `v1` file is); a trailer (`type` `trailer`, `checkpoint` — the trusted
          *     checkpoint at `last_seq` —, `lines_sha256` of the lines before it). The records are verified
          *     as they are read; a break ends the stream early, so a file without its trailer is incomplete.
-         *     Verify it offline with `toolgate audit verify-file FILE --key PUBLIC.pem`.
-         *     `409 partition_not_sealed` (`details.reason` as for sealing, or `unsealed`) before it is sealed.
+         *     Verify it offline with `toolgate audit verify-file FILE --key PUBLIC.pem`. A month of leaf
+         *     records is a range of the Merkle tree's leaves instead (`toolgate-audit-partition-v4`): the
+         *     header names `first_leaf_index`, `last_leaf_index`, the records there (`first_seq`,
+         *     `last_seq`), their leaf hashes (`first_hash`, `last_hash`), `rows` and `tree` (the signed
+         *     note of a checkpoint, the compact range of the leaves before and the complete subtrees
+         *     after); each record carries `leaf_index`, `seq` and `hash_scheme` 3 and no `hash` (its leaf
+         *     hash is SHA-256 of 0x00 and its canonical JSON without those three); the trailer's
+         *     `checkpoint` is the seal at the last leaf. In the month the chain closed in, the range
+         *     begins with the chain's last records, carried with their links (`hash_scheme` 2, `prev_hash`,
+         *     `hash`), and the header's `chain` names them (`from_seq`, `to_seq`, `prev_hash`,
+         *     `last_hash`). `409 partition_not_sealed` (`details.reason` as for sealing, or `unsealed`) before it is sealed.
          */
         get: operations["exportAuditPartition"];
         put?: never;

@@ -102,6 +102,7 @@ export interface AuditPartitionArchiveTable {
   /** The leaves a detached month of leaf records archives; null for a range of the chain. */
   from_leaf: ColumnType<string | null, number | null | undefined, never>;
   to_leaf: ColumnType<string | null, number | null | undefined, never>;
+  last_leaf_hash: string | null;
   checkpoint_id: string;
   detached_by: string;
   detached_at: ColumnType<Date, Date, never>;

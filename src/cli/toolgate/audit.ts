@@ -302,7 +302,7 @@ export function auditCommand() {
   audit.addCommand(
     command(
       'verify',
-      'verify the hash chain (platform-operator); with --anchor, against a head kept outside the database, then keep the new head there',
+      "verify the log (platform-operator): the hash chain up to where it closed, and the Merkle tree's leaves; with --anchor, the chain against a head kept outside the database, then keep the new head there",
       'toolgate audit verify --anchor /secure/toolgate-anchor.json',
     )
       .option('--anchor <file>', 'a JSON file with the head of an earlier verification (created when missing)')
@@ -323,6 +323,12 @@ export function auditCommand() {
         // Without from_tree_size the answer is always the chain's, with the tree's beside it.
         if (!('head' in answer)) throw new Error('the gateway answered a tree-only verification');
         const result = answer;
+        if (result.ok && result.head === null && options.anchor) {
+          // A log that is leaves only has no chain head to anchor: its signed checkpoints are kept instead.
+          throw new UsageError(
+            'the audit chain holds no record (the log is leaves only): keep its signed checkpoint with `toolgate audit witness --state FILE`',
+          );
+        }
         if (result.ok && result.head && options.anchor) {
           await keep(options.anchor, {
             seq: result.head.seq,
@@ -350,8 +356,15 @@ export function auditCommand() {
           const archived = (result.archived ?? []).map(
             (r) => `; seq ${r.from_seq}-${r.to_seq} archived (${r.partition})`,
           );
-          return `audit chain intact: ${rows(result.checked)}${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}${archived.join('')}`;
+          const tree = result.tree
+            ? `; tree intact: ${result.tree.checked} of ${result.tree.tree_size} leaves checked`
+            : '';
+          return `audit chain intact: ${rows(result.checked)}${result.head ? `, head seq ${result.head.seq} ${result.head.hash}` : ''}${held}${kept}${archived.join('')}${tree}`;
         });
+        if (!result.ok && result.first_bad_seq === null && result.tree && !result.tree.ok)
+          throw new CheckFailed(
+            `audit tree broken at leaf ${result.tree.first_bad_leaf_index} (${result.tree.reason})`,
+          );
         if (!result.ok)
           throw new CheckFailed(
             `audit chain broken at seq ${result.first_bad_seq}${result.anchor?.reason ? ` (anchor: ${result.anchor.reason})` : ''}`,
