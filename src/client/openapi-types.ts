@@ -470,7 +470,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -598,7 +598,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -645,7 +645,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -667,7 +667,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -693,7 +693,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -1042,7 +1042,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                run_id: string;
+                run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
         };
@@ -1210,7 +1210,10 @@ export interface paths {
     };
     "/runs/{run_id}/complete": {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
             header?: never;
             path: {
                 run_id: components["parameters"]["RunId"];
@@ -1623,6 +1626,20 @@ export interface components {
             updated_at: string | null;
             updated_by: string | null;
         };
+        /** @description An id (tenant, run, session…): letters, digits and `. _ : @ -`, starting with a letter or digit. */
+        Identifier: string;
+        /**
+         * @description An agent id (a token's `sub`): as an id, without `:`, so never taken for a `family:` entry.
+         * @example veritas.fact-checker
+         */
+        AgentId: string;
+        /**
+         * Format: date-time
+         * @description An RFC 3339 date-time, offset allowed, within the years 0000 to 9999 in UTC.
+         */
+        Instant: string;
+        /** @description Why, in words: not blank. */
+        Rationale: string;
         /**
          * @example web.fetch
          * @example get_scf_control
@@ -1912,7 +1929,7 @@ export interface components {
         };
         BudgetCreate: {
             /** @description platform-operators only (default: the token's tenant); a tenant-operator naming another tenant gets 404 */
-            tenant_id?: string;
+            tenant_id?: components["schemas"]["Identifier"];
             /** @enum {unknown} */
             scope: "tenant" | "agent" | "run";
             /** @description required for `agent` scope, refused otherwise */
@@ -1988,25 +2005,23 @@ export interface components {
         GrantStatus: "live" | "expired" | "revoked";
         /** @description Narrow the tool for this grant; never wider than the tool contract allows. */
         CapabilityModifiers: {
-            /** @description Hosts, `*.example.com` or `*`; each within the tool's `egress.allowed_hosts`. */
+            /** @description Hosts, `*.example.com` or `*` (compared in lower case); each within the tool's `egress.allowed_hosts`. */
             egress_domains?: string[];
             /** @description the most one call may be charged; units have six decimal places */
             max_cost_units?: number;
         };
         GrantRequest: {
             /** @description default: the caller's tenant; only a platform-operator names another */
-            tenant_id?: string;
-            /** @example veritas.fact-checker */
-            agent_id: string;
-            /** @example web.fetch */
-            tool_id: string;
+            tenant_id?: components["schemas"]["Identifier"];
+            agent_id: components["schemas"]["AgentId"];
+            tool_id: components["schemas"]["ToolId"];
             scope: components["schemas"]["GrantScope"];
             /** @description run, pipeline instance, session or user id; for per-tenant, the tenant id (default) */
-            scope_ref?: string;
+            scope_ref?: components["schemas"]["Identifier"];
+            /** @default {} */
             capability_modifiers?: components["schemas"]["CapabilityModifiers"];
-            /** Format: date-time */
-            expires_at: string;
-            rationale: string;
+            expires_at: components["schemas"]["Instant"];
+            rationale: components["schemas"]["Rationale"];
         };
         Grant: {
             id: string;
@@ -2112,7 +2127,10 @@ export interface components {
             pipeline_instance_id?: string;
             session_id?: string;
             user_id?: string;
-            /** @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`; each value at most 1,000 characters as JSON. A `tenant_id` here must be the token's. */
+            /**
+             * @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`; each value at most 1,000 characters as JSON. A `tenant_id` here must be the token's.
+             * @default {}
+             */
             context?: Record<string, unknown>;
             /** @description 1..MAX_PLAN_STEPS (default 32) steps; a longer plan is refused, never truncated. */
             plan: {
@@ -2203,14 +2221,16 @@ export interface components {
          */
         ApprovalRequirement: "none" | "operator";
         HandoffRequest: {
-            sub_agent_id: string;
-            sub_run_id: string;
+            sub_agent_id: components["schemas"]["AgentId"];
+            sub_run_id: components["schemas"]["Identifier"];
             /** @description held from this run's remaining budget; must be positive */
             budget_units: number;
             delegable_tool_ids: components["schemas"]["ToolId"][];
             /** @description how many hand-offs the sub-run may make in turn */
             max_fanout: number;
+            /** @default {} */
             capability_modifiers?: components["schemas"]["CapabilityModifiers"];
+            /** @default none */
             approval_requirement?: components["schemas"]["ApprovalRequirement"];
         };
         Handoff: {
@@ -2337,7 +2357,7 @@ export interface components {
          *     the first request is still being answered waits for its answer.
          */
         IdempotencyKey: string;
-        RunId: string;
+        RunId: components["schemas"]["Identifier"];
         /** @description An audit record's id */
         EventId: string;
         /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
@@ -2356,8 +2376,7 @@ export interface components {
         ApprovalDecision: {
             content: {
                 "application/json": {
-                    /** @description why; required, not blank */
-                    rationale: string;
+                    rationale: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -2538,11 +2557,11 @@ export interface operations {
     listAuditEvents: {
         parameters: {
             query?: {
-                tenant_id?: string;
-                run_id?: string;
-                tool_id?: string;
-                agent_id?: string;
-                event_type?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
+                tool_id?: components["schemas"]["Identifier"];
+                agent_id?: components["schemas"]["Identifier"];
+                event_type?: components["schemas"]["Identifier"];
                 /** @description inclusive, RFC 3339 */
                 since?: string;
                 /** @description exclusive, RFC 3339 */
@@ -2735,7 +2754,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description The id of a checkpoint (`GET /audit/checkpoints`) to verify from. */
-                from_checkpoint?: string;
+                from_checkpoint?: components["schemas"]["Identifier"];
                 /** @description The size of a published checkpoint of the tree to verify from (only the tree is verified). */
                 from_tree_size?: number;
                 /** @description The `seq` of a `head` kept elsewhere; given with `anchor_hash` or not at all. */
@@ -3008,7 +3027,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -3035,7 +3054,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -3067,10 +3086,10 @@ export interface operations {
     listBudgets: {
         parameters: {
             query?: {
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 scope?: "tenant" | "agent" | "run";
-                agent_id?: string;
-                run_id?: string;
+                agent_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
                 period?: "day" | "month" | "total";
                 limit?: number;
                 /** @description `next_cursor` of the previous page */
@@ -3329,7 +3348,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -3394,7 +3413,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -3424,7 +3443,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -3433,8 +3452,7 @@ export interface operations {
         requestBody?: {
             content: {
                 "application/json": {
-                    /** Format: date-time */
-                    deprecated_at?: string;
+                    deprecated_at?: components["schemas"]["Instant"];
                     /** @default null */
                     replacement_tool_id?: components["schemas"]["ToolId"] | null;
                 };
@@ -3463,7 +3481,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -3490,7 +3508,7 @@ export interface operations {
     listGrants: {
         parameters: {
             query?: {
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 agent_id?: string;
                 tool_id?: string;
                 scope?: components["schemas"]["GrantScope"];
@@ -3580,14 +3598,14 @@ export interface operations {
     resolveGrant: {
         parameters: {
             query: {
-                agent_id: string;
-                tool_id: string;
+                agent_id: components["schemas"]["AgentId"];
+                tool_id: components["schemas"]["ToolId"];
                 /** @description default: the caller's tenant */
-                tenant_id?: string;
-                run_id?: string;
-                pipeline_instance_id?: string;
-                session_id?: string;
-                user_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
+                pipeline_instance_id?: components["schemas"]["Identifier"];
+                session_id?: components["schemas"]["Identifier"];
+                user_id?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -3650,7 +3668,7 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -3684,9 +3702,8 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    rationale: string;
-                    /** Format: date-time */
-                    expires_at: string;
+                    rationale: components["schemas"]["Rationale"];
+                    expires_at: components["schemas"]["Instant"];
                     capability_modifiers?: components["schemas"]["CapabilityModifiers"];
                 };
             };
@@ -3715,7 +3732,7 @@ export interface operations {
                 state?: "armed" | "disarmed";
                 scope?: components["schemas"]["KillSwitchScope"];
                 target?: string;
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 limit?: number;
                 /** @description `next_cursor` of the previous page */
                 cursor?: string;
@@ -3767,11 +3784,11 @@ export interface operations {
             content: {
                 "application/json": {
                     scope: components["schemas"]["KillSwitchScope"];
-                    /** @description required except for `global` */
-                    target?: string;
+                    /** @description required except for `global`; `*` only for `global`; a tool id for `tool` */
+                    target?: components["schemas"]["Identifier"] | "*";
                     /** @description absent or null: platform-wide (platform-operator); a tenant-operator's switches are always its tenant's */
                     tenant_id?: string | null;
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                     user_visible_status_copy: string;
                     safe_degradation_mode_id?: string | null;
                 };
@@ -3809,10 +3826,10 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description default: the caller's tenant */
-                tenant_id?: string;
-                agent_id?: string;
-                family?: string;
-                tool_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                agent_id?: components["schemas"]["Identifier"];
+                family?: components["schemas"]["Identifier"];
+                tool_id?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -3875,7 +3892,7 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -3977,7 +3994,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                run_id: string;
+                run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
         };
@@ -4180,7 +4197,10 @@ export interface operations {
     };
     completeRun: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
             header?: never;
             path: {
                 run_id: components["parameters"]["RunId"];
