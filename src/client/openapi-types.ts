@@ -1727,25 +1727,17 @@ export interface components {
              *     ]
              */
             allowed_hosts: string[];
-            /**
-             * @default [
-             *       "https"
-             *     ]
-             */
+            /** @description absent: `[https]` */
             schemes?: ("http" | "https")[];
-            /**
-             * @default [
-             *       "GET"
-             *     ]
-             */
+            /** @description absent: `[GET]` */
             methods?: ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS")[];
-            /** @default false */
+            /** @description absent: false */
             follow_redirects?: boolean;
-            /** @default 3 */
+            /** @description absent: 3 */
             max_redirects?: number;
             max_response_bytes?: number;
             timeout_ms?: number;
-            /** @default false */
+            /** @description absent: false */
             allow_credential_headers?: boolean;
         };
         /**
@@ -1810,10 +1802,44 @@ export interface components {
             /** @default [] */
             dependencies?: components["schemas"]["ToolDependency"][];
             /** @default null */
-            deprecation?: components["schemas"]["ToolDeprecation"] | null;
+            deprecation?: {
+                deprecated_at: components["schemas"]["Instant"];
+                /** @default null */
+                replacement_tool_id?: components["schemas"]["ToolId"] | null;
+            } | null;
             /** @default null */
-            backend?: components["schemas"]["ToolBackend"] | null;
-            target?: components["schemas"]["ToolTarget"];
+            backend?: {
+                url: string;
+                /**
+                 * @default POST
+                 * @enum {unknown}
+                 */
+                method?: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
+                /** @default 10000 */
+                timeout_ms?: number;
+                /** @default 1048576 */
+                max_response_bytes?: number;
+                /** @default {} */
+                headers?: {
+                    [key: string]: components["schemas"]["HeaderValue"];
+                };
+            } | null;
+            /**
+             * @description `ToolTarget`, each part null when left out.
+             * @default {
+             *       "family": null,
+             *       "provider": null,
+             *       "region": null
+             *     }
+             */
+            target?: {
+                /** @default null */
+                family?: string | null;
+                /** @default null */
+                provider?: string | null;
+                /** @default null */
+                region?: string | null;
+            };
             cost_units: number;
             /** @default null */
             rate_limit?: components["schemas"]["ToolRateLimit"] | null;
