@@ -199,4 +199,15 @@ describe('the requests the gateway takes', () => {
     const controlled = await send(op('POST /runs/{run_id}/cancel'), {});
     expect(controlled.status).toBe(404);
   });
+
+  it('refuses an agent any query parameter on GET /tools, though the defaults an operator gets are filled in', async () => {
+    const agent = tokens.agent('contract.agent', { tenant: 't-contract' });
+    expect((await h.client.get('/tools', { token: agent })).status).toBe(200);
+    const named = await h.client.get('/tools', { token: agent, query: { limit: '5' } });
+    expect(named.status).toBe(400);
+    expect(named.body.error).toMatchObject({
+      code: 'invalid_request',
+      details: { issues: [{ field: 'query.limit', message: 'agents pass no query parameters' }] },
+    });
+  });
 });
