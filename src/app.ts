@@ -62,7 +62,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     genReqId: requestIdOf,
     childLoggerFactory: (parent, bindings, childOptions, raw) =>
       parent.child(traced ? bindings : { ...bindings, trace_id: traceIdOf(raw) }, childOptions),
-    ajv: { customOptions: { removeAdditional: false, coerceTypes: false } },
     // Requests arriving while closing are refused by the onRequest hook below, in the error envelope.
     return503OnClosing: false,
     // Identifiers are at most 200 characters; longer path segments are refused as invalid_request.
@@ -104,7 +103,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     if (closing) throw new ApiError('gateway_unavailable', 'the gateway is shutting down');
   });
   // Input no route could store or hash — nested too deep, a NUL character, a lone surrogate — is
-  // refused for every route here, naming where it is (as parseInput names a field).
+  // refused for every route here, before its schema is checked, naming where it is as a schema's refusal does.
   app.addHook('preValidation', async (request) => {
     for (const [where, value] of [
       ['body', request.body],

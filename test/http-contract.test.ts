@@ -102,7 +102,9 @@ describe('an answer serialized with its openapi.yaml schema', () => {
 
   async function serve(method: 'GET' | 'POST', url: string, status: number, body: unknown) {
     answer = { status, body };
-    const response = await app.inject({ method, url });
+    // A POST carries what its route takes: its request is checked against openapi.yaml too.
+    const payload = method === 'POST' ? { run_id: 'r1', plan: [{ tool_id: 'web.fetch', input: {} }] } : undefined;
+    const response = await app.inject({ method, url, payload });
     expect(response.statusCode).toBe(status);
     return response.json();
   }

@@ -483,7 +483,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -611,7 +611,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -658,7 +658,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -680,7 +680,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -706,7 +706,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -1055,7 +1055,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                run_id: string;
+                run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
         };
@@ -1223,7 +1223,10 @@ export interface paths {
     };
     "/runs/{run_id}/complete": {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
             header?: never;
             path: {
                 run_id: components["parameters"]["RunId"];
@@ -1641,6 +1644,20 @@ export interface components {
             updated_at: string | null;
             updated_by: string | null;
         };
+        /** @description An id (tenant, run, session…): letters, digits and `. _ : @ -`, starting with a letter or digit. */
+        Identifier: string;
+        /**
+         * @description An agent id (a token's `sub`): as an id, without `:`, so never taken for a `family:` entry.
+         * @example veritas.fact-checker
+         */
+        AgentId: string;
+        /**
+         * Format: date-time
+         * @description An RFC 3339 date-time, offset allowed, within the years 0000 to 9999 in UTC.
+         */
+        Instant: string;
+        /** @description Why, in words: not blank. */
+        Rationale: string;
         /**
          * @example web.fetch
          * @example get_scf_control
@@ -1728,25 +1745,17 @@ export interface components {
              *     ]
              */
             allowed_hosts: string[];
-            /**
-             * @default [
-             *       "https"
-             *     ]
-             */
+            /** @description absent: `[https]` */
             schemes?: ("http" | "https")[];
-            /**
-             * @default [
-             *       "GET"
-             *     ]
-             */
+            /** @description absent: `[GET]` */
             methods?: ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS")[];
-            /** @default false */
+            /** @description absent: false */
             follow_redirects?: boolean;
-            /** @default 3 */
+            /** @description absent: 3 */
             max_redirects?: number;
             max_response_bytes?: number;
             timeout_ms?: number;
-            /** @default false */
+            /** @description absent: false */
             allow_credential_headers?: boolean;
         };
         /**
@@ -1811,10 +1820,44 @@ export interface components {
             /** @default [] */
             dependencies?: components["schemas"]["ToolDependency"][];
             /** @default null */
-            deprecation?: components["schemas"]["ToolDeprecation"] | null;
+            deprecation?: {
+                deprecated_at: components["schemas"]["Instant"];
+                /** @default null */
+                replacement_tool_id?: components["schemas"]["ToolId"] | null;
+            } | null;
             /** @default null */
-            backend?: components["schemas"]["ToolBackend"] | null;
-            target?: components["schemas"]["ToolTarget"];
+            backend?: {
+                url: string;
+                /**
+                 * @default POST
+                 * @enum {unknown}
+                 */
+                method?: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
+                /** @default 10000 */
+                timeout_ms?: number;
+                /** @default 1048576 */
+                max_response_bytes?: number;
+                /** @default {} */
+                headers?: {
+                    [key: string]: components["schemas"]["HeaderValue"];
+                };
+            } | null;
+            /**
+             * @description `ToolTarget`, each part null when left out.
+             * @default {
+             *       "family": null,
+             *       "provider": null,
+             *       "region": null
+             *     }
+             */
+            target?: {
+                /** @default null */
+                family?: string | null;
+                /** @default null */
+                provider?: string | null;
+                /** @default null */
+                region?: string | null;
+            };
             cost_units: number;
             /** @default null */
             rate_limit?: components["schemas"]["ToolRateLimit"] | null;
@@ -1930,7 +1973,7 @@ export interface components {
         };
         BudgetCreate: {
             /** @description platform-operators only (default: the token's tenant); a tenant-operator naming another tenant gets 404 */
-            tenant_id?: string;
+            tenant_id?: components["schemas"]["Identifier"];
             /** @enum {unknown} */
             scope: "tenant" | "agent" | "run";
             /** @description required for `agent` scope, refused otherwise */
@@ -2006,25 +2049,23 @@ export interface components {
         GrantStatus: "live" | "expired" | "revoked";
         /** @description Narrow the tool for this grant; never wider than the tool contract allows. */
         CapabilityModifiers: {
-            /** @description Hosts, `*.example.com` or `*`; each within the tool's `egress.allowed_hosts`. */
+            /** @description Hosts, `*.example.com` or `*` (compared in lower case); each within the tool's `egress.allowed_hosts`. */
             egress_domains?: string[];
             /** @description the most one call may be charged; units have six decimal places */
             max_cost_units?: number;
         };
         GrantRequest: {
             /** @description default: the caller's tenant; only a platform-operator names another */
-            tenant_id?: string;
-            /** @example veritas.fact-checker */
-            agent_id: string;
-            /** @example web.fetch */
-            tool_id: string;
+            tenant_id?: components["schemas"]["Identifier"];
+            agent_id: components["schemas"]["AgentId"];
+            tool_id: components["schemas"]["ToolId"];
             scope: components["schemas"]["GrantScope"];
             /** @description run, pipeline instance, session or user id; for per-tenant, the tenant id (default) */
-            scope_ref?: string;
+            scope_ref?: components["schemas"]["Identifier"];
+            /** @default {} */
             capability_modifiers?: components["schemas"]["CapabilityModifiers"];
-            /** Format: date-time */
-            expires_at: string;
-            rationale: string;
+            expires_at: components["schemas"]["Instant"];
+            rationale: components["schemas"]["Rationale"];
         };
         Grant: {
             id: string;
@@ -2130,7 +2171,10 @@ export interface components {
             pipeline_instance_id?: string;
             session_id?: string;
             user_id?: string;
-            /** @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`; each value at most 1,000 characters as JSON. A `tenant_id` here must be the token's. */
+            /**
+             * @description Keys the tools require (`required_context`), e.g. `organization_id`, `assessment_id`, `trace_id`; each value at most 1,000 characters as JSON. A `tenant_id` here must be the token's.
+             * @default {}
+             */
             context?: Record<string, unknown>;
             /** @description 1..MAX_PLAN_STEPS (default 32) steps; a longer plan is refused, never truncated. */
             plan: {
@@ -2221,14 +2265,16 @@ export interface components {
          */
         ApprovalRequirement: "none" | "operator";
         HandoffRequest: {
-            sub_agent_id: string;
-            sub_run_id: string;
+            sub_agent_id: components["schemas"]["AgentId"];
+            sub_run_id: components["schemas"]["Identifier"];
             /** @description held from this run's remaining budget; must be positive */
             budget_units: number;
             delegable_tool_ids: components["schemas"]["ToolId"][];
             /** @description how many hand-offs the sub-run may make in turn */
             max_fanout: number;
+            /** @default {} */
             capability_modifiers?: components["schemas"]["CapabilityModifiers"];
+            /** @default none */
             approval_requirement?: components["schemas"]["ApprovalRequirement"];
         };
         Handoff: {
@@ -2355,7 +2401,7 @@ export interface components {
          *     the first request is still being answered waits for its answer.
          */
         IdempotencyKey: string;
-        RunId: string;
+        RunId: components["schemas"]["Identifier"];
         /** @description An audit record's id */
         EventId: string;
         /** @description A partition of `audit_events` (`GET /audit/partitions`), e.g. `audit_events_2027_01`. */
@@ -2374,8 +2420,7 @@ export interface components {
         ApprovalDecision: {
             content: {
                 "application/json": {
-                    /** @description why; required, not blank */
-                    rationale: string;
+                    rationale: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -2556,11 +2601,11 @@ export interface operations {
     listAuditEvents: {
         parameters: {
             query?: {
-                tenant_id?: string;
-                run_id?: string;
-                tool_id?: string;
-                agent_id?: string;
-                event_type?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
+                tool_id?: components["schemas"]["Identifier"];
+                agent_id?: components["schemas"]["Identifier"];
+                event_type?: components["schemas"]["Identifier"];
                 /** @description inclusive, RFC 3339 */
                 since?: string;
                 /** @description exclusive, RFC 3339 */
@@ -2753,7 +2798,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description The id of a checkpoint (`GET /audit/checkpoints`) to verify from. */
-                from_checkpoint?: string;
+                from_checkpoint?: components["schemas"]["Identifier"];
                 /** @description The size of a published checkpoint of the tree to verify from (only the tree is verified). */
                 from_tree_size?: number;
                 /** @description The `seq` of a `head` kept elsewhere; given with `anchor_hash` or not at all. */
@@ -3026,7 +3071,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -3053,7 +3098,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                tenant_id: string;
+                tenant_id: components["schemas"]["Identifier"];
             };
             cookie?: never;
         };
@@ -3085,10 +3130,10 @@ export interface operations {
     listBudgets: {
         parameters: {
             query?: {
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 scope?: "tenant" | "agent" | "run";
-                agent_id?: string;
-                run_id?: string;
+                agent_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
                 period?: "day" | "month" | "total";
                 limit?: number;
                 /** @description `next_cursor` of the previous page */
@@ -3347,7 +3392,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -3412,7 +3457,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
             };
             cookie?: never;
         };
@@ -3442,7 +3487,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -3451,8 +3496,7 @@ export interface operations {
         requestBody?: {
             content: {
                 "application/json": {
-                    /** Format: date-time */
-                    deprecated_at?: string;
+                    deprecated_at?: components["schemas"]["Instant"];
                     /** @default null */
                     replacement_tool_id?: components["schemas"]["ToolId"] | null;
                 };
@@ -3481,7 +3525,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                id: components["schemas"]["ToolId"];
                 /** @description an exact registered version */
                 version: string;
             };
@@ -3508,7 +3552,7 @@ export interface operations {
     listGrants: {
         parameters: {
             query?: {
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 agent_id?: string;
                 tool_id?: string;
                 scope?: components["schemas"]["GrantScope"];
@@ -3598,14 +3642,14 @@ export interface operations {
     resolveGrant: {
         parameters: {
             query: {
-                agent_id: string;
-                tool_id: string;
+                agent_id: components["schemas"]["AgentId"];
+                tool_id: components["schemas"]["ToolId"];
                 /** @description default: the caller's tenant */
-                tenant_id?: string;
-                run_id?: string;
-                pipeline_instance_id?: string;
-                session_id?: string;
-                user_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                run_id?: components["schemas"]["Identifier"];
+                pipeline_instance_id?: components["schemas"]["Identifier"];
+                session_id?: components["schemas"]["Identifier"];
+                user_id?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -3668,7 +3712,7 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -3702,9 +3746,8 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    rationale: string;
-                    /** Format: date-time */
-                    expires_at: string;
+                    rationale: components["schemas"]["Rationale"];
+                    expires_at: components["schemas"]["Instant"];
                     capability_modifiers?: components["schemas"]["CapabilityModifiers"];
                 };
             };
@@ -3733,7 +3776,7 @@ export interface operations {
                 state?: "armed" | "disarmed";
                 scope?: components["schemas"]["KillSwitchScope"];
                 target?: string;
-                tenant_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
                 limit?: number;
                 /** @description `next_cursor` of the previous page */
                 cursor?: string;
@@ -3785,11 +3828,11 @@ export interface operations {
             content: {
                 "application/json": {
                     scope: components["schemas"]["KillSwitchScope"];
-                    /** @description required except for `global` */
-                    target?: string;
+                    /** @description required except for `global`; `*` only for `global`; a tool id for `tool` */
+                    target?: components["schemas"]["Identifier"] | "*";
                     /** @description absent or null: platform-wide (platform-operator); a tenant-operator's switches are always its tenant's */
                     tenant_id?: string | null;
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                     user_visible_status_copy: string;
                     safe_degradation_mode_id?: string | null;
                 };
@@ -3827,10 +3870,10 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description default: the caller's tenant */
-                tenant_id?: string;
-                agent_id?: string;
-                family?: string;
-                tool_id?: string;
+                tenant_id?: components["schemas"]["Identifier"];
+                agent_id?: components["schemas"]["Identifier"];
+                family?: components["schemas"]["Identifier"];
+                tool_id?: components["schemas"]["Identifier"];
             };
             header?: never;
             path?: never;
@@ -3893,7 +3936,7 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": {
-                    reason: string;
+                    reason: components["schemas"]["Rationale"];
                 };
             };
         };
@@ -3995,7 +4038,7 @@ export interface operations {
             };
             header?: never;
             path: {
-                run_id: string;
+                run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
         };
@@ -4198,7 +4241,10 @@ export interface operations {
     };
     completeRun: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description platform-operators: the run's tenant (default their own) */
+                tenant_id?: components["parameters"]["RunTenant"];
+            };
             header?: never;
             path: {
                 run_id: components["parameters"]["RunId"];

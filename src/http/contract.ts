@@ -4,6 +4,7 @@ import fastJsonStringify from 'fast-json-stringify';
 import type { FastifyInstance, FastifySerializerCompiler, RouteOptions } from 'fastify';
 import fp from 'fastify-plugin';
 import { parse } from 'yaml';
+import { validatorCompiler } from './validation.js';
 
 type Json = Record<string, unknown>;
 
@@ -115,28 +116,112 @@ export function responseSchemasOf(document: Json, method: string, url: string): 
   return Object.keys(declared).length > 0 ? declared : undefined;
 }
 
+/** Fastify's request schemas of a route: what its operation in openapi.yaml takes. */
+export interface RequestSchemas {
+  body?: Json;
+  querystring?: Json;
+  params?: Json;
+}
+
+/**
+ * The request schemas openapi.yaml gives `method` on `url`: the JSON request body by reference,
+ * and the query and path parameters as a closed object of the documented parameters' schemas
+ * (references made to point into the document). Undefined when it documents no input there.
+ */
+export function requestSchemasOf(document: Json, method: string, url: string): RequestSchemas | undefined {
+  const template = url.replace(/:([A-Za-z_]+)/g, '{$1}');
+  const item = (document.paths as Record<string, Json>)[template];
+  const verb = method.toLowerCase();
+  const operation = item?.[verb] as Json | undefined;
+  if (!item || !operation || !METHODS.has(verb)) return undefined;
+  const declared: RequestSchemas = {};
+  const requestBody = operation.requestBody as Json | undefined;
+  if (requestBody && jsonSchemaOf(resolve(document, requestBody)) !== undefined) {
+    const at =
+      typeof requestBody.$ref === 'string'
+        ? requestBody.$ref.replace(/^#\//, '')
+        : `paths/${escapePointer(template)}/${verb}/requestBody`;
+    declared.body = { $ref: `${CONTRACT_ID}#/${at}/content/application~1json/schema` };
+  }
+  // An operation's parameter overrides its path's of the same name and place.
+  const parameters = new Map<string, Json>();
+  for (const parameter of [...((item.parameters as Json[]) ?? []), ...((operation.parameters as Json[]) ?? [])]) {
+    const resolved = resolve(document, parameter);
+    parameters.set(`${String(resolved.in)} ${String(resolved.name)}`, resolved);
+  }
+  for (const [part, place] of [
+    ['querystring', 'query'],
+    ['params', 'path'],
+  ] as const) {
+    const listed = [...parameters.values()].filter((parameter) => parameter.in === place);
+    if (listed.length === 0) continue;
+    declared[part] = {
+      type: 'object',
+      additionalProperties: false,
+      required: listed.filter((parameter) => parameter.required === true).map((parameter) => String(parameter.name)),
+      properties: Object.fromEntries(listed.map((parameter) => [String(parameter.name), inDocument(parameter.schema)])),
+    };
+  }
+  return Object.keys(declared).length > 0 ? declared : undefined;
+}
+
+/** A schema copied out of the document, its local references pointing back into it. */
+export function inDocument(node: unknown): unknown {
+  if (Array.isArray(node)) return node.map(inDocument);
+  if (!isObject(node)) return node;
+  return Object.fromEntries(
+    Object.entries(node).map(([key, value]) => [
+      key,
+      key === '$ref' && typeof value === 'string' && value.startsWith('#/')
+        ? `${CONTRACT_ID}${value}`
+        : DATA_KEYWORDS.has(key)
+          ? value
+          : inDocument(value),
+    ]),
+  );
+}
+
+function escapePointer(part: string): string {
+  return part.replace(/~/g, '~0').replace(/\//g, '~1');
+}
+
 declare module 'fastify' {
   interface FastifyInstance {
     /** The response schemas each route took from openapi.yaml, by `METHOD /path`: the contract test reads them. */
     responseSchemas: Map<string, ResponseSchemas>;
+    /** The request schemas each route took from openapi.yaml, by `METHOD /path`: the contract test reads them. */
+    requestSchemas: Map<string, RequestSchemas>;
+  }
+  interface FastifyContextConfig {
+    /** A route that checks its own input in its own protocol's terms (MCP's JSON-RPC), not openapi.yaml's. */
+    ownInput?: boolean;
   }
 }
 
 /**
- * Every route registered after this plugin answers through fast-json-stringify with the schemas
- * openapi.yaml documents for it; a status it does not document is answered with `JSON.stringify`.
+ * Every route registered after this plugin takes its input as openapi.yaml documents it (checked
+ * by Ajv, a refusal `400 invalid_request`) and answers through fast-json-stringify with the schemas
+ * documented for it; a status it does not document is answered with `JSON.stringify`.
  */
 export const contractPlugin = fp(
   async (app: FastifyInstance) => {
     const document = await loadOpenApiDocument();
     app.setSerializerCompiler(compilerFor(document));
+    app.setValidatorCompiler(validatorCompiler(document, CONTRACT_ID));
     app.decorate('responseSchemas', new Map<string, ResponseSchemas>());
+    app.decorate('requestSchemas', new Map<string, RequestSchemas>());
     app.addHook('onRoute', (route: RouteOptions) => {
       for (const method of [route.method].flat()) {
         const response = responseSchemasOf(document, method, route.url);
-        if (!response || route.schema?.response !== undefined) continue;
-        route.schema = { ...route.schema, response };
-        app.responseSchemas.set(`${method} ${route.url}`, response);
+        if (response && route.schema?.response === undefined) {
+          route.schema = { ...route.schema, response };
+          app.responseSchemas.set(`${method} ${route.url}`, response);
+        }
+        const request = route.config?.ownInput ? undefined : requestSchemasOf(document, method, route.url);
+        if (request && route.schema?.body === undefined && route.schema?.querystring === undefined) {
+          route.schema = { ...route.schema, ...request };
+          app.requestSchemas.set(`${method} ${route.url}`, request);
+        }
       }
     });
   },

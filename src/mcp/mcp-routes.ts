@@ -118,7 +118,7 @@ export async function mcpRoutes(app: FastifyInstance, deps: McpRouteDeps): Promi
     });
   });
 
-  app.post('/mcp', { config: { access: 'agent' } }, async (request, reply) => {
+  app.post('/mcp', { config: { access: 'agent', ownInput: true } }, async (request, reply) => {
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
     if (config.resource !== undefined && !audienceNames(request.user, config.resource)) {

@@ -64,13 +64,16 @@ export const runContext = z
     abort: true,
   })
   .superRefine((context, ctx) => {
-    for (const [key, value] of Object.entries(context)) {
-      const json = JSON.stringify(value);
-      if (json === undefined || json.length > MAX_CONTEXT_VALUE_LENGTH)
-        ctx.addIssue({
-          code: 'custom',
-          path: [key],
-          message: `must be a JSON value of at most ${MAX_CONTEXT_VALUE_LENGTH} characters`,
-        });
-    }
+    const problem = contextValueProblem(context);
+    if (problem) ctx.addIssue({ code: 'custom', path: [problem.key], message: problem.message });
   });
+
+/** The first value of a run's `context` longer than its bound as JSON: what a JSON Schema cannot measure. */
+export function contextValueProblem(context: Record<string, unknown>): { key: string; message: string } | undefined {
+  for (const [key, value] of Object.entries(context)) {
+    const json = JSON.stringify(value);
+    if (json === undefined || json.length > MAX_CONTEXT_VALUE_LENGTH)
+      return { key, message: `must be a JSON value of at most ${MAX_CONTEXT_VALUE_LENGTH} characters` };
+  }
+  return undefined;
+}

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
-import { APPROVAL_KINDS, APPROVAL_STATUSES, approvalStatusAt, type Approval } from '../../runs/approval.js';
+import type { operations } from '../../client/openapi-types.js';
+import { approvalStatusAt, type Approval } from '../../runs/approval.js';
 import type { ApprovalService } from '../../approvals/approval-service.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { actorOf } from '../../auth/principal.js';
@@ -8,7 +9,7 @@ import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
-import { parseInput } from '../validation.js';
+import type { Defaulted } from '../validation.js';
 
 /** What the approval routes are given by the composition root. */
 export interface ApprovalRouteDeps {
@@ -17,30 +18,19 @@ export interface ApprovalRouteDeps {
   now: () => Date;
 }
 
-const listQuery = z.strictObject({
-  tenant_id: z.string().min(1).optional(),
-  status: z.enum(APPROVAL_STATUSES).optional(),
-  kind: z.enum(APPROVAL_KINDS).optional(),
-  run_id: z.string().min(1).optional(),
-  limit: z.coerce.number().int().min(1).max(200).default(50),
-  cursor: z.string().optional(),
-});
+type ListQuery = Defaulted<operations['listApprovals']['parameters']['query'], 'limit'>;
+type IdParams = { id: string };
+type DecisionBody = { rationale: string };
+
 const cursorSchema = z.object({ created_at: z.iso.datetime(), id: z.string().min(1) });
-const idParams = z.strictObject({ id: z.string().min(1).max(100) });
-const decisionBody = z.strictObject({
-  rationale: z
-    .string()
-    .max(2000)
-    .refine((value) => value.trim().length > 0, 'must not be blank'),
-});
 
 /**
  * `/approvals` (operators of the tenant): the proposals waiting for a human and the decisions on
  * them. Agents never reach these routes (`403 agent_forbidden`, audited).
  */
 export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDeps): Promise<void> {
-  app.get('/approvals', async (request) => {
-    const query = parseInput(listQuery, request.query, 'query');
+  app.get<{ Querystring: ListQuery }>('/approvals', async (request) => {
+    const query = request.query;
     const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const page = await deps.approvals.list({
       tenantId,
@@ -65,8 +55,8 @@ export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDe
     return approval;
   };
 
-  app.get('/approvals/:id', async (request) => {
-    const { id } = parseInput(idParams, request.params, 'params');
+  app.get<{ Params: IdParams }>('/approvals/:id', async (request) => {
+    const { id } = request.params;
     return presentApproval(await inReach(request, id), deps.now());
   });
 
@@ -74,10 +64,10 @@ export async function approvalRoutes(app: FastifyInstance, deps: ApprovalRouteDe
     ['approve', true],
     ['reject', false],
   ] as const) {
-    app.post(`/approvals/:id/${path}`, async (request) => {
+    app.post<{ Params: IdParams; Body: DecisionBody }>(`/approvals/:id/${path}`, async (request) => {
       const operator = operatorOf(request);
-      const { id } = parseInput(idParams, request.params, 'params');
-      const { rationale } = parseInput(decisionBody, request.body, 'body');
+      const { id } = request.params;
+      const { rationale } = request.body;
       await inReach(request, id);
       const result = await deps.approvals.decide({
         id,

@@ -1,10 +1,10 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
+import type { components, operations } from '../../client/openapi-types.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { actorOf } from '../../auth/principal.js';
-import { BUDGET_SCOPES, type BudgetUsage } from '../../budgets/budget.js';
-import { BUDGET_PERIODS } from '../../budgets/budget-period.js';
+import type { BudgetUsage } from '../../budgets/budget.js';
 import { findBudget, listBudgets, withUsage } from '../../budgets/budget-repository.js';
 import {
   changeBudgetLimits,
@@ -13,13 +13,13 @@ import {
   removeBudget,
   type ChangeContext,
 } from '../../budgets/budget-service.js';
-import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
-import { identifier, parseInput, positiveUnits } from '../validation.js';
+import { isPositiveUnits, POSITIVE_UNITS } from '../../validation/values.js';
+import { requireThat, type Defaulted } from '../validation.js';
 
 /** What the budget routes need from the composition root. */
 export interface BudgetRouteDeps {
@@ -28,51 +28,20 @@ export interface BudgetRouteDeps {
   now: () => Date;
 }
 
-const subjectId = identifier;
-const graceUnits = z.number().min(0).max(MAX_UNITS);
-const warnRatio = z.number().gt(0).max(1);
+type CreateBody = Defaulted<components['schemas']['BudgetCreate'], 'warn_ratio' | 'grace_units'>;
+type UpdateBody = components['schemas']['BudgetUpdate'];
+type ListQuery = Defaulted<operations['listBudgets']['parameters']['query'], 'limit'>;
 
-const createBody = z
-  .strictObject({
-    tenant_id: subjectId.optional(),
-    scope: z.enum(BUDGET_SCOPES),
-    agent_id: subjectId.nullable().optional(),
-    run_id: subjectId.nullable().optional(),
-    period: z.enum(BUDGET_PERIODS),
-    limit_units: positiveUnits,
-    warn_ratio: warnRatio.default(0.8),
-    grace_units: graceUnits.default(0),
-  })
-  .superRefine((body, ctx) => {
-    const needs = { agent_id: body.scope === 'agent', run_id: body.scope === 'run' } as const;
-    for (const field of ['agent_id', 'run_id'] as const) {
-      const given = body[field] !== undefined && body[field] !== null;
-      if (needs[field] && !given)
-        ctx.addIssue({ code: 'custom', path: [field], message: `required for ${body.scope} scope` });
-      if (!needs[field] && given)
-        ctx.addIssue({ code: 'custom', path: [field], message: `not allowed for ${body.scope} scope` });
-    }
-  });
-
-const updateBody = z
-  .strictObject({
-    limit_units: positiveUnits.optional(),
-    warn_ratio: warnRatio.optional(),
-    grace_units: graceUnits.optional(),
-  })
-  .refine((body) => Object.keys(body).length > 0, 'give at least one of limit_units, warn_ratio, grace_units');
-
-const idParams = z.strictObject({ id: z.string().min(1).max(200) });
-
-const listQuery = z.strictObject({
-  tenant_id: subjectId.optional(),
-  scope: z.enum(BUDGET_SCOPES).optional(),
-  agent_id: subjectId.optional(),
-  run_id: subjectId.optional(),
-  period: z.enum(BUDGET_PERIODS).optional(),
-  limit: z.coerce.number().int().min(1).max(500).default(50),
-  cursor: z.string().optional(),
-});
+/** What openapi.yaml cannot say of a budget: which subject its scope needs, and units to six decimals. */
+function checkCreate(body: CreateBody): void {
+  const needs = { agent_id: body.scope === 'agent', run_id: body.scope === 'run' } as const;
+  for (const field of ['agent_id', 'run_id'] as const) {
+    const given = body[field] !== undefined && body[field] !== null;
+    requireThat(!needs[field] || given, `body.${field}`, `required for ${body.scope} scope`);
+    requireThat(needs[field] || !given, `body.${field}`, `not allowed for ${body.scope} scope`);
+  }
+  requireThat(isPositiveUnits(body.limit_units), 'body.limit_units', POSITIVE_UNITS);
+}
 
 const cursorSchema = z.tuple([z.iso.datetime(), z.string().min(1)]);
 
@@ -115,7 +84,7 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
 
   /** Loads a budget the operator may see, or answers 404 (recording it if another tenant's). */
   async function visibleBudgetId(request: FastifyRequest): Promise<string> {
-    const { id } = parseInput(idParams, request.params, 'params');
+    const { id } = request.params as { id: string };
     const operator = operatorOf(request);
     if (operator.role === 'tenant-operator') {
       const budget = await findBudget(deps.db, id);
@@ -126,38 +95,43 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     return id;
   }
 
-  app.post('/budgets', { config: { access: 'operator', idempotent: true } }, async (request, reply: FastifyReply) => {
-    const body = parseInput(createBody, request.body, 'body');
-    const tenantId = (await tenantInReach(request, deps.audit, body.tenant_id)) ?? operatorOf(request).tenantId;
-    const result = await createBudget(
-      deps.db,
-      {
-        tenant_id: tenantId,
-        scope: body.scope,
-        agent_id: body.agent_id ?? null,
-        run_id: body.run_id ?? null,
-        period: body.period,
-        limit_units: body.limit_units,
-        warn_ratio: body.warn_ratio,
-        grace_units: body.grace_units,
-      },
-      context(request),
-    );
-    if (!result.ok) {
-      const existing = result.existing.budget.id;
-      throw new ApiError(
-        'budget_conflict',
-        `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`,
+  app.post<{ Body: CreateBody }>(
+    '/budgets',
+    { config: { access: 'operator', idempotent: true } },
+    async (request, reply: FastifyReply) => {
+      const body = request.body;
+      checkCreate(body);
+      const tenantId = (await tenantInReach(request, deps.audit, body.tenant_id)) ?? operatorOf(request).tenantId;
+      const result = await createBudget(
+        deps.db,
         {
-          budget_id: existing,
+          tenant_id: tenantId,
+          scope: body.scope,
+          agent_id: body.agent_id ?? null,
+          run_id: body.run_id ?? null,
+          period: body.period,
+          limit_units: body.limit_units,
+          warn_ratio: body.warn_ratio,
+          grace_units: body.grace_units,
         },
+        context(request),
       );
-    }
-    return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
-  });
+      if (!result.ok) {
+        const existing = result.existing.budget.id;
+        throw new ApiError(
+          'budget_conflict',
+          `budget ${existing} already limits this ${body.scope} over this period; change it with PUT`,
+          {
+            budget_id: existing,
+          },
+        );
+      }
+      return reply.code(result.created ? 201 : 200).send(budgetJson(result.usage));
+    },
+  );
 
-  app.get('/budgets', { config: { access: 'operator' } }, async (request) => {
-    const query = parseInput(listQuery, request.query, 'query');
+  app.get<{ Querystring: ListQuery }>('/budgets', { config: { access: 'operator' } }, async (request) => {
+    const query = request.query;
     const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const after = query.cursor === undefined ? undefined : decodeCursor(query.cursor, cursorSchema);
     const page = await listBudgets(deps.db, {
@@ -183,10 +157,12 @@ export async function budgetRoutes(app: FastifyInstance, deps: BudgetRouteDeps):
     return budgetJson(usage);
   });
 
-  app.put('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
+  app.put<{ Body: UpdateBody }>('/budgets/:id', { config: { access: 'operator' } }, async (request) => {
     // The body first, as every route that names an object by id: another tenant's budget and an
     // invented id must answer alike, and a body refused only for an invented id would tell them apart.
-    const body = parseInput(updateBody, request.body, 'body');
+    const body = request.body;
+    if (body.limit_units !== undefined)
+      requireThat(isPositiveUnits(body.limit_units), 'body.limit_units', POSITIVE_UNITS);
     const id = await visibleBudgetId(request);
     const usage = await changeBudgetLimits(
       deps.db,

@@ -1,15 +1,17 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
+import type { components, operations } from '../../client/openapi-types.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
-import { GRANT_SCOPES, GRANT_STATUSES, grantStatus, type Grant } from '../../grants/grant.js';
+import { grantStatus, type CapabilityModifiers, type Grant } from '../../grants/grant.js';
 import type { GrantCandidate } from '../../grants/grant-resolver.js';
 import type { GrantRefusal, GrantService } from '../../grants/grant-service.js';
 import { operatorOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { ownsTenant, refuseCrossTenantObject, tenantInReach } from '../tenant-access.js';
-import { agentId, identifier, instant, parseInput, toolId } from '../validation.js';
+import { INSTANT_YEARS, isWrittenBack } from '../../validation/values.js';
+import { parseInput, requireThat, type Defaulted } from '../validation.js';
 
 /** What the grant routes are given by the composition root. */
 export interface GrantRouteDeps {
@@ -20,55 +22,14 @@ export interface GrantRouteDeps {
 
 // An agent id as agents' tokens carry it in `sub`; a grant names one agent, so no `family:` form.
 // What a run names as its run, pipeline instance, session, user or tenant: identifiers.
-const scopeRef = identifier;
-const nonBlank = (max: number) =>
-  z
-    .string()
-    .max(max)
-    .refine((value) => value.trim().length > 0, 'must not be blank');
-
-const createBody = z.strictObject({
-  tenant_id: identifier.optional(),
-  agent_id: agentId,
-  tool_id: toolId,
-  scope: z.enum(GRANT_SCOPES),
-  scope_ref: scopeRef.optional(),
-  capability_modifiers: capabilityModifiersSchema.default({}),
-  expires_at: instant,
-  rationale: nonBlank(2000),
-});
-
-const revokeBody = z.strictObject({ reason: nonBlank(2000) });
-
-const renewBody = z.strictObject({
-  rationale: nonBlank(2000),
-  expires_at: instant,
-  capability_modifiers: capabilityModifiersSchema.optional(),
-});
-
-const listQuery = z.strictObject({
-  tenant_id: identifier.optional(),
-  agent_id: z.string().min(1).optional(),
-  tool_id: z.string().min(1).optional(),
-  scope: z.enum(GRANT_SCOPES).optional(),
-  scope_ref: z.string().min(1).optional(),
-  status: z.enum(GRANT_STATUSES).optional(),
-  limit: z.coerce.number().int().min(1).max(500).default(50),
-  cursor: z.string().optional(),
-});
-
-const resolveQuery = z.strictObject({
-  tenant_id: identifier.optional(),
-  agent_id: agentId,
-  tool_id: toolId,
-  run_id: scopeRef.optional(),
-  pipeline_instance_id: scopeRef.optional(),
-  session_id: scopeRef.optional(),
-  user_id: scopeRef.optional(),
-});
+type CreateBody = components['schemas']['GrantRequest'];
+type RevokeBody = { reason: string };
+type RenewBody = NonNullable<operations['renewGrant']['requestBody']>['content']['application/json'];
+type ListQuery = Defaulted<operations['listGrants']['parameters']['query'], 'limit'>;
+type ResolveQuery = operations['resolveGrant']['parameters']['query'];
+type IdParams = { id: string };
 
 const cursorSchema = z.tuple([z.iso.datetime(), z.string().min(1)]);
-const idParams = z.strictObject({ id: z.string().min(1).max(100) });
 
 /** A grant as the API shows it, with its standing now. */
 export function grantView(grant: Grant, now: Date) {
@@ -107,34 +68,40 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
     return grant;
   }
 
-  app.post('/grants', { config: { access: 'operator', idempotent: true } }, async (request, reply) => {
-    const operator = operatorOf(request);
-    const body = parseInput(createBody, request.body, 'body');
-    const tenantId = (await tenantInReach(request, audit, body.tenant_id)) ?? operator.tenantId;
-    const ref = body.scope_ref ?? (body.scope === 'per-tenant' ? tenantId : undefined);
-    if (ref === undefined) {
-      throw new ApiError('invalid_request', `body.scope_ref: required for a ${body.scope} grant`, {
-        issues: [{ field: 'body.scope_ref', message: 'required' }],
+  app.post<{ Body: CreateBody }>(
+    '/grants',
+    { config: { access: 'operator', idempotent: true } },
+    async (request, reply) => {
+      const operator = operatorOf(request);
+      const body = request.body;
+      requireThat(isWrittenBack(body.expires_at), 'body.expires_at', INSTANT_YEARS);
+      const capabilityModifiers = modifiersOf(body.capability_modifiers);
+      const tenantId = (await tenantInReach(request, audit, body.tenant_id)) ?? operator.tenantId;
+      const ref = body.scope_ref ?? (body.scope === 'per-tenant' ? tenantId : undefined);
+      if (ref === undefined) {
+        throw new ApiError('invalid_request', `body.scope_ref: required for a ${body.scope} grant`, {
+          issues: [{ field: 'body.scope_ref', message: 'required' }],
+        });
+      }
+      const result = await grants.create({
+        actor: { actor_id: operator.id, actor_role: operator.role },
+        tenantId,
+        agentId: body.agent_id,
+        toolId: body.tool_id,
+        scope: body.scope,
+        scopeRef: ref,
+        capabilityModifiers,
+        expiresAt: new Date(body.expires_at),
+        rationale: body.rationale,
+        traceId: request.traceId,
       });
-    }
-    const result = await grants.create({
-      actor: { actor_id: operator.id, actor_role: operator.role },
-      tenantId,
-      agentId: body.agent_id,
-      toolId: body.tool_id,
-      scope: body.scope,
-      scopeRef: ref,
-      capabilityModifiers: body.capability_modifiers,
-      expiresAt: new Date(body.expires_at),
-      rationale: body.rationale,
-      traceId: request.traceId,
-    });
-    if (!result.ok) throw refusal(result);
-    return reply.code(result.created ? 201 : 200).send(grantView(result.grant, now()));
-  });
+      if (!result.ok) throw refusal(result);
+      return reply.code(result.created ? 201 : 200).send(grantView(result.grant, now()));
+    },
+  );
 
-  app.get('/grants', { config: { access: 'operator' } }, async (request) => {
-    const query = parseInput(listQuery, request.query, 'query');
+  app.get<{ Querystring: ListQuery }>('/grants', { config: { access: 'operator' } }, async (request) => {
+    const query = request.query;
     const tenantId = await tenantInReach(request, audit, query.tenant_id);
     const page = await grants.list({
       tenantId,
@@ -153,9 +120,9 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
     };
   });
 
-  app.get('/grants/resolve', { config: { access: 'operator' } }, async (request) => {
+  app.get<{ Querystring: ResolveQuery }>('/grants/resolve', { config: { access: 'operator' } }, async (request) => {
     const operator = operatorOf(request);
-    const query = parseInput(resolveQuery, request.query, 'query');
+    const query = request.query;
     const tenantId = (await tenantInReach(request, audit, query.tenant_id)) ?? operator.tenantId;
     const context = {
       tenant_id: tenantId,
@@ -183,42 +150,58 @@ export async function grantRoutes(app: FastifyInstance, deps: GrantRouteDeps): P
     };
   });
 
-  app.get('/grants/:id', { config: { access: 'operator' } }, async (request) => {
-    const { id } = parseInput(idParams, request.params, 'params');
+  app.get<{ Params: IdParams }>('/grants/:id', { config: { access: 'operator' } }, async (request) => {
+    const { id } = request.params;
     return grantView(await grantInReach(request, id), now());
   });
 
-  app.post('/grants/:id/revoke', { config: { access: 'operator' } }, async (request) => {
-    const operator = operatorOf(request);
-    const { id } = parseInput(idParams, request.params, 'params');
-    const body = parseInput(revokeBody, request.body, 'body');
-    await grantInReach(request, id);
-    const result = await grants.revoke({
-      actor: { actor_id: operator.id, actor_role: operator.role },
-      id,
-      reason: body.reason,
-      traceId: request.traceId,
-    });
-    if (!result.ok) throw refusal(result);
-    return grantView(result.grant, now());
-  });
+  app.post<{ Params: IdParams; Body: RevokeBody }>(
+    '/grants/:id/revoke',
+    { config: { access: 'operator' } },
+    async (request) => {
+      const operator = operatorOf(request);
+      const { id } = request.params;
+      const body = request.body;
+      await grantInReach(request, id);
+      const result = await grants.revoke({
+        actor: { actor_id: operator.id, actor_role: operator.role },
+        id,
+        reason: body.reason,
+        traceId: request.traceId,
+      });
+      if (!result.ok) throw refusal(result);
+      return grantView(result.grant, now());
+    },
+  );
 
-  app.post('/grants/:id/renew', { config: { access: 'operator' } }, async (request, reply) => {
-    const operator = operatorOf(request);
-    const { id } = parseInput(idParams, request.params, 'params');
-    const body = parseInput(renewBody, request.body, 'body');
-    await grantInReach(request, id);
-    const result = await grants.renew({
-      actor: { actor_id: operator.id, actor_role: operator.role },
-      id,
-      rationale: body.rationale,
-      expiresAt: new Date(body.expires_at),
-      capabilityModifiers: body.capability_modifiers,
-      traceId: request.traceId,
-    });
-    if (!result.ok) throw refusal(result);
-    return reply.code(201).send(grantView(result.grant, now()));
-  });
+  app.post<{ Params: IdParams; Body: RenewBody }>(
+    '/grants/:id/renew',
+    { config: { access: 'operator' } },
+    async (request, reply) => {
+      const operator = operatorOf(request);
+      const { id } = request.params;
+      const body = request.body;
+      requireThat(isWrittenBack(body.expires_at), 'body.expires_at', INSTANT_YEARS);
+      const capabilityModifiers =
+        body.capability_modifiers === undefined ? undefined : modifiersOf(body.capability_modifiers);
+      await grantInReach(request, id);
+      const result = await grants.renew({
+        actor: { actor_id: operator.id, actor_role: operator.role },
+        id,
+        rationale: body.rationale,
+        expiresAt: new Date(body.expires_at),
+        capabilityModifiers,
+        traceId: request.traceId,
+      });
+      if (!result.ok) throw refusal(result);
+      return reply.code(201).send(grantView(result.grant, now()));
+    },
+  );
+}
+
+/** A grant's modifiers normalised (zod: hosts trimmed and lower-cased, which a schema cannot do). */
+function modifiersOf(modifiers: unknown): CapabilityModifiers {
+  return parseInput(capabilityModifiersSchema, modifiers, 'body.capability_modifiers');
 }
 
 function refusal(result: GrantRefusal): ApiError {

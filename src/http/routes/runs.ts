@@ -1,25 +1,26 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
+import type { components, operations } from '../../client/openapi-types.js';
 import type { AuditTree } from '../../audit/audit-tree.js';
 import type { AuditLog } from '../../audit/audit-log.js';
 import type { Principal } from '../../auth/principal.js';
 import { readRunAllowance } from '../../budgets/run-allowance.js';
-import { MAX_UNITS } from '../../budgets/budget-units.js';
 import type { DB } from '../../db/schema.js';
 import { capabilityModifiersSchema } from '../../grants/capability-modifiers.js';
-import { APPROVAL_REQUIREMENTS, type Handoff } from '../../runs/handoff.js';
+import type { Handoff, HandoffRequest } from '../../runs/handoff.js';
 import type { HandoffService } from '../../handoffs/handoff-service.js';
 import type { RunControls } from '../../runs/run-controls.js';
 import type { RunExecutor } from '../../runs/run-executor.js';
-import type { RunAnswer } from '../../runs/run-types.js';
+import type { RunAnswer, RunRequest } from '../../runs/run-types.js';
 import { findRun, listRuns, type RunKey, type RunRecord } from '../../runs/run-repository.js';
-import { RUN_STATUSES } from '../../runs/run-types.js';
 import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
 import { refuseCrossTenant, tenantInReach } from '../tenant-access.js';
-import { agentId, identifier, parseInput, positiveUnits, runContext, toolId, versionRange } from '../validation.js';
+import { contextValueProblem, identifier } from '../../validation/fields.js';
+import { isPositiveUnits, POSITIVE_UNITS } from '../../validation/values.js';
+import { invalidField, parseInput, type Defaulted } from '../validation.js';
 
 export interface RunRouteDeps {
   db: Kysely<DB>;
@@ -31,53 +32,39 @@ export interface RunRouteDeps {
   maxPlanSteps: number;
 }
 
-function executeBody(maxPlanSteps: number) {
-  return z.strictObject({
-    run_id: identifier,
-    parent_run_id: identifier.optional(),
-    pipeline_instance_id: identifier.optional(),
-    session_id: identifier.optional(),
-    user_id: identifier.optional(),
-    context: runContext.default({}),
-    plan: z
-      .array(
-        z.strictObject({
-          tool_id: toolId,
-          version: versionRange.optional(),
-          input: z.unknown().refine((value) => value !== undefined, 'input is required'),
-        }),
-      )
-      .min(1, 'a plan has at least one step')
-      .max(maxPlanSteps, `a plan has at most ${maxPlanSteps} steps; longer plans are refused, never truncated`),
-    budget_units: positiveUnits.optional(),
-    dry_run: z.boolean().optional(),
-    keep_open: z.boolean().optional(),
-  });
+type RunRequestBody = components['schemas']['RunRequest'];
+type HandoffBody = components['schemas']['HandoffRequest'];
+type ControlBody = { reason?: string };
+type RunParams = { run_id: string };
+type TenantQuery = { tenant_id?: string };
+type ListQuery = Defaulted<operations['listRuns']['parameters']['query'], 'limit'>;
+
+/**
+ * What openapi.yaml cannot say of a run request: the plan's length is a setting, a context value
+ * is bounded by its length as JSON, and units have six decimal places.
+ */
+function checkRunRequest(body: RunRequestBody, maxPlanSteps: number): RunRequest {
+  if (body.plan.length > maxPlanSteps)
+    throw invalidField(
+      'body.plan',
+      `a plan has at most ${maxPlanSteps} steps; longer plans are refused, never truncated`,
+    );
+  const context = body.context ?? {};
+  const problem = contextValueProblem(context);
+  if (problem) throw invalidField(`body.context.${problem.key}`, problem.message);
+  if (body.budget_units !== undefined && !isPositiveUnits(body.budget_units))
+    throw invalidField('body.budget_units', POSITIVE_UNITS);
+  return { ...body, context };
 }
 
-const handoffBody = z.strictObject({
-  sub_agent_id: agentId,
-  sub_run_id: identifier,
-  // Not positive is a typed refusal (`budget_non_positive`), checked in its turn, not a 400.
-  budget_units: z.number().finite().max(MAX_UNITS),
-  delegable_tool_ids: z.array(toolId).max(100),
-  // Past 1000 the one reason given is that bound, not also the largest safe integer.
-  max_fanout: z.number().min(0).max(1000, { abort: true }).int(),
-  capability_modifiers: capabilityModifiersSchema.default({}),
-  approval_requirement: z.enum(APPROVAL_REQUIREMENTS).default('none'),
-});
-
-const controlBody = z.strictObject({ reason: z.string().max(2000).optional() });
-const runParams = z.object({ run_id: identifier });
-const tenantQuery = z.strictObject({ tenant_id: z.string().min(1).optional() });
-
-const listQuery = z.strictObject({
-  tenant_id: z.string().min(1).optional(),
-  agent_id: z.string().min(1).optional(),
-  status: z.enum(RUN_STATUSES).optional(),
-  limit: z.coerce.number().int().min(1).max(200).default(50),
-  cursor: z.string().optional(),
-});
+/** A hand-off as the service takes it: its modifiers normalised (zod: hosts trimmed and lower-cased). */
+function handoffRequest(body: HandoffBody): HandoffRequest {
+  return {
+    ...body,
+    capability_modifiers: parseInput(capabilityModifiersSchema, body.capability_modifiers, 'body.capability_modifiers'),
+    approval_requirement: body.approval_requirement ?? 'none',
+  };
+}
 
 const cursorSchema = z.object({ created_at: z.iso.datetime(), tenant_id: identifier, run_id: identifier });
 
@@ -86,12 +73,10 @@ const cursorSchema = z.object({ created_at: z.iso.datetime(), tenant_id: identif
  * (operators), the run controls, and hand-offs (`/runs/{run_id}/handoffs`).
  */
 export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promise<void> {
-  const body = executeBody(deps.maxPlanSteps);
-
-  app.post('/runs/execute', { config: { access: 'agent' } }, async (request, reply) => {
+  app.post<{ Body: RunRequestBody }>('/runs/execute', { config: { access: 'agent' } }, async (request, reply) => {
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
-    const runRequest = parseInput(body, request.body, 'body');
+    const runRequest = checkRunRequest(request.body, deps.maxPlanSteps);
     return sendAnswer(reply, await deps.executor.execute(principal, runRequest, request.traceId));
   });
 
@@ -116,8 +101,8 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
 
   const controller = (request: FastifyRequest) => ({ principal: principalOf(request), traceId: request.traceId });
 
-  app.post('/runs/:run_id/cancel', { config: { access: 'any' } }, async (request) => {
-    const { reason } = parseInput(controlBody, request.body, 'body');
+  app.post<{ Body: ControlBody }>('/runs/:run_id/cancel', { config: { access: 'any' } }, async (request) => {
+    const { reason } = request.body;
     return presentRun(
       await deps.controls.cancel(
         controller(request),
@@ -127,22 +112,21 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     );
   });
 
-  app.post('/runs/:run_id/kill', { config: { access: 'operator' } }, async (request) => {
-    const { reason } = parseInput(controlBody, request.body, 'body');
+  app.post<{ Body: ControlBody }>('/runs/:run_id/kill', { config: { access: 'operator' } }, async (request) => {
+    const { reason } = request.body;
     return presentRun(
       await deps.controls.kill(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason),
     );
   });
 
-  app.post('/runs/:run_id/pause', { config: { access: 'operator' } }, async (request) => {
-    const { reason } = parseInput(controlBody, request.body, 'body');
+  app.post<{ Body: ControlBody }>('/runs/:run_id/pause', { config: { access: 'operator' } }, async (request) => {
+    const { reason } = request.body;
     return presentRun(
       await deps.controls.pause(controller(request), await runKeyOf(request, principalOf(request), deps.audit), reason),
     );
   });
 
   app.post('/runs/:run_id/resume', { config: { access: 'any' } }, async (request, reply) => {
-    parseInput(controlBody, request.body, 'body');
     return sendAnswer(
       reply,
       await deps.controls.resume(controller(request), await runKeyOf(request, principalOf(request), deps.audit)),
@@ -150,21 +134,24 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
   });
 
   app.post('/runs/:run_id/complete', { config: { access: 'agent' } }, async (request) => {
-    parseInput(controlBody, request.body, 'body');
     return presentRun(
       await deps.controls.complete(controller(request), await runKeyOf(request, principalOf(request), deps.audit)),
     );
   });
 
-  app.post('/runs/:run_id/handoffs', { config: { access: 'agent', idempotent: true } }, async (request, reply) => {
-    const principal = principalOf(request);
-    if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
-    const { run_id } = parseInput(runParams, request.params, 'params');
-    const body = parseInput(handoffBody, request.body, 'body');
-    const result = await deps.handoffs.create(principal, run_id, body, request.traceId);
-    if (!result.ok) throw new ApiError(result.code, result.message, result.details ?? {});
-    return reply.code(201).send({ ...presentHandoff(result.handoff), approval_id: result.approvalId });
-  });
+  app.post<{ Body: HandoffBody; Params: RunParams }>(
+    '/runs/:run_id/handoffs',
+    { config: { access: 'agent', idempotent: true } },
+    async (request, reply) => {
+      const principal = principalOf(request);
+      if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
+      const { run_id } = request.params;
+      const body = handoffRequest(request.body);
+      const result = await deps.handoffs.create(principal, run_id, body, request.traceId);
+      if (!result.ok) throw new ApiError(result.code, result.message, result.details ?? {});
+      return reply.code(201).send({ ...presentHandoff(result.handoff), approval_id: result.approvalId });
+    },
+  );
 
   app.get('/runs/:run_id/handoffs', { config: { access: 'any' } }, async (request) => {
     const principal = principalOf(request);
@@ -175,8 +162,8 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     return { items: (await deps.handoffs.list(run.tenant_id, run.run_id)).map(presentHandoff), next_cursor: null };
   });
 
-  app.get('/runs', { config: { access: 'operator' } }, async (request) => {
-    const query = parseInput(listQuery, request.query, 'query');
+  app.get<{ Querystring: ListQuery }>('/runs', { config: { access: 'operator' } }, async (request) => {
+    const query = request.query;
     const tenantId = await tenantInReach(request, deps.audit, query.tenant_id);
     const page = await listRuns(deps.db, {
       tenantId,
@@ -201,8 +188,8 @@ function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
  * Anyone else naming another tenant gets the 404 of a run that does not exist, and is recorded.
  */
 async function runKeyOf(request: FastifyRequest, principal: Principal, audit: AuditLog): Promise<RunKey> {
-  const { run_id } = parseInput(runParams, request.params, 'params');
-  const { tenant_id } = parseInput(tenantQuery, request.query, 'query');
+  const { run_id } = request.params as RunParams;
+  const { tenant_id } = request.query as TenantQuery;
   if (principal.kind === 'operator' && principal.role === 'platform-operator')
     return { tenant_id: tenant_id ?? principal.tenantId, run_id };
   if (tenant_id !== undefined && tenant_id !== principal.tenantId) {

@@ -2,18 +2,20 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Kysely } from 'kysely';
 import semver from 'semver';
 import { z } from 'zod';
+import type { operations } from '../../client/openapi-types.js';
 import { actorOf, type Principal } from '../../auth/principal.js';
 import type { DB } from '../../db/schema.js';
-import { approximateYears, parseIsoDuration, reviewWindow } from '../../registry/review-window.js';
+import { approximateYears, parseIsoDuration, reviewWindow, type IsoDuration } from '../../registry/review-window.js';
 import type { CatalogResolution, ToolCatalog } from '../../registry/tool-catalog.js';
-import { TOOL_CATEGORIES, type ToolContract } from '../../registry/tool-contract.js';
+import type { ToolContract } from '../../registry/tool-contract.js';
 import { missingSecret, toolRegistrationSchema } from '../../registry/tool-registration.js';
 import { deprecateToolVersion, registerToolVersion } from '../../registry/tool-registry.js';
 import { agentViewOf, operatorViewOf } from '../../registry/tool-views.js';
 import { operatorOf, principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
 import { ApiError } from '../errors.js';
-import { instant, parseInput, toolId } from '../validation.js';
+import { INSTANT_YEARS, isWrittenBack } from '../../validation/values.js';
+import { invalidField, parseInput, requireThat, type Defaulted } from '../validation.js';
 
 export interface ToolRouteDeps {
   db: Kysely<DB>;
@@ -27,44 +29,30 @@ export interface ToolRouteDeps {
   externalCallEnabled?: (tenantId: string) => Promise<boolean>;
 }
 
-const toolIdParam = toolId;
-const toolParams = z.strictObject({ id: toolIdParam });
-const versionParams = z.strictObject({
-  id: toolIdParam,
-  version: z
-    .string()
-    .max(100)
-    .refine((value) => semver.valid(value) === value, 'must be an exact registered version such as 1.2.0'),
-});
-const getQuery = z.strictObject({ version: z.string().min(1).max(200).optional() });
-const operatorListQuery = z.strictObject({
-  category: z.enum(TOOL_CATEGORIES).optional(),
-  limit: z.coerce.number().int().min(1).max(500).default(100),
-  cursor: z.string().optional(),
-});
-const agentListQuery = z.strictObject({});
+type ToolParams = { id: string };
+type VersionParams = { id: string; version: string };
+type GetQuery = { version?: string };
+type ListQuery = Defaulted<operations['listTools']['parameters']['query'], 'limit'>;
+type DeprecateBody = Defaulted<
+  NonNullable<operations['deprecateToolVersion']['requestBody']>['content']['application/json'],
+  'replacement_tool_id'
+>;
+type DeprecationsQuery = Defaulted<operations['listToolDeprecations']['parameters']['query'], 'within'>;
+
 const cursorPosition = z.strictObject({ id: z.string(), version: z.string().refine((v) => semver.valid(v) !== null) });
-const deprecateBody = z.strictObject({
-  deprecated_at: instant.optional(),
-  replacement_tool_id: toolIdParam.nullable().default(null),
-});
-const deprecationsQuery = z.strictObject({
-  within: z
-    .string()
-    .default('P30D')
-    .transform((value, ctx) => {
-      const duration = parseIsoDuration(value);
-      // At most a century either way, so that the window's ends are dates.
-      if (!duration || approximateYears(duration) > 100) {
-        ctx.addIssue({
-          code: 'custom',
-          message: 'must be an ISO 8601 duration of at most 100 years, such as P30D or PT12H',
-        });
-        return z.NEVER;
-      }
-      return duration;
-    }),
-});
+
+/** What openapi.yaml cannot say of a version in a path: that it is an exact semver version. */
+function checkVersion(version: string): void {
+  requireThat(semver.valid(version) === version, 'params.version', 'must be an exact registered version such as 1.2.0');
+}
+
+/** A review window's width: an ISO 8601 duration of at most a century either way, so that its ends are dates. */
+function windowOf(within: string): IsoDuration {
+  const duration = parseIsoDuration(within);
+  if (!duration || approximateYears(duration) > 100)
+    throw invalidField('query.within', 'must be an ISO 8601 duration of at most 100 years, such as P30D or PT12H');
+  return duration;
+}
 
 /**
  * The tool registry. Reads are answered from this replica's catalog (never more than
@@ -100,6 +88,7 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
 
   app.post('/tools', { config: { access: 'platform-operator', idempotent: true } }, async (request, reply) => {
     const operator = operatorOf(request);
+    // zod: registration's own rules (semver, schemas that compile, RE2 patterns, category rules), past the schema.
     const registration = parseInput(toolRegistrationSchema, request.body, 'body');
     const missing = missingSecret(registration, deps.secrets);
     if (missing) {
@@ -114,26 +103,32 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
     return reply.code(result.created ? 201 : 200).send(operatorViewOf(result.tool, operator.role));
   });
 
-  app.get('/tools/:id', { config: { access: 'any' } }, async (request) => {
-    const principal = principalOf(request);
-    const { id } = parseInput(toolParams, request.params, 'params');
-    const { version } = parseInput(getQuery, request.query, 'query');
-    const resolved = await resolveForPrincipal(principal, id, version);
-    if (!resolved.ok) throw notFound(resolved.code, id, version);
-    return principal.kind === 'agent' ? agentViewOf(resolved.tool) : operatorViewOf(resolved.tool, principal.role);
-  });
+  app.get<{ Params: ToolParams; Querystring: GetQuery }>(
+    '/tools/:id',
+    { config: { access: 'any' } },
+    async (request) => {
+      const principal = principalOf(request);
+      const { id } = request.params;
+      const { version } = request.query;
+      const resolved = await resolveForPrincipal(principal, id, version);
+      if (!resolved.ok) throw notFound(resolved.code, id, version);
+      return principal.kind === 'agent' ? agentViewOf(resolved.tool) : operatorViewOf(resolved.tool, principal.role);
+    },
+  );
 
-  app.get('/tools', { config: { access: 'any' } }, async (request) => {
+  app.get<{ Querystring: ListQuery }>('/tools', { config: { access: 'any' } }, async (request) => {
     const principal = principalOf(request);
     if (principal.kind === 'agent') {
-      parseInput(agentListQuery, request.query, 'query');
+      // Agents get all their tools in one page: they may pass no query parameter.
+      const named = new URLSearchParams(request.url.split('?')[1] ?? '').keys().next();
+      if (!named.done) throw invalidField(`query.${named.value}`, 'agents pass no query parameters');
       const offered = deps.catalog.offeredTo(
         { agentId: principal.id, family: principal.family },
         { externalCallEnabled: await externalCallEnabled(principal.tenantId) },
       );
       return { items: offered.map(agentViewOf), revision: deps.catalog.revision, next_cursor: null };
     }
-    const query = parseInput(operatorListQuery, request.query, 'query');
+    const query = request.query;
     const revision = deps.catalog.revision;
     let tools = deps.catalog.all();
     if (query.category) tools = tools.filter((tool) => tool.category === query.category);
@@ -153,58 +148,73 @@ export async function toolRoutes(app: FastifyInstance, deps: ToolRouteDeps): Pro
   });
 
   // Declared before /tools/:id; the router prefers the static path either way, and `deprecations` is not a valid tool id.
-  app.get('/tools/deprecations', { config: { access: 'operator' } }, async (request) => {
-    const { within } = parseInput(deprecationsQuery, request.query, 'query');
-    const window = reviewWindow(deps.now(), within);
-    return {
-      items: deps.catalog.deprecations(window),
-      window: { from: window.from.toISOString(), to: window.to.toISOString() },
-      next_cursor: null,
-    };
-  });
+  app.get<{ Querystring: DeprecationsQuery }>(
+    '/tools/deprecations',
+    { config: { access: 'operator' } },
+    async (request) => {
+      const window = reviewWindow(deps.now(), windowOf(request.query.within));
+      return {
+        items: deps.catalog.deprecations(window),
+        window: { from: window.from.toISOString(), to: window.to.toISOString() },
+        next_cursor: null,
+      };
+    },
+  );
 
-  app.get('/tools/:id/versions', { config: { access: 'operator' } }, async (request) => {
+  app.get<{ Params: ToolParams }>('/tools/:id/versions', { config: { access: 'operator' } }, async (request) => {
     const { role } = operatorOf(request);
-    const { id } = parseInput(toolParams, request.params, 'params');
+    const { id } = request.params;
     const versions = deps.catalog.versions(id);
     if (versions.length === 0) throw notFound('tool_not_registered', id, undefined);
     return { items: versions.map((tool) => operatorViewOf(tool, role)), next_cursor: null };
   });
 
-  app.post('/tools/:id/versions/:version/deprecate', { config: { access: 'platform-operator' } }, async (request) => {
-    const operator = operatorOf(request);
-    const { id, version } = parseInput(versionParams, request.params, 'params');
-    const body = parseInput(deprecateBody, request.body, 'body');
-    const actor = by(request, operator);
-    const result = await deprecateToolVersion(
-      deps.db,
-      {
-        toolId: id,
-        version,
-        deprecation: {
-          deprecated_at: (body.deprecated_at ? new Date(body.deprecated_at) : actor.now).toISOString(),
-          replacement_tool_id: body.replacement_tool_id,
+  app.post<{ Params: VersionParams; Body: DeprecateBody }>(
+    '/tools/:id/versions/:version/deprecate',
+    { config: { access: 'platform-operator' } },
+    async (request) => {
+      const operator = operatorOf(request);
+      const { id, version } = request.params;
+      checkVersion(version);
+      const body = request.body;
+      if (body.deprecated_at !== undefined)
+        requireThat(isWrittenBack(body.deprecated_at), 'body.deprecated_at', INSTANT_YEARS);
+      const actor = by(request, operator);
+      const result = await deprecateToolVersion(
+        deps.db,
+        {
+          toolId: id,
+          version,
+          deprecation: {
+            deprecated_at: (body.deprecated_at ? new Date(body.deprecated_at) : actor.now).toISOString(),
+            replacement_tool_id: body.replacement_tool_id,
+          },
         },
-      },
-      actor,
-    );
-    if (!result.ok) {
-      throw result.code === 'invalid_request'
-        ? new ApiError(result.code, result.message, result.details)
-        : new ApiError(result.code, result.message, { tool_id: id, version });
-    }
-    await catchUp();
-    return operatorViewOf(result.tool, operator.role);
-  });
+        actor,
+      );
+      if (!result.ok) {
+        throw result.code === 'invalid_request'
+          ? new ApiError(result.code, result.message, result.details)
+          : new ApiError(result.code, result.message, { tool_id: id, version });
+      }
+      await catchUp();
+      return operatorViewOf(result.tool, operator.role);
+    },
+  );
 
-  app.get('/tools/:id/versions/:version/dependencies', { config: { access: 'operator' } }, async (request) => {
-    const { id, version } = parseInput(versionParams, request.params, 'params');
-    const tool = exactVersion(id, version);
-    const resolution = deps.catalog.dependencies(tool);
-    return resolution.ok
-      ? { tool_id: id, version, satisfied: true, resolved: resolution.resolved, unsatisfied: null }
-      : { tool_id: id, version, satisfied: false, resolved: [], unsatisfied: resolution.unsatisfied };
-  });
+  app.get<{ Params: VersionParams }>(
+    '/tools/:id/versions/:version/dependencies',
+    { config: { access: 'operator' } },
+    async (request) => {
+      const { id, version } = request.params;
+      checkVersion(version);
+      const tool = exactVersion(id, version);
+      const resolution = deps.catalog.dependencies(tool);
+      return resolution.ok
+        ? { tool_id: id, version, satisfied: true, resolved: resolution.resolved, unsatisfied: null }
+        : { tool_id: id, version, satisfied: false, resolved: [], unsatisfied: resolution.unsatisfied };
+    },
+  );
 
   function exactVersion(toolId: string, version: string): ToolContract {
     const versions = deps.catalog.versions(toolId);
