@@ -11,6 +11,7 @@ import type {
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import { chargeOf } from '../admission/stages/10-cost.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
+import { CanonicalPayload } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
 import type { PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import { actorOf } from '../auth/principal.js';
@@ -134,7 +135,7 @@ export function stepRequest(
   index: number,
   dryRun: boolean,
   exec: Pick<Execution, 'run' | 'delegation'> | undefined,
-): StepRequest {
+): StepRequest & { step: { canonicalInput: CanonicalPayload } } {
   const planned = request.plan[index]!;
   const delegation = exec?.delegation;
   return {
@@ -152,7 +153,13 @@ export function stepRequest(
         ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers }
         : undefined,
     },
-    step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
+    step: {
+      index,
+      tool_id: planned.tool_id,
+      version: planned.version,
+      input: planned.input,
+      canonicalInput: new CanonicalPayload(planned.input),
+    },
     dryRun,
   };
 }

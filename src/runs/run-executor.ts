@@ -4,7 +4,7 @@ import type { BudgetReservation, ReserveRequest } from '../budgets/budget-reserv
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
-import { payloadHash } from '../audit/audit-hash.js';
+import { CanonicalPayload } from '../audit/audit-hash.js';
 import { actorOf } from '../auth/principal.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
@@ -74,10 +74,12 @@ export class RunExecutor {
     traceId: string,
     via: Via | undefined,
   ): Promise<RunAnswer> {
-    const requestSha256 = payloadHash(request);
+    // Serialised and hashed once: the hash replays compare, the JSON the run's row stores.
+    const canonical = new CanonicalPayload(request);
     const start: RunStart = {
-      request_sha256: requestSha256,
+      request_sha256: canonical.sha256,
       request,
+      requestJson: canonical.json,
       agent_family: principal.family,
       agent_scopes: [...principal.scopes].sort(),
       keep_open: request.keep_open === true,
