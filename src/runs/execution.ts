@@ -26,6 +26,7 @@ import type { RunRecord } from './run-repository.js';
 import type { CallEnd, CallEndAnswer, RunStartChange } from './run-end-rider.js';
 import {
   newToolCallId,
+  type AnswerSerializer,
   type LapsedApprovals,
   type RunAnswer,
   type RunRequest,
@@ -80,6 +81,8 @@ export interface Execution {
   delegation: Handoff | undefined;
   /** The actor whose request drives this execution: the proposer of any approval it asks for. */
   actor: string;
+  /** The reply's serialiser, when the door that asked has one. */
+  answerJson?: AnswerSerializer | undefined;
   /** The first step's grants, read while the run was claimed; taken by that step. */
   prefetchedGrants?: GrantPrefetch | undefined;
   /** The first step's grant, its use recorded with the run's claim; taken by that step. */

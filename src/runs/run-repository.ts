@@ -63,13 +63,13 @@ export type Db = Kysely<DB> | Transaction<DB>;
 
 /**
  * Rows as one JSON array for `jsonb_to_recordset`, each with JSON text already made (a request, an envelope) spliced in
- * under its name as it is, rather than parsed into the row and serialised again.
+ * under its name (a plain column name) as it is, rather than parsed into the row and serialised again.
  */
 export function rowsJsonWith(
   rows: Array<{ row: Record<string, unknown>; with: Record<string, string | null> }>,
 ): string {
   const json = rows.map(({ row, with: made }) => {
-    const spliced = Object.entries(made).map(([name, text]) => `${JSON.stringify(name)}:${text ?? 'null'}`);
+    const spliced = Object.entries(made).map(([name, text]) => `"${name}":${text ?? 'null'}`);
     return `${JSON.stringify(row).slice(0, -1)},${spliced.join(',')}}`;
   });
   return `[${json.join(',')}]`;

@@ -48,8 +48,12 @@ export function endFor(
   answered: { answer?: RunAnswer },
 ): RunEnding | undefined {
   const answer = closing?.(step, stop);
-  if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
-  answered.answer = answer;
+  if (!answer) return undefined;
+  // Written once: its length decides whether the record carries the end, the end stores it, the reply sends it.
+  const replyJson = serialised(exec, answer);
+  const json = replyJson ?? JSON.stringify(answer.envelope);
+  if (json.length > MAX_ENVELOPE_WITH_RECORD) return undefined;
+  answered.answer = replyJson === undefined ? answer : { ...answer, json: replyJson };
   const { run } = exec;
   return {
     tenant_id: run.tenant_id,
@@ -58,5 +62,16 @@ export function endFor(
     status: answer.envelope.status,
     httpStatus: answer.httpStatus,
     envelope: answer.envelope,
+    envelopeJson: json,
   };
+}
+
+/** The envelope as the reply would write it; undefined without a serialiser, or when it refuses the envelope. */
+function serialised(exec: Execution, answer: RunAnswer): string | undefined {
+  try {
+    return exec.answerJson?.(answer.httpStatus, answer.envelope);
+  } catch {
+    // The reply meets the same refusal and answers it as it would have.
+    return undefined;
+  }
 }
