@@ -124,14 +124,17 @@ describe('the request', () => {
 
 describe('the envelope', () => {
   it('is written once: the first answer is byte for byte its replay, and the stored envelope is that answer', async () => {
-    for (const plan of [
-      [step('echo')],
-      [step('echo'), step('echo')],
-      [step('fails')],
-      [step('ungranted'), step('echo')],
-      [step('echo'), step('wrong.shape'), step('echo')],
+    // Ended with its last record, refused at its start, left at rest open, held for an approval.
+    for (const run of [
+      { plan: [step('echo')] },
+      { plan: [step('echo'), step('echo')] },
+      { plan: [step('fails')] },
+      { plan: [step('ungranted'), step('echo')] },
+      { plan: [step('echo'), step('wrong.shape'), step('echo')] },
+      { plan: [step('echo')], keep_open: true },
+      { plan: [step('echo'), step('publish.draft'), step('echo')] },
     ]) {
-      const body = { run_id: newRunId(), plan };
+      const body = { run_id: newRunId(), ...run };
       const first = await execute(h.client, agent, body);
       const replay = await execute(h.client, agent, body);
       expect(replay.headers['x-toolgate-replayed']).toBe('true');

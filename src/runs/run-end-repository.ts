@@ -11,7 +11,7 @@ import { rowsJsonWith, toRecord, type Db, type RunKey, type RunRecord } from './
 export async function releaseRun(
   db: Db,
   key: RunKey & { epoch: number },
-  change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
+  change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope; envelopeJson?: string | undefined },
 ): Promise<RunRecord | undefined> {
   let update = db
     .updateTable('runs')
@@ -19,7 +19,7 @@ export async function releaseRun(
       ...(change.status !== undefined ? { status: change.status } : {}),
       ...(change.status !== undefined && isTerminal(change.status) ? { request: null } : {}),
       http_status: change.httpStatus,
-      envelope: JSON.stringify(change.envelope),
+      envelope: change.envelopeJson ?? JSON.stringify(change.envelope),
       busy: false,
       updated_at: sql<Date>`now()`,
     })

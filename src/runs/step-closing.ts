@@ -47,13 +47,12 @@ export function endFor(
   stop: StepOutcome['stop'],
   answered: { answer?: RunAnswer },
 ): RunEnding | undefined {
-  const answer = closing?.(step, stop);
-  if (!answer) return undefined;
+  const closed = closing?.(step, stop);
+  if (!closed) return undefined;
   // Written once: its length decides whether the record carries the end, the end stores it, the reply sends it.
-  const replyJson = serialised(exec, answer);
-  const json = replyJson ?? JSON.stringify(answer.envelope);
+  const { answer, json } = writtenOnce(exec, closed);
   if (json.length > MAX_ENVELOPE_WITH_RECORD) return undefined;
-  answered.answer = replyJson === undefined ? answer : { ...answer, json: replyJson };
+  answered.answer = answer;
   const { run } = exec;
   return {
     tenant_id: run.tenant_id,
@@ -66,12 +65,18 @@ export function endFor(
   };
 }
 
-/** The envelope as the reply would write it; undefined without a serialiser, or when it refuses the envelope. */
-function serialised(exec: Execution, answer: RunAnswer): string | undefined {
+/**
+ * An answer's envelope written once, for the run's row (`json`) and the reply: by the door's serialiser when it has one
+ * (the answer then carries that text), else by `JSON.stringify` for the row alone (the reply serialises as it will).
+ */
+export function writtenOnce(exec: Execution, answer: RunAnswer): { answer: RunAnswer; json: string } {
+  let replyJson: string | undefined;
   try {
-    return exec.answerJson?.(answer.httpStatus, answer.envelope);
+    replyJson = exec.answerJson?.(answer.httpStatus, answer.envelope);
   } catch {
     // The reply meets the same refusal and answers it as it would have.
-    return undefined;
   }
+  return replyJson === undefined
+    ? { answer, json: JSON.stringify(answer.envelope) }
+    : { answer: { ...answer, json: replyJson }, json: replyJson };
 }
