@@ -1,3 +1,4 @@
+import type { CanonicalPayload } from '../audit/audit-hash.js';
 import type { Principal } from '../auth/principal.js';
 import type { CapabilityModifiers } from '../grants/grant.js';
 import type {
@@ -30,7 +31,14 @@ export interface StepRequest {
     /** A sub-run's authority envelope: it acts within it and its own grants. */
     delegation?: { delegable_tool_ids: readonly string[]; capability_modifiers: CapabilityModifiers } | undefined;
   };
-  step: { index: number; tool_id: string; version?: string | undefined; input: unknown };
+  step: {
+    index: number;
+    tool_id: string;
+    version?: string | undefined;
+    input: unknown;
+    /** The input with its hash made once for the call: the approval stage's, then its records'. */
+    canonicalInput?: CanonicalPayload | undefined;
+  };
   dryRun: boolean;
   /** The grants of this step, read ahead while its run was claimed (the first step only). */
   prefetchedGrants?: GrantPrefetch | undefined;

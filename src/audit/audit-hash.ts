@@ -57,9 +57,27 @@ export function sealLinked(record: UnsealedLink): { hash: string; json: string }
   return { hash, json: `${canonical.slice(0, -1)},"hash":"${hash}"}` };
 }
 
+/**
+ * A payload with its canonical JSON and that JSON's SHA-256 (`payloadHash`), each made once, when first asked for:
+ * made where the payload comes in and passed along, so no later step serialises or hashes it again.
+ */
+export class CanonicalPayload {
+  private canonical: string | undefined;
+  private hash: string | undefined;
+
+  constructor(readonly value: unknown) {}
+
+  /** The canonical JSON (keys sorted); `null` for a missing payload. */
+  get json(): string {
+    return (this.canonical ??= canonicalJson(this.value ?? null) ?? 'null');
+  }
+
+  get sha256(): string {
+    return (this.hash ??= digest('sha256', this.json, 'hex'));
+  }
+}
+
 /** SHA-256 of a payload's canonical JSON: how payloads are recorded instead of their content. */
 export function payloadHash(payload: unknown): string {
-  return createHash('sha256')
-    .update(canonicalJson(payload ?? null) ?? 'null')
-    .digest('hex');
+  return new CanonicalPayload(payload).sha256;
 }

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { AdmissibleTool, Reservation } from '../admission/ports.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
-import { payloadHash } from '../audit/audit-hash.js';
+import { payloadHash, type CanonicalPayload } from '../audit/audit-hash.js';
 import { settlementOf } from '../budgets/budget-reservation.js';
 import { MAX_UNITS } from '../budgets/budget-units.js';
 import { jsonProblem } from '../db/json-limits.js';
@@ -28,7 +28,7 @@ export class Dispatcher {
   async dispatch(
     exec: Execution,
     tool: AdmissibleTool,
-    input: unknown,
+    canonicalInput: CanonicalPayload,
     base: AuditEventInput & { tool_call_id: string },
     reservation: Reservation | undefined,
     grantModifiers: Record<string, unknown>,
@@ -37,7 +37,9 @@ export class Dispatcher {
     claimWith?: ClaimedRunStart,
   ): Promise<(Dispatched & { runEnded?: boolean }) | { unclaimed: ClaimedRunStartAnswer }> {
     const { budgets } = this.deps.ports;
-    const inputSha256 = payloadHash(input);
+    const input = canonicalInput.value;
+    // Hashed once for the call (by the approval stage, for a tool that needs one); its records cite it.
+    const inputSha256 = canonicalInput.sha256;
     const details = { ...base.details, ...(approvalId ? { approval_id: approvalId } : {}) };
     // Nothing can be sent: refused on record, its reservation given back.
     const notConfigured = async (message: string): Promise<Dispatched | { unclaimed: ClaimedRunStartAnswer }> => {

@@ -11,6 +11,7 @@ import type {
 import type { AgentPrincipal, StepRequest } from '../admission/step.js';
 import { chargeOf } from '../admission/stages/10-cost.js';
 import type { AuditEventInput } from '../audit/audit-event.js';
+import { CanonicalPayload } from '../audit/audit-hash.js';
 import type { AuditLog } from '../audit/audit-log.js';
 import type { PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import { actorOf } from '../auth/principal.js';
@@ -25,6 +26,7 @@ import type { RunRecord } from './run-repository.js';
 import type { CallEnd, CallEndAnswer, RunStartChange } from './run-end-rider.js';
 import {
   newToolCallId,
+  type AnswerSerializer,
   type LapsedApprovals,
   type RunAnswer,
   type RunRequest,
@@ -79,6 +81,8 @@ export interface Execution {
   delegation: Handoff | undefined;
   /** The actor whose request drives this execution: the proposer of any approval it asks for. */
   actor: string;
+  /** The reply's serialiser, when the door that asked has one. */
+  answerJson?: AnswerSerializer | undefined;
   /** The first step's grants, read while the run was claimed; taken by that step. */
   prefetchedGrants?: GrantPrefetch | undefined;
   /** The first step's grant, its use recorded with the run's claim; taken by that step. */
@@ -134,7 +138,7 @@ export function stepRequest(
   index: number,
   dryRun: boolean,
   exec: Pick<Execution, 'run' | 'delegation'> | undefined,
-): StepRequest {
+): StepRequest & { step: { canonicalInput: CanonicalPayload } } {
   const planned = request.plan[index]!;
   const delegation = exec?.delegation;
   return {
@@ -152,7 +156,13 @@ export function stepRequest(
         ? { delegable_tool_ids: delegation.delegable_tool_ids, capability_modifiers: delegation.capability_modifiers }
         : undefined,
     },
-    step: { index, tool_id: planned.tool_id, version: planned.version, input: planned.input },
+    step: {
+      index,
+      tool_id: planned.tool_id,
+      version: planned.version,
+      input: planned.input,
+      canonicalInput: new CanonicalPayload(planned.input),
+    },
     dryRun,
   };
 }

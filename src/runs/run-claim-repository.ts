@@ -10,7 +10,7 @@ import { bucketStillAt, type BucketAt } from '../rate-limits/rate-bucket-reposit
 import { isTerminal } from './run-types.js';
 import type { BudgetReservation, PreparedReservations, ReserveRequest } from '../budgets/budget-reservation.js';
 import type { BudgetExceededDetails } from '../budgets/budget-verdict.js';
-import { toRecord, unitsText, type RunKey, type RunRecord, type RunStart } from './run-repository.js';
+import { rowsJsonWith, toRecord, unitsText, type RunKey, type RunRecord, type RunStart } from './run-repository.js';
 import type { RunEnding } from './run-end-repository.js';
 
 /** A root run being claimed by its first request. */
@@ -61,7 +61,7 @@ export async function claimRuns(
   if (runs.length === 0) return [];
   const rows = [...runs]
     .sort((a, b) => (a.tenant_id === b.tenant_id ? compare(a.run_id, b.run_id) : compare(a.tenant_id, b.tenant_id)))
-    .map((run, ord) => ({ ord, ...runRowOf(run) }));
+    .map((run, ord) => ({ row: { ord, ...runRowOf(run) }, with: { request: requestJsonOf(run) } }));
   const uses = runs.flatMap((run) => (run.reliance ? [run.reliance] : []));
   const charged = uses.length > 0 ? charges : undefined;
   // The grants are share-locked before the counters, as every writer locks them.
@@ -74,7 +74,7 @@ export async function claimRuns(
       })}`
     : sql``;
   const inserted = await sql<Selectable<RunTable> & { relied: boolean; charged: unknown }>`
-    with claimed as (${claimInsert(sql`jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(${runRowColumns})`, sql`*`)})${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
+    with claimed as (${claimInsert(sql`jsonb_to_recordset(${rowsJsonWith(rows)}::jsonb) as r(${runRowColumns})`, sql`*`)})${uses.length > 0 ? sql`, ${grantUseSteps(uses, 'claimed')}` : sql``}${ledger}
     select c.*, ${charged ? charged.prepared.outcome() : sql`null`} as charged, ${
       uses.length > 0
         ? sql`exists (select 1 from grant_uses_standing s where s.tenant_id = c.tenant_id and s.run_id = c.run_id)`
@@ -143,7 +143,7 @@ export function unclaimedRecordOf(run: NewRun): RunRecord {
  */
 export interface EndedRunStart {
   run: NewRun;
-  end: Pick<RunEnding, 'status' | 'httpStatus' | 'envelope'>;
+  end: Pick<RunEnding, 'status' | 'httpStatus' | 'envelope' | 'envelopeJson'>;
   grantAbsent?: { agent_id: string; tool_id: string } | undefined;
   reliance?: GrantUseIf | undefined;
   bucket?: BucketAt | undefined;
@@ -162,28 +162,32 @@ export function endedRunStartSteps(
   budgetsHold: RawBuilder<boolean> = sql<boolean>`false`,
 ): RawBuilder<unknown> {
   const rows = starts.map(({ run, end, grantAbsent, reliance, bucket, budgetRefused }, i) => ({
-    ord: ords[i]!,
-    ...runRowOf(run),
-    status: end.status,
-    http_status: end.httpStatus,
-    envelope: end.envelope,
-    // Kept while the run may go on, as an ended run's executor drops it (see `runEndSteps`).
-    request: isTerminal(end.status) ? null : run.request,
-    absent_agent: grantAbsent?.agent_id ?? null,
-    absent_tool: grantAbsent?.tool_id ?? null,
-    grant_id: reliance?.grant_id ?? null,
-    agent_id: reliance?.assumed?.agent_id ?? null,
-    tool_id: reliance?.assumed?.tool_id ?? null,
-    since: reliance?.assumed?.since ?? null,
-    decided_at: reliance?.assumed?.decided_at.toISOString() ?? null,
-    bucket_agent: bucket?.agentId ?? null,
-    bucket_tool: bucket?.toolId ?? null,
-    bucket_tokens: bucket?.tokens ?? null,
-    bucket_at: bucket ? new Date(bucket.updatedAtMs).toISOString() : null,
-    budget_refused: budgetRefused !== undefined,
+    with: {
+      // Kept while the run may go on, as an ended run's executor drops it (see `runEndSteps`).
+      request: isTerminal(end.status) ? null : requestJsonOf(run),
+      envelope: end.envelopeJson ?? JSON.stringify(end.envelope),
+    },
+    row: {
+      ord: ords[i]!,
+      ...runRowOf(run),
+      status: end.status,
+      http_status: end.httpStatus,
+      absent_agent: grantAbsent?.agent_id ?? null,
+      absent_tool: grantAbsent?.tool_id ?? null,
+      grant_id: reliance?.grant_id ?? null,
+      agent_id: reliance?.assumed?.agent_id ?? null,
+      tool_id: reliance?.assumed?.tool_id ?? null,
+      since: reliance?.assumed?.since ?? null,
+      decided_at: reliance?.assumed?.decided_at.toISOString() ?? null,
+      bucket_agent: bucket?.agentId ?? null,
+      bucket_tool: bucket?.toolId ?? null,
+      bucket_tokens: bucket?.tokens ?? null,
+      bucket_at: bucket ? new Date(bucket.updatedAtMs).toISOString() : null,
+      budget_refused: budgetRefused !== undefined,
+    },
   }));
   return sql`run_starts as materialized (
-      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
+      select * from jsonb_to_recordset(${rowsJsonWith(rows)}::jsonb) as r(
         ${runRowColumns}, status text, http_status integer, envelope jsonb, absent_agent text, absent_tool text,
         grant_id text, agent_id text, tool_id text, since bigint, decided_at timestamptz,
         bucket_agent text, bucket_tool text, bucket_tokens float8, bucket_at timestamptz, budget_refused boolean)
@@ -253,13 +257,16 @@ export function claimedRunStartSteps(
   const rows = starts.map((start, i) => {
     const charge = start.claim ? start.claim.charge : start.held.charge;
     return {
-      ...(start.claim
-        ? { ...runRowOf(start.claim), held: false, epoch: 1 }
-        : { tenant_id: start.held.tenant_id, run_id: start.held.run_id, held: true, epoch: start.held.epoch }),
-      ord: ords[i]!,
-      reservation_id: charge?.reservationId ?? null,
-      // A charged call's record goes only with its reservation: without `prepared`, it is not appended.
-      charged: charge !== undefined,
+      with: { request: start.claim ? requestJsonOf(start.claim) : null },
+      row: {
+        ...(start.claim
+          ? { ...runRowOf(start.claim), held: false, epoch: 1 }
+          : { tenant_id: start.held.tenant_id, run_id: start.held.run_id, held: true, epoch: start.held.epoch }),
+        ord: ords[i]!,
+        reservation_id: charge?.reservationId ?? null,
+        // A charged call's record goes only with its reservation: without `prepared`, it is not appended.
+        charged: charge !== undefined,
+      },
     };
   });
   const charged = starts.filter((start) => prepared && (start.claim ?? start.held).charge);
@@ -274,7 +281,7 @@ export function claimedRunStartSteps(
       })}`
     : sql``;
   const ctes = sql`claim_starts as materialized (
-      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) as r(
+      select * from jsonb_to_recordset(${rowsJsonWith(rows)}::jsonb) as r(
         ${runRowColumns}, reservation_id text, charged boolean, held boolean, epoch integer)
       where ${when}
     ), claim_runs as (${claimInsert(sql`(select * from claim_starts where not held) s`, sql`tenant_id, run_id`)}
@@ -354,7 +361,7 @@ function claimInsert(source: RawBuilder<unknown>, returning: RawBuilder<unknown>
     returning ${returning}`;
 }
 
-/** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`). */
+/** A run's columns as its claim writes them (JSON, for `jsonb_to_recordset`), but its request (`requestJsonOf`). */
 function runRowOf(run: NewRun) {
   return {
     tenant_id: run.tenant_id,
@@ -367,13 +374,17 @@ function runRowOf(run: NewRun) {
     request_sha256: run.request_sha256,
     trace_id: run.trace_id,
     created_at: run.created_at.toISOString(),
-    request: run.request,
     agent_family: run.agent_family ?? null,
     agent_scopes: run.agent_scopes,
     budget_units: unitsText(run.budget_units),
     keep_open: run.keep_open,
     executor_id: run.executor_id,
   };
+}
+
+/** The request a run's row stores: the canonical JSON its hash was made from, when the caller has it. */
+function requestJsonOf(run: RunStart): string {
+  return run.requestJson ?? JSON.stringify(run.request);
 }
 
 function keyOf(run: RunKey): string {

@@ -1,7 +1,7 @@
 import { sql, type Kysely, type RawBuilder, type Transaction } from 'kysely';
 import type { DB } from '../db/schema.js';
 import { isTerminal, type RunEnvelope, type RunStatus, type RunStop } from './run-types.js';
-import { toRecord, type Db, type RunKey, type RunRecord } from './run-repository.js';
+import { rowsJsonWith, toRecord, type Db, type RunKey, type RunRecord } from './run-repository.js';
 
 /**
  * An executor letting go of a run: stores where it got to and clears `busy`. With `status`, also
@@ -11,7 +11,7 @@ import { toRecord, type Db, type RunKey, type RunRecord } from './run-repository
 export async function releaseRun(
   db: Db,
   key: RunKey & { epoch: number },
-  change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope },
+  change: { status?: RunStatus; httpStatus: number; envelope: RunEnvelope; envelopeJson?: string | undefined },
 ): Promise<RunRecord | undefined> {
   let update = db
     .updateTable('runs')
@@ -19,7 +19,7 @@ export async function releaseRun(
       ...(change.status !== undefined ? { status: change.status } : {}),
       ...(change.status !== undefined && isTerminal(change.status) ? { request: null } : {}),
       http_status: change.httpStatus,
-      envelope: JSON.stringify(change.envelope),
+      envelope: change.envelopeJson ?? JSON.stringify(change.envelope),
       busy: false,
       updated_at: sql<Date>`now()`,
     })
@@ -37,6 +37,8 @@ export interface RunEnding extends RunKey {
   status: RunStatus;
   httpStatus: number;
   envelope: RunEnvelope;
+  /** The envelope's JSON when it was made already (for the size check and the reply): stored as it is. */
+  envelopeJson?: string | undefined;
 }
 
 /**
@@ -69,17 +71,13 @@ export function runEndSteps(
   options: { waitForLocks: boolean; when?: RawBuilder<unknown> },
 ): RawBuilder<unknown> {
   const rows = endings.map((l) => ({
-    tenant_id: l.tenant_id,
-    run_id: l.run_id,
-    epoch: l.epoch,
-    status: l.status,
-    http_status: l.httpStatus,
-    envelope: l.envelope,
+    row: { tenant_id: l.tenant_id, run_id: l.run_id, epoch: l.epoch, status: l.status, http_status: l.httpStatus },
+    with: { envelope: l.envelopeJson ?? JSON.stringify(l.envelope) },
   }));
   const when = options.when ?? sql`true`;
   const lock = options.waitForLocks ? sql`for no key update` : sql`for no key update skip locked`;
   return sql`run_ends as materialized (
-      select * from jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
+      select * from jsonb_to_recordset(${rowsJsonWith(rows)}::jsonb)
         as v(tenant_id text, run_id text, epoch integer, status text, http_status integer, envelope jsonb)
       where ${when}
       -- In the server's key order (its collation, not JavaScript's): the probes lock in this order.

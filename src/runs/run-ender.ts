@@ -15,6 +15,7 @@ import {
 } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import { stepAt, type Execution, type RunExecutorDeps } from './execution.js';
+import { writtenOnce } from './step-closing.js';
 import type { RunAnswer } from './run-types.js';
 
 /** Lets go of a run: where it got to, stored for replays; a run that ends takes its sub-runs and hand-off with it. */
@@ -59,8 +60,9 @@ export class RunEnder {
       while (steps.length < request.plan.length) steps.push(stepAt(request, steps.length, 'pending'));
     }
     const envelope: RunEnvelope = { run_id: request.run_id, status, dry_run: false, steps, warnings };
-    await releaseRun(this.deps.database.control, exec.run, { httpStatus, envelope });
-    return { httpStatus, envelope, replayed: false };
+    const { answer, json } = writtenOnce(exec, { httpStatus, envelope, replayed: false });
+    await releaseRun(this.deps.database.control, exec.run, { httpStatus, envelope, envelopeJson: json });
+    return answer;
   }
 
   /**
@@ -75,16 +77,16 @@ export class RunEnder {
   ): Promise<RunAnswer> {
     const { run } = exec;
     const status = envelope.status;
+    const { answer, json } = writtenOnce(exec, { httpStatus, envelope, replayed: false });
     if (!isTerminal(status)) {
       if (ending.length > 0)
         throw new Error(`run ${run.run_id}: events recorded with an end, but it does not end (${status})`);
-      if (await releaseRun(this.deps.database.control, run, { status, httpStatus, envelope }))
-        return { httpStatus, envelope, replayed: false };
+      if (await releaseRun(this.deps.database.control, run, { status, httpStatus, envelope, envelopeJson: json }))
+        return answer;
     } else {
-      const change = { status, httpStatus, envelope };
+      const change = { status, httpStatus, envelope, envelopeJson: json };
       const left = await this.leaveTerminal(exec, change, run.depth > 0 || ending.length > 0, ending);
-      if (left === 'retry' ? await this.leaveTerminal(exec, change, true, ending) : left)
-        return { httpStatus, envelope, replayed: false };
+      if (left === 'retry' ? await this.leaveTerminal(exec, change, true, ending) : left) return answer;
     }
     // Stopped or paused between the last call and now: the run is someone else's to describe.
     const standing = await readRunStanding(this.deps.database.control, run);
@@ -94,7 +96,7 @@ export class RunEnder {
 
   async leaveTerminal(
     exec: Execution,
-    change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope },
+    change: { status: TerminalStatus; httpStatus: number; envelope: RunEnvelope; envelopeJson?: string | undefined },
     locked: boolean,
     ending: AuditEventInput[],
   ): Promise<boolean | 'retry'> {

@@ -4,7 +4,7 @@ import type { BudgetReservation, ReserveRequest } from '../budgets/budget-reserv
 import type { AgentPrincipal } from '../admission/step.js';
 import { approvalStatusAt, type Approval } from './approval.js';
 import { findLatestApproval, findNextStepApproval } from './approval-repository.js';
-import { payloadHash } from '../audit/audit-hash.js';
+import { CanonicalPayload } from '../audit/audit-hash.js';
 import { actorOf } from '../auth/principal.js';
 import { GroupCommit, retryOnConflict } from '../db/group-commit.js';
 import type { DB } from '../db/schema.js';
@@ -19,7 +19,7 @@ import {
 } from './run-claim-repository.js';
 import { findRun, lockRun, type RunRecord, type RunStart } from './run-repository.js';
 import { resumeThrottledRun, startQueuedRun } from './run-take-up-repository.js';
-import { isTerminal, type RunRequest, type StepResult, type Via } from './run-types.js';
+import { isTerminal, type AnswerSerializer, type RunRequest, type StepResult, type Via } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import { chargeOfStep, relianceOf, stepRequest, type Execution, type RunExecutorDeps } from './execution.js';
 import { Dispatcher } from './dispatch.js';
@@ -49,11 +49,18 @@ export class RunExecutor {
     );
   }
 
-  async execute(principal: AgentPrincipal, request: RunRequest, traceId: string, via?: Via): Promise<RunAnswer> {
+  /** `answerJson`: the door's serialiser of its answers, for a run's end to be written once (`AnswerSerializer`). */
+  async execute(
+    principal: AgentPrincipal,
+    request: RunRequest,
+    traceId: string,
+    via?: Via,
+    answerJson?: AnswerSerializer,
+  ): Promise<RunAnswer> {
     if (request.dry_run) return dryRun(this.deps, principal, request);
     const release = this.track({ tenant_id: principal.tenantId, run_id: request.run_id });
     try {
-      return await this.executeTracked(principal, request, traceId, via);
+      return await this.executeTracked(principal, request, traceId, via, answerJson);
     } finally {
       release();
     }
@@ -73,11 +80,14 @@ export class RunExecutor {
     request: RunRequest,
     traceId: string,
     via: Via | undefined,
+    answerJson: AnswerSerializer | undefined,
   ): Promise<RunAnswer> {
-    const requestSha256 = payloadHash(request);
+    // Serialised and hashed once: the hash replays compare, the JSON the run's row stores.
+    const canonical = new CanonicalPayload(request);
     const start: RunStart = {
-      request_sha256: requestSha256,
+      request_sha256: canonical.sha256,
       request,
+      requestJson: canonical.json,
       agent_family: principal.family,
       agent_scopes: [...principal.scopes].sort(),
       keep_open: request.keep_open === true,
@@ -149,6 +159,7 @@ export class RunExecutor {
           traceId,
           actorOf(principal),
           via,
+          answerJson,
         );
         const answer = await this.loop.runClaimingFirst(
           { ...exec, reliedOn: assumed, reserved: first.reservation },
@@ -173,7 +184,15 @@ export class RunExecutor {
       }
       if (presumedMissing || (decided && !decided.ok)) {
         const refused = await this.refusals.refuseBeforeClaim(
-          await this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via),
+          await this.execution(
+            unclaimedRecordOf(claim),
+            principal,
+            request,
+            traceId,
+            actorOf(principal),
+            via,
+            answerJson,
+          ),
           claim,
           decided && !decided.ok
             ? { reliedOn: assumed!, budgetRefusal: { units: charge!.units, details: decided.details } }
@@ -190,7 +209,7 @@ export class RunExecutor {
         if (claimed)
           return this.loop.runFrom(
             {
-              ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via)),
+              ...(await this.execution(claimed, principal, request, traceId, actorOf(principal), via, answerJson)),
               prefetchedGrants: prefetched,
               reliedOn: claimed.relied ? assumed : undefined,
               reserved: claimed.reservation,
@@ -216,7 +235,7 @@ export class RunExecutor {
     const prior = await this.replayOrContinue(principal, request, run, start, traceId, via);
     if ('replay' in prior) return prior.replay;
     return this.loop.runFrom(
-      await this.execution(prior.run, principal, request, traceId, actorOf(principal), via),
+      await this.execution(prior.run, principal, request, traceId, actorOf(principal), via, answerJson),
       completedSteps(prior.run),
     );
   }
@@ -426,10 +445,11 @@ export class RunExecutor {
     traceId: string,
     actor: string,
     via: Via | undefined,
+    answerJson?: AnswerSerializer,
   ): Promise<Execution> {
     const delegation =
       run.depth > 0 ? await findHandoffOfSubRun(this.deps.database.control, run.tenant_id, run.run_id) : undefined;
-    return { principal, request, traceId, via, run, delegation, actor };
+    return { principal, request, traceId, via, run, delegation, actor, answerJson };
   }
 }
 

@@ -52,12 +52,28 @@ export interface RunKey {
 export interface RunStart {
   request_sha256: string;
   request: RunRequest;
+  /** The request's canonical JSON, which `request_sha256` hashes: stored as it is, not serialised again. */
+  requestJson?: string | undefined;
   agent_family: string | undefined;
   agent_scopes: string[];
   keep_open: boolean;
 }
 
 export type Db = Kysely<DB> | Transaction<DB>;
+
+/**
+ * Rows as one JSON array for `jsonb_to_recordset`, each with JSON text already made (a request, an envelope) spliced in
+ * under its name (a plain column name) as it is, rather than parsed into the row and serialised again.
+ */
+export function rowsJsonWith(
+  rows: Array<{ row: Record<string, unknown>; with: Record<string, string | null> }>,
+): string {
+  const json = rows.map(({ row, with: made }) => {
+    const spliced = Object.entries(made).map(([name, text]) => `"${name}":${text ?? 'null'}`);
+    return `${JSON.stringify(row).slice(0, -1)},${spliced.join(',')}}`;
+  });
+  return `[${json.join(',')}]`;
+}
 
 export const unitsText = (units: number | null | undefined) =>
   units === null || units === undefined ? null : units.toFixed(6);

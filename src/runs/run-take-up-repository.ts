@@ -54,7 +54,7 @@ export async function startQueuedRun(
       executor_id: executorId,
       epoch: sql<number>`epoch + 1`,
       request_sha256: start.request_sha256,
-      request: JSON.stringify(start.request),
+      request: start.requestJson ?? JSON.stringify(start.request),
       agent_family: start.agent_family ?? null,
       agent_scopes: start.agent_scopes,
       keep_open: start.keep_open,

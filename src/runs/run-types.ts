@@ -156,4 +156,12 @@ export interface RunAnswer {
   httpStatus: number;
   envelope: RunEnvelope;
   replayed: boolean;
+  /** The envelope as the reply's serialiser wrote it to store the run's end (`AnswerSerializer`): sent as it is. */
+  json?: string | undefined;
 }
+
+/**
+ * How the reply writes an envelope at an HTTP status, when the door has a serialiser of its own: a run's end stored
+ * with its last record is written with it once, for the size check, the stored row and the reply.
+ */
+export type AnswerSerializer = (httpStatus: number, envelope: RunEnvelope) => string | undefined;

@@ -47,8 +47,11 @@ export function endFor(
   stop: StepOutcome['stop'],
   answered: { answer?: RunAnswer },
 ): RunEnding | undefined {
-  const answer = closing?.(step, stop);
-  if (!answer || JSON.stringify(answer.envelope).length > MAX_ENVELOPE_WITH_RECORD) return undefined;
+  const closed = closing?.(step, stop);
+  if (!closed) return undefined;
+  // Written once: its length decides whether the record carries the end, the end stores it, the reply sends it.
+  const { answer, json } = writtenOnce(exec, closed);
+  if (json.length > MAX_ENVELOPE_WITH_RECORD) return undefined;
   answered.answer = answer;
   const { run } = exec;
   return {
@@ -58,5 +61,22 @@ export function endFor(
     status: answer.envelope.status,
     httpStatus: answer.httpStatus,
     envelope: answer.envelope,
+    envelopeJson: json,
   };
+}
+
+/**
+ * An answer's envelope written once, for the run's row (`json`) and the reply: by the door's serialiser when it has one
+ * (the answer then carries that text), else by `JSON.stringify` for the row alone (the reply serialises as it will).
+ */
+export function writtenOnce(exec: Execution, answer: RunAnswer): { answer: RunAnswer; json: string } {
+  let replyJson: string | undefined;
+  try {
+    replyJson = exec.answerJson?.(answer.httpStatus, answer.envelope);
+  } catch {
+    // The reply meets the same refusal and answers it as it would have.
+  }
+  return replyJson === undefined
+    ? { answer, json: JSON.stringify(answer.envelope) }
+    : { answer: { ...answer, json: replyJson }, json: replyJson };
 }

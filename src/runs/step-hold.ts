@@ -9,6 +9,7 @@ import type { RunAnswer, RunEnvelope, StepResult } from './run-types.js';
 import { changeInLockOrder } from '../db/lock-order.js';
 import { auditBase, RunMovedOn, stepAt, type Execution, type RunExecutorDeps } from './execution.js';
 import type { RunEnder } from './run-ender.js';
+import { writtenOnce } from './step-closing.js';
 
 /**
  * Stage 8 held a call: the proposal is recorded, bound to the run, the step, the tool version
@@ -81,15 +82,16 @@ export async function holdForApproval(
         steps,
         warnings,
       };
+      const { answer, json } = writtenOnce(exec, { httpStatus: 202, envelope, replayed: false });
       if (
         !(await releaseRun(
           trx,
           { ...run, epoch: run.epoch },
-          { status: 'awaiting_approval', httpStatus: 202, envelope },
+          { status: 'awaiting_approval', httpStatus: 202, envelope, envelopeJson: json },
         ))
       )
         throw new RunMovedOn();
-      return { httpStatus: 202, envelope, replayed: false };
+      return answer;
     });
   } catch (error) {
     if (!(error instanceof RunMovedOn)) throw error;

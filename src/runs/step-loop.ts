@@ -174,7 +174,6 @@ export class StepLoop {
     claimWith?: ClaimedRunStart,
   ): Promise<StepOutcome> {
     const { request } = exec;
-    const planned = request.plan[index]!;
     const started = performance.now();
     const asked = stepRequest(exec.principal, request, index, false, exec);
     if (claimWith) asked.unclaimed = true;
@@ -266,7 +265,7 @@ export class StepLoop {
     const result = await this.dispatcher.dispatch(
       exec,
       admitted,
-      planned.input,
+      asked.step.canonicalInput,
       base,
       reservation,
       admission.state.grant?.capability_modifiers ?? {},

@@ -1,4 +1,4 @@
-import { payloadHash } from '../../audit/audit-hash.js';
+import { CanonicalPayload } from '../../audit/audit-hash.js';
 import { toolOf, type Stage } from '../step.js';
 
 /**
@@ -10,7 +10,7 @@ export const approvalStage: Stage = {
   async check({ principal, run, step, dryRun }, state, { approvals }) {
     const tool = toolOf(state);
     if (!tool.requires_approval) return { ok: true };
-    const inputSha256 = payloadHash(step.input);
+    const inputSha256 = (step.canonicalInput ?? new CanonicalPayload(step.input)).sha256;
     const approved = dryRun
       ? undefined
       : await approvals.approvedFor({

@@ -12,7 +12,7 @@ import type { Handoff, HandoffRequest } from '../../runs/handoff.js';
 import type { HandoffService } from '../../handoffs/handoff-service.js';
 import type { RunControls } from '../../runs/run-controls.js';
 import type { RunExecutor } from '../../runs/run-executor.js';
-import type { RunAnswer, RunRequest } from '../../runs/run-types.js';
+import type { AnswerSerializer, RunAnswer, RunRequest } from '../../runs/run-types.js';
 import { findRun, listRuns, type RunKey, type RunRecord } from '../../runs/run-repository.js';
 import { principalOf } from '../auth.js';
 import { decodeCursor, encodeCursor } from '../cursor.js';
@@ -77,7 +77,10 @@ export async function runRoutes(app: FastifyInstance, deps: RunRouteDeps): Promi
     const principal = principalOf(request);
     if (principal.kind !== 'agent') throw new Error('unreachable: agent route');
     const runRequest = checkRunRequest(request.body, deps.maxPlanSteps);
-    return sendAnswer(reply, await deps.executor.execute(principal, runRequest, request.traceId));
+    return sendAnswer(
+      reply,
+      await deps.executor.execute(principal, runRequest, request.traceId, undefined, answerSerializer(reply)),
+    );
   });
 
   app.get('/runs/:run_id', { config: { access: 'any' } }, async (request) => {
@@ -180,7 +183,19 @@ function sendAnswer(reply: FastifyReply, answer: RunAnswer) {
   if (answer.envelope.retry_after_seconds !== undefined)
     reply.header('retry-after', String(answer.envelope.retry_after_seconds));
   if (answer.replayed) reply.header('x-toolgate-replayed', 'true');
+  // Written by this route's serialiser already, to store the run's end: sent as it is.
+  if (answer.json !== undefined)
+    return reply.code(answer.httpStatus).type('application/json; charset=utf-8').send(answer.json);
   return reply.code(answer.httpStatus).send(answer.envelope);
+}
+
+/** The serialiser `send` would use at a status, for the run's end to be written once for its row and its reply. */
+function answerSerializer(reply: FastifyReply): AnswerSerializer {
+  return (status, envelope) =>
+    reply.getSerializationFunction(
+      String(status),
+      'application/json',
+    )?.(envelope as unknown as Record<string, unknown>);
 }
 
 /**
