@@ -155,11 +155,11 @@ function Verify({ platform }: { platform: boolean }) {
   const result = verify.result;
   return (
     <section class="panel" aria-labelledby="verify-title">
-      <h2 id="verify-title">Hash chain</h2>
+      <h2 id="verify-title">Verification</h2>
       <p>
         {platform
-          ? 'Walks the whole chain and reports its state and head. Keep the head outside the database as an anchor.'
-          : 'Verifying the chain is for platform-operators; the API will refuse it for you.'}
+          ? 'Walks the hash chain up to where it closed and recomputes every leaf of the Merkle tree from the records. A log kept as leaves only has no chain head: keep its signed checkpoint outside the database instead (toolgate audit witness).'
+          : 'Verifying the log is for platform-operators; the API will refuse it for you.'}
       </p>
       <button type="button" disabled={verify.busy} onClick={() => void verify.run(() => verifyLog(client))}>
         Verify
