@@ -74,7 +74,10 @@ async function fill(db: Kysely<DB>): Promise<{ seq: number; hash: string }[]> {
     await insertSealedRecords(db, json);
   }
   const last = heads[heads.length - 1]!;
-  await sql`update audit_chain_head set seq = ${last.seq}, hash = ${last.hash} where id = 1`.execute(db);
+  // A log of the chain, as one written before it closed (a new database's is closed at its genesis).
+  await sql`update audit_chain_head set seq = ${last.seq}, hash = ${last.hash}, closed = false where id = 1`.execute(
+    db,
+  );
   await sql`vacuum analyze audit_events`.execute(db);
   return heads;
 }

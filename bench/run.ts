@@ -38,8 +38,7 @@
  * gateway's throughput at concurrency 64), BENCH_WARMUP_SECONDS (calls through the gateway
  * before measuring, default 8), BENCH_GATEWAYS (gateways in the heavy phases, default "1,2";
  * empty: the moderate phases only), BENCH_HEAVY (the concurrency of the heavy phases, default 64),
- * BENCH_KEEP_DATABASE (set: leave the bench's database in place and print its URL), BENCH_AUDIT_CHAIN
- * (`closed`: close the audit log's linear chain before measuring, so that records are leaf records).
+ * BENCH_KEEP_DATABASE (set: leave the bench's database in place and print its URL).
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -50,9 +49,6 @@ import { createBenchDatabase, startFloorProxy, startGateway } from './gateway-pr
 import pg from 'pg';
 import { Pool } from 'undici';
 import { signDevelopmentToken } from '../src/auth/dev-token.js';
-import { closeAuditChain } from '../src/audit/audit-repository.js';
-import { openDatabase } from '../src/db/database.js';
-import { pino } from 'pino';
 
 const serverUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
@@ -264,19 +260,6 @@ async function main(): Promise<void> {
     const maxGateways = Math.max(1, ...gatewayCounts);
     for (let i = 0; i < maxGateways; i += 1)
       gateways.push(await startGateway({ databaseUrl: dbUrl, port: basePort + i, secret }));
-    if (process.env.BENCH_AUDIT_CHAIN === 'closed') {
-      const closing = await openDatabase({
-        databaseUrl: dbUrl,
-        dataDir: '',
-        poolSize: 1,
-        logger: pino({ level: 'silent' }),
-      });
-      console.log(
-        `audit chain closed at seq ${(await closeAuditChain(closing.control)).seq}: records are leaf records`,
-      );
-      await closing.close();
-    }
-
     const platform = signDevelopmentToken(secret, {
       kind: 'operator',
       sub: 'bench.ops',
