@@ -1,6 +1,5 @@
-import { createHash, randomUUID } from 'node:crypto';
-import { once } from 'node:events';
-import { PassThrough, type Readable } from 'node:stream';
+import { randomUUID } from 'node:crypto';
+import type { Readable } from 'node:stream';
 import type { Logger } from 'pino';
 import type { AuditTree } from './audit-tree.js';
 import { BackgroundTask } from '../db/background-task.js';
@@ -14,12 +13,7 @@ import { recordCheckpointCreated } from './audit-checkpoints.js';
 import { LeafPartitions } from './leaf-partitions.js';
 import { readChainEnd } from './tree-repository.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
-import {
-  PARTITION_FILE_FORMAT,
-  fileLine,
-  type PartitionFileHeader,
-  type PartitionFileTrailer,
-} from './partition-file.js';
+import { PARTITION_FILE_FORMAT, exportStream, fileLine, type PartitionFileHeader } from './partition-file.js';
 import {
   addMonthPartition,
   detachPartition,
@@ -212,30 +206,20 @@ export class AuditPartitions {
     };
     const evidence = await this.options.tree?.rangeEvidence(first.seq, last.seq);
     if (evidence !== undefined) header.tree = evidence;
-    const stream = new PassThrough();
-    const digest = createHash('sha256');
-    const write = async (lines: string[]): Promise<void> => {
-      const text = lines.map((line) => `${line}\n`).join('');
-      digest.update(text);
-      if (stream.destroyed) throw new Error('the export was abandoned');
-      if (!stream.write(text)) await Promise.race([once(stream, 'drain'), once(stream, 'close')]);
-    };
-    const produce = async (): Promise<void> => {
-      await write([fileLine(header)]);
-      const walked = await walkRange(
-        this.options.database.control,
-        { seq: first.seq - 1, hash: first.prev_hash },
-        last,
-        write,
-      );
-      if (!walked.ok) throw new Error(`the audit chain does not verify at seq ${walked.first_bad_seq}`);
-      const trailer: PartitionFileTrailer = { type: 'trailer', checkpoint, lines_sha256: digest.digest('hex') };
-      stream.end(`${fileLine(trailer)}\n`);
-    };
-    produce().catch((error: unknown) => {
-      this.options.logger.warn({ err: error, partition: name }, 'audit partition export failed');
-      stream.destroy(error instanceof Error ? error : new Error(String(error)));
-    });
+    const stream = exportStream(
+      async (write) => {
+        await write([fileLine(header)]);
+        const walked = await walkRange(
+          this.options.database.control,
+          { seq: first.seq - 1, hash: first.prev_hash },
+          last,
+          write,
+        );
+        if (!walked.ok) throw new Error(`the audit chain does not verify at seq ${walked.first_bad_seq}`);
+        return checkpoint;
+      },
+      (error) => this.options.logger.warn({ err: error, partition: name }, 'audit partition export failed'),
+    );
     return { filename: `${name}.jsonl`, stream };
   }
 

@@ -1,6 +1,5 @@
-import { createHash, randomUUID } from 'node:crypto';
-import { once } from 'node:events';
-import { PassThrough } from 'node:stream';
+import { randomUUID } from 'node:crypto';
+import type { PassThrough } from 'node:stream';
 import type { Logger } from 'pino';
 import type { Database } from '../db/database.js';
 import { CodedError } from '../errors/coded-error.js';
@@ -13,9 +12,10 @@ import { insertCheckpoint, sealsAtLeaf } from './checkpoint-repository.js';
 import type { Checkpoint, CheckpointSigner } from './checkpoint-signer.js';
 import {
   LEAF_PARTITION_FILE_FORMAT,
+  exportStream,
   fileLine,
   type LeafPartitionFileHeader,
-  type PartitionFileTrailer,
+  type WriteLines,
 } from './partition-file.js';
 import {
   detachPartition,
@@ -123,15 +123,7 @@ export class LeafPartitions {
 
   /** The range as JSON Lines (format v4): its records in leaf order, proven as they are read. */
   export(partition: PartitionRow, range: LeafRange, seal: Checkpoint): PassThrough {
-    const stream = new PassThrough();
-    const digest = createHash('sha256');
-    const write = async (lines: string[]): Promise<void> => {
-      const text = lines.map((line) => `${line}\n`).join('');
-      digest.update(text);
-      if (stream.destroyed) throw new Error('the export was abandoned');
-      if (!stream.write(text)) await Promise.race([once(stream, 'drain'), once(stream, 'close')]);
-    };
-    const produce = async (): Promise<void> => {
+    const produce = async (write: WriteLines): Promise<Checkpoint> => {
       // The header says what the stored tree holds; the records are then proven under that same checkpoint.
       const head = await this.options.tree.leafRange(range.from_leaf, range.to_leaf);
       if (head === undefined) throw new Error(`${partition.name}'s last leaf is not under a valid checkpoint`);
@@ -157,14 +149,11 @@ export class LeafPartitions {
       const walked = await this.options.tree.walkLeaves(range.from_leaf, range.to_leaf, write, size);
       if (!walked.ok || walked.last.hash !== seal.hash || !sameChain(walked.chain, range.chain))
         throw new Error(`${partition.name}'s leaves do not verify as sealed`);
-      const trailer: PartitionFileTrailer = { type: 'trailer', checkpoint: seal, lines_sha256: digest.digest('hex') };
-      stream.end(`${fileLine(trailer)}\n`);
+      return seal;
     };
-    produce().catch((error: unknown) => {
-      this.options.logger.warn({ err: error, partition: partition.name }, 'audit partition export failed');
-      stream.destroy(error instanceof Error ? error : new Error(String(error)));
-    });
-    return stream;
+    return exportStream(produce, (error) =>
+      this.options.logger.warn({ err: error, partition: partition.name }, 'audit partition export failed'),
+    );
   }
 
   /**

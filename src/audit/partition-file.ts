@@ -1,4 +1,6 @@
 import { createHash, createPublicKey } from 'node:crypto';
+import { once } from 'node:events';
+import { PassThrough } from 'node:stream';
 import { canonicalJson, HASH_SCHEME, linkHash } from './audit-hash.js';
 import type { RangeEvidence } from './audit-tree.js';
 import { CheckpointSigner, keyIdOf, type Checkpoint } from './checkpoint-signer.js';
@@ -75,6 +77,40 @@ export interface PartitionFileTrailer {
   checkpoint: Checkpoint;
   /** SHA-256 of every line before this one, each with its newline. */
   lines_sha256: string;
+}
+
+/** Writes lines to an export, awaiting the reader: fails once the reader is gone. */
+export type WriteLines = (lines: string[]) => Promise<void>;
+
+/**
+ * An export as a stream: `produce` writes its header and records, and the stream ends with the trailer
+ * carrying `checkpoint` and the SHA-256 of every line before it. A failure ends the stream early (a file
+ * without its trailer is incomplete) and is reported to `failed`.
+ */
+export function exportStream(
+  produce: (write: WriteLines) => Promise<Checkpoint>,
+  failed: (error: Error) => void,
+): PassThrough {
+  const stream = new PassThrough();
+  const digest = createHash('sha256');
+  const write: WriteLines = async (lines) => {
+    const text = lines.map((line) => `${line}\n`).join('');
+    digest.update(text);
+    if (stream.destroyed) throw new Error('the export was abandoned');
+    if (!stream.write(text)) await Promise.race([once(stream, 'drain'), once(stream, 'close')]);
+  };
+  produce(write).then(
+    (checkpoint) => {
+      const trailer: PartitionFileTrailer = { type: 'trailer', checkpoint, lines_sha256: digest.digest('hex') };
+      stream.end(`${fileLine(trailer)}\n`);
+    },
+    (error: unknown) => {
+      const reason = error instanceof Error ? error : new Error(String(error));
+      failed(reason);
+      stream.destroy(reason);
+    },
+  );
+  return stream;
 }
 
 /** One line of JSON as the file holds it: canonical, so that a byte changed anywhere shows. */
