@@ -9,6 +9,7 @@ import { PartitionFileVerifier } from '../src/audit/partition-file.js';
 import { hasPostgresServer } from './helpers/database.js';
 import { startHarness, type Harness } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { days, monthStart, partitionOf } from './helpers/months.js';
 import { ed25519Pem } from './helpers/signing-keys.js';
 import { tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
@@ -16,14 +17,6 @@ import { until } from './helpers/waits.js';
 const platform = tokens.platform();
 const key = ed25519Pem();
 const otherKey = ed25519Pem();
-
-function monthStart(ahead: number): Date {
-  const now = new Date();
-  return new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + ahead, 1));
-}
-const partitionOf = (month: Date) =>
-  `audit_events_${month.getUTCFullYear()}_${String(month.getUTCMonth() + 1).padStart(2, '0')}`;
-const days = (n: number) => n * 24 * 60 * 60 * 1000;
 
 function verifyFile(text: string, options: ConstructorParameters<typeof PartitionFileVerifier>[0]) {
   const verifier = new PartitionFileVerifier(options);

@@ -21,6 +21,7 @@ import { migrate, migrationsDir } from '../src/db/migrate.js';
 import { createEmptyDatabaseUrl, hasPostgresServer, migrationsUpTo } from './helpers/database.js';
 import { AppClient, startHarness, type Harness, type TestResponse } from './helpers/harness.js';
 import { ManualClock } from './helpers/manual-clock.js';
+import { days, monthStart, partitionOf } from './helpers/months.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
@@ -30,15 +31,6 @@ const platform = tokens.platform();
 
 const key = ed25519Pem();
 const otherKey = ed25519Pem();
-
-/** The first day of the month `ahead` months after this one (UTC): the migration gave months 1–3 their own partitions. */
-function monthStart(ahead: number): Date {
-  const now = new Date();
-  return new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + ahead, 1));
-}
-const partitionOf = (month: Date) =>
-  `audit_events_${month.getUTCFullYear()}_${String(month.getUTCMonth() + 1).padStart(2, '0')}`;
-const days = (n: number) => n * 24 * 60 * 60 * 1000;
 
 function verifyFile(text: string, publicKeyPem: string | null = key.publicPem, allowUnsigned = false) {
   const verifier = new PartitionFileVerifier({ publicKeyPem: publicKeyPem ?? undefined, allowUnsigned });

@@ -14,17 +14,12 @@ import { migrate, migrationsDir } from '../src/db/migrate.js';
 import type { DB } from '../src/db/schema.js';
 import { createEmptyDatabaseUrl, hasPostgresServer, migrationsUpTo } from './helpers/database.js';
 import { AppClient, startHarness, type Harness } from './helpers/harness.js';
+import { monthStart } from './helpers/months.js';
 import { tokens } from './helpers/tokens.js';
 import { until } from './helpers/waits.js';
 
 const platform = tokens.platform();
 const logger = pino({ level: 'silent' });
-
-/** The first day of the month `ahead` months after this one (UTC). */
-function monthStart(ahead: number): Date {
-  const now = new Date();
-  return new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + ahead, 1));
-}
 
 /**
  * Appends records as gateways did before migration 0022, hashes stored as hex text, after the head it

@@ -97,7 +97,7 @@ export interface ChainPart {
 }
 
 export type LeafWalk =
-  | { ok: true; evidence: RangeEvidence; first: LeafEnd; last: LeafEnd; chain: ChainPart | undefined }
+  | { ok: true; first: LeafEnd; last: LeafEnd; chain: ChainPart | undefined }
   | { ok: false; first_bad_leaf_index: number | null; reason: LeafWalkFailure };
 
 /** Leaves read per page by `walkLeaves`. */
@@ -340,7 +340,7 @@ export class AuditTree {
     }
     for (const { level, hash } of head.right) range.appendSubtree(level, hash);
     if (!range.root().equals(head.rootHash)) return { ok: false, first_bad_leaf_index: null, reason: 'root_mismatch' };
-    return { ok: true, evidence: head.evidence, first: head.first, last: head.last, chain };
+    return { ok: true, first: head.first, last: head.last, chain };
   }
 
   /**

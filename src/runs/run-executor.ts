@@ -151,16 +151,11 @@ export class RunExecutor {
         assumed && charge && this.claimsWithIntent() ? this.deps.charges?.prepare([charge])?.decided[0] : undefined;
       const first = decided?.ok ? this.claimStart(claim, charge!, decided.reservation) : undefined;
       let taken = false;
+      // The run's execution before any claim, for the first call decided from the copies or refused before it.
+      const unclaimedExecution = () =>
+        this.execution(unclaimedRecordOf(claim), principal, request, traceId, actorOf(principal), via, answerJson);
       if (first) {
-        const exec = await this.execution(
-          unclaimedRecordOf(claim),
-          principal,
-          request,
-          traceId,
-          actorOf(principal),
-          via,
-          answerJson,
-        );
+        const exec = await unclaimedExecution();
         const answer = await this.loop.runClaimingFirst(
           { ...exec, reliedOn: assumed, reserved: first.reservation },
           first.start,
@@ -184,15 +179,7 @@ export class RunExecutor {
       }
       if (presumedMissing || (decided && !decided.ok)) {
         const refused = await this.refusals.refuseBeforeClaim(
-          await this.execution(
-            unclaimedRecordOf(claim),
-            principal,
-            request,
-            traceId,
-            actorOf(principal),
-            via,
-            answerJson,
-          ),
+          await unclaimedExecution(),
           claim,
           decided && !decided.ok
             ? { reliedOn: assumed!, budgetRefusal: { units: charge!.units, details: decided.details } }
